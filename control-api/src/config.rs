@@ -1,0 +1,58 @@
+//! control-api configuration: flags, each with an environment variable.
+
+use clap::Parser;
+use proxynet_protocol::secret::Secret;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+#[derive(Debug, Clone, Parser)]
+#[command(name = "control-api", version, about = "proxynet control plane")]
+pub struct Config {
+    /// Address the REST API listens on (port 0 picks a free port).
+    #[arg(long, env = "PROXYNET_API_LISTEN", default_value = "127.0.0.1:7070")]
+    pub listen: SocketAddr,
+
+    /// Postgres URL (durable truth). Migrations are applied at start.
+    #[arg(long, env = "PROXYNET_DATABASE_URL")]
+    pub database_url: Secret,
+
+    /// Redis URL (the data plane's shared state).
+    #[arg(long, env = "PROXYNET_REDIS_URL")]
+    pub redis_url: Secret,
+
+    /// Prefix of every Redis key this stack writes.
+    #[arg(long, env = "PROXYNET_REDIS_PREFIX", default_value = "pn:")]
+    pub redis_prefix: String,
+
+    /// Operator token for the admin REST routes (`Authorization: Bearer ...`).
+    /// Required: generate one with `openssl rand -hex 32`.
+    #[arg(long, env = "PROXYNET_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<Secret>,
+
+    /// How often agents are asked to heartbeat, in milliseconds.
+    #[arg(long, env = "PROXYNET_HEARTBEAT_INTERVAL_MS", default_value_t = 5_000)]
+    pub heartbeat_interval_ms: u64,
+
+    /// How long an exit stays live after its last heartbeat, in milliseconds.
+    /// Must exceed the interval; three intervals tolerates two lost beats.
+    #[arg(long, env = "PROXYNET_HEARTBEAT_TTL_MS", default_value_t = 15_000)]
+    pub heartbeat_ttl_ms: u64,
+
+    /// Period of the full Postgres → Redis re-projection, in seconds. It repairs
+    /// Redis after an outage or a lost write.
+    #[arg(long, env = "PROXYNET_RESYNC_SECS", default_value_t = 30)]
+    pub resync_secs: u64,
+
+    /// Lifetime of a new enrollment token unless the request says otherwise, in seconds.
+    #[arg(long, env = "PROXYNET_ENROLLMENT_TTL_SECS", default_value_t = 3_600)]
+    pub enrollment_ttl_secs: u64,
+}
+
+impl Config {
+    pub fn heartbeat_interval(&self) -> Duration {
+        Duration::from_millis(self.heartbeat_interval_ms)
+    }
+    pub fn heartbeat_ttl(&self) -> Duration {
+        Duration::from_millis(self.heartbeat_ttl_ms)
+    }
+}

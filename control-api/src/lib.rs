@@ -1,0 +1,128 @@
+//! proxynet control plane.
+//!
+//! Axum over Postgres: accounts, proxy users, exits and their enrollment, the
+//! audit log. It projects what the data plane needs into Redis ([`projector`])
+//! and is the only component that writes Postgres.
+//!
+//! [`ControlApi::bind`] connects both stores, applies migrations, binds the
+//! listener (port 0 is fine) and reports the bound address; [`ControlApi::serve`]
+//! runs until the shutdown future resolves.
+
+pub mod audit;
+pub mod auth;
+pub mod config;
+pub mod error;
+pub mod passwords;
+pub mod projector;
+mod routes;
+
+use proxynet_protocol::secret::Secret;
+use proxynet_protocol::store::{connect_redis, redact_url, Keys, StoreUnavailable};
+use redis::aio::ConnectionManager;
+use sqlx::postgres::PgPoolOptions;
+use sqlx::PgPool;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+
+pub use config::Config;
+use passwords::PasswordHashing;
+use projector::Projector;
+
+/// Shared by every request handler.
+#[derive(Clone)]
+pub struct AppState {
+    pub db: PgPool,
+    pub redis: ConnectionManager,
+    pub projector: Projector,
+    pub hashing: PasswordHashing,
+    pub admin_token: Secret,
+    pub config: Arc<Config>,
+}
+
+/// Why the control-api could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("no admin token configured: set PROXYNET_ADMIN_TOKEN (or --admin-token), e.g. `export PROXYNET_ADMIN_TOKEN=$(openssl rand -hex 32)`")]
+    NoAdminToken,
+    #[error(transparent)]
+    Store(#[from] StoreUnavailable),
+    #[error("applying migrations failed: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("cannot listen on {addr}: {source}")]
+    Listen { addr: SocketAddr, source: std::io::Error },
+    #[error("invalid configuration: {0}")]
+    Config(String),
+}
+
+pub struct ControlApi {
+    listener: TcpListener,
+    state: AppState,
+}
+
+impl ControlApi {
+    pub async fn bind(config: Config) -> Result<Self, StartError> {
+        let admin_token = config
+            .admin_token
+            .clone()
+            .filter(|t| !t.is_empty())
+            .ok_or(StartError::NoAdminToken)?;
+        if config.heartbeat_ttl_ms <= config.heartbeat_interval_ms {
+            return Err(StartError::Config(
+                "heartbeat TTL must be longer than the heartbeat interval".into(),
+            ));
+        }
+        let db = connect_postgres(config.database_url.expose()).await?;
+        sqlx::migrate!("../migrations").run(&db).await?;
+        let redis = connect_redis(config.redis_url.expose()).await?;
+        let keys = Keys::new(config.redis_prefix.clone());
+        let projector = Projector::new(db.clone(), redis.clone(), keys);
+        let listener = TcpListener::bind(config.listen)
+            .await
+            .map_err(|source| StartError::Listen { addr: config.listen, source })?;
+        Ok(Self {
+            listener,
+            state: AppState {
+                db,
+                redis,
+                projector,
+                hashing: PasswordHashing::default(),
+                admin_token,
+                config: Arc::new(config),
+            },
+        })
+    }
+
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    pub async fn serve(self, shutdown: impl Future<Output = ()> + Send + 'static) -> std::io::Result<()> {
+        let resync = tokio::spawn(
+            self.state
+                .projector
+                .clone()
+                .run_resync_loop(Duration::from_secs(self.state.config.resync_secs.max(1))),
+        );
+        let app = routes::router(self.state);
+        let result = axum::serve(self.listener, app)
+            .with_graceful_shutdown(shutdown)
+            .await;
+        resync.abort();
+        result
+    }
+}
+
+async fn connect_postgres(url: &str) -> Result<PgPool, StoreUnavailable> {
+    PgPoolOptions::new()
+        .max_connections(16)
+        .acquire_timeout(Duration::from_secs(5))
+        .connect(url)
+        .await
+        .map_err(|e| StoreUnavailable {
+            what: "Postgres",
+            detail: format!("cannot connect to {}: {e}", redact_url(url)),
+        })
+}

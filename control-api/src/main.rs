@@ -1,0 +1,34 @@
+use clap::Parser;
+use control_api::{Config, ControlApi};
+use proxynet_protocol::{ready, telemetry};
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    telemetry::init(telemetry::DEFAULT_FILTER);
+    let config = Config::parse();
+    let api = match ControlApi::bind(config).await {
+        Ok(api) => api,
+        Err(e) => {
+            eprintln!("control-api: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let addr = match api.local_addr() {
+        Ok(addr) => addr,
+        Err(e) => {
+            eprintln!("control-api: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    tracing::info!(%addr, "control-api listening");
+    if let Err(e) = ready::announce(&serde_json::json!({ "api": addr })) {
+        eprintln!("control-api: cannot write ready line: {e}");
+    }
+    match api.serve(proxynet_protocol::shutdown::signal()).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("control-api: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,273 @@
+//! Projects what the data plane needs from Postgres into Redis.
+//!
+//! Every write in the API is followed by a targeted projection (one user, one
+//! exit) and a pub/sub event so superproxies drop stale cache entries at once.
+//! A periodic full re-projection repairs anything a Redis outage made us miss,
+//! including keys of users deleted while Redis was down. Postgres stays the
+//! truth: a failed projection is logged and retried by the next resync, never
+//! turned into a failed API call after the database change has committed.
+
+use proxynet_protocol::store::{ExitRecord, Keys, SourceType, UserRecord, SuperproxyRecord, LIVE_MEMBERS_SCRIPT, TOUCH_LIVE_SCRIPT};
+use redis::aio::ConnectionManager;
+use redis::AsyncCommands;
+use sqlx::PgPool;
+use std::collections::HashSet;
+use std::net::IpAddr;
+use std::time::Duration;
+use uuid::Uuid;
+
+#[derive(Clone)]
+pub struct Projector {
+    db: PgPool,
+    redis: ConnectionManager,
+    keys: Keys,
+}
+
+#[derive(sqlx::FromRow)]
+struct UserRow {
+    id: Uuid,
+    account_id: Uuid,
+    username: String,
+    password_hash: String,
+    enabled: bool,
+    version: i64,
+}
+
+#[derive(sqlx::FromRow)]
+pub struct ExitRow {
+    pub id: Uuid,
+    pub name: String,
+    pub source_type: String,
+    pub owner: String,
+    pub country: String,
+    pub egress_ips: Vec<String>,
+    pub credential_sha256: String,
+    pub draining: bool,
+    pub disabled: bool,
+}
+
+impl ExitRow {
+    pub fn to_record(&self) -> ExitRecord {
+        ExitRecord {
+            id: self.id,
+            name: self.name.clone(),
+            egress_ips: self
+                .egress_ips
+                .iter()
+                .filter_map(|ip| ip.parse::<IpAddr>().ok())
+                .collect(),
+            source_type: SourceType::parse(&self.source_type).unwrap_or(SourceType::Dc),
+            country: self.country.clone(),
+            owner: self.owner.clone(),
+            draining: self.draining,
+            disabled: self.disabled,
+            credential_sha256: self.credential_sha256.clone(),
+        }
+    }
+}
+
+const EXIT_COLUMNS: &str =
+    "id, name, source_type, owner, country, egress_ips, credential_sha256, draining, disabled";
+
+impl Projector {
+    pub fn new(db: PgPool, redis: ConnectionManager, keys: Keys) -> Self {
+        Self { db, redis, keys }
+    }
+
+    pub fn keys(&self) -> &Keys {
+        &self.keys
+    }
+
+    /// Re-projects one proxy user by name (deleted or missing → key removed).
+    pub async fn user(&self, username: &str) {
+        if let Err(e) = self.try_user(username).await {
+            tracing::warn!(error = %e, "user projection failed; the next resync repairs it");
+        }
+    }
+
+    async fn try_user(&self, username: &str) -> Result<(), ProjectionError> {
+        let row: Option<UserRow> = sqlx::query_as(
+            "SELECT id, account_id, username, password_hash, enabled, version
+               FROM proxy_users WHERE username = $1 AND deleted_at IS NULL",
+        )
+        .bind(username)
+        .fetch_optional(&self.db)
+        .await?;
+        let mut redis = self.redis.clone();
+        let key = self.keys.user(username);
+        match row {
+            Some(row) => {
+                let json = serde_json::to_string(&user_record(&row))?;
+                let _: () = redis.set(&key, json).await?;
+            }
+            None => {
+                let _: () = redis.del(&key).await?;
+            }
+        }
+        let _: () = redis
+            .publish(self.keys.events(), format!("user:{username}"))
+            .await?;
+        Ok(())
+    }
+
+    /// Re-projects one exit's record (not its liveness, which heartbeats own).
+    pub async fn exit(&self, id: Uuid) {
+        if let Err(e) = self.try_exit(id).await {
+            tracing::warn!(error = %e, exit = %id, "exit projection failed; the next resync repairs it");
+        }
+    }
+
+    async fn try_exit(&self, id: Uuid) -> Result<(), ProjectionError> {
+        let row: Option<ExitRow> =
+            sqlx::query_as(&format!("SELECT {EXIT_COLUMNS} FROM exits WHERE id = $1"))
+                .bind(id)
+                .fetch_optional(&self.db)
+                .await?;
+        let mut redis = self.redis.clone();
+        match row {
+            Some(row) => {
+                let json = serde_json::to_string(&row.to_record())?;
+                let _: () = redis.set(self.keys.exit(id), json).await?;
+            }
+            None => {
+                let _: () = redis.del(self.keys.exit(id)).await?;
+            }
+        }
+        let _: () = redis.publish(self.keys.events(), format!("exit:{id}")).await?;
+        Ok(())
+    }
+
+    /// Marks an exit alive for `ttl` from now (Redis clock).
+    pub async fn touch_exit_live(&self, id: Uuid, ttl: Duration) -> Result<(), ProjectionError> {
+        let mut redis = self.redis.clone();
+        let _: i64 = redis::Script::new(TOUCH_LIVE_SCRIPT)
+            .key(self.keys.exits_live())
+            .arg(id.to_string())
+            .arg(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX))
+            .invoke_async(&mut redis)
+            .await?;
+        Ok(())
+    }
+
+    /// Live exit ids according to Redis.
+    pub async fn live_exits(&self) -> Result<HashSet<Uuid>, ProjectionError> {
+        let mut redis = self.redis.clone();
+        let ids: Vec<String> = redis::Script::new(LIVE_MEMBERS_SCRIPT)
+            .key(self.keys.exits_live())
+            .invoke_async(&mut redis)
+            .await?;
+        Ok(ids.iter().filter_map(|s| s.parse().ok()).collect())
+    }
+
+    /// The superproxies currently announcing themselves, for agents to dial.
+    pub async fn live_superproxies(&self) -> Result<Vec<SuperproxyRecord>, ProjectionError> {
+        let mut redis = self.redis.clone();
+        let ids: Vec<String> = redis::Script::new(LIVE_MEMBERS_SCRIPT)
+            .key(self.keys.superproxies_live())
+            .invoke_async(&mut redis)
+            .await?;
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let keys: Vec<String> = ids
+            .iter()
+            .filter_map(|s| s.parse::<Uuid>().ok())
+            .map(|id| self.keys.superproxy(id))
+            .collect();
+        let values: Vec<Option<String>> = redis::cmd("MGET").arg(&keys).query_async(&mut redis).await?;
+        Ok(values
+            .into_iter()
+            .flatten()
+            .filter_map(|json| serde_json::from_str(&json).ok())
+            .collect())
+    }
+
+    /// Full re-projection of users and exits; removes user keys that no longer
+    /// correspond to a live user.
+    pub async fn resync(&self) -> Result<(), ProjectionError> {
+        let users: Vec<UserRow> = sqlx::query_as(
+            "SELECT id, account_id, username, password_hash, enabled, version
+               FROM proxy_users WHERE deleted_at IS NULL",
+        )
+        .fetch_all(&self.db)
+        .await?;
+        let mut redis = self.redis.clone();
+        let mut wanted = HashSet::with_capacity(users.len());
+        for chunk in users.chunks(500) {
+            let mut pipe = redis::pipe();
+            for row in chunk {
+                let key = self.keys.user(&row.username);
+                wanted.insert(key.clone());
+                pipe.set(key, serde_json::to_string(&user_record(row))?).ignore();
+            }
+            let _: () = pipe.query_async(&mut redis).await?;
+        }
+        let pattern = format!("{}user:*", self.keys.prefix());
+        let mut stale = Vec::new();
+        {
+            let mut iter: redis::AsyncIter<String> = redis.scan_match(&pattern).await?;
+            while let Some(key) = iter.next_item().await {
+                let key = key?;
+                if !wanted.contains(&key) {
+                    stale.push(key);
+                }
+            }
+        }
+        for key in stale {
+            let username = key
+                .rsplit_once('{')
+                .and_then(|(_, rest)| rest.strip_suffix('}'))
+                .unwrap_or_default()
+                .to_owned();
+            let _: () = redis.del(&key).await?;
+            let _: () = redis.publish(self.keys.events(), format!("user:{username}")).await?;
+        }
+
+        let exits: Vec<ExitRow> = sqlx::query_as(&format!("SELECT {EXIT_COLUMNS} FROM exits"))
+            .fetch_all(&self.db)
+            .await?;
+        for chunk in exits.chunks(500) {
+            let mut pipe = redis::pipe();
+            for row in chunk {
+                pipe.set(self.keys.exit(row.id), serde_json::to_string(&row.to_record())?)
+                    .ignore();
+            }
+            let _: () = pipe.query_async(&mut redis).await?;
+        }
+        Ok(())
+    }
+
+    /// Runs [`Self::resync`] now and then every `period` until the task is dropped.
+    pub async fn run_resync_loop(self, period: Duration) {
+        let mut tick = tokio::time::interval(period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            match self.resync().await {
+                Ok(()) => tracing::debug!("redis projection resynced"),
+                Err(e) => tracing::warn!(error = %e, "redis projection resync failed; retrying next period"),
+            }
+        }
+    }
+}
+
+fn user_record(row: &UserRow) -> UserRecord {
+    UserRecord {
+        id: row.id,
+        account_id: row.account_id,
+        username: row.username.clone(),
+        password_hash: row.password_hash.clone(),
+        enabled: row.enabled,
+        version: row.version,
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProjectionError {
+    #[error("postgres: {0}")]
+    Database(#[from] sqlx::Error),
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+    #[error("encoding: {0}")]
+    Json(#[from] serde_json::Error),
+}

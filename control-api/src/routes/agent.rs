@@ -1,0 +1,238 @@
+//! Exit enrollment and agent heartbeats.
+//!
+//! An operator creates a one-time enrollment token that fixes the exit's
+//! provenance (source type, owner, country). The agent exchanges it once for
+//! its own credential, declaring its egress IPs. From then on the agent
+//! heartbeats with that credential and learns which superproxies to dial.
+
+use axum::extract::{Path, State};
+use axum::http::request::Parts;
+use axum::http::StatusCode;
+use axum::Json;
+use chrono::{DateTime, Utc};
+use proxynet_protocol::secret::{constant_time_eq, sha256_hex, Secret};
+use proxynet_protocol::store::{SourceType, SuperproxyRecord};
+use serde::{Deserialize, Serialize};
+use std::net::IpAddr;
+use uuid::Uuid;
+
+use crate::auth::{bearer, new_secret, Operator};
+use crate::error::ApiError;
+use crate::{audit, AppState};
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateEnrollmentToken {
+    name: String,
+    source_type: String,
+    owner: String,
+    country: String,
+    /// Defaults to the server's `enrollment_ttl_secs`.
+    ttl_seconds: Option<u64>,
+}
+
+#[derive(Serialize)]
+pub struct EnrollmentToken {
+    id: Uuid,
+    /// Shown once; only its SHA-256 is stored.
+    token: String,
+    expires_at: DateTime<Utc>,
+}
+
+pub async fn create_enrollment_token(
+    _: Operator,
+    State(state): State<AppState>,
+    Json(body): Json<CreateEnrollmentToken>,
+) -> Result<(StatusCode, Json<EnrollmentToken>), ApiError> {
+    if body.name.trim().is_empty() || body.name.len() > 200 {
+        return Err(ApiError::BadRequest("name: must be 1 to 200 characters".into()));
+    }
+    if SourceType::parse(&body.source_type).is_none() {
+        return Err(ApiError::BadRequest("source_type: one of dc, isp, res, mobile".into()));
+    }
+    if body.owner.trim().is_empty() || body.owner.len() > 200 {
+        return Err(ApiError::BadRequest("owner: must be 1 to 200 characters".into()));
+    }
+    if body.country.len() != 2 || !body.country.bytes().all(|b| b.is_ascii_uppercase()) {
+        return Err(ApiError::BadRequest(
+            "country: ISO 3166-1 alpha-2 code in upper case, e.g. DE".into(),
+        ));
+    }
+    let ttl = body.ttl_seconds.unwrap_or(state.config.enrollment_ttl_secs);
+    if ttl == 0 || ttl > 30 * 24 * 3600 {
+        return Err(ApiError::BadRequest("ttl_seconds: 1 to 2592000".into()));
+    }
+    let token = new_secret("pnenroll");
+    let id = Uuid::new_v4();
+    let mut tx = state.db.begin().await?;
+    let (expires_at,): (DateTime<Utc>,) = sqlx::query_as(
+        "INSERT INTO enrollment_tokens (id, token_sha256, name, source_type, owner, country, expires_at)
+         VALUES ($1, $2, $3, $4, $5, $6, now() + make_interval(secs => $7))
+         RETURNING expires_at",
+    )
+    .bind(id)
+    .bind(sha256_hex(&token))
+    .bind(body.name.trim())
+    .bind(&body.source_type)
+    .bind(body.owner.trim())
+    .bind(&body.country)
+    .bind(ttl as f64)
+    .fetch_one(&mut *tx)
+    .await?;
+    audit::record(&mut tx, "operator", "enrollment_token.create", &id.to_string(),
+        serde_json::json!({"name": body.name, "source_type": body.source_type, "owner": body.owner, "country": body.country})).await?;
+    tx.commit().await?;
+    Ok((StatusCode::CREATED, Json(EnrollmentToken { id, token, expires_at })))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Enroll {
+    token: Secret,
+    egress_ips: Vec<IpAddr>,
+    #[serde(default)]
+    hostname: String,
+    #[serde(default)]
+    agent_version: String,
+}
+
+#[derive(Serialize)]
+pub struct Enrolled {
+    exit_id: Uuid,
+    /// The agent's own credential; shown once, only its SHA-256 is stored.
+    credential: String,
+}
+
+#[derive(sqlx::FromRow)]
+struct TokenRow {
+    id: Uuid,
+    name: String,
+    source_type: String,
+    owner: String,
+    country: String,
+    expired: bool,
+    used: bool,
+}
+
+pub async fn enroll(
+    State(state): State<AppState>,
+    Json(body): Json<Enroll>,
+) -> Result<(StatusCode, Json<Enrolled>), ApiError> {
+    if body.egress_ips.is_empty() || body.egress_ips.len() > 256 {
+        return Err(ApiError::BadRequest("egress_ips: 1 to 256 addresses".into()));
+    }
+    let mut tx = state.db.begin().await?;
+    // Lock the token row so two agents racing with one token cannot both win.
+    let token: Option<TokenRow> = sqlx::query_as(
+        "SELECT id, name, source_type, owner, country,
+                expires_at <= now() AS expired, used_at IS NOT NULL AS used
+           FROM enrollment_tokens WHERE token_sha256 = $1 FOR UPDATE",
+    )
+    .bind(sha256_hex(body.token.expose()))
+    .fetch_optional(&mut *tx)
+    .await?;
+    let token = match token {
+        None => return Err(ApiError::Forbidden("enrollment token is not valid".into())),
+        Some(t) if t.used => {
+            return Err(ApiError::Conflict(
+                "enrollment token was already used; ask the operator for a new one".into(),
+            ))
+        }
+        Some(t) if t.expired => {
+            return Err(ApiError::Forbidden("enrollment token has expired".into()))
+        }
+        Some(t) => t,
+    };
+    let exit_id = Uuid::new_v4();
+    let credential = new_secret("pnexit");
+    let ips: Vec<String> = body.egress_ips.iter().map(ToString::to_string).collect();
+    sqlx::query(
+        "INSERT INTO exits (id, name, source_type, owner, country, egress_ips, credential_sha256, hostname, agent_version)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+    )
+    .bind(exit_id)
+    .bind(&token.name)
+    .bind(&token.source_type)
+    .bind(&token.owner)
+    .bind(&token.country)
+    .bind(&ips)
+    .bind(sha256_hex(&credential))
+    .bind(truncate(&body.hostname, 255))
+    .bind(truncate(&body.agent_version, 64))
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query("UPDATE enrollment_tokens SET used_at = now(), exit_id = $2 WHERE id = $1")
+        .bind(token.id)
+        .bind(exit_id)
+        .execute(&mut *tx)
+        .await?;
+    audit::record(&mut tx, "agent", "exit.enroll", &exit_id.to_string(),
+        serde_json::json!({"token_id": token.id, "egress_ips": ips, "hostname": body.hostname})).await?;
+    tx.commit().await?;
+    state.projector.exit(exit_id).await;
+    tracing::info!(exit = %exit_id, name = %token.name, "exit enrolled");
+    Ok((StatusCode::CREATED, Json(Enrolled { exit_id, credential })))
+}
+
+fn truncate(s: &str, max: usize) -> String {
+    s.chars().take(max).collect()
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Heartbeat {
+    #[serde(default)]
+    draining: bool,
+    #[serde(default)]
+    active_tunnels: u64,
+}
+
+#[derive(Serialize)]
+pub struct HeartbeatReply {
+    heartbeat_interval_ms: u64,
+    heartbeat_ttl_ms: u64,
+    superproxies: Vec<SuperproxyRecord>,
+}
+
+pub async fn heartbeat(
+    State(state): State<AppState>,
+    Path(exit_id): Path<Uuid>,
+    parts: Parts,
+    Json(body): Json<Heartbeat>,
+) -> Result<Json<HeartbeatReply>, ApiError> {
+    let presented = bearer(&parts).ok_or(ApiError::Unauthorized)?;
+    let row: Option<(String, bool)> =
+        sqlx::query_as("SELECT credential_sha256, draining FROM exits WHERE id = $1")
+            .bind(exit_id)
+            .fetch_optional(&state.db)
+            .await?;
+    // Unknown exit and wrong credential answer the same.
+    let (stored, was_draining) = row.ok_or(ApiError::Unauthorized)?;
+    if !constant_time_eq(sha256_hex(presented).as_bytes(), stored.as_bytes()) {
+        return Err(ApiError::Unauthorized);
+    }
+    sqlx::query("UPDATE exits SET last_heartbeat_at = now(), draining = $2 WHERE id = $1")
+        .bind(exit_id)
+        .bind(body.draining)
+        .execute(&state.db)
+        .await?;
+    if was_draining != body.draining {
+        state.projector.exit(exit_id).await;
+    }
+    state
+        .projector
+        .touch_exit_live(exit_id, state.config.heartbeat_ttl())
+        .await
+        .map_err(|e| ApiError::Unavailable(format!("cannot record liveness: {e}")))?;
+    let superproxies = state
+        .projector
+        .live_superproxies()
+        .await
+        .map_err(|e| ApiError::Unavailable(format!("cannot list superproxies: {e}")))?;
+    tracing::debug!(exit = %exit_id, active_tunnels = body.active_tunnels, "heartbeat");
+    Ok(Json(HeartbeatReply {
+        heartbeat_interval_ms: state.config.heartbeat_interval_ms,
+        heartbeat_ttl_ms: state.config.heartbeat_ttl_ms,
+        superproxies,
+    }))
+}

@@ -1,0 +1,171 @@
+//! Proxy users: the credentials customers put in `curl -x`.
+//!
+//! Every change bumps the user's `version` and is projected to Redis at once, so
+//! superproxies see revocations and password rotations without waiting for a
+//! cache to expire.
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::Json;
+use chrono::{DateTime, Utc};
+use proxynet_protocol::secret::Secret;
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::auth::Operator;
+use crate::error::{conflict_on_unique, ApiError};
+use crate::passwords::{validate_password, validate_username};
+use crate::{audit, AppState};
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateUser {
+    username: String,
+    password: Secret,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpdateUser {
+    enabled: Option<bool>,
+    password: Option<Secret>,
+}
+
+#[derive(Serialize, sqlx::FromRow)]
+pub struct User {
+    id: Uuid,
+    account_id: Uuid,
+    username: String,
+    enabled: bool,
+    version: i64,
+    created_at: DateTime<Utc>,
+    updated_at: DateTime<Utc>,
+}
+
+const USER_COLUMNS: &str = "id, account_id, username, enabled, version, created_at, updated_at";
+
+pub async fn create(
+    _: Operator,
+    State(state): State<AppState>,
+    Path(account_id): Path<Uuid>,
+    Json(body): Json<CreateUser>,
+) -> Result<(StatusCode, Json<User>), ApiError> {
+    validate_username(&body.username)?;
+    validate_password(body.password.expose())?;
+    let exists: Option<(Uuid,)> = sqlx::query_as("SELECT id FROM accounts WHERE id = $1")
+        .bind(account_id)
+        .fetch_optional(&state.db)
+        .await?;
+    if exists.is_none() {
+        return Err(ApiError::NotFound("account"));
+    }
+    let hash = state.hashing.hash(body.password).await?;
+    let mut tx = state.db.begin().await?;
+    let user: User = sqlx::query_as(&format!(
+        "INSERT INTO proxy_users (id, account_id, username, password_hash)
+         VALUES ($1, $2, $3, $4) RETURNING {USER_COLUMNS}"
+    ))
+    .bind(Uuid::new_v4())
+    .bind(account_id)
+    .bind(&body.username)
+    .bind(&hash)
+    .fetch_one(&mut *tx)
+    .await
+    .map_err(|e| conflict_on_unique(e, "username: already taken"))?;
+    audit::record(&mut tx, "operator", "user.create", &user.id.to_string(), serde_json::json!({"username": user.username})).await?;
+    tx.commit().await?;
+    state.projector.user(&user.username).await;
+    Ok((StatusCode::CREATED, Json(user)))
+}
+
+pub async fn list(
+    _: Operator,
+    State(state): State<AppState>,
+    Path(account_id): Path<Uuid>,
+) -> Result<Json<Vec<User>>, ApiError> {
+    let users = sqlx::query_as(&format!(
+        "SELECT {USER_COLUMNS} FROM proxy_users
+          WHERE account_id = $1 AND deleted_at IS NULL ORDER BY username LIMIT 1000"
+    ))
+    .bind(account_id)
+    .fetch_all(&state.db)
+    .await?;
+    Ok(Json(users))
+}
+
+pub async fn get_one(
+    _: Operator,
+    State(state): State<AppState>,
+    Path(id): Path<Uuid>,
+) -> Result<Json<User>, ApiError> {
+    fetch(&state, id).await.map(Json)
+}
+
+async fn fetch(state: &AppState, id: Uuid) -> Result<User, ApiError> {
+    sqlx::query_as(&format!(
+        "SELECT {USER_COLUMNS} FROM proxy_users WHERE id = $1 AND deleted_at IS NULL"
+    ))
+    .bind(id)
+    .fetch_optional(&state.db)
+    .await?
+    .ok_or(ApiError::NotFound("user"))
+}
+
+pub async fn update(
+    _: Operator,
+    State(state): State<AppState>,
+    Path(id): Path<Uuid>,
+    Json(body): Json<UpdateUser>,
+) -> Result<Json<User>, ApiError> {
+    let new_hash = match body.password {
+        Some(password) => {
+            validate_password(password.expose())?;
+            Some(state.hashing.hash(password).await?)
+        }
+        None => None,
+    };
+    let mut tx = state.db.begin().await?;
+    let user: User = sqlx::query_as(&format!(
+        "UPDATE proxy_users
+            SET enabled = COALESCE($2, enabled),
+                password_hash = COALESCE($3, password_hash),
+                version = version + 1,
+                updated_at = now()
+          WHERE id = $1 AND deleted_at IS NULL
+        RETURNING {USER_COLUMNS}"
+    ))
+    .bind(id)
+    .bind(body.enabled)
+    .bind(new_hash.as_deref())
+    .fetch_optional(&mut *tx)
+    .await?
+    .ok_or(ApiError::NotFound("user"))?;
+    let detail = serde_json::json!({
+        "enabled": body.enabled,
+        "password_rotated": new_hash.is_some(),
+    });
+    audit::record(&mut tx, "operator", "user.update", &id.to_string(), detail).await?;
+    tx.commit().await?;
+    state.projector.user(&user.username).await;
+    Ok(Json(user))
+}
+
+pub async fn delete(
+    _: Operator,
+    State(state): State<AppState>,
+    Path(id): Path<Uuid>,
+) -> Result<StatusCode, ApiError> {
+    let mut tx = state.db.begin().await?;
+    let row: Option<(String,)> = sqlx::query_as(
+        "UPDATE proxy_users SET deleted_at = now(), enabled = false, version = version + 1, updated_at = now()
+          WHERE id = $1 AND deleted_at IS NULL RETURNING username",
+    )
+    .bind(id)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let (username,) = row.ok_or(ApiError::NotFound("user"))?;
+    audit::record(&mut tx, "operator", "user.delete", &id.to_string(), serde_json::json!({"username": username})).await?;
+    tx.commit().await?;
+    state.projector.user(&username).await;
+    Ok(StatusCode::NO_CONTENT)
+}

@@ -1,0 +1,455 @@
+//! Egress policy: which addresses and ports an exit may connect to.
+//!
+//! The agent applies it to every address it is about to dial, after its own DNS
+//! resolution, and dials only an address it has vetted (so DNS rebinding has no
+//! window). The superproxy applies it early to literal addresses in the request,
+//! so an obviously forbidden target never costs an exit a stream.
+//!
+//! Order of rules, first match wins:
+//! 1. the stack's own service addresses (`protected`) are always denied;
+//! 2. denied ports (SMTP 25/465/587 by default);
+//! 3. the operator's `deny` list;
+//! 4. the operator's `allow` list (how tests and the demo widen loopback);
+//! 5. the built-in special-purpose ranges (loopback, RFC 1918, link-local incl.
+//!    cloud metadata, CGNAT, multicast, reserved, documentation, ULA, ...);
+//! 6. everything else is allowed.
+//!
+//! IPv6 addresses that embed an IPv4 address (mapped `::ffff:a.b.c.d`, compatible
+//! `::a.b.c.d`, NAT64 `64:ff9b::/96`, 6to4 `2002::/16`) are judged by the embedded
+//! IPv4 address as well, so `::ffff:127.0.0.1` is loopback.
+//!
+//! [`parse_ip_literal`] normalises every numeric spelling `inet_aton` accepts
+//! (`127.1`, `0x7f.1`, `2130706433`, `0177.0.0.1`), because resolvers accept them
+//! too and a check that only knows dotted quads would be bypassed.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::str::FromStr;
+
+/// An IP network in CIDR notation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cidr {
+    addr: IpAddr,
+    prefix: u8,
+}
+
+impl Cidr {
+    pub const fn v4(a: u8, b: u8, c: u8, d: u8, prefix: u8) -> Self {
+        Self {
+            addr: IpAddr::V4(Ipv4Addr::new(a, b, c, d)),
+            prefix,
+        }
+    }
+
+    pub const fn v6(segments: [u16; 8], prefix: u8) -> Self {
+        let [a, b, c, d, e, f, g, h] = segments;
+        Self {
+            addr: IpAddr::V6(Ipv6Addr::new(a, b, c, d, e, f, g, h)),
+            prefix,
+        }
+    }
+
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        match (self.addr, ip) {
+            (IpAddr::V4(net), IpAddr::V4(ip)) => {
+                prefix_eq(u128::from(u32::from(net)) << 96, u128::from(u32::from(ip)) << 96, self.prefix)
+            }
+            (IpAddr::V6(net), IpAddr::V6(ip)) => prefix_eq(u128::from(net), u128::from(ip), self.prefix),
+            _ => false,
+        }
+    }
+}
+
+fn prefix_eq(a: u128, b: u128, prefix: u8) -> bool {
+    if prefix == 0 {
+        return true;
+    }
+    let mask = u128::MAX << (128 - u32::from(prefix.min(128)));
+    a & mask == b & mask
+}
+
+impl FromStr for Cidr {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (addr, prefix) = match s.split_once('/') {
+            Some((a, p)) => (a, Some(p)),
+            None => (s, None),
+        };
+        let addr: IpAddr = addr.parse().map_err(|_| format!("{s:?} is not an IP network"))?;
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        let prefix = match prefix {
+            Some(p) => p
+                .parse::<u8>()
+                .ok()
+                .filter(|p| *p <= max)
+                .ok_or_else(|| format!("{s:?} has an invalid prefix length"))?,
+            None => max,
+        };
+        Ok(Self { addr, prefix })
+    }
+}
+
+impl fmt::Display for Cidr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.addr, self.prefix)
+    }
+}
+
+impl Serialize for Cidr {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Cidr {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// Built-in ranges no exit connects to unless the operator allows them.
+/// IANA special-purpose registries (RFC 6890 and successors).
+const SPECIAL_RANGES: &[(Cidr, &str)] = &[
+    (Cidr::v4(0, 0, 0, 0, 8), "this-network"),
+    (Cidr::v4(10, 0, 0, 0, 8), "private"),
+    (Cidr::v4(100, 64, 0, 0, 10), "cgnat"),
+    (Cidr::v4(127, 0, 0, 0, 8), "loopback"),
+    (Cidr::v4(169, 254, 0, 0, 16), "link-local"),
+    (Cidr::v4(172, 16, 0, 0, 12), "private"),
+    (Cidr::v4(192, 0, 0, 0, 24), "ietf-protocol"),
+    (Cidr::v4(192, 0, 2, 0, 24), "documentation"),
+    (Cidr::v4(192, 88, 99, 0, 24), "6to4-relay"),
+    (Cidr::v4(192, 168, 0, 0, 16), "private"),
+    (Cidr::v4(198, 18, 0, 0, 15), "benchmarking"),
+    (Cidr::v4(198, 51, 100, 0, 24), "documentation"),
+    (Cidr::v4(203, 0, 113, 0, 24), "documentation"),
+    (Cidr::v4(224, 0, 0, 0, 4), "multicast"),
+    (Cidr::v4(240, 0, 0, 0, 4), "reserved"),
+    (Cidr::v6([0, 0, 0, 0, 0, 0, 0, 0], 128), "unspecified"),
+    (Cidr::v6([0, 0, 0, 0, 0, 0, 0, 1], 128), "loopback"),
+    (Cidr::v6([0x64, 0xff9b, 1, 0, 0, 0, 0, 0], 48), "local-nat64"),
+    (Cidr::v6([0x100, 0, 0, 0, 0, 0, 0, 0], 64), "discard"),
+    (Cidr::v6([0x2001, 0, 0, 0, 0, 0, 0, 0], 23), "ietf-protocol"),
+    (Cidr::v6([0x2001, 0xdb8, 0, 0, 0, 0, 0, 0], 32), "documentation"),
+    (Cidr::v6([0x3fff, 0, 0, 0, 0, 0, 0, 0], 20), "documentation"),
+    (Cidr::v6([0x5f00, 0, 0, 0, 0, 0, 0, 0], 16), "segment-routing"),
+    (Cidr::v6([0xfc00, 0, 0, 0, 0, 0, 0, 0], 7), "unique-local"),
+    (Cidr::v6([0xfe80, 0, 0, 0, 0, 0, 0, 0], 10), "link-local"),
+    (Cidr::v6([0xfec0, 0, 0, 0, 0, 0, 0, 0], 10), "site-local"),
+    (Cidr::v6([0xff00, 0, 0, 0, 0, 0, 0, 0], 8), "multicast"),
+];
+
+/// Ports denied by default: SMTP submission and relay (spam is the classic abuse).
+pub const DEFAULT_DENIED_PORTS: &[u16] = &[25, 465, 587];
+
+/// Why an address was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Denial {
+    /// One of the stack's own service addresses.
+    ProtectedService,
+    Port(u16),
+    /// Matched the operator's deny list.
+    DenyList(Cidr),
+    /// A built-in special-purpose range, by name.
+    SpecialRange(&'static str),
+}
+
+impl fmt::Display for Denial {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Denial::ProtectedService => f.write_str("address belongs to the proxy network itself"),
+            Denial::Port(p) => write!(f, "port {p} is denied"),
+            Denial::DenyList(c) => write!(f, "address is in the denied network {c}"),
+            Denial::SpecialRange(name) => write!(f, "address is in a {name} range"),
+        }
+    }
+}
+
+/// The operator-facing configuration of the policy.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct EgressPolicyConfig {
+    /// Networks allowed even though a built-in range would deny them
+    /// (e.g. `127.0.0.0/8` for a local demo). Empty by default.
+    pub allow: Vec<Cidr>,
+    /// Networks always denied, checked before `allow`.
+    pub deny: Vec<Cidr>,
+    /// Destination ports always denied.
+    pub denied_ports: Vec<u16>,
+    /// The stack's own service addresses (Redis, Postgres, the API, the proxy
+    /// ports): denied whatever `allow` says.
+    pub protected: Vec<SocketAddr>,
+}
+
+impl Default for EgressPolicyConfig {
+    fn default() -> Self {
+        Self {
+            allow: Vec::new(),
+            deny: Vec::new(),
+            denied_ports: DEFAULT_DENIED_PORTS.to_vec(),
+            protected: Vec::new(),
+        }
+    }
+}
+
+/// A compiled, immutable egress policy.
+#[derive(Debug, Clone, Default)]
+pub struct EgressPolicy {
+    config: EgressPolicyConfig,
+}
+
+impl EgressPolicy {
+    pub fn new(config: EgressPolicyConfig) -> Self {
+        Self { config }
+    }
+
+    pub fn config(&self) -> &EgressPolicyConfig {
+        &self.config
+    }
+
+    /// Decides whether `addr` may be dialled.
+    pub fn check(&self, addr: SocketAddr) -> Result<(), Denial> {
+        let ip = canonical(addr.ip());
+        if self
+            .config
+            .protected
+            .iter()
+            .any(|p| p.port() == addr.port() && same_host(canonical(p.ip()), ip))
+        {
+            return Err(Denial::ProtectedService);
+        }
+        if self.config.denied_ports.contains(&addr.port()) {
+            return Err(Denial::Port(addr.port()));
+        }
+        self.check_ip(ip)?;
+        // An IPv6 address carrying an IPv4 one is judged by both.
+        if let IpAddr::V6(v6) = ip {
+            if let Some(embedded) = embedded_ipv4(v6) {
+                self.check_ip(IpAddr::V4(embedded))?;
+            }
+        }
+        Ok(())
+    }
+
+    fn check_ip(&self, ip: IpAddr) -> Result<(), Denial> {
+        if let Some(c) = self.config.deny.iter().find(|c| c.contains(ip)) {
+            return Err(Denial::DenyList(*c));
+        }
+        if self.config.allow.iter().any(|c| c.contains(ip)) {
+            return Ok(());
+        }
+        match SPECIAL_RANGES.iter().find(|(c, _)| c.contains(ip)) {
+            Some((_, name)) => Err(Denial::SpecialRange(name)),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Two hosts are the same if equal, or if either is the unspecified address
+/// (a service bound to `0.0.0.0` answers on every local address).
+fn same_host(protected: IpAddr, ip: IpAddr) -> bool {
+    protected == ip || protected.is_unspecified() || (protected.is_loopback() && ip.is_loopback())
+}
+
+/// IPv4-mapped IPv6 addresses are the IPv4 host they map.
+fn canonical(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(v6),
+        },
+        v4 => v4,
+    }
+}
+
+/// The IPv4 address embedded in an IPv4-compatible (`::a.b.c.d`), NAT64
+/// (`64:ff9b::/96`) or 6to4 (`2002:AABB:CCDD::/48`) address.
+fn embedded_ipv4(v6: Ipv6Addr) -> Option<Ipv4Addr> {
+    let s = v6.segments();
+    let low = Ipv4Addr::new(
+        (s[6] >> 8) as u8,
+        (s[6] & 0xff) as u8,
+        (s[7] >> 8) as u8,
+        (s[7] & 0xff) as u8,
+    );
+    if s[..6] == [0, 0, 0, 0, 0, 0] && u32::from(low) > 1 {
+        return Some(low); // IPv4-compatible (deprecated), excluding :: and ::1
+    }
+    if s[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
+        return Some(low);
+    }
+    if s[0] == 0x2002 {
+        return Some(Ipv4Addr::new(
+            (s[1] >> 8) as u8,
+            (s[1] & 0xff) as u8,
+            (s[2] >> 8) as u8,
+            (s[2] & 0xff) as u8,
+        ));
+    }
+    None
+}
+
+/// Parses a host as an IP literal in any spelling a resolver would accept:
+/// bracketed or bare IPv6, and IPv4 in `inet_aton` forms (1–4 parts, each
+/// decimal, `0x` hex or leading-zero octal, the last part filling the remaining
+/// bytes). Returns `None` for anything that is a name. A name that only *looks*
+/// numeric but does not fit (`1.2.3.4.5`, `999.1.1.1`) is also `None` and goes to
+/// DNS, whose answer is checked like any other.
+pub fn parse_ip_literal(host: &str) -> Option<IpAddr> {
+    let host = host.strip_suffix('.').unwrap_or(host);
+    if let Some(inner) = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        return inner.parse::<Ipv6Addr>().ok().map(IpAddr::V6);
+    }
+    if host.contains(':') {
+        return host.parse::<Ipv6Addr>().ok().map(IpAddr::V6);
+    }
+    parse_inet_aton(host).map(IpAddr::V4)
+}
+
+fn parse_inet_aton(s: &str) -> Option<Ipv4Addr> {
+    if s.is_empty() || s.len() > 64 {
+        return None;
+    }
+    let parts: Vec<&str> = s.split('.').collect();
+    if parts.len() > 4 {
+        return None;
+    }
+    let mut values = Vec::with_capacity(parts.len());
+    for part in &parts {
+        values.push(parse_aton_part(part)?);
+    }
+    let (last, leading) = values.split_last()?;
+    let mut acc: u32 = 0;
+    for (i, v) in leading.iter().enumerate() {
+        let byte = u8::try_from(*v).ok()?;
+        acc |= u32::from(byte) << (24 - 8 * i);
+    }
+    let remaining_bits = 32 - 8 * leading.len() as u32;
+    if remaining_bits < 32 && *last >= (1u64 << remaining_bits) {
+        return None;
+    }
+    let last = u32::try_from(*last).ok()?;
+    Some(Ipv4Addr::from(acc | last))
+}
+
+fn parse_aton_part(part: &str) -> Option<u64> {
+    if part.is_empty() {
+        return None;
+    }
+    let (digits, radix) = if let Some(hex) = part.strip_prefix("0x").or_else(|| part.strip_prefix("0X")) {
+        (hex, 16)
+    } else if part.len() > 1 && part.starts_with('0') {
+        (&part[1..], 8)
+    } else {
+        (part, 10)
+    };
+    if digits.is_empty() {
+        // "0x" alone is 0 for inet_aton.
+        return (radix == 16).then_some(0);
+    }
+    if !digits.chars().all(|c| c.is_digit(radix)) {
+        return None;
+    }
+    let value = u64::from_str_radix(digits, radix).ok()?;
+    (value <= u64::from(u32::MAX)).then_some(value)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sa(s: &str) -> SocketAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn numeric_spellings_normalise() {
+        for spelling in ["127.0.0.1", "127.1", "0x7f.1", "2130706433", "0177.0.0.1", "0x7f000001", "127.0.1", "017700000001"] {
+            assert_eq!(parse_ip_literal(spelling), Some("127.0.0.1".parse().unwrap()), "{spelling}");
+        }
+        assert_eq!(parse_ip_literal("[::1]"), Some("::1".parse().unwrap()));
+        assert_eq!(parse_ip_literal("example.com"), None);
+        assert_eq!(parse_ip_literal("256.1.1.1"), None);
+        assert_eq!(parse_ip_literal("1.2.3.4.5"), None);
+        assert_eq!(parse_ip_literal("08.1.1.1"), None);
+        assert_eq!(parse_ip_literal(""), None);
+    }
+
+    #[test]
+    fn default_policy_denies_special_ranges() {
+        let p = EgressPolicy::default();
+        for denied in [
+            "127.0.0.1:80",
+            "10.1.2.3:80",
+            "172.16.0.1:80",
+            "192.168.1.1:80",
+            "169.254.169.254:80",
+            "100.64.0.1:80",
+            "224.0.0.1:80",
+            "240.0.0.1:80",
+            "255.255.255.255:80",
+            "0.0.0.0:80",
+            "192.0.2.1:80",
+            "[::]:80",
+            "[::1]:80",
+            "[fc00::1]:80",
+            "[fe80::1]:80",
+            "[::ffff:127.0.0.1]:80",
+            "[::127.0.0.1]:80",
+            "[64:ff9b::a9fe:a9fe]:80",
+            "[2002:7f00:1::]:80",
+            "[2001:db8::1]:80",
+            "[ff02::1]:80",
+        ] {
+            assert!(p.check(sa(denied)).is_err(), "{denied} should be denied");
+        }
+        for allowed in ["93.184.216.34:443", "[2606:2800:220:1::1]:443", "[64:ff9b::5db8:d822]:80"] {
+            assert_eq!(p.check(sa(allowed)), Ok(()), "{allowed} should be allowed");
+        }
+    }
+
+    #[test]
+    fn smtp_ports_denied() {
+        let p = EgressPolicy::default();
+        assert_eq!(p.check(sa("93.184.216.34:25")), Err(Denial::Port(25)));
+        assert_eq!(p.check(sa("93.184.216.34:587")), Err(Denial::Port(587)));
+    }
+
+    #[test]
+    fn allow_list_widens_but_protected_services_stay_denied() {
+        let p = EgressPolicy::new(EgressPolicyConfig {
+            allow: vec!["127.0.0.0/8".parse().unwrap()],
+            protected: vec![sa("127.0.0.1:6379"), sa("0.0.0.0:5432")],
+            ..Default::default()
+        });
+        assert_eq!(p.check(sa("127.0.0.1:8000")), Ok(()));
+        assert_eq!(p.check(sa("127.0.0.1:6379")), Err(Denial::ProtectedService));
+        assert_eq!(p.check(sa("127.0.0.9:6379")), Err(Denial::ProtectedService));
+        assert_eq!(p.check(sa("[::ffff:127.0.0.1]:6379")), Err(Denial::ProtectedService));
+        assert_eq!(p.check(sa("127.0.0.1:5432")), Err(Denial::ProtectedService));
+        assert!(p.check(sa("10.0.0.1:80")).is_err());
+    }
+
+    #[test]
+    fn deny_list_beats_allow_list() {
+        let p = EgressPolicy::new(EgressPolicyConfig {
+            allow: vec!["127.0.0.0/8".parse().unwrap()],
+            deny: vec!["127.0.0.5/32".parse().unwrap()],
+            ..Default::default()
+        });
+        assert!(matches!(p.check(sa("127.0.0.5:80")), Err(Denial::DenyList(_))));
+    }
+
+    #[test]
+    fn cidr_parsing() {
+        assert!("10.0.0.0/33".parse::<Cidr>().is_err());
+        assert!("nonsense".parse::<Cidr>().is_err());
+        let c: Cidr = "2001:db8::/32".parse().unwrap();
+        assert!(c.contains("2001:db8::5".parse().unwrap()));
+        assert!(!c.contains("10.0.0.1".parse().unwrap()));
+        let all: Cidr = "0.0.0.0/0".parse().unwrap();
+        assert!(all.contains("8.8.8.8".parse().unwrap()));
+    }
+}

@@ -1,0 +1,15 @@
+//! Contracts shared by the proxynet binaries.
+//!
+//! Everything here is spoken by at least two of `superproxy`, `exit-agent` and
+//! `control-api`: the wire format of the agent link ([`link`]), the layout of the
+//! shared Redis state ([`store`]), the egress policy that both the superproxy
+//! (early literal check) and the agent (on the address actually dialled) apply
+//! ([`egress`]), and small process conventions ([`ready`], [`telemetry`]).
+
+pub mod egress;
+pub mod link;
+pub mod ready;
+pub mod secret;
+pub mod store;
+pub mod telemetry;
+pub mod shutdown;

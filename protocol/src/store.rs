@@ -1,0 +1,228 @@
+//! The shared Redis state: key layout, record shapes and the few scripts that
+//! must be atomic.
+//!
+//! The control-api writes users and exits here (projected from Postgres); agents'
+//! heartbeats keep exits in the live set; superproxies announce their link
+//! addresses here and read everything else. Every key starts with a configurable
+//! prefix so several stacks (or tests) can share one Redis. Keys built from user
+//! input only ever contain validated usernames (`[A-Za-z0-9_.]`, at most 64 bytes)
+//! or UUIDs, so they are bounded and need no escaping. Per-entity keys wrap the
+//! entity id in `{}` so that a Redis Cluster hashes each entity's keys together.
+//!
+//! Liveness uses sorted sets scored by expiry time taken from Redis' own clock
+//! (`TIME` inside a script), so hosts with skewed clocks agree on who is alive.
+
+use serde::{Deserialize, Serialize};
+use std::net::{IpAddr, SocketAddr};
+use uuid::Uuid;
+
+/// Key builder for one stack's namespace.
+#[derive(Debug, Clone)]
+pub struct Keys {
+    prefix: String,
+}
+
+impl Keys {
+    pub fn new(prefix: impl Into<String>) -> Self {
+        Self {
+            prefix: prefix.into(),
+        }
+    }
+
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// `UserRecord` JSON for a proxy username.
+    pub fn user(&self, username: &str) -> String {
+        format!("{}user:{{{username}}}", self.prefix)
+    }
+
+    /// `ExitRecord` JSON.
+    pub fn exit(&self, id: Uuid) -> String {
+        format!("{}exit:{{{id}}}", self.prefix)
+    }
+
+    /// Sorted set: exit id → heartbeat expiry (ms, Redis clock).
+    pub fn exits_live(&self) -> String {
+        format!("{}exits:live", self.prefix)
+    }
+
+    /// `SuperproxyRecord` JSON.
+    pub fn superproxy(&self, id: Uuid) -> String {
+        format!("{}superproxy:{{{id}}}", self.prefix)
+    }
+
+    /// Sorted set: superproxy id → announcement expiry (ms, Redis clock).
+    pub fn superproxies_live(&self) -> String {
+        format!("{}superproxies:live", self.prefix)
+    }
+
+    /// Pub/sub channel announcing changed users and exits (`user:NAME`, `exit:ID`).
+    pub fn events(&self) -> String {
+        format!("{}events", self.prefix)
+    }
+}
+
+/// What a superproxy needs to authenticate a proxy user.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UserRecord {
+    pub id: Uuid,
+    pub account_id: Uuid,
+    pub username: String,
+    /// argon2id PHC string. The password itself is never stored anywhere.
+    pub password_hash: String,
+    pub enabled: bool,
+    /// Increases on every change, so caches can tell stale from current.
+    pub version: i64,
+}
+
+/// Where an exit's traffic comes from: the provenance the customer targets by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SourceType {
+    Dc,
+    Isp,
+    Res,
+    Mobile,
+}
+
+impl SourceType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SourceType::Dc => "dc",
+            SourceType::Isp => "isp",
+            SourceType::Res => "res",
+            SourceType::Mobile => "mobile",
+        }
+    }
+
+    pub fn parse(value: &str) -> Option<Self> {
+        match value {
+            "dc" => Some(SourceType::Dc),
+            "isp" => Some(SourceType::Isp),
+            "res" => Some(SourceType::Res),
+            "mobile" => Some(SourceType::Mobile),
+            _ => None,
+        }
+    }
+}
+
+/// What a superproxy needs to route through an exit and to admit its agent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExitRecord {
+    pub id: Uuid,
+    pub name: String,
+    pub egress_ips: Vec<IpAddr>,
+    pub source_type: SourceType,
+    /// ISO 3166-1 alpha-2, upper case.
+    pub country: String,
+    pub owner: String,
+    /// The agent announced it is draining: no new tunnels.
+    pub draining: bool,
+    /// An operator disabled the exit.
+    pub disabled: bool,
+    /// SHA-256 (hex) of the agent's link credential.
+    pub credential_sha256: String,
+}
+
+/// A superproxy's announcement: where agents should dial and which certificate to pin.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SuperproxyRecord {
+    pub id: Uuid,
+    pub link_addr: SocketAddr,
+    /// SHA-256 (hex) of the DER certificate the link listener presents.
+    pub cert_sha256: String,
+}
+
+/// `KEYS[1]` live set, `ARGV[1]` member, `ARGV[2]` ttl in ms: marks the member
+/// alive until Redis' now + ttl and prunes members that expired long ago.
+pub const TOUCH_LIVE_SCRIPT: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - 3600000)
+return now
+";
+
+/// `KEYS[1]` live set: members whose expiry is still in the future by Redis' clock.
+pub const LIVE_MEMBERS_SCRIPT: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+return redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf')
+";
+
+/// Connects to Redis with a clear error naming the store when it is not there.
+pub async fn connect_redis(url: &str) -> Result<redis::aio::ConnectionManager, StoreUnavailable> {
+    let client = redis::Client::open(url).map_err(|e| StoreUnavailable {
+        what: "Redis",
+        detail: format!("invalid Redis URL: {e}"),
+    })?;
+    let config = redis::aio::ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(std::time::Duration::from_secs(3)))
+        .set_response_timeout(Some(std::time::Duration::from_secs(3)))
+        .set_number_of_retries(1);
+    let mut conn = tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        redis::aio::ConnectionManager::new_with_config(client, config),
+    )
+    .await
+    .map_err(|_| StoreUnavailable {
+        what: "Redis",
+        detail: format!("no answer from {} within 5 s", redact_url(url)),
+    })?
+    .map_err(|e| StoreUnavailable {
+        what: "Redis",
+        detail: format!("cannot connect to {}: {e}", redact_url(url)),
+    })?;
+    let _: String = redis::cmd("PING")
+        .query_async(&mut conn)
+        .await
+        .map_err(|e| StoreUnavailable {
+            what: "Redis",
+            detail: format!("PING to {} failed: {e}", redact_url(url)),
+        })?;
+    Ok(conn)
+}
+
+/// A backing store could not be reached at start-up.
+#[derive(Debug, thiserror::Error)]
+#[error("{what} is not reachable: {detail}")]
+pub struct StoreUnavailable {
+    pub what: &'static str,
+    pub detail: String,
+}
+
+/// A store URL with any password replaced, fit for an error message or log.
+pub fn redact_url(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme_end), Some(at)) if at > scheme_end => {
+            let userinfo = &url[scheme_end + 3..at];
+            let user = userinfo.split(':').next().unwrap_or("");
+            format!("{}{}:***@{}", &url[..scheme_end + 3], user, &url[at + 1..])
+        }
+        _ => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_prefixed_and_hash_tagged() {
+        let k = Keys::new("t1:");
+        assert_eq!(k.user("alice"), "t1:user:{alice}");
+        let id = Uuid::nil();
+        assert_eq!(k.exit(id), format!("t1:exit:{{{id}}}"));
+    }
+
+    #[test]
+    fn redact_hides_passwords() {
+        assert_eq!(
+            redact_url("postgres://u:secret@h:5/db"),
+            "postgres://u:***@h:5/db"
+        );
+        assert_eq!(redact_url("redis://h:1/"), "redis://h:1/");
+    }
+}
