@@ -1,0 +1,250 @@
+//! proxynet superproxy: the data plane.
+//!
+//! Stages of a tunnel, one module each:
+//! [`ingress`] (accept and speak the client's protocol) →
+//! [`authenticate`] (proxy credentials, argon2 off the hot path) →
+//! [`target`] (validate and normalise the destination) →
+//! [`tunnel`] (early egress check, pick an exit from the [`pool`], safe retry) →
+//! [`link`] (the agents' links and one HTTP/2 stream per tunnel) →
+//! [`splice`] (bytes both ways).
+//! Around them: [`announce`] (tell agents where to dial), [`events`] (cache
+//! invalidation), [`admin`] (health and pool endpoints), [`error`] (the one
+//! error type every ingress answers with).
+//!
+//! [`Superproxy::bind`] binds every listener (port 0 is fine) and reports the
+//! addresses; [`Superproxy::serve`] runs until its shutdown future resolves.
+
+pub mod admin;
+pub mod announce;
+pub mod authenticate;
+pub mod config;
+pub mod error;
+pub mod events;
+pub mod ingress;
+pub mod link;
+pub mod pool;
+pub mod splice;
+pub mod target;
+pub mod tunnel;
+
+use proxynet_protocol::egress::EgressPolicy;
+use proxynet_protocol::store::{connect_redis, Keys, StoreUnavailable, SuperproxyRecord};
+use serde::{Deserialize, Serialize};
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+use uuid::Uuid;
+
+pub use config::Config;
+use authenticate::Authenticator;
+use link::registry::LinkRegistry;
+use link::tls::LinkIdentity;
+use pool::Pool;
+use tunnel::TunnelOpener;
+
+/// How long in-flight tunnels may take to finish after a stop signal.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// State shared by every connection.
+pub struct Gateway {
+    pub id: Uuid,
+    pub config: Arc<Config>,
+    pub auth: Authenticator,
+    pub pool: Arc<Pool>,
+    pub registry: Arc<LinkRegistry>,
+    pub tunnels: TunnelOpener,
+    draining: AtomicBool,
+}
+
+impl Gateway {
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed)
+    }
+}
+
+/// The addresses a running superproxy bound.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub struct Addresses {
+    pub proxy: SocketAddr,
+    pub admin: SocketAddr,
+    pub link: SocketAddr,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Store(#[from] StoreUnavailable),
+    #[error("cannot listen on {addr} ({what}): {source}")]
+    Listen {
+        what: &'static str,
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("link TLS: {0}")]
+    Tls(#[from] link::tls::TlsSetupError),
+    #[error("{0}")]
+    Other(String),
+}
+
+pub struct Superproxy {
+    gateway: Arc<Gateway>,
+    addresses: Addresses,
+    proxy: TcpListener,
+    admin: TcpListener,
+    link: TcpListener,
+    identity: LinkIdentity,
+    redis_client: redis::Client,
+    redis: redis::aio::ConnectionManager,
+    keys: Keys,
+}
+
+async fn listen(what: &'static str, addr: SocketAddr) -> Result<(TcpListener, SocketAddr), StartError> {
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|source| StartError::Listen { what, addr, source })?;
+    let bound = listener
+        .local_addr()
+        .map_err(|source| StartError::Listen { what, addr, source })?;
+    Ok((listener, bound))
+}
+
+impl Superproxy {
+    pub async fn bind(config: Config) -> Result<Self, StartError> {
+        let redis_url = config.redis_url.expose().to_owned();
+        let redis = connect_redis(&redis_url).await?;
+        let redis_client = redis::Client::open(redis_url.as_str()).map_err(|e| StartError::Other(e.to_string()))?;
+        let keys = Keys::new(config.redis_prefix.clone());
+        let identity = match (&config.link_cert, &config.link_key) {
+            (Some(cert), Some(key)) => LinkIdentity::from_pem_files(cert, key)?,
+            _ => LinkIdentity::self_signed()?,
+        };
+        let (proxy, proxy_addr) = listen("proxy", config.listen).await?;
+        let (admin, admin_addr) = listen("admin", config.admin_listen).await?;
+        let (link, link_addr) = listen("link", config.link_listen).await?;
+        let addresses = Addresses {
+            proxy: proxy_addr,
+            admin: admin_addr,
+            link: link_addr,
+        };
+
+        let registry = Arc::new(LinkRegistry::default());
+        let pool = Arc::new(Pool::new(redis.clone(), keys.clone(), registry.clone()));
+        let auth = Authenticator::new(
+            redis.clone(),
+            keys.clone(),
+            Duration::from_millis(config.user_cache_ttl_ms),
+            Duration::from_secs(config.auth_cache_ttl_secs),
+        )
+        .map_err(StartError::Other)?;
+        let policy = EgressPolicy::new(config.egress_policy(&[proxy_addr, admin_addr, link_addr]));
+        let tunnels = TunnelOpener {
+            pool: pool.clone(),
+            policy,
+            connect_budget: config.connect_budget(),
+        };
+        let gateway = Arc::new(Gateway {
+            id: Uuid::new_v4(),
+            config: Arc::new(config),
+            auth,
+            pool,
+            registry,
+            tunnels,
+            draining: AtomicBool::new(false),
+        });
+        Ok(Self {
+            gateway,
+            addresses,
+            proxy,
+            admin,
+            link,
+            identity,
+            redis_client,
+            redis,
+            keys,
+        })
+    }
+
+    pub fn addresses(&self) -> Addresses {
+        self.addresses
+    }
+
+    pub fn gateway(&self) -> Arc<Gateway> {
+        self.gateway.clone()
+    }
+
+    pub async fn serve(self, shutdown: impl Future<Output = ()> + Send + 'static) {
+        let gateway = self.gateway;
+        let config = gateway.config.clone();
+        let advertise = config.link_advertise.unwrap_or(self.addresses.link);
+        let announcer = announce::Announcer {
+            redis: self.redis.clone(),
+            keys: self.keys.clone(),
+            record: SuperproxyRecord {
+                id: gateway.id,
+                link_addr: advertise,
+                cert_sha256: self.identity.cert_sha256.clone(),
+            },
+            interval: config.announce_interval(),
+        };
+        gateway.pool.refresh().await;
+        let mut background = vec![
+            tokio::spawn(gateway.pool.clone().run(config.pool_refresh())),
+            tokio::spawn(
+                link::listener::LinkListener {
+                    listener: self.link,
+                    acceptor: tokio_rustls::TlsAcceptor::from(self.identity.server_config.clone()),
+                    registry: gateway.registry.clone(),
+                    redis: self.redis.clone(),
+                    keys: self.keys.clone(),
+                }
+                .run(),
+            ),
+            tokio::spawn(events::run(self.redis_client, self.keys.events(), gateway.clone())),
+            tokio::spawn(admin::run(self.admin, gateway.clone())),
+        ];
+        if let Err(e) = announcer.announce_once().await {
+            tracing::warn!(error = %e, "first announcement failed; retrying in the background");
+        }
+        background.push(tokio::spawn(announcer.clone().run()));
+
+        // Every connection task holds a clone of `alive`; when all are gone the
+        // receiver sees the channel close, which is how shutdown waits for them.
+        let (alive, mut all_done) = mpsc::channel::<()>(1);
+        tokio::pin!(shutdown);
+        loop {
+            tokio::select! {
+                () = &mut shutdown => break,
+                accepted = self.proxy.accept() => match accepted {
+                    Ok((stream, peer)) => {
+                        let gateway = gateway.clone();
+                        let alive = alive.clone();
+                        tokio::spawn(async move {
+                            ingress::http::serve_connection(gateway, stream, peer).await;
+                            drop(alive);
+                        });
+                    }
+                    Err(e) => {
+                        // Usually EMFILE: back off instead of spinning.
+                        tracing::warn!(error = %e, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                },
+            }
+        }
+
+        tracing::info!("stopping: withdrawing announcement and draining connections");
+        gateway.draining.store(true, Ordering::Relaxed);
+        announcer.withdraw().await;
+        drop(alive);
+        if tokio::time::timeout(DRAIN_TIMEOUT, all_done.recv()).await.is_err() {
+            tracing::warn!("drain timeout reached; closing remaining connections");
+        }
+        for task in background {
+            task.abort();
+        }
+    }
+}

@@ -1,1 +1,23 @@
-fn main() {}
+use clap::Parser;
+use proxynet_protocol::{ready, shutdown, telemetry};
+use superproxy::{Config, Superproxy};
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    telemetry::init(telemetry::DEFAULT_FILTER);
+    let config = Config::parse();
+    let proxy = match Superproxy::bind(config).await {
+        Ok(proxy) => proxy,
+        Err(e) => {
+            eprintln!("superproxy: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let addresses = proxy.addresses();
+    tracing::info!(proxy = %addresses.proxy, admin = %addresses.admin, link = %addresses.link, "superproxy listening");
+    if let Err(e) = ready::announce(&addresses) {
+        eprintln!("superproxy: cannot write ready line: {e}");
+    }
+    proxy.serve(shutdown::signal()).await;
+    std::process::ExitCode::SUCCESS
+}

@@ -1,0 +1,92 @@
+//! Admin listener: liveness, readiness and the pool as this instance sees it.
+
+use bytes::Bytes;
+use http::{header, HeaderValue, Method, Request, Response, StatusCode};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+
+use crate::Gateway;
+
+pub async fn run(listener: TcpListener, gateway: Arc<Gateway>) {
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        let gateway = gateway.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |req| {
+                let gateway = gateway.clone();
+                async move { Ok::<_, Infallible>(respond(&gateway, &req)) }
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(Duration::from_secs(5))
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
+fn respond(gateway: &Gateway, req: &Request<Incoming>) -> Response<Full<Bytes>> {
+    if req.method() != Method::GET {
+        return text(StatusCode::METHOD_NOT_ALLOWED, "GET only\n".into());
+    }
+    match req.uri().path() {
+        "/healthz" => text(StatusCode::OK, "ok\n".into()),
+        "/readyz" => {
+            let view = gateway.pool.view();
+            if gateway.is_draining() {
+                text(StatusCode::SERVICE_UNAVAILABLE, "draining\n".into())
+            } else if view.degraded {
+                // Still routing known users on the last known pool; a load
+                // balancer may prefer a healthy peer.
+                text(StatusCode::SERVICE_UNAVAILABLE, "degraded: redis unreachable\n".into())
+            } else {
+                text(StatusCode::OK, format!("ready: {} eligible exits\n", view.eligible.len()))
+            }
+        }
+        "/v1/pool" => {
+            let view = gateway.pool.view();
+            let eligible: Vec<_> = view
+                .eligible
+                .iter()
+                .map(|c| {
+                    serde_json::json!({
+                        "exit_id": c.record.id,
+                        "name": c.record.name,
+                        "egress_ips": c.record.egress_ips,
+                        "source_type": c.record.source_type,
+                        "country": c.record.country,
+                    })
+                })
+                .collect();
+            let body = serde_json::json!({
+                "superproxy_id": gateway.id,
+                "eligible": eligible,
+                "live": view.live,
+                "links": gateway.registry.len(),
+                "degraded": view.degraded,
+            });
+            let mut r = text(StatusCode::OK, body.to_string());
+            r.headers_mut()
+                .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            r
+        }
+        _ => text(StatusCode::NOT_FOUND, "not found\n".into()),
+    }
+}
+
+fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::from(body)));
+    *r.status_mut() = status;
+    r.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+    r
+}

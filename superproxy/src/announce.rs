@@ -1,0 +1,53 @@
+//! Tells the control plane (through Redis) where agents can dial this instance.
+//!
+//! Agents learn the list from their heartbeat replies, so adding a superproxy
+//! needs no change on any exit host.
+
+use proxynet_protocol::store::{Keys, SuperproxyRecord, TOUCH_LIVE_SCRIPT};
+use redis::aio::ConnectionManager;
+use redis::AsyncCommands;
+use std::time::Duration;
+
+#[derive(Clone)]
+pub struct Announcer {
+    pub redis: ConnectionManager,
+    pub keys: Keys,
+    pub record: SuperproxyRecord,
+    pub interval: Duration,
+}
+
+impl Announcer {
+    pub async fn run(self) {
+        let mut tick = tokio::time::interval(self.interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            if let Err(e) = self.announce_once().await {
+                tracing::warn!(error = %e, "announcing the link address failed; retrying");
+            }
+        }
+    }
+
+    pub async fn announce_once(&self) -> Result<(), redis::RedisError> {
+        let mut redis = self.redis.clone();
+        let ttl_ms = u64::try_from(self.interval.as_millis()).unwrap_or(u64::MAX).saturating_mul(3);
+        let json = serde_json::to_string(&self.record).map_err(|e| {
+            redis::RedisError::from((redis::ErrorKind::Client, "encoding", e.to_string()))
+        })?;
+        let _: () = redis.pset_ex(self.keys.superproxy(self.record.id), json, ttl_ms).await?;
+        let _: i64 = redis::Script::new(TOUCH_LIVE_SCRIPT)
+            .key(self.keys.superproxies_live())
+            .arg(self.record.id.to_string())
+            .arg(ttl_ms)
+            .invoke_async(&mut redis)
+            .await?;
+        Ok(())
+    }
+
+    /// Withdraws the announcement so agents stop dialling (best effort).
+    pub async fn withdraw(&self) {
+        let mut redis = self.redis.clone();
+        let _: Result<(), _> = redis.zrem(self.keys.superproxies_live(), self.record.id.to_string()).await;
+        let _: Result<(), _> = redis.del(self.keys.superproxy(self.record.id)).await;
+    }
+}

@@ -1,0 +1,269 @@
+//! Proxy-user authentication without argon2 on the hot path.
+//!
+//! The user's record (argon2id hash, enabled flag) comes from Redis and is
+//! cached briefly. A password check is remembered under a keyed hash (HMAC with
+//! a per-process random key) of the presented username and password, together
+//! with a digest of the stored hash it was checked against: a password rotation
+//! changes the stored hash and so misses the cache, a disable is seen on the
+//! record itself. Misses run argon2 on the blocking pool, bounded by a
+//! semaphore, and concurrent misses for one credential share a single run.
+//! Unknown users are checked against a dummy hash so they cost the same time
+//! as a wrong password and get the same answer.
+
+use argon2::password_hash::{rand_core::OsRng, PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
+use argon2::Argon2;
+use hmac::{Hmac, Mac};
+use proxynet_protocol::store::{Keys, UserRecord};
+use redis::aio::ConnectionManager;
+use redis::AsyncCommands;
+use sha2::{Digest, Sha256};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::{OnceCell, Semaphore};
+
+use crate::error::{ErrorKind, ProxyError};
+
+type CredentialKey = [u8; 32];
+
+/// Upper bound on remembered verifications; beyond it, expired ones are dropped
+/// first and, if that is not enough, the cache starts over.
+const MAX_VERIFICATIONS: usize = 100_000;
+/// Failed verifications are remembered for a shorter time than successes.
+const FAILURE_TTL: Duration = Duration::from_secs(30);
+
+#[derive(Clone, Copy)]
+struct Verification {
+    stored_hash_digest: [u8; 32],
+    ok: bool,
+    at: Instant,
+}
+
+struct CachedRecord {
+    record: Option<Arc<UserRecord>>,
+    fetched: Instant,
+}
+
+pub struct Authenticator {
+    redis: ConnectionManager,
+    keys: Keys,
+    record_ttl: Duration,
+    success_ttl: Duration,
+    hmac_key: [u8; 32],
+    dummy_hash: String,
+    records: Mutex<HashMap<String, CachedRecord>>,
+    verified: Mutex<HashMap<CredentialKey, Verification>>,
+    in_flight: Mutex<HashMap<CredentialKey, Arc<OnceCell<bool>>>>,
+    argon_permits: Semaphore,
+}
+
+impl Authenticator {
+    pub fn new(redis: ConnectionManager, keys: Keys, record_ttl: Duration, success_ttl: Duration) -> Result<Self, String> {
+        use rand::RngCore;
+        let mut hmac_key = [0u8; 32];
+        rand::rngs::OsRng.fill_bytes(&mut hmac_key);
+        let mut dummy_password = [0u8; 32];
+        rand::rngs::OsRng.fill_bytes(&mut dummy_password);
+        let dummy_hash = Argon2::default()
+            .hash_password(&dummy_password, &SaltString::generate(&mut OsRng))
+            .map_err(|e| format!("argon2: {e}"))?
+            .to_string();
+        let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
+        Ok(Self {
+            redis,
+            keys,
+            record_ttl,
+            success_ttl,
+            hmac_key,
+            dummy_hash,
+            records: Mutex::new(HashMap::new()),
+            verified: Mutex::new(HashMap::new()),
+            in_flight: Mutex::new(HashMap::new()),
+            argon_permits: Semaphore::new(cpus),
+        })
+    }
+
+    /// Returns the user if `username`/`password` are right and the user is enabled.
+    /// Every failure is the same [`ErrorKind::AuthRequired`].
+    pub async fn authenticate(&self, username: &str, password: &str) -> Result<Arc<UserRecord>, ProxyError> {
+        if !valid_username(username) || password.is_empty() || password.len() > 255 {
+            return Err(ProxyError::auth_required());
+        }
+        let record = self.record(username).await?;
+        let stored_hash = record.as_ref().map_or(self.dummy_hash.as_str(), |r| r.password_hash.as_str());
+        let ok = self.verify(username, password, stored_hash).await?;
+        match record {
+            Some(r) if ok && r.enabled => Ok(r),
+            _ => Err(ProxyError::auth_required()),
+        }
+    }
+
+    /// Forgets the cached record of `username` (called on a change event).
+    pub fn invalidate(&self, username: &str) {
+        if let Ok(mut records) = self.records.lock() {
+            records.remove(username);
+        }
+    }
+
+    async fn record(&self, username: &str) -> Result<Option<Arc<UserRecord>>, ProxyError> {
+        let cached = self.records.lock().ok().and_then(|records| {
+            records
+                .get(username)
+                .map(|c| (c.record.clone(), c.fetched.elapsed() < self.record_ttl))
+        });
+        if let Some((record, true)) = &cached {
+            return Ok(record.clone());
+        }
+        let mut redis = self.redis.clone();
+        let fetched: Result<Option<String>, _> = redis.get(self.keys.user(username)).await;
+        match fetched {
+            Ok(json) => {
+                let record = json
+                    .and_then(|j| serde_json::from_str::<UserRecord>(&j).ok())
+                    .map(Arc::new);
+                if let Ok(mut records) = self.records.lock() {
+                    if records.len() >= MAX_VERIFICATIONS {
+                        records.retain(|_, c| c.fetched.elapsed() < self.record_ttl);
+                    }
+                    records.insert(
+                        username.to_owned(),
+                        CachedRecord {
+                            record: record.clone(),
+                            fetched: Instant::now(),
+                        },
+                    );
+                }
+                Ok(record)
+            }
+            // Redis is down: a user we have seen keeps working on the last known
+            // record; one we have never seen cannot be verified.
+            Err(e) => match cached {
+                Some((record, _)) => {
+                    tracing::debug!(error = %e, "user lookup failed; using last known record");
+                    Ok(record)
+                }
+                None => Err(ProxyError::new(
+                    ErrorKind::StoreUnavailable,
+                    "credential store unavailable; try again shortly",
+                )),
+            },
+        }
+    }
+
+    async fn verify(&self, username: &str, password: &str, stored_hash: &str) -> Result<bool, ProxyError> {
+        let key = self.credential_key(username, password);
+        let stored_hash_digest: [u8; 32] = Sha256::digest(stored_hash.as_bytes()).into();
+        if let Some(v) = self.verified.lock().ok().and_then(|m| m.get(&key).copied()) {
+            let ttl = if v.ok { self.success_ttl } else { FAILURE_TTL };
+            if v.stored_hash_digest == stored_hash_digest && v.at.elapsed() < ttl {
+                return Ok(v.ok);
+            }
+        }
+        // Single flight: the first miss computes, concurrent ones wait for it.
+        let cell = {
+            let mut in_flight = self
+                .in_flight
+                .lock()
+                .map_err(|_| ProxyError::new(ErrorKind::Internal, "auth state poisoned"))?;
+            in_flight.entry(key).or_default().clone()
+        };
+        let ok = *cell
+            .get_or_try_init(|| self.run_argon2(password.to_owned(), stored_hash.to_owned()))
+            .await?;
+        if let Ok(mut verified) = self.verified.lock() {
+            if verified.len() >= MAX_VERIFICATIONS {
+                let success_ttl = self.success_ttl;
+                verified.retain(|_, v| v.at.elapsed() < if v.ok { success_ttl } else { FAILURE_TTL });
+                if verified.len() >= MAX_VERIFICATIONS {
+                    verified.clear();
+                }
+            }
+            verified.insert(
+                key,
+                Verification {
+                    stored_hash_digest,
+                    ok,
+                    at: Instant::now(),
+                },
+            );
+        }
+        // Removed only after the result is cached, so no request finds neither.
+        if let Ok(mut in_flight) = self.in_flight.lock() {
+            in_flight.remove(&key);
+        }
+        Ok(ok)
+    }
+
+    async fn run_argon2(&self, password: String, stored_hash: String) -> Result<bool, ProxyError> {
+        let _permit = self
+            .argon_permits
+            .acquire()
+            .await
+            .map_err(|_| ProxyError::new(ErrorKind::Internal, "verification pool closed"))?;
+        tokio::task::spawn_blocking(move || {
+            PasswordHash::new(&stored_hash)
+                .map(|parsed| Argon2::default().verify_password(password.as_bytes(), &parsed).is_ok())
+                .unwrap_or(false)
+        })
+        .await
+        .map_err(|e| ProxyError::new(ErrorKind::Internal, format!("verification task: {e}")))
+    }
+
+    fn credential_key(&self, username: &str, password: &str) -> CredentialKey {
+        let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(&self.hmac_key).unwrap_or_else(|_| unreachable_hmac());
+        mac.update(username.as_bytes());
+        mac.update(&[0]);
+        mac.update(password.as_bytes());
+        mac.finalize().into_bytes().into()
+    }
+}
+
+/// HMAC accepts keys of any length, so construction cannot fail.
+fn unreachable_hmac() -> Hmac<Sha256> {
+    #[allow(clippy::expect_used)]
+    <Hmac<Sha256> as Mac>::new_from_slice(&[0u8; 32]).expect("HMAC takes any key length")
+}
+
+/// Base usernames as the control-api allows them; anything else cannot exist,
+/// so it never reaches Redis as a key.
+pub fn valid_username(username: &str) -> bool {
+    !username.is_empty()
+        && username.len() <= 64
+        && username.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.')
+}
+
+/// Decodes `Proxy-Authorization: Basic base64(user:pass)`.
+pub fn parse_basic(header: &str) -> Option<(String, String)> {
+    use base64::Engine;
+    let (scheme, value) = header.trim().split_once(' ')?;
+    if !scheme.eq_ignore_ascii_case("basic") {
+        return None;
+    }
+    let decoded = base64::engine::general_purpose::STANDARD.decode(value.trim()).ok()?;
+    let decoded = String::from_utf8(decoded).ok()?;
+    let (user, pass) = decoded.split_once(':')?;
+    Some((user.to_owned(), pass.to_owned()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn basic_parsing() {
+        assert_eq!(parse_basic("Basic dXNlcjpwYTpzcw=="), Some(("user".into(), "pa:ss".into())));
+        assert_eq!(parse_basic("basic   dXNlcjpwYXNz"), Some(("user".into(), "pass".into())));
+        assert_eq!(parse_basic("Bearer abc"), None);
+        assert_eq!(parse_basic("Basic !!!"), None);
+        assert_eq!(parse_basic("Basic dXNlcg=="), None);
+    }
+
+    #[test]
+    fn username_rules() {
+        assert!(valid_username("alice.b_2"));
+        assert!(!valid_username("alice-session-1"));
+        assert!(!valid_username(""));
+        assert!(!valid_username(&"a".repeat(65)));
+        assert!(!valid_username("a:b"));
+    }
+}

@@ -1,0 +1,120 @@
+//! superproxy configuration: flags, each with an environment variable.
+//!
+//! Timeouts follow the timeout chain: processing timeouts shrink inward
+//! (client header read > connect budget > the agent's own target connect), so
+//! the innermost hop fails first and the client gets a precise reason.
+
+use clap::Parser;
+use proxynet_protocol::egress::{Cidr, EgressPolicyConfig, DEFAULT_DENIED_PORTS};
+use proxynet_protocol::secret::Secret;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Debug, Clone, Parser)]
+#[command(name = "superproxy", version, about = "proxynet data plane")]
+pub struct Config {
+    /// HTTP proxy listener (CONNECT).
+    #[arg(long, env = "PROXYNET_PROXY_LISTEN", default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+
+    /// Admin listener: /healthz, /readyz, /v1/pool.
+    #[arg(long, env = "PROXYNET_ADMIN_LISTEN", default_value = "127.0.0.1:9090")]
+    pub admin_listen: SocketAddr,
+
+    /// Listener agents dial for their links (TLS 1.3 + HTTP/2).
+    #[arg(long, env = "PROXYNET_LINK_LISTEN", default_value = "127.0.0.1:7443")]
+    pub link_listen: SocketAddr,
+
+    /// Address announced to agents for the link; defaults to the bound link address.
+    #[arg(long, env = "PROXYNET_LINK_ADVERTISE")]
+    pub link_advertise: Option<SocketAddr>,
+
+    /// PEM certificate chain for the link listener. Without one, a self-signed
+    /// certificate is generated at start; agents pin whichever is announced.
+    #[arg(long, env = "PROXYNET_LINK_CERT", requires = "link_key")]
+    pub link_cert: Option<PathBuf>,
+
+    /// PEM private key for `link_cert`.
+    #[arg(long, env = "PROXYNET_LINK_KEY", requires = "link_cert")]
+    pub link_key: Option<PathBuf>,
+
+    /// Redis URL (shared state with the control-api and other superproxies).
+    #[arg(long, env = "PROXYNET_REDIS_URL")]
+    pub redis_url: Secret,
+
+    /// Prefix of every Redis key of this stack.
+    #[arg(long, env = "PROXYNET_REDIS_PREFIX", default_value = "pn:")]
+    pub redis_prefix: String,
+
+    /// Time a client has to send a complete request head (slowloris bound), ms.
+    #[arg(long, env = "PROXYNET_HEADER_READ_TIMEOUT_MS", default_value_t = 15_000)]
+    pub header_read_timeout_ms: u64,
+
+    /// Total time to get a tunnel open, retries included; its remainder is sent
+    /// to the agent, whose own target connect timeout is shorter. ms.
+    #[arg(long, env = "PROXYNET_CONNECT_BUDGET_MS", default_value_t = 10_000)]
+    pub connect_budget_ms: u64,
+
+    /// How often the pool of live exits is re-read from Redis, ms.
+    #[arg(long, env = "PROXYNET_POOL_REFRESH_MS", default_value_t = 1_000)]
+    pub pool_refresh_ms: u64,
+
+    /// How often this superproxy re-announces its link address, ms; the
+    /// announcement lives three intervals.
+    #[arg(long, env = "PROXYNET_ANNOUNCE_INTERVAL_MS", default_value_t = 2_000)]
+    pub announce_interval_ms: u64,
+
+    /// How long a user record read from Redis is trusted before re-reading, ms.
+    /// Bounds how late a revocation takes effect if its invalidation event is lost.
+    #[arg(long, env = "PROXYNET_USER_CACHE_TTL_MS", default_value_t = 2_000)]
+    pub user_cache_ttl_ms: u64,
+
+    /// How long a successful password verification is reused, s (argon2 runs at
+    /// most once per credential per this lifetime).
+    #[arg(long, env = "PROXYNET_AUTH_CACHE_TTL_SECS", default_value_t = 300)]
+    pub auth_cache_ttl_secs: u64,
+
+    /// Networks the early egress check allows despite built-in denials
+    /// (comma-separated CIDRs). Keep equal to the agents' setting.
+    #[arg(long, env = "PROXYNET_EGRESS_ALLOW", value_delimiter = ',')]
+    pub egress_allow: Vec<Cidr>,
+
+    /// Networks always denied (comma-separated CIDRs).
+    #[arg(long, env = "PROXYNET_EGRESS_DENY", value_delimiter = ',')]
+    pub egress_deny: Vec<Cidr>,
+
+    /// Destination ports always denied.
+    #[arg(long, env = "PROXYNET_EGRESS_DENIED_PORTS", value_delimiter = ',', default_values_t = DEFAULT_DENIED_PORTS.to_vec())]
+    pub egress_denied_ports: Vec<u16>,
+
+    /// The stack's own service addresses (ip:port, comma-separated), always
+    /// denied. The superproxy's own listeners are added automatically.
+    #[arg(long, env = "PROXYNET_EGRESS_PROTECTED", value_delimiter = ',')]
+    pub egress_protected: Vec<SocketAddr>,
+}
+
+impl Config {
+    pub fn header_read_timeout(&self) -> Duration {
+        Duration::from_millis(self.header_read_timeout_ms)
+    }
+    pub fn connect_budget(&self) -> Duration {
+        Duration::from_millis(self.connect_budget_ms)
+    }
+    pub fn pool_refresh(&self) -> Duration {
+        Duration::from_millis(self.pool_refresh_ms.max(50))
+    }
+    pub fn announce_interval(&self) -> Duration {
+        Duration::from_millis(self.announce_interval_ms.max(50))
+    }
+    pub fn egress_policy(&self, own: &[SocketAddr]) -> EgressPolicyConfig {
+        let mut protected = self.egress_protected.clone();
+        protected.extend_from_slice(own);
+        EgressPolicyConfig {
+            allow: self.egress_allow.clone(),
+            deny: self.egress_deny.clone(),
+            denied_ports: self.egress_denied_ports.clone(),
+            protected,
+        }
+    }
+}

@@ -1,0 +1,251 @@
+//! The data plane's one error type.
+//!
+//! A [`ProxyError`] records what went wrong ([`ErrorKind`]), which side it came
+//! from ([`Source`]) and a short detail for humans. The kind alone decides the
+//! HTTP status, the RFC 9209 `Proxy-Status` error token, the SOCKS5 reply code
+//! and whether the tunnel may be retried on another exit — so every ingress
+//! answers the same failure the same way. docs/errors.md is the catalogue.
+
+use bytes::Bytes;
+use http::{header, HeaderValue, Response, StatusCode};
+use http_body_util::Full;
+use proxynet_protocol::link::Outcome;
+use std::borrow::Cow;
+
+/// Name this gateway uses in `Proxy-Status` (RFC 9209 §2).
+pub const PROXY_NAME: &str = "proxynet";
+
+/// Where a failure came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    Client,
+    ExitLink,
+    Target,
+    Policy,
+    Internal,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// Missing, malformed or wrong proxy credentials (identical for unknown user).
+    AuthRequired,
+    /// The request itself is malformed.
+    BadRequest,
+    /// The method is not something a forward proxy does (TRACE, origin-form).
+    MethodNotAllowed,
+    /// The egress policy forbids the target.
+    DestinationProhibited,
+    /// No live exit matches the request.
+    NoExit,
+    /// The exit link failed before the target was contacted (retry-safe).
+    ExitUnavailable,
+    /// The exit link broke after the target may have been contacted.
+    ExitLinkLost,
+    /// The target refused the connection.
+    ConnectionRefused,
+    /// The target's network or host is unreachable.
+    DestinationUnreachable,
+    /// The target did not answer within the connect budget.
+    ConnectionTimeout,
+    /// The target name did not resolve.
+    DnsError,
+    /// Redis is unreachable and nothing cached can answer.
+    StoreUnavailable,
+    /// A bug or resource exhaustion on our side.
+    Internal,
+}
+
+impl ErrorKind {
+    pub fn status(self) -> StatusCode {
+        match self {
+            ErrorKind::AuthRequired => StatusCode::PROXY_AUTHENTICATION_REQUIRED,
+            ErrorKind::BadRequest => StatusCode::BAD_REQUEST,
+            ErrorKind::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            ErrorKind::DestinationProhibited => StatusCode::FORBIDDEN,
+            ErrorKind::NoExit | ErrorKind::ExitUnavailable | ErrorKind::StoreUnavailable => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            ErrorKind::ExitLinkLost
+            | ErrorKind::ConnectionRefused
+            | ErrorKind::DestinationUnreachable
+            | ErrorKind::DnsError => StatusCode::BAD_GATEWAY,
+            ErrorKind::ConnectionTimeout => StatusCode::GATEWAY_TIMEOUT,
+            ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// RFC 9209 §2.3 error type.
+    pub fn proxy_status_error(self) -> &'static str {
+        match self {
+            ErrorKind::AuthRequired | ErrorKind::MethodNotAllowed => "http_request_denied",
+            ErrorKind::BadRequest => "http_request_error",
+            ErrorKind::DestinationProhibited => "destination_ip_prohibited",
+            ErrorKind::NoExit | ErrorKind::ExitUnavailable => "destination_unavailable",
+            ErrorKind::ExitLinkLost => "connection_terminated",
+            ErrorKind::ConnectionRefused => "connection_refused",
+            ErrorKind::DestinationUnreachable => "destination_ip_unroutable",
+            ErrorKind::ConnectionTimeout => "connection_timeout",
+            ErrorKind::DnsError => "dns_error",
+            ErrorKind::StoreUnavailable => "proxy_internal_error",
+            ErrorKind::Internal => "proxy_internal_error",
+        }
+    }
+
+    /// RFC 1928 §6 reply code.
+    pub fn socks_reply(self) -> u8 {
+        match self {
+            ErrorKind::DestinationProhibited | ErrorKind::AuthRequired => 0x02,
+            ErrorKind::NoExit | ErrorKind::ExitUnavailable => 0x03,
+            ErrorKind::DestinationUnreachable | ErrorKind::DnsError => 0x04,
+            ErrorKind::ConnectionRefused => 0x05,
+            ErrorKind::ConnectionTimeout => 0x06,
+            ErrorKind::MethodNotAllowed => 0x07,
+            ErrorKind::BadRequest
+            | ErrorKind::ExitLinkLost
+            | ErrorKind::StoreUnavailable
+            | ErrorKind::Internal => 0x01,
+        }
+    }
+
+    pub fn source(self) -> Source {
+        match self {
+            ErrorKind::AuthRequired | ErrorKind::BadRequest | ErrorKind::MethodNotAllowed => Source::Client,
+            ErrorKind::DestinationProhibited => Source::Policy,
+            ErrorKind::ExitUnavailable | ErrorKind::ExitLinkLost => Source::ExitLink,
+            ErrorKind::ConnectionRefused
+            | ErrorKind::DestinationUnreachable
+            | ErrorKind::ConnectionTimeout
+            | ErrorKind::DnsError => Source::Target,
+            ErrorKind::NoExit | ErrorKind::StoreUnavailable | ErrorKind::Internal => Source::Internal,
+        }
+    }
+
+    /// True when nothing reached the target, so another exit may be tried.
+    pub fn retry_safe(self) -> bool {
+        matches!(self, ErrorKind::ExitUnavailable)
+    }
+
+    /// How a typed agent outcome is reported to the client.
+    pub fn from_outcome(outcome: Outcome) -> Self {
+        match outcome {
+            Outcome::Connected => ErrorKind::Internal,
+            Outcome::Refused => ErrorKind::ConnectionRefused,
+            Outcome::TimedOut => ErrorKind::ConnectionTimeout,
+            Outcome::Unreachable => ErrorKind::DestinationUnreachable,
+            Outcome::DnsError => ErrorKind::DnsError,
+            Outcome::PolicyDenied => ErrorKind::DestinationProhibited,
+            Outcome::EgressUnavailable | Outcome::Draining | Outcome::Capacity => ErrorKind::ExitUnavailable,
+            Outcome::BadRequest => ErrorKind::Internal,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct ProxyError {
+    pub kind: ErrorKind,
+    pub detail: Cow<'static, str>,
+    /// Seconds for `Retry-After` on 429/503.
+    pub retry_after: Option<u32>,
+}
+
+impl std::fmt::Display for ProxyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.kind.proxy_status_error(), self.detail)
+    }
+}
+
+impl std::error::Error for ProxyError {}
+
+impl ProxyError {
+    pub fn new(kind: ErrorKind, detail: impl Into<Cow<'static, str>>) -> Self {
+        let retry_after = matches!(kind, ErrorKind::NoExit | ErrorKind::ExitUnavailable | ErrorKind::StoreUnavailable)
+            .then_some(1);
+        Self {
+            kind,
+            detail: detail.into(),
+            retry_after,
+        }
+    }
+
+    pub fn auth_required() -> Self {
+        Self::new(ErrorKind::AuthRequired, "proxy authentication required")
+    }
+
+    /// The `Proxy-Status` field value: `proxynet; error=TOKEN; details="..."`.
+    pub fn proxy_status(&self) -> String {
+        format!(
+            "{PROXY_NAME}; error={}; details=\"{}\"",
+            self.kind.proxy_status_error(),
+            sf_string_escape(&self.detail)
+        )
+    }
+
+    /// The HTTP answer for this error: status, `Proxy-Status`, plain-text body.
+    pub fn to_response(&self) -> Response<Full<Bytes>> {
+        let mut response = Response::new(Full::new(Bytes::from(format!("{}\n", self.detail))));
+        *response.status_mut() = self.kind.status();
+        let headers = response.headers_mut();
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+        if let Ok(v) = HeaderValue::from_str(&self.proxy_status()) {
+            headers.insert("proxy-status", v);
+        }
+        if self.kind == ErrorKind::AuthRequired {
+            headers.insert(
+                header::PROXY_AUTHENTICATE,
+                HeaderValue::from_static("Basic realm=\"proxynet\", charset=\"UTF-8\""),
+            );
+        }
+        if let Some(secs) = self.retry_after {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        response
+    }
+}
+
+/// Escapes text for an RFC 8941 sf-string: printable ASCII only, `"` and `\` escaped.
+fn sf_string_escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars().take(256) {
+        match c {
+            '"' | '\\' => {
+                out.push('\\');
+                out.push(c);
+            }
+            ' '..='~' => out.push(c),
+            _ => out.push('?'),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn proxy_status_escapes_details() {
+        let e = ProxyError::new(ErrorKind::ConnectionRefused, "say \"no\"\r\n\\");
+        assert_eq!(
+            e.proxy_status(),
+            "proxynet; error=connection_refused; details=\"say \\\"no\\\"??\\\\\""
+        );
+    }
+
+    #[test]
+    fn auth_errors_carry_proxy_authenticate() {
+        let r = ProxyError::auth_required().to_response();
+        assert_eq!(r.status(), 407);
+        assert!(r.headers().contains_key(header::PROXY_AUTHENTICATE));
+        assert!(r.headers().contains_key("proxy-status"));
+    }
+
+    #[test]
+    fn only_untouched_targets_are_retry_safe() {
+        for o in Outcome::ALL {
+            let kind = ErrorKind::from_outcome(o);
+            if kind.retry_safe() {
+                assert!(o.target_untouched(), "{o:?}");
+            }
+        }
+    }
+}

@@ -1,0 +1,35 @@
+//! Listens for change events from the control plane so caches drop stale
+//! entries at once instead of when their TTL runs out. Losing events only
+//! delays a change to the cache TTL; the subscription reconnects on its own.
+
+use futures_util::StreamExt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::Gateway;
+
+pub async fn run(client: redis::Client, channel: String, gateway: Arc<Gateway>) {
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        match client.get_async_pubsub().await {
+            Ok(mut pubsub) => {
+                if pubsub.subscribe(&channel).await.is_ok() {
+                    backoff = Duration::from_millis(100);
+                    let mut messages = pubsub.on_message();
+                    while let Some(msg) = messages.next().await {
+                        let Ok(payload) = msg.get_payload::<String>() else { continue };
+                        if let Some(username) = payload.strip_prefix("user:") {
+                            gateway.auth.invalidate(username);
+                        } else if payload.starts_with("exit:") {
+                            gateway.pool.refresh().await;
+                        }
+                    }
+                }
+                tracing::warn!("change-event subscription lost; reconnecting");
+            }
+            Err(e) => tracing::debug!(error = %e, "change-event subscription failed; retrying"),
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
+}

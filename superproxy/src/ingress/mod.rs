@@ -1,0 +1,3 @@
+//! Client-facing listeners: accept a connection and speak its protocol.
+
+pub mod http;

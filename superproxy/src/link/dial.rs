@@ -1,0 +1,89 @@
+//! Opens one tunnel stream through an exit's link.
+//!
+//! One HTTP/2 `CONNECT` per tunnel, no extra round trip: the request carries the
+//! target, the egress IP and what is left of the connect budget; the answer is
+//! a typed outcome. Failures are classified so the caller knows whether the
+//! target may have been reached (never retried) or certainly was not (retried
+//! on another exit).
+
+use bytes::Bytes;
+use http::{Method, Request, Uri};
+use http_body_util::Empty;
+use hyper::upgrade::Upgraded;
+use proxynet_protocol::link::{
+    Outcome, HEADER_CONNECT_BUDGET_MS, HEADER_EGRESS_IP, HEADER_OUTCOME, HEADER_VERSION, LINK_VERSION,
+};
+use std::net::IpAddr;
+use std::time::Duration;
+
+use super::registry::Link;
+use crate::error::{ErrorKind, ProxyError};
+use crate::target::Target;
+
+/// Asks `link`'s agent to connect to `target` from `egress_ip` within `budget`.
+pub async fn open_tunnel(link: &Link, target: &Target, egress_ip: IpAddr, budget: Duration) -> Result<Upgraded, ProxyError> {
+    let uri: Uri = target
+        .authority()
+        .parse()
+        .map_err(|_| ProxyError::new(ErrorKind::BadRequest, "target is not a valid authority"))?;
+    let request = Request::builder()
+        .method(Method::CONNECT)
+        .uri(uri)
+        .header(HEADER_VERSION, LINK_VERSION)
+        .header(HEADER_EGRESS_IP, egress_ip.to_string())
+        .header(HEADER_CONNECT_BUDGET_MS, budget.as_millis().to_string())
+        .body(Empty::<Bytes>::new())
+        .map_err(|e| ProxyError::new(ErrorKind::Internal, format!("building link request: {e}")))?;
+
+    let mut sender = link.sender.clone();
+    // A link that is not ready never saw the request: safe to try elsewhere.
+    sender
+        .ready()
+        .await
+        .map_err(|e| ProxyError::new(ErrorKind::ExitUnavailable, format!("exit link unavailable: {e}")))?;
+    let response = match tokio::time::timeout(budget, sender.send_request(request)).await {
+        Err(_) => {
+            return Err(ProxyError::new(
+                ErrorKind::ConnectionTimeout,
+                "target did not answer within the connect budget",
+            ))
+        }
+        Ok(Err(e)) if e.is_canceled() => {
+            return Err(ProxyError::new(ErrorKind::ExitUnavailable, "exit link closed before the tunnel was sent"))
+        }
+        Ok(Err(e)) => {
+            return Err(ProxyError::new(ErrorKind::ExitLinkLost, format!("exit link failed: {e}")))
+        }
+        Ok(Ok(response)) => response,
+    };
+    let outcome = response
+        .headers()
+        .get(HEADER_OUTCOME)
+        .and_then(|v| v.to_str().ok())
+        .and_then(Outcome::parse);
+    match outcome {
+        Some(Outcome::Connected) if response.status().is_success() => hyper::upgrade::on(response)
+            .await
+            .map_err(|e| ProxyError::new(ErrorKind::ExitLinkLost, format!("exit link upgrade failed: {e}"))),
+        Some(outcome) => Err(ProxyError::new(ErrorKind::from_outcome(outcome), outcome_detail(outcome))),
+        None => Err(ProxyError::new(
+            ErrorKind::ExitLinkLost,
+            format!("exit answered {} without an outcome", response.status()),
+        )),
+    }
+}
+
+fn outcome_detail(outcome: Outcome) -> &'static str {
+    match outcome {
+        Outcome::Connected => "connected",
+        Outcome::Refused => "target refused the connection",
+        Outcome::TimedOut => "target did not answer in time",
+        Outcome::Unreachable => "target network or host unreachable from the exit",
+        Outcome::DnsError => "target name did not resolve",
+        Outcome::PolicyDenied => "target address is not allowed by the egress policy",
+        Outcome::EgressUnavailable => "exit cannot use the requested egress address",
+        Outcome::Draining => "exit is draining",
+        Outcome::Capacity => "exit is at capacity",
+        Outcome::BadRequest => "exit did not understand the tunnel request",
+    }
+}

@@ -1,0 +1,190 @@
+//! The pool of exits this superproxy can route through, and the choice among them.
+//!
+//! An exit is eligible when its agent heartbeats (Redis live set), it is neither
+//! draining nor disabled, and it has a link to this superproxy. The view is
+//! rebuilt on a timer and whenever a link comes or goes, and published as an
+//! immutable snapshot, so picking an exit takes no lock beyond one `Arc` clone.
+//! When Redis is unreachable the last known view stays in use (degraded).
+
+use proxynet_protocol::store::{ExitRecord, Keys, LIVE_MEMBERS_SCRIPT};
+use rand::Rng;
+use redis::aio::ConnectionManager;
+use std::collections::{HashMap, HashSet};
+use std::net::IpAddr;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+use uuid::Uuid;
+
+use crate::link::registry::{Link, LinkRegistry};
+
+/// One exit we could send a tunnel through.
+#[derive(Clone)]
+pub struct Candidate {
+    pub record: Arc<ExitRecord>,
+    pub link: Link,
+}
+
+impl Candidate {
+    /// One of the exit's egress IPs, chosen at random.
+    pub fn egress_ip(&self) -> Option<IpAddr> {
+        let ips = &self.record.egress_ips;
+        if ips.is_empty() {
+            return None;
+        }
+        Some(ips[rand::thread_rng().gen_range(0..ips.len())])
+    }
+}
+
+#[derive(Default)]
+pub struct PoolView {
+    pub eligible: Vec<Candidate>,
+    /// Exits with a live heartbeat, linked to us or not.
+    pub live: usize,
+    /// Last refresh from Redis failed; the view is the last known one.
+    pub degraded: bool,
+}
+
+pub struct Pool {
+    redis: ConnectionManager,
+    keys: Keys,
+    registry: Arc<LinkRegistry>,
+    view: RwLock<Arc<PoolView>>,
+    /// Last records read from Redis, kept for degraded operation.
+    known: RwLock<Known>,
+}
+
+#[derive(Default)]
+struct Known {
+    live: HashSet<Uuid>,
+    records: HashMap<Uuid, Arc<ExitRecord>>,
+    last_success: Option<Instant>,
+    degraded: bool,
+}
+
+impl Pool {
+    pub fn new(redis: ConnectionManager, keys: Keys, registry: Arc<LinkRegistry>) -> Self {
+        Self {
+            redis,
+            keys,
+            registry,
+            view: RwLock::new(Arc::new(PoolView::default())),
+            known: RwLock::new(Known::default()),
+        }
+    }
+
+    pub fn view(&self) -> Arc<PoolView> {
+        self.view.read().map(|v| v.clone()).unwrap_or_default()
+    }
+
+    /// Time since Redis last answered a refresh.
+    pub fn staleness(&self) -> Option<Duration> {
+        self.known.read().ok()?.last_success.map(|t| t.elapsed())
+    }
+
+    /// Picks an eligible exit at random, skipping `tried`.
+    pub fn pick(&self, tried: &[Uuid]) -> Option<Candidate> {
+        let view = self.view();
+        let n = view.eligible.len();
+        if n == 0 {
+            return None;
+        }
+        let mut rng = rand::thread_rng();
+        // A few random probes cover the common case in O(1); a scan from a
+        // random start finds the last untried exit when most have been tried.
+        for _ in 0..4 {
+            let c = &view.eligible[rng.gen_range(0..n)];
+            if !tried.contains(&c.record.id) {
+                return Some(c.clone());
+            }
+        }
+        let start = rng.gen_range(0..n);
+        (0..n)
+            .map(|i| &view.eligible[(start + i) % n])
+            .find(|c| !tried.contains(&c.record.id))
+            .cloned()
+    }
+
+    /// Keeps the view current until the task is dropped.
+    pub async fn run(self: Arc<Self>, period: Duration) {
+        let mut links_changed = self.registry.subscribe();
+        let mut tick = tokio::time::interval(period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => self.refresh().await,
+                changed = links_changed.changed() => {
+                    if changed.is_err() { return; }
+                    self.rebuild();
+                }
+            }
+        }
+    }
+
+    /// Re-reads liveness and records from Redis, then rebuilds the view.
+    pub async fn refresh(&self) {
+        match self.fetch().await {
+            Ok((live, records)) => {
+                if let Ok(mut known) = self.known.write() {
+                    known.live = live;
+                    known.records = records;
+                    known.last_success = Some(Instant::now());
+                    known.degraded = false;
+                }
+                self.rebuild();
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "pool refresh failed; routing on the last known pool");
+                if let Ok(mut known) = self.known.write() {
+                    known.degraded = true;
+                }
+                self.rebuild();
+            }
+        }
+    }
+
+    async fn fetch(&self) -> Result<(HashSet<Uuid>, HashMap<Uuid, Arc<ExitRecord>>), redis::RedisError> {
+        let mut redis = self.redis.clone();
+        let ids: Vec<String> = redis::Script::new(LIVE_MEMBERS_SCRIPT)
+            .key(self.keys.exits_live())
+            .invoke_async(&mut redis)
+            .await?;
+        let live: HashSet<Uuid> = ids.iter().filter_map(|s| s.parse().ok()).collect();
+        let mut records = HashMap::with_capacity(live.len());
+        let ids: Vec<Uuid> = live.iter().copied().collect();
+        for chunk in ids.chunks(1000) {
+            let keys: Vec<String> = chunk.iter().map(|id| self.keys.exit(*id)).collect();
+            let values: Vec<Option<String>> = redis::cmd("MGET").arg(&keys).query_async(&mut redis).await?;
+            for json in values.into_iter().flatten() {
+                if let Ok(record) = serde_json::from_str::<ExitRecord>(&json) {
+                    records.insert(record.id, Arc::new(record));
+                }
+            }
+        }
+        Ok((live, records))
+    }
+
+    fn rebuild(&self) {
+        let links = self.registry.snapshot();
+        let (eligible, live, degraded) = match self.known.read() {
+            Ok(known) => {
+                let eligible: Vec<Candidate> = known
+                    .live
+                    .iter()
+                    .filter_map(|id| {
+                        let record = known.records.get(id)?;
+                        let link = links.get(id)?;
+                        (!record.draining && !record.disabled && !record.egress_ips.is_empty()).then(|| Candidate {
+                            record: record.clone(),
+                            link: link.clone(),
+                        })
+                    })
+                    .collect();
+                (eligible, known.live.len(), known.degraded)
+            }
+            Err(_) => return,
+        };
+        if let Ok(mut view) = self.view.write() {
+            *view = Arc::new(PoolView { eligible, live, degraded });
+        }
+    }
+}
