@@ -1,0 +1,202 @@
+//! proxynet exit agent.
+//!
+//! Runs on an exit host: enrolls once ([`control`], [`state`]), heartbeats and
+//! learns which superproxies exist, keeps a link to each ([`link`]), and serves
+//! their tunnel streams from its egress IPs under the egress policy
+//! ([`tunnel`]). It never sees a customer's username, password or address.
+//!
+//! [`ExitAgent::bind`] enrolls if needed and binds the admin listener (port 0 is
+//! fine); [`ExitAgent::serve`] runs until its shutdown future resolves, then
+//! drains: announce → wait → stop accepting → finish in-flight → close.
+
+pub mod admin;
+pub mod config;
+pub mod control;
+pub mod link;
+pub mod state;
+pub mod tunnel;
+
+use proxynet_protocol::egress::EgressPolicy;
+use proxynet_protocol::store::SuperproxyRecord;
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use uuid::Uuid;
+
+pub use config::Config;
+use control::{ControlClient, ControlError};
+use state::{AgentState, StateError};
+use tunnel::TunnelContext;
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub struct Addresses {
+    pub admin: SocketAddr,
+    pub exit_id: Uuid,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("not enrolled: no state file at {0} and no --enroll-token given")]
+    NotEnrolled(String),
+    #[error(transparent)]
+    Control(#[from] ControlError),
+    #[error(transparent)]
+    State(#[from] StateError),
+    #[error("cannot listen on {addr}: {source}")]
+    Listen { addr: SocketAddr, source: std::io::Error },
+}
+
+pub struct ExitAgent {
+    ctx: Arc<TunnelContext>,
+    admin: TcpListener,
+    addresses: Addresses,
+    control: ControlClient,
+}
+
+impl ExitAgent {
+    pub async fn bind(config: Config) -> Result<Self, StartError> {
+        let control = ControlClient::new(&config.control_api)?;
+        let identity = match AgentState::load(&config.state_file)? {
+            Some(state) => {
+                if config.enroll_token.is_some() {
+                    tracing::info!("already enrolled; ignoring the enrollment token");
+                }
+                state
+            }
+            None => {
+                let token = config
+                    .enroll_token
+                    .as_ref()
+                    .ok_or_else(|| StartError::NotEnrolled(config.state_file.display().to_string()))?;
+                let state = control.enroll(token, &config.egress_ips).await?;
+                state.save(&config.state_file)?;
+                tracing::info!(exit = %state.exit_id, "enrolled");
+                state
+            }
+        };
+        let admin = TcpListener::bind(config.admin_listen)
+            .await
+            .map_err(|source| StartError::Listen { addr: config.admin_listen, source })?;
+        let admin_addr = admin
+            .local_addr()
+            .map_err(|source| StartError::Listen { addr: config.admin_listen, source })?;
+        let mut own = vec![admin_addr];
+        own.extend(control_api_addr(&config.control_api));
+        let policy = EgressPolicy::new(config.egress_policy(&own));
+        let addresses = Addresses {
+            admin: admin_addr,
+            exit_id: identity.exit_id,
+        };
+        let ctx = Arc::new(TunnelContext {
+            config,
+            identity,
+            policy,
+            active: AtomicUsize::new(0),
+            links_up: AtomicUsize::new(0),
+            draining: AtomicBool::new(false),
+            refusing: AtomicBool::new(false),
+        });
+        Ok(Self {
+            ctx,
+            admin,
+            addresses,
+            control,
+        })
+    }
+
+    pub fn addresses(&self) -> Addresses {
+        self.addresses
+    }
+
+    pub async fn serve(self, shutdown: impl Future<Output = ()> + Send + 'static) {
+        let ctx = self.ctx;
+        let admin = tokio::spawn({
+            let router = admin::router(ctx.clone());
+            async move {
+                let _ = axum::serve(self.admin, router).await;
+            }
+        });
+        let heartbeats = tokio::spawn(heartbeat_loop(self.control.clone(), ctx.clone()));
+        shutdown.await;
+
+        // Drain in the order that loses no tunnel: announce, let the news spread,
+        // stop accepting, let in-flight tunnels finish, close.
+        tracing::info!("draining: announcing to the control plane");
+        ctx.draining.store(true, Ordering::Relaxed);
+        if let Err(e) = self.control.heartbeat(&ctx.identity, true, active(&ctx)).await {
+            tracing::warn!(error = %e, "could not announce draining; superproxies will notice the heartbeat expiry");
+        }
+        tokio::time::sleep(Duration::from_millis(ctx.config.drain_announce_ms)).await;
+        ctx.refusing.store(true, Ordering::Relaxed);
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(ctx.config.drain_timeout_ms);
+        while active(&ctx) > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        tracing::info!(left = active(&ctx), "drained; closing links");
+        heartbeats.abort();
+        admin.abort();
+    }
+}
+
+fn active(ctx: &TunnelContext) -> u64 {
+    ctx.active.load(Ordering::Relaxed) as u64
+}
+
+/// The control-api's own address, when its URL names an IP literal: protected
+/// from being used as a tunnel target.
+fn control_api_addr(url: &str) -> Option<SocketAddr> {
+    let parsed = reqwest::Url::parse(url).ok()?;
+    let host = parsed.host_str()?;
+    let ip = proxynet_protocol::egress::parse_ip_literal(host)?;
+    Some(SocketAddr::new(ip, parsed.port_or_known_default()?))
+}
+
+/// Heartbeats on the interval the control-api asks for and keeps one link
+/// supervisor per announced superproxy.
+async fn heartbeat_loop(control: ControlClient, ctx: Arc<TunnelContext>) {
+    let mut links: HashMap<Uuid, (SuperproxyRecord, JoinHandle<()>)> = HashMap::new();
+    let mut interval = Duration::from_secs(5);
+    let mut failures: u32 = 0;
+    loop {
+        let draining = ctx.draining.load(Ordering::Relaxed);
+        match control.heartbeat(&ctx.identity, draining, active(&ctx)).await {
+            Ok(reply) => {
+                failures = 0;
+                interval = Duration::from_millis(reply.heartbeat_interval_ms.clamp(100, 60_000));
+                reconcile(&mut links, reply.superproxies, &ctx);
+            }
+            Err(e) => {
+                failures += 1;
+                // Links stay up: the data plane keeps working through a
+                // control-plane outage until our liveness entry expires.
+                tracing::warn!(error = %e, failures, "heartbeat failed");
+            }
+        }
+        let wait = if failures == 0 { interval } else { interval.min(Duration::from_millis(500 * u64::from(failures.min(10)))) };
+        tokio::time::sleep(wait).await;
+    }
+}
+
+fn reconcile(links: &mut HashMap<Uuid, (SuperproxyRecord, JoinHandle<()>)>, wanted: Vec<SuperproxyRecord>, ctx: &Arc<TunnelContext>) {
+    let wanted: HashMap<Uuid, SuperproxyRecord> = wanted.into_iter().map(|s| (s.id, s)).collect();
+    links.retain(|id, (record, task)| {
+        let keep = wanted.get(id).is_some_and(|w| w == record);
+        if !keep {
+            tracing::info!(superproxy = %id, "superproxy withdrawn or changed; closing its link");
+            task.abort();
+        }
+        keep
+    });
+    for (id, record) in wanted {
+        links.entry(id).or_insert_with(|| {
+            let task = tokio::spawn(link::supervise(record.clone(), ctx.clone()));
+            (record, task)
+        });
+    }
+}

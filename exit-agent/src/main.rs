@@ -1,1 +1,23 @@
-fn main() {}
+use clap::Parser;
+use exit_agent::{Config, ExitAgent};
+use proxynet_protocol::{ready, shutdown, telemetry};
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    telemetry::init(telemetry::DEFAULT_FILTER);
+    let config = Config::parse();
+    let agent = match ExitAgent::bind(config).await {
+        Ok(agent) => agent,
+        Err(e) => {
+            eprintln!("exit-agent: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let addresses = agent.addresses();
+    tracing::info!(admin = %addresses.admin, exit = %addresses.exit_id, "exit-agent running");
+    if let Err(e) = ready::announce(&addresses) {
+        eprintln!("exit-agent: cannot write ready line: {e}");
+    }
+    agent.serve(shutdown::signal()).await;
+    std::process::ExitCode::SUCCESS
+}

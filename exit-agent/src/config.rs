@@ -1,0 +1,91 @@
+//! exit-agent configuration: flags, each with an environment variable.
+
+use clap::Parser;
+use proxynet_protocol::egress::{Cidr, EgressPolicyConfig, DEFAULT_DENIED_PORTS};
+use proxynet_protocol::secret::Secret;
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Debug, Clone, Parser)]
+#[command(name = "exit-agent", version, about = "proxynet exit agent")]
+pub struct Config {
+    /// Base URL of the control-api, e.g. https://control.example.net
+    #[arg(long, env = "PROXYNET_CONTROL_API")]
+    pub control_api: String,
+
+    /// One-time enrollment token; needed only on the first start, when no state file exists.
+    #[arg(long, env = "PROXYNET_ENROLL_TOKEN", hide_env_values = true)]
+    pub enroll_token: Option<Secret>,
+
+    /// Where the agent keeps its exit id and credential (created with mode 0600).
+    #[arg(long, env = "PROXYNET_STATE_FILE", default_value = "/var/lib/proxynet/exit-agent.json")]
+    pub state_file: PathBuf,
+
+    /// Egress IPs this host serves tunnels from (repeat or comma-separate).
+    #[arg(long = "egress-ip", env = "PROXYNET_EGRESS_IPS", value_delimiter = ',', required = true)]
+    pub egress_ips: Vec<IpAddr>,
+
+    /// Admin listener: /healthz, /readyz.
+    #[arg(long, env = "PROXYNET_AGENT_ADMIN_LISTEN", default_value = "127.0.0.1:9091")]
+    pub admin_listen: SocketAddr,
+
+    /// Upper bound on one target connect, ms. The superproxy's remaining budget
+    /// lowers it further, so the exit always gives up before the superproxy does.
+    #[arg(long, env = "PROXYNET_TARGET_CONNECT_TIMEOUT_MS", default_value_t = 8_000)]
+    pub target_connect_timeout_ms: u64,
+
+    /// Upper bound on resolving a target name, ms.
+    #[arg(long, env = "PROXYNET_DNS_TIMEOUT_MS", default_value_t = 3_000)]
+    pub dns_timeout_ms: u64,
+
+    /// Most tunnels served at once; beyond it new tunnels are refused as
+    /// `capacity` (the superproxy retries them elsewhere).
+    #[arg(long, env = "PROXYNET_MAX_TUNNELS", default_value_t = 16_384)]
+    pub max_tunnels: usize,
+
+    /// After SIGTERM: how long to keep serving while superproxies learn we are
+    /// draining, ms.
+    #[arg(long, env = "PROXYNET_DRAIN_ANNOUNCE_MS", default_value_t = 3_000)]
+    pub drain_announce_ms: u64,
+
+    /// After SIGTERM: how long in-flight tunnels may take to finish, ms.
+    #[arg(long, env = "PROXYNET_DRAIN_TIMEOUT_MS", default_value_t = 30_000)]
+    pub drain_timeout_ms: u64,
+
+    /// Networks allowed despite the built-in denials (comma-separated CIDRs).
+    /// Empty by default; a local demo adds 127.0.0.0/8.
+    #[arg(long, env = "PROXYNET_EGRESS_ALLOW", value_delimiter = ',')]
+    pub egress_allow: Vec<Cidr>,
+
+    /// Networks always denied (comma-separated CIDRs).
+    #[arg(long, env = "PROXYNET_EGRESS_DENY", value_delimiter = ',')]
+    pub egress_deny: Vec<Cidr>,
+
+    /// Destination ports always denied.
+    #[arg(long, env = "PROXYNET_EGRESS_DENIED_PORTS", value_delimiter = ',', default_values_t = DEFAULT_DENIED_PORTS.to_vec())]
+    pub egress_denied_ports: Vec<u16>,
+
+    /// The stack's own service addresses (ip:port, comma-separated): always denied.
+    #[arg(long, env = "PROXYNET_EGRESS_PROTECTED", value_delimiter = ',')]
+    pub egress_protected: Vec<SocketAddr>,
+}
+
+impl Config {
+    pub fn target_connect_timeout(&self) -> Duration {
+        Duration::from_millis(self.target_connect_timeout_ms)
+    }
+    pub fn dns_timeout(&self) -> Duration {
+        Duration::from_millis(self.dns_timeout_ms)
+    }
+    pub fn egress_policy(&self, own: &[SocketAddr]) -> EgressPolicyConfig {
+        let mut protected = self.egress_protected.clone();
+        protected.extend_from_slice(own);
+        EgressPolicyConfig {
+            allow: self.egress_allow.clone(),
+            deny: self.egress_deny.clone(),
+            denied_ports: self.egress_denied_ports.clone(),
+            protected,
+        }
+    }
+}

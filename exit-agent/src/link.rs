@@ -1,0 +1,166 @@
+//! The agent's side of the link: dial a superproxy, prove who we are, then
+//! serve its tunnel streams as the HTTP/2 server.
+//!
+//! The superproxy's certificate is pinned by the SHA-256 the control-api handed
+//! us, so the link needs no public CA. One supervisor task per superproxy keeps
+//! its link up, reconnecting with jittered exponential back-off.
+
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use proxynet_protocol::link::{read_frame, write_frame, AgentHello, HelloReply, LINK_VERSION};
+use proxynet_protocol::store::SuperproxyRecord;
+use rand::Rng;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::{ClientConfig, DigitallySignedStruct, SignatureScheme};
+use sha2::{Digest, Sha256};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpStream;
+use tokio_rustls::TlsConnector;
+
+use crate::tunnel::{self, TunnelContext};
+
+pub const LINK_ALPN: &[u8] = b"proxynet-link/1";
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+const MIN_BACKOFF: Duration = Duration::from_millis(100);
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+
+/// Keeps one link to `superproxy` up until the task is aborted.
+pub async fn supervise(superproxy: SuperproxyRecord, ctx: Arc<TunnelContext>) {
+    let mut backoff = MIN_BACKOFF;
+    loop {
+        match connect(&superproxy, &ctx).await {
+            Ok(tls) => {
+                backoff = MIN_BACKOFF;
+                ctx.links_up.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(superproxy = %superproxy.id, addr = %superproxy.link_addr, "link up");
+                let result = serve(tls, ctx.clone()).await;
+                ctx.links_up.fetch_sub(1, Ordering::Relaxed);
+                match result {
+                    Ok(()) => tracing::info!(superproxy = %superproxy.id, "link closed"),
+                    Err(e) => tracing::warn!(superproxy = %superproxy.id, error = %e, "link lost"),
+                }
+            }
+            Err(e) => tracing::warn!(superproxy = %superproxy.id, addr = %superproxy.link_addr, error = %e, "link attempt failed"),
+        }
+        // Full jitter, so agents that lost the same superproxy do not return in step.
+        let wait = rand::thread_rng().gen_range(Duration::ZERO..=backoff);
+        tokio::time::sleep(wait).await;
+        backoff = (backoff * 2).min(MAX_BACKOFF);
+    }
+}
+
+type LinkStream = tokio_rustls::client::TlsStream<TcpStream>;
+
+async fn connect(superproxy: &SuperproxyRecord, ctx: &TunnelContext) -> Result<LinkStream, String> {
+    let tcp = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(superproxy.link_addr))
+        .await
+        .map_err(|_| "connect timed out".to_owned())?
+        .map_err(|e| format!("connect: {e}"))?;
+    let _ = tcp.set_nodelay(true);
+    let connector = TlsConnector::from(pinned_client_config(&superproxy.cert_sha256)?);
+    let name = ServerName::try_from("proxynet-superproxy").map_err(|e| e.to_string())?;
+    let mut tls = tokio::time::timeout(CONNECT_TIMEOUT, connector.connect(name, tcp))
+        .await
+        .map_err(|_| "TLS handshake timed out".to_owned())?
+        .map_err(|e| format!("TLS: {e}"))?;
+    let hello = AgentHello {
+        version: LINK_VERSION,
+        exit_id: ctx.identity.exit_id,
+        credential: ctx.identity.credential.clone(),
+    };
+    write_frame(&mut tls, &hello).await.map_err(|e| e.to_string())?;
+    let reply: HelloReply = tokio::time::timeout(CONNECT_TIMEOUT, read_frame(&mut tls))
+        .await
+        .map_err(|_| "no hello reply".to_owned())?
+        .map_err(|e| e.to_string())?;
+    if !reply.ok {
+        return Err(format!(
+            "superproxy refused the link: {}",
+            reply.error.unwrap_or_else(|| "no reason given".into())
+        ));
+    }
+    Ok(tls)
+}
+
+async fn serve(tls: LinkStream, ctx: Arc<TunnelContext>) -> Result<(), hyper::Error> {
+    let service = {
+        let ctx = ctx.clone();
+        service_fn(move |req| tunnel::handle(ctx.clone(), req))
+    };
+    hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+        .timer(TokioTimer::new())
+        .initial_stream_window_size(1 << 20)
+        .initial_connection_window_size(64 << 20)
+        .max_concurrent_streams(u32::try_from(ctx.config.max_tunnels).unwrap_or(u32::MAX))
+        .keep_alive_interval(Duration::from_secs(10))
+        .keep_alive_timeout(Duration::from_secs(5))
+        .serve_connection(TokioIo::new(tls), service)
+        .await
+}
+
+fn pinned_client_config(cert_sha256: &str) -> Result<Arc<ClientConfig>, String> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let verifier = Arc::new(PinnedCert {
+        sha256: cert_sha256.to_ascii_lowercase(),
+        provider: provider.clone(),
+    });
+    let mut config = ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(|e| e.to_string())?
+        .dangerous()
+        .with_custom_certificate_verifier(verifier)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![LINK_ALPN.to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// Accepts exactly the certificate whose SHA-256 the control plane announced;
+/// handshake signatures are still verified against that certificate's key.
+#[derive(Debug)]
+struct PinnedCert {
+    sha256: String,
+    provider: Arc<rustls::crypto::CryptoProvider>,
+}
+
+impl ServerCertVerifier for PinnedCert {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        let presented = hex::encode(Sha256::digest(end_entity.as_ref()));
+        if proxynet_protocol::secret::constant_time_eq(presented.as_bytes(), self.sha256.as_bytes()) {
+            Ok(ServerCertVerified::assertion())
+        } else {
+            Err(rustls::Error::InvalidCertificate(rustls::CertificateError::ApplicationVerificationFailure))
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.provider.signature_verification_algorithms.supported_schemes()
+    }
+}

@@ -1,0 +1,59 @@
+//! The agent's enrolled identity on disk.
+
+use proxynet_protocol::secret::Secret;
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+use uuid::Uuid;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AgentState {
+    pub exit_id: Uuid,
+    pub credential: Secret,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    #[error("cannot read state file {path}: {source}")]
+    Read { path: String, source: std::io::Error },
+    #[error("state file {path} is corrupt: {source}")]
+    Corrupt { path: String, source: serde_json::Error },
+    #[error("cannot write state file {path}: {source}")]
+    Write { path: String, source: std::io::Error },
+}
+
+impl AgentState {
+    pub fn load(path: &Path) -> Result<Option<Self>, StateError> {
+        let bytes = match std::fs::read(path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(source) => return Err(StateError::Read { path: path.display().to_string(), source }),
+        };
+        serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|source| StateError::Corrupt { path: path.display().to_string(), source })
+    }
+
+    /// Writes atomically (temp file + rename) with owner-only permissions.
+    pub fn save(&self, path: &Path) -> Result<(), StateError> {
+        let err = |source| StateError::Write { path: path.display().to_string(), source };
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(err)?;
+        }
+        let json = serde_json::to_vec_pretty(self).map_err(|e| err(std::io::Error::other(e)))?;
+        let tmp = path.with_extension("tmp");
+        {
+            use std::io::Write;
+            let mut options = std::fs::OpenOptions::new();
+            options.write(true).create(true).truncate(true);
+            #[cfg(unix)]
+            {
+                use std::os::unix::fs::OpenOptionsExt;
+                options.mode(0o600);
+            }
+            let mut file = options.open(&tmp).map_err(err)?;
+            file.write_all(&json).map_err(err)?;
+            file.sync_all().map_err(err)?;
+        }
+        std::fs::rename(&tmp, path).map_err(err)
+    }
+}

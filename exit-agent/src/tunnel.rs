@@ -1,0 +1,190 @@
+//! Serving one tunnel stream: check, resolve, vet, bind, connect, splice.
+//!
+//! The agent resolves the target itself, applies the egress policy to every
+//! resolved address and dials only an address it vetted, bound to the egress
+//! IP the superproxy asked for. Its connect timeout is the smaller of its own
+//! limit and the superproxy's remaining budget minus a margin, so it gives up
+//! first and answers with a precise [`Outcome`].
+
+use bytes::Bytes;
+use http::{Method, Request, Response};
+use http_body_util::Empty;
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use proxynet_protocol::egress::{parse_ip_literal, EgressPolicy};
+use proxynet_protocol::link::{Outcome, HEADER_CONNECT_BUDGET_MS, HEADER_EGRESS_IP, HEADER_OUTCOME, HEADER_VERSION, LINK_VERSION};
+use std::convert::Infallible;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::{TcpSocket, TcpStream};
+use tokio::time::Instant;
+
+use crate::config::Config;
+use crate::state::AgentState;
+
+/// Left for the superproxy to relay our answer before its own budget ends.
+const BUDGET_MARGIN: Duration = Duration::from_millis(200);
+/// Per-direction copy buffer.
+const COPY_BUFFER: usize = 16 * 1024;
+
+pub struct TunnelContext {
+    pub config: Config,
+    pub identity: AgentState,
+    pub policy: EgressPolicy,
+    pub active: AtomicUsize,
+    pub links_up: AtomicUsize,
+    /// Announced to the control plane: superproxies stop choosing us.
+    pub draining: AtomicBool,
+    /// New streams are refused (after the drain announcement had time to spread).
+    pub refusing: AtomicBool,
+}
+
+/// Decrements the active-tunnel count however the tunnel ends.
+struct ActiveGuard(Arc<TunnelContext>);
+
+impl Drop for ActiveGuard {
+    fn drop(&mut self) {
+        self.0.active.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+pub async fn handle(ctx: Arc<TunnelContext>, mut req: Request<Incoming>) -> Result<Response<Empty<Bytes>>, Infallible> {
+    let guard = {
+        let previous = ctx.active.fetch_add(1, Ordering::Relaxed);
+        let guard = ActiveGuard(ctx.clone());
+        if previous >= ctx.config.max_tunnels {
+            return Ok(answer(Outcome::Capacity));
+        }
+        guard
+    };
+    let tcp = match open(&ctx, &req).await {
+        Ok(tcp) => tcp,
+        Err(outcome) => return Ok(answer(outcome)),
+    };
+    let on_upgrade = hyper::upgrade::on(&mut req);
+    tokio::spawn(async move {
+        let _guard = guard;
+        let mut target = tcp;
+        match on_upgrade.await {
+            Ok(upgraded) => {
+                let mut stream = TokioIo::new(upgraded);
+                let _ = tokio::io::copy_bidirectional_with_sizes(&mut stream, &mut target, COPY_BUFFER, COPY_BUFFER).await;
+            }
+            Err(e) => tracing::debug!(error = %e, "superproxy dropped the stream before it started"),
+        }
+    });
+    Ok(answer(Outcome::Connected))
+}
+
+fn answer(outcome: Outcome) -> Response<Empty<Bytes>> {
+    let mut response = Response::new(Empty::new());
+    *response.status_mut() = http::StatusCode::from_u16(outcome.status()).unwrap_or(http::StatusCode::BAD_GATEWAY);
+    response
+        .headers_mut()
+        .insert(HEADER_OUTCOME, http::HeaderValue::from_static(outcome.as_str()));
+    response
+}
+
+async fn open(ctx: &TunnelContext, req: &Request<Incoming>) -> Result<TcpStream, Outcome> {
+    if ctx.refusing.load(Ordering::Relaxed) {
+        return Err(Outcome::Draining);
+    }
+    let header = |name: &str| req.headers().get(name).and_then(|v| v.to_str().ok());
+    if req.method() != Method::CONNECT || header(HEADER_VERSION) != Some(&LINK_VERSION.to_string()) {
+        return Err(Outcome::BadRequest);
+    }
+    let authority = req.uri().authority().ok_or(Outcome::BadRequest)?;
+    let port = authority.port_u16().filter(|p| *p != 0).ok_or(Outcome::BadRequest)?;
+    let host = authority.host();
+    let egress_ip: IpAddr = header(HEADER_EGRESS_IP)
+        .and_then(|v| v.parse().ok())
+        .ok_or(Outcome::BadRequest)?;
+    if !ctx.config.egress_ips.contains(&egress_ip) {
+        return Err(Outcome::EgressUnavailable);
+    }
+    let budget = header(HEADER_CONNECT_BUDGET_MS)
+        .and_then(|v| v.parse::<u64>().ok())
+        .map(Duration::from_millis)
+        .ok_or(Outcome::BadRequest)?;
+    let deadline = Instant::now() + budget.saturating_sub(BUDGET_MARGIN).min(ctx.config.target_connect_timeout());
+
+    let candidates = resolve(ctx, host, port, deadline).await?;
+    // Same address family as the egress IP: an IPv4 source cannot reach an IPv6 target.
+    let same_family: Vec<SocketAddr> = candidates
+        .into_iter()
+        .filter(|a| a.is_ipv4() == egress_ip.is_ipv4())
+        .collect();
+    if same_family.is_empty() {
+        return Err(Outcome::Unreachable);
+    }
+    let mut denied = None;
+    let vetted: Vec<SocketAddr> = same_family
+        .into_iter()
+        .filter(|addr| match ctx.policy.check(*addr) {
+            Ok(()) => true,
+            Err(d) => {
+                denied = Some(d);
+                false
+            }
+        })
+        .collect();
+    if vetted.is_empty() {
+        if let Some(d) = denied {
+            tracing::info!(target = %host, port, reason = %d, "egress policy denied target");
+        }
+        return Err(Outcome::PolicyDenied);
+    }
+    let mut last = Outcome::Unreachable;
+    for addr in vetted.into_iter().take(2) {
+        match connect_from(egress_ip, addr, deadline).await {
+            Ok(tcp) => return Ok(tcp),
+            Err(Outcome::EgressUnavailable) => return Err(Outcome::EgressUnavailable),
+            Err(outcome) => last = outcome,
+        }
+        if Instant::now() >= deadline {
+            break;
+        }
+    }
+    Err(last)
+}
+
+async fn resolve(ctx: &TunnelContext, host: &str, port: u16, deadline: Instant) -> Result<Vec<SocketAddr>, Outcome> {
+    if let Some(ip) = parse_ip_literal(host) {
+        return Ok(vec![SocketAddr::new(ip, port)]);
+    }
+    let dns_deadline = deadline.min(Instant::now() + ctx.config.dns_timeout());
+    match tokio::time::timeout_at(dns_deadline, tokio::net::lookup_host((host, port))).await {
+        Err(_) => Err(Outcome::TimedOut),
+        Ok(Err(_)) => Err(Outcome::DnsError),
+        Ok(Ok(addrs)) => {
+            let addrs: Vec<SocketAddr> = addrs.collect();
+            if addrs.is_empty() {
+                Err(Outcome::DnsError)
+            } else {
+                Ok(addrs)
+            }
+        }
+    }
+}
+
+/// Binds the egress IP, then connects: the source address is ours to choose.
+async fn connect_from(egress_ip: IpAddr, target: SocketAddr, deadline: Instant) -> Result<TcpStream, Outcome> {
+    let socket = if egress_ip.is_ipv4() { TcpSocket::new_v4() } else { TcpSocket::new_v6() }
+        .map_err(|_| Outcome::Capacity)?;
+    socket
+        .bind(SocketAddr::new(egress_ip, 0))
+        .map_err(|_| Outcome::EgressUnavailable)?;
+    let _ = socket.set_nodelay(true);
+    match tokio::time::timeout_at(deadline, socket.connect(target)).await {
+        Err(_) => Err(Outcome::TimedOut),
+        Ok(Ok(stream)) => Ok(stream),
+        Ok(Err(e)) => Err(match e.kind() {
+            std::io::ErrorKind::ConnectionRefused => Outcome::Refused,
+            std::io::ErrorKind::TimedOut => Outcome::TimedOut,
+            std::io::ErrorKind::AddrNotAvailable => Outcome::EgressUnavailable,
+            _ => Outcome::Unreachable,
+        }),
+    }
+}
