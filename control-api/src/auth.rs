@@ -13,7 +13,10 @@ pub struct Operator;
 impl FromRequestParts<AppState> for Operator {
     type Rejection = ApiError;
 
-    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &AppState,
+    ) -> Result<Self, Self::Rejection> {
         let presented = bearer(parts).ok_or(ApiError::Unauthorized)?;
         // Compare digests so the comparison time does not depend on the token's length.
         let expected = sha256_hex(state.admin_token.expose());
@@ -27,7 +30,11 @@ impl FromRequestParts<AppState> for Operator {
 
 /// The bearer token of a request, if it has a well-formed one.
 pub fn bearer(parts: &Parts) -> Option<&str> {
-    let value = parts.headers.get(axum::http::header::AUTHORIZATION)?.to_str().ok()?;
+    let value = parts
+        .headers
+        .get(axum::http::header::AUTHORIZATION)?
+        .to_str()
+        .ok()?;
     let (scheme, token) = value.split_once(' ')?;
     (scheme.eq_ignore_ascii_case("bearer") && !token.trim().is_empty()).then(|| token.trim())
 }

@@ -52,7 +52,10 @@ pub enum StartError {
     #[error("applying migrations failed: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
     #[error("cannot listen on {addr}: {source}")]
-    Listen { addr: SocketAddr, source: std::io::Error },
+    Listen {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
     #[error("invalid configuration: {0}")]
     Config(String),
 }
@@ -79,9 +82,13 @@ impl ControlApi {
         let redis = connect_redis(config.redis_url.expose()).await?;
         let keys = Keys::new(config.redis_prefix.clone());
         let projector = Projector::new(db.clone(), redis.clone(), keys);
-        let listener = TcpListener::bind(config.listen)
-            .await
-            .map_err(|source| StartError::Listen { addr: config.listen, source })?;
+        let listener =
+            TcpListener::bind(config.listen)
+                .await
+                .map_err(|source| StartError::Listen {
+                    addr: config.listen,
+                    source,
+                })?;
         Ok(Self {
             listener,
             state: AppState {
@@ -99,7 +106,10 @@ impl ControlApi {
         self.listener.local_addr()
     }
 
-    pub async fn serve(self, shutdown: impl Future<Output = ()> + Send + 'static) -> std::io::Result<()> {
+    pub async fn serve(
+        self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> std::io::Result<()> {
         let resync = tokio::spawn(
             self.state
                 .projector

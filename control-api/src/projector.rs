@@ -7,7 +7,10 @@
 //! truth: a failed projection is logged and retried by the next resync, never
 //! turned into a failed API call after the database change has committed.
 
-use proxynet_protocol::store::{ExitRecord, Keys, SourceType, UserRecord, SuperproxyRecord, LIVE_MEMBERS_SCRIPT, TOUCH_LIVE_SCRIPT};
+use proxynet_protocol::store::{
+    ExitRecord, Keys, SourceType, SuperproxyRecord, UserRecord, LIVE_MEMBERS_SCRIPT,
+    TOUCH_LIVE_SCRIPT,
+};
 use redis::aio::ConnectionManager;
 use redis::AsyncCommands;
 use sqlx::PgPool;
@@ -133,7 +136,9 @@ impl Projector {
                 let _: () = redis.del(self.keys.exit(id)).await?;
             }
         }
-        let _: () = redis.publish(self.keys.events(), format!("exit:{id}")).await?;
+        let _: () = redis
+            .publish(self.keys.events(), format!("exit:{id}"))
+            .await?;
         Ok(())
     }
 
@@ -174,7 +179,10 @@ impl Projector {
             .filter_map(|s| s.parse::<Uuid>().ok())
             .map(|id| self.keys.superproxy(id))
             .collect();
-        let values: Vec<Option<String>> = redis::cmd("MGET").arg(&keys).query_async(&mut redis).await?;
+        let values: Vec<Option<String>> = redis::cmd("MGET")
+            .arg(&keys)
+            .query_async(&mut redis)
+            .await?;
         Ok(values
             .into_iter()
             .flatten()
@@ -198,7 +206,8 @@ impl Projector {
             for row in chunk {
                 let key = self.keys.user(&row.username);
                 wanted.insert(key.clone());
-                pipe.set(key, serde_json::to_string(&user_record(row))?).ignore();
+                pipe.set(key, serde_json::to_string(&user_record(row))?)
+                    .ignore();
             }
             let _: () = pipe.query_async(&mut redis).await?;
         }
@@ -220,7 +229,9 @@ impl Projector {
                 .unwrap_or_default()
                 .to_owned();
             let _: () = redis.del(&key).await?;
-            let _: () = redis.publish(self.keys.events(), format!("user:{username}")).await?;
+            let _: () = redis
+                .publish(self.keys.events(), format!("user:{username}"))
+                .await?;
         }
 
         let exits: Vec<ExitRow> = sqlx::query_as(&format!("SELECT {EXIT_COLUMNS} FROM exits"))
@@ -229,8 +240,11 @@ impl Projector {
         for chunk in exits.chunks(500) {
             let mut pipe = redis::pipe();
             for row in chunk {
-                pipe.set(self.keys.exit(row.id), serde_json::to_string(&row.to_record())?)
-                    .ignore();
+                pipe.set(
+                    self.keys.exit(row.id),
+                    serde_json::to_string(&row.to_record())?,
+                )
+                .ignore();
             }
             let _: () = pipe.query_async(&mut redis).await?;
         }
@@ -245,7 +259,9 @@ impl Projector {
             tick.tick().await;
             match self.resync().await {
                 Ok(()) => tracing::debug!("redis projection resynced"),
-                Err(e) => tracing::warn!(error = %e, "redis projection resync failed; retrying next period"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "redis projection resync failed; retrying next period")
+                }
             }
         }
     }

@@ -21,10 +21,19 @@ async fn readyz(State(ctx): State<Arc<TunnelContext>>) -> (StatusCode, String) {
     let links = ctx.links_up.load(Ordering::Relaxed);
     let active = ctx.active.load(Ordering::Relaxed);
     if ctx.draining.load(Ordering::Relaxed) {
-        (StatusCode::SERVICE_UNAVAILABLE, format!("draining: {active} tunnels open\n"))
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("draining: {active} tunnels open\n"),
+        )
     } else if links == 0 {
-        (StatusCode::SERVICE_UNAVAILABLE, "no superproxy link up\n".to_owned())
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "no superproxy link up\n".to_owned(),
+        )
     } else {
-        (StatusCode::OK, format!("ready: {links} links, {active} tunnels\n"))
+        (
+            StatusCode::OK,
+            format!("ready: {links} links, {active} tunnels\n"),
+        )
     }
 }

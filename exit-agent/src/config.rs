@@ -19,20 +19,37 @@ pub struct Config {
     pub enroll_token: Option<Secret>,
 
     /// Where the agent keeps its exit id and credential (created with mode 0600).
-    #[arg(long, env = "PROXYNET_STATE_FILE", default_value = "/var/lib/proxynet/exit-agent.json")]
+    #[arg(
+        long,
+        env = "PROXYNET_STATE_FILE",
+        default_value = "/var/lib/proxynet/exit-agent.json"
+    )]
     pub state_file: PathBuf,
 
     /// Egress IPs this host serves tunnels from (repeat or comma-separate).
-    #[arg(long = "egress-ip", env = "PROXYNET_EGRESS_IPS", value_delimiter = ',', required = true)]
+    #[arg(
+        long = "egress-ip",
+        env = "PROXYNET_EGRESS_IPS",
+        value_delimiter = ',',
+        required = true
+    )]
     pub egress_ips: Vec<IpAddr>,
 
     /// Admin listener: /healthz, /readyz.
-    #[arg(long, env = "PROXYNET_AGENT_ADMIN_LISTEN", default_value = "127.0.0.1:9091")]
+    #[arg(
+        long,
+        env = "PROXYNET_AGENT_ADMIN_LISTEN",
+        default_value = "127.0.0.1:9091"
+    )]
     pub admin_listen: SocketAddr,
 
     /// Upper bound on one target connect, ms. The superproxy's remaining budget
     /// lowers it further, so the exit always gives up before the superproxy does.
-    #[arg(long, env = "PROXYNET_TARGET_CONNECT_TIMEOUT_MS", default_value_t = 8_000)]
+    #[arg(
+        long,
+        env = "PROXYNET_TARGET_CONNECT_TIMEOUT_MS",
+        default_value_t = 8_000
+    )]
     pub target_connect_timeout_ms: u64,
 
     /// Upper bound on resolving a target name, ms.

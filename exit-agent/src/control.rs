@@ -60,16 +60,25 @@ impl ControlClient {
             .timeout(Duration::from_secs(10))
             .connect_timeout(Duration::from_secs(5))
             .build()
-            .map_err(|source| ControlError::Unreachable { url: base.to_owned(), source })?;
+            .map_err(|source| ControlError::Unreachable {
+                url: base.to_owned(),
+                source,
+            })?;
         Ok(Self {
             http,
             base: base.trim_end_matches('/').to_owned(),
         })
     }
 
-    pub async fn enroll(&self, token: &Secret, egress_ips: &[IpAddr]) -> Result<AgentState, ControlError> {
+    pub async fn enroll(
+        &self,
+        token: &Secret,
+        egress_ips: &[IpAddr],
+    ) -> Result<AgentState, ControlError> {
         let url = format!("{}/v1/agent/enroll", self.base);
-        let hostname = std::fs::read_to_string("/etc/hostname").map(|h| h.trim().to_owned()).unwrap_or_default();
+        let hostname = std::fs::read_to_string("/etc/hostname")
+            .map(|h| h.trim().to_owned())
+            .unwrap_or_default();
         let response = self
             .http
             .post(&url)
@@ -81,7 +90,10 @@ impl ControlClient {
             })
             .send()
             .await
-            .map_err(|source| ControlError::Unreachable { url: url.clone(), source })?;
+            .map_err(|source| ControlError::Unreachable {
+                url: url.clone(),
+                source,
+            })?;
         if !response.status().is_success() {
             return Err(ControlError::Refused(format!(
                 "enrollment refused ({}): {}",
@@ -99,16 +111,27 @@ impl ControlClient {
         })
     }
 
-    pub async fn heartbeat(&self, state: &AgentState, draining: bool, active_tunnels: u64) -> Result<HeartbeatReply, ControlError> {
+    pub async fn heartbeat(
+        &self,
+        state: &AgentState,
+        draining: bool,
+        active_tunnels: u64,
+    ) -> Result<HeartbeatReply, ControlError> {
         let url = format!("{}/v1/agent/exits/{}/heartbeat", self.base, state.exit_id);
         let response = self
             .http
             .post(&url)
             .bearer_auth(state.credential.expose())
-            .json(&HeartbeatRequest { draining, active_tunnels })
+            .json(&HeartbeatRequest {
+                draining,
+                active_tunnels,
+            })
             .send()
             .await
-            .map_err(|source| ControlError::Unreachable { url: url.clone(), source })?;
+            .map_err(|source| ControlError::Unreachable {
+                url: url.clone(),
+                source,
+            })?;
         if !response.status().is_success() {
             return Err(ControlError::Refused(format!(
                 "heartbeat refused ({}): {}",

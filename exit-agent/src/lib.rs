@@ -49,7 +49,10 @@ pub enum StartError {
     #[error(transparent)]
     State(#[from] StateError),
     #[error("cannot listen on {addr}: {source}")]
-    Listen { addr: SocketAddr, source: std::io::Error },
+    Listen {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
 }
 
 pub struct ExitAgent {
@@ -70,10 +73,9 @@ impl ExitAgent {
                 state
             }
             None => {
-                let token = config
-                    .enroll_token
-                    .as_ref()
-                    .ok_or_else(|| StartError::NotEnrolled(config.state_file.display().to_string()))?;
+                let token = config.enroll_token.as_ref().ok_or_else(|| {
+                    StartError::NotEnrolled(config.state_file.display().to_string())
+                })?;
                 let state = control.enroll(token, &config.egress_ips).await?;
                 state.save(&config.state_file)?;
                 tracing::info!(exit = %state.exit_id, "enrolled");
@@ -82,10 +84,14 @@ impl ExitAgent {
         };
         let admin = TcpListener::bind(config.admin_listen)
             .await
-            .map_err(|source| StartError::Listen { addr: config.admin_listen, source })?;
-        let admin_addr = admin
-            .local_addr()
-            .map_err(|source| StartError::Listen { addr: config.admin_listen, source })?;
+            .map_err(|source| StartError::Listen {
+                addr: config.admin_listen,
+                source,
+            })?;
+        let admin_addr = admin.local_addr().map_err(|source| StartError::Listen {
+            addr: config.admin_listen,
+            source,
+        })?;
         let mut own = vec![admin_addr];
         own.extend(control_api_addr(&config.control_api));
         let policy = EgressPolicy::new(config.egress_policy(&own));
@@ -129,12 +135,17 @@ impl ExitAgent {
         // stop accepting, let in-flight tunnels finish, close.
         tracing::info!("draining: announcing to the control plane");
         ctx.draining.store(true, Ordering::Relaxed);
-        if let Err(e) = self.control.heartbeat(&ctx.identity, true, active(&ctx)).await {
+        if let Err(e) = self
+            .control
+            .heartbeat(&ctx.identity, true, active(&ctx))
+            .await
+        {
             tracing::warn!(error = %e, "could not announce draining; superproxies will notice the heartbeat expiry");
         }
         tokio::time::sleep(Duration::from_millis(ctx.config.drain_announce_ms)).await;
         ctx.refusing.store(true, Ordering::Relaxed);
-        let deadline = tokio::time::Instant::now() + Duration::from_millis(ctx.config.drain_timeout_ms);
+        let deadline =
+            tokio::time::Instant::now() + Duration::from_millis(ctx.config.drain_timeout_ms);
         while active(&ctx) > 0 && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -165,7 +176,10 @@ async fn heartbeat_loop(control: ControlClient, ctx: Arc<TunnelContext>) {
     let mut failures: u32 = 0;
     loop {
         let draining = ctx.draining.load(Ordering::Relaxed);
-        match control.heartbeat(&ctx.identity, draining, active(&ctx)).await {
+        match control
+            .heartbeat(&ctx.identity, draining, active(&ctx))
+            .await
+        {
             Ok(reply) => {
                 failures = 0;
                 interval = Duration::from_millis(reply.heartbeat_interval_ms.clamp(100, 60_000));
@@ -178,12 +192,20 @@ async fn heartbeat_loop(control: ControlClient, ctx: Arc<TunnelContext>) {
                 tracing::warn!(error = %e, failures, "heartbeat failed");
             }
         }
-        let wait = if failures == 0 { interval } else { interval.min(Duration::from_millis(500 * u64::from(failures.min(10)))) };
+        let wait = if failures == 0 {
+            interval
+        } else {
+            interval.min(Duration::from_millis(500 * u64::from(failures.min(10))))
+        };
         tokio::time::sleep(wait).await;
     }
 }
 
-fn reconcile(links: &mut HashMap<Uuid, (SuperproxyRecord, JoinHandle<()>)>, wanted: Vec<SuperproxyRecord>, ctx: &Arc<TunnelContext>) {
+fn reconcile(
+    links: &mut HashMap<Uuid, (SuperproxyRecord, JoinHandle<()>)>,
+    wanted: Vec<SuperproxyRecord>,
+    ctx: &Arc<TunnelContext>,
+) {
     let wanted: HashMap<Uuid, SuperproxyRecord> = wanted.into_iter().map(|s| (s.id, s)).collect();
     links.retain(|id, (record, task)| {
         let keep = wanted.get(id).is_some_and(|w| w == record);

@@ -43,7 +43,9 @@ pub async fn supervise(superproxy: SuperproxyRecord, ctx: Arc<TunnelContext>) {
                     Err(e) => tracing::warn!(superproxy = %superproxy.id, error = %e, "link lost"),
                 }
             }
-            Err(e) => tracing::warn!(superproxy = %superproxy.id, addr = %superproxy.link_addr, error = %e, "link attempt failed"),
+            Err(e) => {
+                tracing::warn!(superproxy = %superproxy.id, addr = %superproxy.link_addr, error = %e, "link attempt failed")
+            }
         }
         // Full jitter, so agents that lost the same superproxy do not return in step.
         let wait = rand::thread_rng().gen_range(Duration::ZERO..=backoff);
@@ -71,7 +73,9 @@ async fn connect(superproxy: &SuperproxyRecord, ctx: &TunnelContext) -> Result<L
         exit_id: ctx.identity.exit_id,
         credential: ctx.identity.credential.clone(),
     };
-    write_frame(&mut tls, &hello).await.map_err(|e| e.to_string())?;
+    write_frame(&mut tls, &hello)
+        .await
+        .map_err(|e| e.to_string())?;
     let reply: HelloReply = tokio::time::timeout(CONNECT_TIMEOUT, read_frame(&mut tls))
         .await
         .map_err(|_| "no hello reply".to_owned())?
@@ -135,10 +139,13 @@ impl ServerCertVerifier for PinnedCert {
         _now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
         let presented = hex::encode(Sha256::digest(end_entity.as_ref()));
-        if proxynet_protocol::secret::constant_time_eq(presented.as_bytes(), self.sha256.as_bytes()) {
+        if proxynet_protocol::secret::constant_time_eq(presented.as_bytes(), self.sha256.as_bytes())
+        {
             Ok(ServerCertVerified::assertion())
         } else {
-            Err(rustls::Error::InvalidCertificate(rustls::CertificateError::ApplicationVerificationFailure))
+            Err(rustls::Error::InvalidCertificate(
+                rustls::CertificateError::ApplicationVerificationFailure,
+            ))
         }
     }
 
@@ -148,7 +155,12 @@ impl ServerCertVerifier for PinnedCert {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
     }
 
     fn verify_tls13_signature(
@@ -157,10 +169,17 @@ impl ServerCertVerifier for PinnedCert {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider.signature_verification_algorithms.supported_schemes()
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
     }
 }

@@ -14,11 +14,20 @@ pub struct AgentState {
 #[derive(Debug, thiserror::Error)]
 pub enum StateError {
     #[error("cannot read state file {path}: {source}")]
-    Read { path: String, source: std::io::Error },
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("state file {path} is corrupt: {source}")]
-    Corrupt { path: String, source: serde_json::Error },
+    Corrupt {
+        path: String,
+        source: serde_json::Error,
+    },
     #[error("cannot write state file {path}: {source}")]
-    Write { path: String, source: std::io::Error },
+    Write {
+        path: String,
+        source: std::io::Error,
+    },
 }
 
 impl AgentState {
@@ -26,16 +35,27 @@ impl AgentState {
         let bytes = match std::fs::read(path) {
             Ok(b) => b,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(source) => return Err(StateError::Read { path: path.display().to_string(), source }),
+            Err(source) => {
+                return Err(StateError::Read {
+                    path: path.display().to_string(),
+                    source,
+                })
+            }
         };
         serde_json::from_slice(&bytes)
             .map(Some)
-            .map_err(|source| StateError::Corrupt { path: path.display().to_string(), source })
+            .map_err(|source| StateError::Corrupt {
+                path: path.display().to_string(),
+                source,
+            })
     }
 
     /// Writes atomically (temp file + rename) with owner-only permissions.
     pub fn save(&self, path: &Path) -> Result<(), StateError> {
-        let err = |source| StateError::Write { path: path.display().to_string(), source };
+        let err = |source| StateError::Write {
+            path: path.display().to_string(),
+            source,
+        };
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(err)?;
         }

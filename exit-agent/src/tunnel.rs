@@ -12,7 +12,10 @@ use http_body_util::Empty;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use proxynet_protocol::egress::{parse_ip_literal, EgressPolicy};
-use proxynet_protocol::link::{Outcome, HEADER_CONNECT_BUDGET_MS, HEADER_EGRESS_IP, HEADER_OUTCOME, HEADER_VERSION, LINK_VERSION};
+use proxynet_protocol::link::{
+    Outcome, HEADER_CONNECT_BUDGET_MS, HEADER_EGRESS_IP, HEADER_OUTCOME, HEADER_VERSION,
+    LINK_VERSION,
+};
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -50,7 +53,10 @@ impl Drop for ActiveGuard {
     }
 }
 
-pub async fn handle(ctx: Arc<TunnelContext>, mut req: Request<Incoming>) -> Result<Response<Empty<Bytes>>, Infallible> {
+pub async fn handle(
+    ctx: Arc<TunnelContext>,
+    mut req: Request<Incoming>,
+) -> Result<Response<Empty<Bytes>>, Infallible> {
     let guard = {
         let previous = ctx.active.fetch_add(1, Ordering::Relaxed);
         let guard = ActiveGuard(ctx.clone());
@@ -70,9 +76,17 @@ pub async fn handle(ctx: Arc<TunnelContext>, mut req: Request<Incoming>) -> Resu
         match on_upgrade.await {
             Ok(upgraded) => {
                 let mut stream = TokioIo::new(upgraded);
-                let _ = tokio::io::copy_bidirectional_with_sizes(&mut stream, &mut target, COPY_BUFFER, COPY_BUFFER).await;
+                let _ = tokio::io::copy_bidirectional_with_sizes(
+                    &mut stream,
+                    &mut target,
+                    COPY_BUFFER,
+                    COPY_BUFFER,
+                )
+                .await;
             }
-            Err(e) => tracing::debug!(error = %e, "superproxy dropped the stream before it started"),
+            Err(e) => {
+                tracing::debug!(error = %e, "superproxy dropped the stream before it started")
+            }
         }
     });
     Ok(answer(Outcome::Connected))
@@ -80,10 +94,12 @@ pub async fn handle(ctx: Arc<TunnelContext>, mut req: Request<Incoming>) -> Resu
 
 fn answer(outcome: Outcome) -> Response<Empty<Bytes>> {
     let mut response = Response::new(Empty::new());
-    *response.status_mut() = http::StatusCode::from_u16(outcome.status()).unwrap_or(http::StatusCode::BAD_GATEWAY);
-    response
-        .headers_mut()
-        .insert(HEADER_OUTCOME, http::HeaderValue::from_static(outcome.as_str()));
+    *response.status_mut() =
+        http::StatusCode::from_u16(outcome.status()).unwrap_or(http::StatusCode::BAD_GATEWAY);
+    response.headers_mut().insert(
+        HEADER_OUTCOME,
+        http::HeaderValue::from_static(outcome.as_str()),
+    );
     response
 }
 
@@ -92,11 +108,15 @@ async fn open(ctx: &TunnelContext, req: &Request<Incoming>) -> Result<TcpStream,
         return Err(Outcome::Draining);
     }
     let header = |name: &str| req.headers().get(name).and_then(|v| v.to_str().ok());
-    if req.method() != Method::CONNECT || header(HEADER_VERSION) != Some(&LINK_VERSION.to_string()) {
+    if req.method() != Method::CONNECT || header(HEADER_VERSION) != Some(&LINK_VERSION.to_string())
+    {
         return Err(Outcome::BadRequest);
     }
     let authority = req.uri().authority().ok_or(Outcome::BadRequest)?;
-    let port = authority.port_u16().filter(|p| *p != 0).ok_or(Outcome::BadRequest)?;
+    let port = authority
+        .port_u16()
+        .filter(|p| *p != 0)
+        .ok_or(Outcome::BadRequest)?;
     let host = authority.host();
     let egress_ip: IpAddr = header(HEADER_EGRESS_IP)
         .and_then(|v| v.parse().ok())
@@ -108,7 +128,10 @@ async fn open(ctx: &TunnelContext, req: &Request<Incoming>) -> Result<TcpStream,
         .and_then(|v| v.parse::<u64>().ok())
         .map(Duration::from_millis)
         .ok_or(Outcome::BadRequest)?;
-    let deadline = Instant::now() + budget.saturating_sub(BUDGET_MARGIN).min(ctx.config.target_connect_timeout());
+    let deadline = Instant::now()
+        + budget
+            .saturating_sub(BUDGET_MARGIN)
+            .min(ctx.config.target_connect_timeout());
 
     let candidates = resolve(ctx, host, port, deadline).await?;
     // Same address family as the egress IP: an IPv4 source cannot reach an IPv6 target.
@@ -150,7 +173,12 @@ async fn open(ctx: &TunnelContext, req: &Request<Incoming>) -> Result<TcpStream,
     Err(last)
 }
 
-async fn resolve(ctx: &TunnelContext, host: &str, port: u16, deadline: Instant) -> Result<Vec<SocketAddr>, Outcome> {
+async fn resolve(
+    ctx: &TunnelContext,
+    host: &str,
+    port: u16,
+    deadline: Instant,
+) -> Result<Vec<SocketAddr>, Outcome> {
     if let Some(ip) = parse_ip_literal(host) {
         return Ok(vec![SocketAddr::new(ip, port)]);
     }
@@ -170,9 +198,17 @@ async fn resolve(ctx: &TunnelContext, host: &str, port: u16, deadline: Instant) 
 }
 
 /// Binds the egress IP, then connects: the source address is ours to choose.
-async fn connect_from(egress_ip: IpAddr, target: SocketAddr, deadline: Instant) -> Result<TcpStream, Outcome> {
-    let socket = if egress_ip.is_ipv4() { TcpSocket::new_v4() } else { TcpSocket::new_v6() }
-        .map_err(|_| Outcome::Capacity)?;
+async fn connect_from(
+    egress_ip: IpAddr,
+    target: SocketAddr,
+    deadline: Instant,
+) -> Result<TcpStream, Outcome> {
+    let socket = if egress_ip.is_ipv4() {
+        TcpSocket::new_v4()
+    } else {
+        TcpSocket::new_v6()
+    }
+    .map_err(|_| Outcome::Capacity)?;
     socket
         .bind(SocketAddr::new(egress_ip, 0))
         .map_err(|_| Outcome::EgressUnavailable)?;

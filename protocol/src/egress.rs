@@ -52,10 +52,14 @@ impl Cidr {
 
     pub fn contains(&self, ip: IpAddr) -> bool {
         match (self.addr, ip) {
-            (IpAddr::V4(net), IpAddr::V4(ip)) => {
-                prefix_eq(u128::from(u32::from(net)) << 96, u128::from(u32::from(ip)) << 96, self.prefix)
+            (IpAddr::V4(net), IpAddr::V4(ip)) => prefix_eq(
+                u128::from(u32::from(net)) << 96,
+                u128::from(u32::from(ip)) << 96,
+                self.prefix,
+            ),
+            (IpAddr::V6(net), IpAddr::V6(ip)) => {
+                prefix_eq(u128::from(net), u128::from(ip), self.prefix)
             }
-            (IpAddr::V6(net), IpAddr::V6(ip)) => prefix_eq(u128::from(net), u128::from(ip), self.prefix),
             _ => false,
         }
     }
@@ -76,7 +80,9 @@ impl FromStr for Cidr {
             Some((a, p)) => (a, Some(p)),
             None => (s, None),
         };
-        let addr: IpAddr = addr.parse().map_err(|_| format!("{s:?} is not an IP network"))?;
+        let addr: IpAddr = addr
+            .parse()
+            .map_err(|_| format!("{s:?} is not an IP network"))?;
         let max = if addr.is_ipv4() { 32 } else { 128 };
         let prefix = match prefix {
             Some(p) => p
@@ -129,12 +135,21 @@ const SPECIAL_RANGES: &[(Cidr, &str)] = &[
     (Cidr::v4(240, 0, 0, 0, 4), "reserved"),
     (Cidr::v6([0, 0, 0, 0, 0, 0, 0, 0], 128), "unspecified"),
     (Cidr::v6([0, 0, 0, 0, 0, 0, 0, 1], 128), "loopback"),
-    (Cidr::v6([0x64, 0xff9b, 1, 0, 0, 0, 0, 0], 48), "local-nat64"),
+    (
+        Cidr::v6([0x64, 0xff9b, 1, 0, 0, 0, 0, 0], 48),
+        "local-nat64",
+    ),
     (Cidr::v6([0x100, 0, 0, 0, 0, 0, 0, 0], 64), "discard"),
     (Cidr::v6([0x2001, 0, 0, 0, 0, 0, 0, 0], 23), "ietf-protocol"),
-    (Cidr::v6([0x2001, 0xdb8, 0, 0, 0, 0, 0, 0], 32), "documentation"),
+    (
+        Cidr::v6([0x2001, 0xdb8, 0, 0, 0, 0, 0, 0], 32),
+        "documentation",
+    ),
     (Cidr::v6([0x3fff, 0, 0, 0, 0, 0, 0, 0], 20), "documentation"),
-    (Cidr::v6([0x5f00, 0, 0, 0, 0, 0, 0, 0], 16), "segment-routing"),
+    (
+        Cidr::v6([0x5f00, 0, 0, 0, 0, 0, 0, 0], 16),
+        "segment-routing",
+    ),
     (Cidr::v6([0xfc00, 0, 0, 0, 0, 0, 0, 0], 7), "unique-local"),
     (Cidr::v6([0xfe80, 0, 0, 0, 0, 0, 0, 0], 10), "link-local"),
     (Cidr::v6([0xfec0, 0, 0, 0, 0, 0, 0, 0], 10), "site-local"),
@@ -338,13 +353,14 @@ fn parse_aton_part(part: &str) -> Option<u64> {
     if part.is_empty() {
         return None;
     }
-    let (digits, radix) = if let Some(hex) = part.strip_prefix("0x").or_else(|| part.strip_prefix("0X")) {
-        (hex, 16)
-    } else if part.len() > 1 && part.starts_with('0') {
-        (&part[1..], 8)
-    } else {
-        (part, 10)
-    };
+    let (digits, radix) =
+        if let Some(hex) = part.strip_prefix("0x").or_else(|| part.strip_prefix("0X")) {
+            (hex, 16)
+        } else if part.len() > 1 && part.starts_with('0') {
+            (&part[1..], 8)
+        } else {
+            (part, 10)
+        };
     if digits.is_empty() {
         // "0x" alone is 0 for inet_aton.
         return (radix == 16).then_some(0);
@@ -366,8 +382,21 @@ mod tests {
 
     #[test]
     fn numeric_spellings_normalise() {
-        for spelling in ["127.0.0.1", "127.1", "0x7f.1", "2130706433", "0177.0.0.1", "0x7f000001", "127.0.1", "017700000001"] {
-            assert_eq!(parse_ip_literal(spelling), Some("127.0.0.1".parse().unwrap()), "{spelling}");
+        for spelling in [
+            "127.0.0.1",
+            "127.1",
+            "0x7f.1",
+            "2130706433",
+            "0177.0.0.1",
+            "0x7f000001",
+            "127.0.1",
+            "017700000001",
+        ] {
+            assert_eq!(
+                parse_ip_literal(spelling),
+                Some("127.0.0.1".parse().unwrap()),
+                "{spelling}"
+            );
         }
         assert_eq!(parse_ip_literal("[::1]"), Some("::1".parse().unwrap()));
         assert_eq!(parse_ip_literal("example.com"), None);
@@ -405,7 +434,11 @@ mod tests {
         ] {
             assert!(p.check(sa(denied)).is_err(), "{denied} should be denied");
         }
-        for allowed in ["93.184.216.34:443", "[2606:2800:220:1::1]:443", "[64:ff9b::5db8:d822]:80"] {
+        for allowed in [
+            "93.184.216.34:443",
+            "[2606:2800:220:1::1]:443",
+            "[64:ff9b::5db8:d822]:80",
+        ] {
             assert_eq!(p.check(sa(allowed)), Ok(()), "{allowed} should be allowed");
         }
     }
@@ -427,7 +460,10 @@ mod tests {
         assert_eq!(p.check(sa("127.0.0.1:8000")), Ok(()));
         assert_eq!(p.check(sa("127.0.0.1:6379")), Err(Denial::ProtectedService));
         assert_eq!(p.check(sa("127.0.0.9:6379")), Err(Denial::ProtectedService));
-        assert_eq!(p.check(sa("[::ffff:127.0.0.1]:6379")), Err(Denial::ProtectedService));
+        assert_eq!(
+            p.check(sa("[::ffff:127.0.0.1]:6379")),
+            Err(Denial::ProtectedService)
+        );
         assert_eq!(p.check(sa("127.0.0.1:5432")), Err(Denial::ProtectedService));
         assert!(p.check(sa("10.0.0.1:80")).is_err());
     }
@@ -439,7 +475,10 @@ mod tests {
             deny: vec!["127.0.0.5/32".parse().unwrap()],
             ..Default::default()
         });
-        assert!(matches!(p.check(sa("127.0.0.5:80")), Err(Denial::DenyList(_))));
+        assert!(matches!(
+            p.check(sa("127.0.0.5:80")),
+            Err(Denial::DenyList(_))
+        ));
     }
 
     #[test]

@@ -10,6 +10,6 @@ pub mod egress;
 pub mod link;
 pub mod ready;
 pub mod secret;
+pub mod shutdown;
 pub mod store;
 pub mod telemetry;
-pub mod shutdown;

@@ -126,7 +126,10 @@ impl Outcome {
     pub fn target_untouched(self) -> bool {
         matches!(
             self,
-            Outcome::EgressUnavailable | Outcome::Draining | Outcome::Capacity | Outcome::BadRequest
+            Outcome::EgressUnavailable
+                | Outcome::Draining
+                | Outcome::Capacity
+                | Outcome::BadRequest
         )
     }
 }

@@ -47,9 +47,15 @@ fn respond(gateway: &Gateway, req: &Request<Incoming>) -> Response<Full<Bytes>> 
             } else if view.degraded {
                 // Still routing known users on the last known pool; a load
                 // balancer may prefer a healthy peer.
-                text(StatusCode::SERVICE_UNAVAILABLE, "degraded: redis unreachable\n".into())
+                text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "degraded: redis unreachable\n".into(),
+                )
             } else {
-                text(StatusCode::OK, format!("ready: {} eligible exits\n", view.eligible.len()))
+                text(
+                    StatusCode::OK,
+                    format!("ready: {} eligible exits\n", view.eligible.len()),
+                )
             }
         }
         "/v1/pool" => {
@@ -75,8 +81,10 @@ fn respond(gateway: &Gateway, req: &Request<Incoming>) -> Response<Full<Bytes>> 
                 "degraded": view.degraded,
             });
             let mut r = text(StatusCode::OK, body.to_string());
-            r.headers_mut()
-                .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            r.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
             r
         }
         _ => text(StatusCode::NOT_FOUND, "not found\n".into()),
@@ -86,7 +94,9 @@ fn respond(gateway: &Gateway, req: &Request<Incoming>) -> Response<Full<Bytes>> 
 fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
     let mut r = Response::new(Full::new(Bytes::from(body)));
     *r.status_mut() = status;
-    r.headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
     r
 }

@@ -30,11 +30,15 @@ impl Announcer {
 
     pub async fn announce_once(&self) -> Result<(), redis::RedisError> {
         let mut redis = self.redis.clone();
-        let ttl_ms = u64::try_from(self.interval.as_millis()).unwrap_or(u64::MAX).saturating_mul(3);
+        let ttl_ms = u64::try_from(self.interval.as_millis())
+            .unwrap_or(u64::MAX)
+            .saturating_mul(3);
         let json = serde_json::to_string(&self.record).map_err(|e| {
             redis::RedisError::from((redis::ErrorKind::Client, "encoding", e.to_string()))
         })?;
-        let _: () = redis.pset_ex(self.keys.superproxy(self.record.id), json, ttl_ms).await?;
+        let _: () = redis
+            .pset_ex(self.keys.superproxy(self.record.id), json, ttl_ms)
+            .await?;
         let _: i64 = redis::Script::new(TOUCH_LIVE_SCRIPT)
             .key(self.keys.superproxies_live())
             .arg(self.record.id.to_string())
@@ -47,7 +51,9 @@ impl Announcer {
     /// Withdraws the announcement so agents stop dialling (best effort).
     pub async fn withdraw(&self) {
         let mut redis = self.redis.clone();
-        let _: Result<(), _> = redis.zrem(self.keys.superproxies_live(), self.record.id.to_string()).await;
+        let _: Result<(), _> = redis
+            .zrem(self.keys.superproxies_live(), self.record.id.to_string())
+            .await;
         let _: Result<(), _> = redis.del(self.keys.superproxy(self.record.id)).await;
     }
 }

@@ -10,7 +10,9 @@
 //! Unknown users are checked against a dummy hash so they cost the same time
 //! as a wrong password and get the same answer.
 
-use argon2::password_hash::{rand_core::OsRng, PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
+use argon2::password_hash::{
+    rand_core::OsRng, PasswordHash, PasswordHasher, PasswordVerifier, SaltString,
+};
 use argon2::Argon2;
 use hmac::{Hmac, Mac};
 use proxynet_protocol::store::{Keys, UserRecord};
@@ -58,7 +60,12 @@ pub struct Authenticator {
 }
 
 impl Authenticator {
-    pub fn new(redis: ConnectionManager, keys: Keys, record_ttl: Duration, success_ttl: Duration) -> Result<Self, String> {
+    pub fn new(
+        redis: ConnectionManager,
+        keys: Keys,
+        record_ttl: Duration,
+        success_ttl: Duration,
+    ) -> Result<Self, String> {
         use rand::RngCore;
         let mut hmac_key = [0u8; 32];
         rand::rngs::OsRng.fill_bytes(&mut hmac_key);
@@ -85,12 +92,18 @@ impl Authenticator {
 
     /// Returns the user if `username`/`password` are right and the user is enabled.
     /// Every failure is the same [`ErrorKind::AuthRequired`].
-    pub async fn authenticate(&self, username: &str, password: &str) -> Result<Arc<UserRecord>, ProxyError> {
+    pub async fn authenticate(
+        &self,
+        username: &str,
+        password: &str,
+    ) -> Result<Arc<UserRecord>, ProxyError> {
         if !valid_username(username) || password.is_empty() || password.len() > 255 {
             return Err(ProxyError::auth_required());
         }
         let record = self.record(username).await?;
-        let stored_hash = record.as_ref().map_or(self.dummy_hash.as_str(), |r| r.password_hash.as_str());
+        let stored_hash = record
+            .as_ref()
+            .map_or(self.dummy_hash.as_str(), |r| r.password_hash.as_str());
         let ok = self.verify(username, password, stored_hash).await?;
         match record {
             Some(r) if ok && r.enabled => Ok(r),
@@ -150,7 +163,12 @@ impl Authenticator {
         }
     }
 
-    async fn verify(&self, username: &str, password: &str, stored_hash: &str) -> Result<bool, ProxyError> {
+    async fn verify(
+        &self,
+        username: &str,
+        password: &str,
+        stored_hash: &str,
+    ) -> Result<bool, ProxyError> {
         let key = self.credential_key(username, password);
         let stored_hash_digest: [u8; 32] = Sha256::digest(stored_hash.as_bytes()).into();
         if let Some(v) = self.verified.lock().ok().and_then(|m| m.get(&key).copied()) {
@@ -173,7 +191,8 @@ impl Authenticator {
         if let Ok(mut verified) = self.verified.lock() {
             if verified.len() >= MAX_VERIFICATIONS {
                 let success_ttl = self.success_ttl;
-                verified.retain(|_, v| v.at.elapsed() < if v.ok { success_ttl } else { FAILURE_TTL });
+                verified
+                    .retain(|_, v| v.at.elapsed() < if v.ok { success_ttl } else { FAILURE_TTL });
                 if verified.len() >= MAX_VERIFICATIONS {
                     verified.clear();
                 }
@@ -202,7 +221,11 @@ impl Authenticator {
             .map_err(|_| ProxyError::new(ErrorKind::Internal, "verification pool closed"))?;
         tokio::task::spawn_blocking(move || {
             PasswordHash::new(&stored_hash)
-                .map(|parsed| Argon2::default().verify_password(password.as_bytes(), &parsed).is_ok())
+                .map(|parsed| {
+                    Argon2::default()
+                        .verify_password(password.as_bytes(), &parsed)
+                        .is_ok()
+                })
                 .unwrap_or(false)
         })
         .await
@@ -210,7 +233,8 @@ impl Authenticator {
     }
 
     fn credential_key(&self, username: &str, password: &str) -> CredentialKey {
-        let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(&self.hmac_key).unwrap_or_else(|_| unreachable_hmac());
+        let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(&self.hmac_key)
+            .unwrap_or_else(|_| unreachable_hmac());
         mac.update(username.as_bytes());
         mac.update(&[0]);
         mac.update(password.as_bytes());
@@ -229,7 +253,9 @@ fn unreachable_hmac() -> Hmac<Sha256> {
 pub fn valid_username(username: &str) -> bool {
     !username.is_empty()
         && username.len() <= 64
-        && username.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.')
+        && username
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.')
 }
 
 /// Decodes `Proxy-Authorization: Basic base64(user:pass)`.
@@ -239,7 +265,9 @@ pub fn parse_basic(header: &str) -> Option<(String, String)> {
     if !scheme.eq_ignore_ascii_case("basic") {
         return None;
     }
-    let decoded = base64::engine::general_purpose::STANDARD.decode(value.trim()).ok()?;
+    let decoded = base64::engine::general_purpose::STANDARD
+        .decode(value.trim())
+        .ok()?;
     let decoded = String::from_utf8(decoded).ok()?;
     let (user, pass) = decoded.split_once(':')?;
     Some((user.to_owned(), pass.to_owned()))
@@ -251,8 +279,14 @@ mod tests {
 
     #[test]
     fn basic_parsing() {
-        assert_eq!(parse_basic("Basic dXNlcjpwYTpzcw=="), Some(("user".into(), "pa:ss".into())));
-        assert_eq!(parse_basic("basic   dXNlcjpwYXNz"), Some(("user".into(), "pass".into())));
+        assert_eq!(
+            parse_basic("Basic dXNlcjpwYTpzcw=="),
+            Some(("user".into(), "pa:ss".into()))
+        );
+        assert_eq!(
+            parse_basic("basic   dXNlcjpwYXNz"),
+            Some(("user".into(), "pass".into()))
+        );
         assert_eq!(parse_basic("Bearer abc"), None);
         assert_eq!(parse_basic("Basic !!!"), None);
         assert_eq!(parse_basic("Basic dXNlcg=="), None);

@@ -48,7 +48,11 @@ pub struct Config {
     pub redis_prefix: String,
 
     /// Time a client has to send a complete request head (slowloris bound), ms.
-    #[arg(long, env = "PROXYNET_HEADER_READ_TIMEOUT_MS", default_value_t = 15_000)]
+    #[arg(
+        long,
+        env = "PROXYNET_HEADER_READ_TIMEOUT_MS",
+        default_value_t = 15_000
+    )]
     pub header_read_timeout_ms: u64,
 
     /// Total time to get a tunnel open, retries included; its remainder is sent

@@ -109,14 +109,18 @@ impl ErrorKind {
 
     pub fn source(self) -> Source {
         match self {
-            ErrorKind::AuthRequired | ErrorKind::BadRequest | ErrorKind::MethodNotAllowed => Source::Client,
+            ErrorKind::AuthRequired | ErrorKind::BadRequest | ErrorKind::MethodNotAllowed => {
+                Source::Client
+            }
             ErrorKind::DestinationProhibited => Source::Policy,
             ErrorKind::ExitUnavailable | ErrorKind::ExitLinkLost => Source::ExitLink,
             ErrorKind::ConnectionRefused
             | ErrorKind::DestinationUnreachable
             | ErrorKind::ConnectionTimeout
             | ErrorKind::DnsError => Source::Target,
-            ErrorKind::NoExit | ErrorKind::StoreUnavailable | ErrorKind::Internal => Source::Internal,
+            ErrorKind::NoExit | ErrorKind::StoreUnavailable | ErrorKind::Internal => {
+                Source::Internal
+            }
         }
     }
 
@@ -134,7 +138,9 @@ impl ErrorKind {
             Outcome::Unreachable => ErrorKind::DestinationUnreachable,
             Outcome::DnsError => ErrorKind::DnsError,
             Outcome::PolicyDenied => ErrorKind::DestinationProhibited,
-            Outcome::EgressUnavailable | Outcome::Draining | Outcome::Capacity => ErrorKind::ExitUnavailable,
+            Outcome::EgressUnavailable | Outcome::Draining | Outcome::Capacity => {
+                ErrorKind::ExitUnavailable
+            }
             Outcome::BadRequest => ErrorKind::Internal,
         }
     }
@@ -158,8 +164,11 @@ impl std::error::Error for ProxyError {}
 
 impl ProxyError {
     pub fn new(kind: ErrorKind, detail: impl Into<Cow<'static, str>>) -> Self {
-        let retry_after = matches!(kind, ErrorKind::NoExit | ErrorKind::ExitUnavailable | ErrorKind::StoreUnavailable)
-            .then_some(1);
+        let retry_after = matches!(
+            kind,
+            ErrorKind::NoExit | ErrorKind::ExitUnavailable | ErrorKind::StoreUnavailable
+        )
+        .then_some(1);
         Self {
             kind,
             detail: detail.into(),
@@ -185,7 +194,10 @@ impl ProxyError {
         let mut response = Response::new(Full::new(Bytes::from(format!("{}\n", self.detail))));
         *response.status_mut() = self.kind.status();
         let headers = response.headers_mut();
-        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; charset=utf-8"),
+        );
         if let Ok(v) = HeaderValue::from_str(&self.proxy_status()) {
             headers.insert("proxy-status", v);
         }

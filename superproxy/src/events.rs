@@ -17,7 +17,9 @@ pub async fn run(client: redis::Client, channel: String, gateway: Arc<Gateway>) 
                     backoff = Duration::from_millis(100);
                     let mut messages = pubsub.on_message();
                     while let Some(msg) = messages.next().await {
-                        let Ok(payload) = msg.get_payload::<String>() else { continue };
+                        let Ok(payload) = msg.get_payload::<String>() else {
+                            continue;
+                        };
                         if let Some(username) = payload.strip_prefix("user:") {
                             gateway.auth.invalidate(username);
                         } else if payload.starts_with("exit:") {

@@ -39,8 +39,8 @@ use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use uuid::Uuid;
 
-pub use config::Config;
 use authenticate::Authenticator;
+pub use config::Config;
 use link::registry::LinkRegistry;
 use link::tls::LinkIdentity;
 use pool::Pool;
@@ -102,13 +102,17 @@ pub struct Superproxy {
     keys: Keys,
 }
 
-async fn listen(what: &'static str, addr: SocketAddr) -> Result<(TcpListener, SocketAddr), StartError> {
+async fn listen(
+    what: &'static str,
+    addr: SocketAddr,
+) -> Result<(TcpListener, SocketAddr), StartError> {
     let listener = TcpListener::bind(addr)
         .await
         .map_err(|source| StartError::Listen { what, addr, source })?;
-    let bound = listener
-        .local_addr()
-        .map_err(|source| StartError::Listen { what, addr, source })?;
+    let bound =
+        listener
+            .local_addr()
+            .map_err(|source| StartError::Listen { what, addr, source })?;
     Ok((listener, bound))
 }
 
@@ -116,7 +120,8 @@ impl Superproxy {
     pub async fn bind(config: Config) -> Result<Self, StartError> {
         let redis_url = config.redis_url.expose().to_owned();
         let redis = connect_redis(&redis_url).await?;
-        let redis_client = redis::Client::open(redis_url.as_str()).map_err(|e| StartError::Other(e.to_string()))?;
+        let redis_client = redis::Client::open(redis_url.as_str())
+            .map_err(|e| StartError::Other(e.to_string()))?;
         let keys = Keys::new(config.redis_prefix.clone());
         let identity = match (&config.link_cert, &config.link_key) {
             (Some(cert), Some(key)) => LinkIdentity::from_pem_files(cert, key)?,
@@ -203,7 +208,11 @@ impl Superproxy {
                 }
                 .run(),
             ),
-            tokio::spawn(events::run(self.redis_client, self.keys.events(), gateway.clone())),
+            tokio::spawn(events::run(
+                self.redis_client,
+                self.keys.events(),
+                gateway.clone(),
+            )),
             tokio::spawn(admin::run(self.admin, gateway.clone())),
         ];
         if let Err(e) = announcer.announce_once().await {
@@ -240,7 +249,10 @@ impl Superproxy {
         gateway.draining.store(true, Ordering::Relaxed);
         announcer.withdraw().await;
         drop(alive);
-        if tokio::time::timeout(DRAIN_TIMEOUT, all_done.recv()).await.is_err() {
+        if tokio::time::timeout(DRAIN_TIMEOUT, all_done.recv())
+            .await
+            .is_err()
+        {
             tracing::warn!("drain timeout reached; closing remaining connections");
         }
         for task in background {

@@ -142,7 +142,9 @@ impl Pool {
         }
     }
 
-    async fn fetch(&self) -> Result<(HashSet<Uuid>, HashMap<Uuid, Arc<ExitRecord>>), redis::RedisError> {
+    async fn fetch(
+        &self,
+    ) -> Result<(HashSet<Uuid>, HashMap<Uuid, Arc<ExitRecord>>), redis::RedisError> {
         let mut redis = self.redis.clone();
         let ids: Vec<String> = redis::Script::new(LIVE_MEMBERS_SCRIPT)
             .key(self.keys.exits_live())
@@ -153,7 +155,10 @@ impl Pool {
         let ids: Vec<Uuid> = live.iter().copied().collect();
         for chunk in ids.chunks(1000) {
             let keys: Vec<String> = chunk.iter().map(|id| self.keys.exit(*id)).collect();
-            let values: Vec<Option<String>> = redis::cmd("MGET").arg(&keys).query_async(&mut redis).await?;
+            let values: Vec<Option<String>> = redis::cmd("MGET")
+                .arg(&keys)
+                .query_async(&mut redis)
+                .await?;
             for json in values.into_iter().flatten() {
                 if let Ok(record) = serde_json::from_str::<ExitRecord>(&json) {
                     records.insert(record.id, Arc::new(record));
@@ -173,10 +178,11 @@ impl Pool {
                     .filter_map(|id| {
                         let record = known.records.get(id)?;
                         let link = links.get(id)?;
-                        (!record.draining && !record.disabled && !record.egress_ips.is_empty()).then(|| Candidate {
-                            record: record.clone(),
-                            link: link.clone(),
-                        })
+                        (!record.draining && !record.disabled && !record.egress_ips.is_empty())
+                            .then(|| Candidate {
+                                record: record.clone(),
+                                link: link.clone(),
+                            })
                     })
                     .collect();
                 (eligible, known.live.len(), known.degraded)
@@ -184,7 +190,11 @@ impl Pool {
             Err(_) => return,
         };
         if let Ok(mut view) = self.view.write() {
-            *view = Arc::new(PoolView { eligible, live, degraded });
+            *view = Arc::new(PoolView {
+                eligible,
+                live,
+                degraded,
+            });
         }
     }
 }

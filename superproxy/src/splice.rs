@@ -21,6 +21,7 @@ where
     C: AsyncRead + AsyncWrite + Unpin + ?Sized,
     E: AsyncRead + AsyncWrite + Unpin + ?Sized,
 {
-    let (up, down) = tokio::io::copy_bidirectional_with_sizes(client, exit, COPY_BUFFER, COPY_BUFFER).await?;
+    let (up, down) =
+        tokio::io::copy_bidirectional_with_sizes(client, exit, COPY_BUFFER, COPY_BUFFER).await?;
     Ok(Transferred { up, down })
 }

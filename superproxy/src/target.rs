@@ -56,7 +56,10 @@ impl Target {
             return Err(TargetError::BadPort);
         }
         if let Some(ip) = parse_ip_literal(host) {
-            return Ok(Self { host: Host::Ip(ip), port });
+            return Ok(Self {
+                host: Host::Ip(ip),
+                port,
+            });
         }
         let name = host.strip_suffix('.').unwrap_or(host);
         if !is_dns_name(name) {
@@ -96,7 +99,10 @@ fn parse_port(port: &str) -> Result<u16, TargetError> {
     if port.is_empty() || port.len() > 5 || !port.bytes().all(|b| b.is_ascii_digit()) {
         return Err(TargetError::BadPort);
     }
-    port.parse::<u16>().ok().filter(|p| *p != 0).ok_or(TargetError::BadPort)
+    port.parse::<u16>()
+        .ok()
+        .filter(|p| *p != 0)
+        .ok_or(TargetError::BadPort)
 }
 
 /// RFC 1123 host names (underscores tolerated, as real-world DNS has them).
@@ -108,7 +114,9 @@ fn is_dns_name(name: &str) -> bool {
                 && label.len() <= 63
                 && !label.starts_with('-')
                 && !label.ends_with('-')
-                && label.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
         })
 }
 
@@ -130,11 +138,26 @@ mod tests {
 
     #[test]
     fn rejects_garbage() {
-        assert_eq!(Target::parse_authority("example.com"), Err(TargetError::MissingPort));
-        assert_eq!(Target::parse_authority("example.com:0"), Err(TargetError::BadPort));
-        assert_eq!(Target::parse_authority("example.com:99999"), Err(TargetError::BadPort));
-        assert_eq!(Target::parse_authority("user@example.com:80"), Err(TargetError::BadHost));
-        assert_eq!(Target::parse_authority("exa mple.com:80"), Err(TargetError::BadHost));
+        assert_eq!(
+            Target::parse_authority("example.com"),
+            Err(TargetError::MissingPort)
+        );
+        assert_eq!(
+            Target::parse_authority("example.com:0"),
+            Err(TargetError::BadPort)
+        );
+        assert_eq!(
+            Target::parse_authority("example.com:99999"),
+            Err(TargetError::BadPort)
+        );
+        assert_eq!(
+            Target::parse_authority("user@example.com:80"),
+            Err(TargetError::BadHost)
+        );
+        assert_eq!(
+            Target::parse_authority("exa mple.com:80"),
+            Err(TargetError::BadHost)
+        );
         assert_eq!(Target::parse_authority("::1:80"), Err(TargetError::BadHost));
         assert_eq!(Target::parse_authority(":80"), Err(TargetError::BadHost));
     }

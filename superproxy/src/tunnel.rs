@@ -35,10 +35,12 @@ impl TunnelOpener {
     /// Denies literal targets the egress policy forbids before any exit is used.
     pub fn check_literal(&self, target: &Target) -> Result<(), ProxyError> {
         match target.socket_addr() {
-            Some(addr) => self
-                .policy
-                .check(addr)
-                .map_err(|denial| ProxyError::new(ErrorKind::DestinationProhibited, format!("destination denied: {denial}"))),
+            Some(addr) => self.policy.check(addr).map_err(|denial| {
+                ProxyError::new(
+                    ErrorKind::DestinationProhibited,
+                    format!("destination denied: {denial}"),
+                )
+            }),
             None => Ok(()),
         }
     }
@@ -49,13 +51,20 @@ impl TunnelOpener {
         let mut tried: Vec<Uuid> = Vec::with_capacity(MAX_ATTEMPTS);
         let mut last_error = None;
         while tried.len() < MAX_ATTEMPTS {
-            let Some(exit) = self.pool.pick(&tried) else { break };
+            let Some(exit) = self.pool.pick(&tried) else {
+                break;
+            };
             tried.push(exit.record.id);
             let remaining = deadline.saturating_duration_since(Instant::now());
             if remaining.is_zero() {
-                return Err(ProxyError::new(ErrorKind::ConnectionTimeout, "connect budget exhausted"));
+                return Err(ProxyError::new(
+                    ErrorKind::ConnectionTimeout,
+                    "connect budget exhausted",
+                ));
             }
-            let Some(egress_ip) = exit.egress_ip() else { continue };
+            let Some(egress_ip) = exit.egress_ip() else {
+                continue;
+            };
             match dial::open_tunnel(&exit.link, target, egress_ip, remaining).await {
                 Ok(io) => return Ok(OpenTunnel { io, exit }),
                 Err(e) if e.kind.retry_safe() => {
@@ -65,6 +74,8 @@ impl TunnelOpener {
                 Err(e) => return Err(e),
             }
         }
-        Err(last_error.unwrap_or_else(|| ProxyError::new(ErrorKind::NoExit, "no exit is available right now")))
+        Err(last_error.unwrap_or_else(|| {
+            ProxyError::new(ErrorKind::NoExit, "no exit is available right now")
+        }))
     }
 }

@@ -31,7 +31,9 @@ pub async fn create(
 ) -> Result<(StatusCode, Json<Account>), ApiError> {
     let name = body.name.trim();
     if name.is_empty() || name.len() > 200 {
-        return Err(ApiError::BadRequest("name: must be 1 to 200 characters".into()));
+        return Err(ApiError::BadRequest(
+            "name: must be 1 to 200 characters".into(),
+        ));
     }
     let mut tx = state.db.begin().await?;
     let account: Account = sqlx::query_as(
@@ -41,7 +43,14 @@ pub async fn create(
     .bind(name)
     .fetch_one(&mut *tx)
     .await?;
-    audit::record(&mut tx, "operator", "account.create", &account.id.to_string(), serde_json::json!({"name": name})).await?;
+    audit::record(
+        &mut tx,
+        "operator",
+        "account.create",
+        &account.id.to_string(),
+        serde_json::json!({"name": name}),
+    )
+    .await?;
     tx.commit().await?;
     Ok((StatusCode::CREATED, Json(account)))
 }

@@ -45,13 +45,19 @@ pub async fn create_enrollment_token(
     Json(body): Json<CreateEnrollmentToken>,
 ) -> Result<(StatusCode, Json<EnrollmentToken>), ApiError> {
     if body.name.trim().is_empty() || body.name.len() > 200 {
-        return Err(ApiError::BadRequest("name: must be 1 to 200 characters".into()));
+        return Err(ApiError::BadRequest(
+            "name: must be 1 to 200 characters".into(),
+        ));
     }
     if SourceType::parse(&body.source_type).is_none() {
-        return Err(ApiError::BadRequest("source_type: one of dc, isp, res, mobile".into()));
+        return Err(ApiError::BadRequest(
+            "source_type: one of dc, isp, res, mobile".into(),
+        ));
     }
     if body.owner.trim().is_empty() || body.owner.len() > 200 {
-        return Err(ApiError::BadRequest("owner: must be 1 to 200 characters".into()));
+        return Err(ApiError::BadRequest(
+            "owner: must be 1 to 200 characters".into(),
+        ));
     }
     if body.country.len() != 2 || !body.country.bytes().all(|b| b.is_ascii_uppercase()) {
         return Err(ApiError::BadRequest(
@@ -82,7 +88,14 @@ pub async fn create_enrollment_token(
     audit::record(&mut tx, "operator", "enrollment_token.create", &id.to_string(),
         serde_json::json!({"name": body.name, "source_type": body.source_type, "owner": body.owner, "country": body.country})).await?;
     tx.commit().await?;
-    Ok((StatusCode::CREATED, Json(EnrollmentToken { id, token, expires_at })))
+    Ok((
+        StatusCode::CREATED,
+        Json(EnrollmentToken {
+            id,
+            token,
+            expires_at,
+        }),
+    ))
 }
 
 #[derive(Deserialize)]
@@ -119,7 +132,9 @@ pub async fn enroll(
     Json(body): Json<Enroll>,
 ) -> Result<(StatusCode, Json<Enrolled>), ApiError> {
     if body.egress_ips.is_empty() || body.egress_ips.len() > 256 {
-        return Err(ApiError::BadRequest("egress_ips: 1 to 256 addresses".into()));
+        return Err(ApiError::BadRequest(
+            "egress_ips: 1 to 256 addresses".into(),
+        ));
     }
     let mut tx = state.db.begin().await?;
     // Lock the token row so two agents racing with one token cannot both win.
@@ -166,12 +181,24 @@ pub async fn enroll(
         .bind(exit_id)
         .execute(&mut *tx)
         .await?;
-    audit::record(&mut tx, "agent", "exit.enroll", &exit_id.to_string(),
-        serde_json::json!({"token_id": token.id, "egress_ips": ips, "hostname": body.hostname})).await?;
+    audit::record(
+        &mut tx,
+        "agent",
+        "exit.enroll",
+        &exit_id.to_string(),
+        serde_json::json!({"token_id": token.id, "egress_ips": ips, "hostname": body.hostname}),
+    )
+    .await?;
     tx.commit().await?;
     state.projector.exit(exit_id).await;
     tracing::info!(exit = %exit_id, name = %token.name, "exit enrolled");
-    Ok((StatusCode::CREATED, Json(Enrolled { exit_id, credential })))
+    Ok((
+        StatusCode::CREATED,
+        Json(Enrolled {
+            exit_id,
+            credential,
+        }),
+    ))
 }
 
 fn truncate(s: &str, max: usize) -> String {

@@ -36,10 +36,15 @@ pub struct ExitView {
 
 const COLUMNS: &str = "id, name, source_type, owner, country, egress_ips, hostname, agent_version, draining, disabled, enrolled_at, last_heartbeat_at";
 
-pub async fn list(_: Operator, State(state): State<AppState>) -> Result<Json<Vec<ExitView>>, ApiError> {
-    let rows: Vec<ExitRow> = sqlx::query_as(&format!("SELECT {COLUMNS} FROM exits ORDER BY enrolled_at LIMIT 10000"))
-        .fetch_all(&state.db)
-        .await?;
+pub async fn list(
+    _: Operator,
+    State(state): State<AppState>,
+) -> Result<Json<Vec<ExitView>>, ApiError> {
+    let rows: Vec<ExitRow> = sqlx::query_as(&format!(
+        "SELECT {COLUMNS} FROM exits ORDER BY enrolled_at LIMIT 10000"
+    ))
+    .fetch_all(&state.db)
+    .await?;
     let live = state
         .projector
         .live_exits()
@@ -47,7 +52,10 @@ pub async fn list(_: Operator, State(state): State<AppState>) -> Result<Json<Vec
         .map_err(|e| ApiError::Unavailable(format!("liveness unknown: {e}")))?;
     Ok(Json(
         rows.into_iter()
-            .map(|row| ExitView { live: live.contains(&row.id), row })
+            .map(|row| ExitView {
+                live: live.contains(&row.id),
+                row,
+            })
             .collect(),
     ))
 }
@@ -67,5 +75,8 @@ pub async fn get_one(
         .live_exits()
         .await
         .map_err(|e| ApiError::Unavailable(format!("liveness unknown: {e}")))?;
-    Ok(Json(ExitView { live: live.contains(&row.id), row }))
+    Ok(Json(ExitView {
+        live: live.contains(&row.id),
+        row,
+    }))
 }

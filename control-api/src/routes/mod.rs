@@ -17,12 +17,20 @@ pub fn router(state: AppState) -> Router {
         .route("/readyz", get(health::readyz))
         .route("/v1/accounts", post(accounts::create))
         .route("/v1/accounts/{id}", get(accounts::get_one))
-        .route("/v1/accounts/{id}/users", post(users::create).get(users::list))
+        .route(
+            "/v1/accounts/{id}/users",
+            post(users::create).get(users::list),
+        )
         .route(
             "/v1/users/{id}",
-            get(users::get_one).patch(users::update).delete(users::delete),
+            get(users::get_one)
+                .patch(users::update)
+                .delete(users::delete),
         )
-        .route("/v1/enrollment-tokens", post(agent::create_enrollment_token))
+        .route(
+            "/v1/enrollment-tokens",
+            post(agent::create_enrollment_token),
+        )
         .route("/v1/agent/enroll", post(agent::enroll))
         .route("/v1/agent/exits/{id}/heartbeat", post(agent::heartbeat))
         .route("/v1/exits", get(exits::list))

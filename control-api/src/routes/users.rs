@@ -72,7 +72,14 @@ pub async fn create(
     .fetch_one(&mut *tx)
     .await
     .map_err(|e| conflict_on_unique(e, "username: already taken"))?;
-    audit::record(&mut tx, "operator", "user.create", &user.id.to_string(), serde_json::json!({"username": user.username})).await?;
+    audit::record(
+        &mut tx,
+        "operator",
+        "user.create",
+        &user.id.to_string(),
+        serde_json::json!({"username": user.username}),
+    )
+    .await?;
     tx.commit().await?;
     state.projector.user(&user.username).await;
     Ok((StatusCode::CREATED, Json(user)))
@@ -164,7 +171,14 @@ pub async fn delete(
     .fetch_optional(&mut *tx)
     .await?;
     let (username,) = row.ok_or(ApiError::NotFound("user"))?;
-    audit::record(&mut tx, "operator", "user.delete", &id.to_string(), serde_json::json!({"username": username})).await?;
+    audit::record(
+        &mut tx,
+        "operator",
+        "user.delete",
+        &id.to_string(),
+        serde_json::json!({"username": username}),
+    )
+    .await?;
     tx.commit().await?;
     state.projector.user(&username).await;
     Ok(StatusCode::NO_CONTENT)

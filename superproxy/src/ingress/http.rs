@@ -55,7 +55,10 @@ pub async fn serve_connection(gateway: Arc<Gateway>, stream: TcpStream, peer: So
     }
 }
 
-async fn handle(gateway: Arc<Gateway>, req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
+async fn handle(
+    gateway: Arc<Gateway>,
+    req: Request<Incoming>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
     let response = match route(gateway, req).await {
         Ok(response) => response,
         Err(e) => {
@@ -66,7 +69,10 @@ async fn handle(gateway: Arc<Gateway>, req: Request<Incoming>) -> Result<Respons
     Ok(response)
 }
 
-async fn route(gateway: Arc<Gateway>, req: Request<Incoming>) -> Result<Response<Full<Bytes>>, ProxyError> {
+async fn route(
+    gateway: Arc<Gateway>,
+    req: Request<Incoming>,
+) -> Result<Response<Full<Bytes>>, ProxyError> {
     if req.method() == Method::CONNECT {
         return connect(gateway, req).await;
     }
@@ -82,7 +88,10 @@ async fn route(gateway: Arc<Gateway>, req: Request<Incoming>) -> Result<Response
     ))
 }
 
-async fn connect(gateway: Arc<Gateway>, req: Request<Incoming>) -> Result<Response<Full<Bytes>>, ProxyError> {
+async fn connect(
+    gateway: Arc<Gateway>,
+    req: Request<Incoming>,
+) -> Result<Response<Full<Bytes>>, ProxyError> {
     let authority = req
         .uri()
         .authority()

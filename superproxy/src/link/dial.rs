@@ -11,7 +11,8 @@ use http::{Method, Request, Uri};
 use http_body_util::Empty;
 use hyper::upgrade::Upgraded;
 use proxynet_protocol::link::{
-    Outcome, HEADER_CONNECT_BUDGET_MS, HEADER_EGRESS_IP, HEADER_OUTCOME, HEADER_VERSION, LINK_VERSION,
+    Outcome, HEADER_CONNECT_BUDGET_MS, HEADER_EGRESS_IP, HEADER_OUTCOME, HEADER_VERSION,
+    LINK_VERSION,
 };
 use std::net::IpAddr;
 use std::time::Duration;
@@ -21,7 +22,12 @@ use crate::error::{ErrorKind, ProxyError};
 use crate::target::Target;
 
 /// Asks `link`'s agent to connect to `target` from `egress_ip` within `budget`.
-pub async fn open_tunnel(link: &Link, target: &Target, egress_ip: IpAddr, budget: Duration) -> Result<Upgraded, ProxyError> {
+pub async fn open_tunnel(
+    link: &Link,
+    target: &Target,
+    egress_ip: IpAddr,
+    budget: Duration,
+) -> Result<Upgraded, ProxyError> {
     let uri: Uri = target
         .authority()
         .parse()
@@ -37,10 +43,12 @@ pub async fn open_tunnel(link: &Link, target: &Target, egress_ip: IpAddr, budget
 
     let mut sender = link.sender.clone();
     // A link that is not ready never saw the request: safe to try elsewhere.
-    sender
-        .ready()
-        .await
-        .map_err(|e| ProxyError::new(ErrorKind::ExitUnavailable, format!("exit link unavailable: {e}")))?;
+    sender.ready().await.map_err(|e| {
+        ProxyError::new(
+            ErrorKind::ExitUnavailable,
+            format!("exit link unavailable: {e}"),
+        )
+    })?;
     let response = match tokio::time::timeout(budget, sender.send_request(request)).await {
         Err(_) => {
             return Err(ProxyError::new(
@@ -49,10 +57,16 @@ pub async fn open_tunnel(link: &Link, target: &Target, egress_ip: IpAddr, budget
             ))
         }
         Ok(Err(e)) if e.is_canceled() => {
-            return Err(ProxyError::new(ErrorKind::ExitUnavailable, "exit link closed before the tunnel was sent"))
+            return Err(ProxyError::new(
+                ErrorKind::ExitUnavailable,
+                "exit link closed before the tunnel was sent",
+            ))
         }
         Ok(Err(e)) => {
-            return Err(ProxyError::new(ErrorKind::ExitLinkLost, format!("exit link failed: {e}")))
+            return Err(ProxyError::new(
+                ErrorKind::ExitLinkLost,
+                format!("exit link failed: {e}"),
+            ))
         }
         Ok(Ok(response)) => response,
     };
@@ -62,10 +76,18 @@ pub async fn open_tunnel(link: &Link, target: &Target, egress_ip: IpAddr, budget
         .and_then(|v| v.to_str().ok())
         .and_then(Outcome::parse);
     match outcome {
-        Some(Outcome::Connected) if response.status().is_success() => hyper::upgrade::on(response)
-            .await
-            .map_err(|e| ProxyError::new(ErrorKind::ExitLinkLost, format!("exit link upgrade failed: {e}"))),
-        Some(outcome) => Err(ProxyError::new(ErrorKind::from_outcome(outcome), outcome_detail(outcome))),
+        Some(Outcome::Connected) if response.status().is_success() => {
+            hyper::upgrade::on(response).await.map_err(|e| {
+                ProxyError::new(
+                    ErrorKind::ExitLinkLost,
+                    format!("exit link upgrade failed: {e}"),
+                )
+            })
+        }
+        Some(outcome) => Err(ProxyError::new(
+            ErrorKind::from_outcome(outcome),
+            outcome_detail(outcome),
+        )),
         None => Err(ProxyError::new(
             ErrorKind::ExitLinkLost,
             format!("exit answered {} without an outcome", response.status()),

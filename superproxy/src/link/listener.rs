@@ -54,7 +54,11 @@ impl LinkListener {
     async fn admit(&self, tcp: TcpStream) -> Result<(), String> {
         let _ = tcp.set_nodelay(true);
         let (mut tls, hello) = tokio::time::timeout(HANDSHAKE_TIMEOUT, async {
-            let mut tls = self.acceptor.accept(tcp).await.map_err(|e| format!("tls: {e}"))?;
+            let mut tls = self
+                .acceptor
+                .accept(tcp)
+                .await
+                .map_err(|e| format!("tls: {e}"))?;
             let hello: AgentHello = read_frame(&mut tls).await.map_err(|e| e.to_string())?;
             Ok::<_, String>((tls, hello))
         })
@@ -66,7 +70,9 @@ impl LinkListener {
             ok: verdict.is_ok(),
             error: verdict.as_ref().err().cloned(),
         };
-        write_frame(&mut tls, &reply).await.map_err(|e| e.to_string())?;
+        write_frame(&mut tls, &reply)
+            .await
+            .map_err(|e| e.to_string())?;
         verdict?;
 
         let (sender, connection) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
@@ -108,7 +114,9 @@ impl LinkListener {
         let record: Option<ExitRecord> = json.and_then(|j| serde_json::from_str(&j).ok());
         let presented = sha256_hex(hello.credential.expose());
         match record {
-            Some(r) if constant_time_eq(presented.as_bytes(), r.credential_sha256.as_bytes()) => Ok(()),
+            Some(r) if constant_time_eq(presented.as_bytes(), r.credential_sha256.as_bytes()) => {
+                Ok(())
+            }
             _ => Err("unknown exit or wrong credential".to_owned()),
         }
     }

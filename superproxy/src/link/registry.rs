@@ -45,7 +45,14 @@ impl LinkRegistry {
     pub fn insert(&self, exit_id: Uuid, sender: LinkSender) -> u64 {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         if let Ok(mut links) = self.links.write() {
-            links.insert(exit_id, Link { id, exit_id, sender });
+            links.insert(
+                exit_id,
+                Link {
+                    id,
+                    exit_id,
+                    sender,
+                },
+            );
         }
         self.changed.send_modify(|v| *v += 1);
         id

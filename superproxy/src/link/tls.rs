@@ -19,7 +19,10 @@ pub struct LinkIdentity {
 #[derive(Debug, thiserror::Error)]
 pub enum TlsSetupError {
     #[error("cannot read {path}: {source}")]
-    Read { path: String, source: std::io::Error },
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("{0}")]
     Invalid(String),
 }
@@ -29,7 +32,9 @@ impl LinkIdentity {
         let generated = rcgen::generate_simple_self_signed(vec!["proxynet-superproxy".to_owned()])
             .map_err(|e| TlsSetupError::Invalid(format!("generating a certificate: {e}")))?;
         let cert = generated.cert.der().clone();
-        let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(generated.signing_key.serialize_der()));
+        let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(
+            generated.signing_key.serialize_der(),
+        ));
         Self::from_parts(vec![cert], key)
     }
 
@@ -51,10 +56,13 @@ impl LinkIdentity {
         Self::from_parts(certs, key)
     }
 
-    fn from_parts(certs: Vec<CertificateDer<'static>>, key: PrivateKeyDer<'static>) -> Result<Self, TlsSetupError> {
-        let end_entity = certs
-            .first()
-            .ok_or_else(|| TlsSetupError::Invalid("link certificate file holds no certificate".into()))?;
+    fn from_parts(
+        certs: Vec<CertificateDer<'static>>,
+        key: PrivateKeyDer<'static>,
+    ) -> Result<Self, TlsSetupError> {
+        let end_entity = certs.first().ok_or_else(|| {
+            TlsSetupError::Invalid("link certificate file holds no certificate".into())
+        })?;
         let cert_sha256 = hex::encode(Sha256::digest(end_entity.as_ref()));
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let mut config = ServerConfig::builder_with_provider(provider)

@@ -1,1 +1,8 @@
+//! End-to-end tests: real Postgres, Redis, binaries and clients on loopback.
+//! One test binary, one module per area.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod enrollment;
+mod spine;
+mod startup;

@@ -1,0 +1,116 @@
+# Shared by scripts/up and scripts/test. Source it; do not run it.
+#
+# install_deps      installs what is missing (Debian/Ubuntu, root or sudo)
+# free_port         prints a free TCP port on 127.0.0.1
+# start_postgres D  starts a private Postgres in D on a free port; sets PG_URL, PG_PID_DIR
+# start_redis D     starts a private Redis in D on a free port; sets REDIS_URL
+# stop_stores       stops both
+
+set -euo pipefail
+
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+
+say() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
+die() { printf 'error: %s\n' "$*" >&2; exit 1; }
+
+as_root() {
+  if [ "$(id -u)" -eq 0 ]; then "$@"
+  elif command -v sudo >/dev/null 2>&1; then sudo "$@"
+  else die "need root or sudo to run: $*"; fi
+}
+
+pg_bindir() {
+  local d
+  for d in /usr/lib/postgresql/*/bin; do
+    [ -x "$d/initdb" ] && { echo "$d"; return 0; }
+  done
+  command -v initdb >/dev/null 2>&1 && { dirname "$(command -v initdb)"; return 0; }
+  return 1
+}
+
+install_deps() {
+  local missing=()
+  pg_bindir >/dev/null || missing+=(postgresql)
+  command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+  command -v curl >/dev/null 2>&1 || missing+=(curl)
+  command -v python3 >/dev/null 2>&1 || missing+=(python3)
+  command -v cc >/dev/null 2>&1 || missing+=(build-essential)
+  command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
+  if [ "${#missing[@]}" -gt 0 ]; then
+    say "installing: ${missing[*]}"
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  fi
+  # The Debian package starts cluster-wide services on the default ports; we
+  # never use them (our stores are private, on free ports).
+  if ! command -v cargo >/dev/null 2>&1 && [ -x "$HOME/.cargo/bin/cargo" ]; then
+    export PATH="$HOME/.cargo/bin:$PATH"
+  fi
+  command -v cargo >/dev/null 2>&1 || die "cargo not found: install Rust (https://rustup.rs) first"
+}
+
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
+}
+
+# Postgres refuses to run as root: when we are root, it runs as the 'postgres'
+# system user (created by the Debian package) from a directory it can reach.
+pg_run() {
+  if [ "$(id -u)" -eq 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi
+}
+
+start_postgres() {
+  local dir="$1" bindir port password
+  bindir="$(pg_bindir)" || die "PostgreSQL server binaries not found"
+  if [ "$(id -u)" -eq 0 ] && ! runuser -u postgres -- test -x "$(dirname "$dir")"; then
+    # The repository lives where the postgres user cannot reach: use /tmp.
+    dir="$(mktemp -d /tmp/proxynet-pg.XXXXXX)"
+  fi
+  mkdir -p "$dir"
+  [ "$(id -u)" -eq 0 ] && chown postgres: "$dir"
+  password="$(python3 -c 'import secrets; print(secrets.token_hex(16))')"
+  if [ ! -f "$dir/data/PG_VERSION" ]; then
+    printf '%s\n' "$password" > "$dir/.pw"
+    [ "$(id -u)" -eq 0 ] && chown postgres: "$dir/.pw"
+    pg_run "$bindir/initdb" -D "$dir/data" -U proxynet --pwfile="$dir/.pw" \
+      --auth-local=scram-sha-256 --auth-host=scram-sha-256 -E UTF8 >"$dir/initdb.log" 2>&1 \
+      || { cat "$dir/initdb.log" >&2; die "initdb failed"; }
+  fi
+  password="$(cat "$dir/.pw")"
+  port="$(free_port)"
+  pg_run "$bindir/pg_ctl" -D "$dir/data" -l "$dir/postgres.log" -w -t 60 \
+    -o "-h 127.0.0.1 -p $port -k $dir -c max_connections=300 -c fsync=${PG_FSYNC:-on}" start >/dev/null \
+    || { cat "$dir/postgres.log" >&2; die "Postgres did not start"; }
+  PG_DIR="$dir"
+  PG_URL="postgres://proxynet:${password}@127.0.0.1:${port}/postgres"
+  export PG_DIR PG_URL
+}
+
+stop_postgres() {
+  [ -n "${PG_DIR:-}" ] || return 0
+  local bindir; bindir="$(pg_bindir)" || return 0
+  pg_run "$bindir/pg_ctl" -D "$PG_DIR/data" -m fast -w stop >/dev/null 2>&1 || true
+}
+
+start_redis() {
+  local dir="$1" port
+  mkdir -p "$dir"
+  port="$(free_port)"
+  redis-server --bind 127.0.0.1 --port "$port" --dir "$dir" --save "" --appendonly no \
+    --daemonize yes --pidfile "$dir/redis.pid" --logfile "$dir/redis.log" >/dev/null
+  local i
+  for i in $(seq 1 100); do
+    redis-cli -p "$port" ping >/dev/null 2>&1 && break
+    [ "$i" -eq 100 ] && { cat "$dir/redis.log" >&2; die "Redis did not start"; }
+    sleep 0.1
+  done
+  REDIS_DIR="$dir"
+  REDIS_PORT="$port"
+  REDIS_URL="redis://127.0.0.1:${port}/"
+  export REDIS_DIR REDIS_PORT REDIS_URL
+}
+
+stop_redis() {
+  [ -n "${REDIS_PORT:-}" ] || return 0
+  redis-cli -p "$REDIS_PORT" shutdown nosave >/dev/null 2>&1 || true
+}

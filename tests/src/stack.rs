@@ -1,0 +1,278 @@
+//! The whole stack for one test: control-api, superproxy, exit agents, a
+//! whoami target, a demo account and proxy user — all real processes.
+
+use serde::Deserialize;
+use serde_json::json;
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+use tempfile::TempDir;
+use tokio::net::TcpListener;
+use uuid::Uuid;
+
+use crate::process::{eventually, spawn_ready, Proc};
+use crate::stores::TestStores;
+
+pub const ADMIN_TOKEN: &str = "test-admin-token-0123456789abcdef";
+pub const USERNAME: &str = "alice";
+pub const PASSWORD: &str = "correct horse battery";
+
+/// Knobs a test may turn; defaults are fast but realistic.
+#[derive(Clone)]
+pub struct StackOptions {
+    pub egress_ips: Vec<IpAddr>,
+    pub heartbeat_interval_ms: u64,
+    pub heartbeat_ttl_ms: u64,
+}
+
+impl Default for StackOptions {
+    fn default() -> Self {
+        Self {
+            egress_ips: vec!["127.0.0.2".parse().unwrap(), "127.0.0.3".parse().unwrap()],
+            heartbeat_interval_ms: 300,
+            heartbeat_ttl_ms: 1_500,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+pub struct ProxyAddrs {
+    pub proxy: SocketAddr,
+    pub admin: SocketAddr,
+    pub link: SocketAddr,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+pub struct AgentAddrs {
+    pub admin: SocketAddr,
+    pub exit_id: Uuid,
+}
+
+pub struct Agent {
+    pub proc: Proc,
+    pub addrs: AgentAddrs,
+    pub egress_ip: IpAddr,
+}
+
+pub struct Stack {
+    pub stores: TestStores,
+    pub dir: TempDir,
+    pub api: Proc,
+    pub api_url: String,
+    pub proxy: Proc,
+    pub proxy_addrs: ProxyAddrs,
+    pub agents: Vec<Agent>,
+    pub whoami: SocketAddr,
+    pub http: reqwest::Client,
+    pub options: StackOptions,
+}
+
+impl Stack {
+    pub async fn start() -> Self {
+        Self::start_with(StackOptions::default()).await
+    }
+
+    pub async fn start_with(options: StackOptions) -> Self {
+        let stores = TestStores::create().await;
+        let dir = tempfile::tempdir().unwrap();
+        let http = reqwest::Client::new();
+
+        let (api, api_addr) = spawn_control_api(&stores, &options).await;
+        let api_url = format!("http://{api_addr}");
+
+        let whoami_listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let whoami = whoami_listener.local_addr().unwrap();
+        tokio::spawn(crate::whoami::serve(whoami_listener));
+
+        let (proxy, proxy_addrs) = spawn_superproxy(&stores, &[]).await;
+        let mut stack = Self {
+            stores,
+            dir,
+            api,
+            api_url,
+            proxy,
+            proxy_addrs,
+            agents: Vec::new(),
+            whoami,
+            http,
+            options: options.clone(),
+        };
+        let account = stack.create_account("acme").await;
+        stack.create_user(account, USERNAME, PASSWORD).await;
+        for ip in options.egress_ips {
+            stack.add_agent(ip).await;
+        }
+        stack.wait_eligible(stack.agents.len()).await;
+        stack
+    }
+
+    pub fn api(&self, path: &str) -> String {
+        format!("{}{path}", self.api_url)
+    }
+
+    pub async fn create_account(&self, name: &str) -> Uuid {
+        let r = self
+            .http
+            .post(self.api("/v1/accounts"))
+            .bearer_auth(ADMIN_TOKEN)
+            .json(&json!({ "name": name }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 201, "create account");
+        r.json::<serde_json::Value>().await.unwrap()["id"]
+            .as_str()
+            .unwrap()
+            .parse()
+            .unwrap()
+    }
+
+    pub async fn create_user(&self, account: Uuid, username: &str, password: &str) -> Uuid {
+        let r = self
+            .http
+            .post(self.api(&format!("/v1/accounts/{account}/users")))
+            .bearer_auth(ADMIN_TOKEN)
+            .json(&json!({ "username": username, "password": password }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 201, "create user");
+        r.json::<serde_json::Value>().await.unwrap()["id"]
+            .as_str()
+            .unwrap()
+            .parse()
+            .unwrap()
+    }
+
+    pub async fn enrollment_token(&self, name: &str) -> String {
+        let r = self
+            .http
+            .post(self.api("/v1/enrollment-tokens"))
+            .bearer_auth(ADMIN_TOKEN)
+            .json(&json!({ "name": name, "source_type": "dc", "owner": "proxynet-tests", "country": "DE" }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 201, "create enrollment token");
+        r.json::<serde_json::Value>().await.unwrap()["token"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    }
+
+    /// Arguments for an agent serving `egress_ip`, with the test widening of loopback.
+    pub fn agent_args(&self, egress_ip: IpAddr, state_file: &std::path::Path) -> Vec<String> {
+        vec![
+            "--control-api".into(),
+            self.api_url.clone(),
+            "--state-file".into(),
+            state_file.display().to_string(),
+            "--egress-ip".into(),
+            egress_ip.to_string(),
+            "--admin-listen".into(),
+            "127.0.0.1:0".into(),
+            "--egress-allow".into(),
+            "127.0.0.0/8".into(),
+            "--drain-announce-ms".into(),
+            "500".into(),
+        ]
+    }
+
+    pub async fn add_agent(&mut self, egress_ip: IpAddr) -> usize {
+        let token = self.enrollment_token(&format!("exit-{egress_ip}")).await;
+        let state = self.dir.path().join(format!("agent-{egress_ip}.json"));
+        let mut args = self.agent_args(egress_ip, &state);
+        args.extend(["--enroll-token".into(), token]);
+        let (proc, addrs) = spawn_ready::<AgentAddrs>("exit-agent", &args, &[]).await;
+        self.agents.push(Agent {
+            proc,
+            addrs,
+            egress_ip,
+        });
+        self.agents.len() - 1
+    }
+
+    /// The superproxy's view of eligible exits.
+    pub async fn pool(&self) -> serde_json::Value {
+        self.http
+            .get(format!("http://{}/v1/pool", self.proxy_addrs.admin))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+
+    pub async fn eligible_count(&self) -> usize {
+        self.pool().await["eligible"].as_array().map_or(0, Vec::len)
+    }
+
+    pub async fn wait_eligible(&self, n: usize) {
+        eventually(
+            &format!("{n} eligible exits"),
+            Duration::from_secs(30),
+            || async { (self.eligible_count().await == n).then_some(()) },
+        )
+        .await;
+    }
+
+    /// `http://alice:...@proxy` for curl's `-x`.
+    pub fn proxy_url(&self) -> String {
+        format!(
+            "http://{USERNAME}:{}@{}",
+            PASSWORD.replace(' ', "%20"),
+            self.proxy_addrs.proxy
+        )
+    }
+
+    pub fn whoami_url(&self) -> String {
+        format!("http://{}/", self.whoami)
+    }
+}
+
+pub async fn spawn_control_api(stores: &TestStores, options: &StackOptions) -> (Proc, SocketAddr) {
+    #[derive(Deserialize)]
+    struct Ready {
+        api: SocketAddr,
+    }
+    let envs = [
+        ("PROXYNET_DATABASE_URL", stores.database_url.clone()),
+        ("PROXYNET_REDIS_URL", stores.redis_url.clone()),
+        ("PROXYNET_REDIS_PREFIX", stores.redis_prefix.clone()),
+        ("PROXYNET_ADMIN_TOKEN", ADMIN_TOKEN.to_owned()),
+        ("PROXYNET_API_LISTEN", "127.0.0.1:0".to_owned()),
+        (
+            "PROXYNET_HEARTBEAT_INTERVAL_MS",
+            options.heartbeat_interval_ms.to_string(),
+        ),
+        (
+            "PROXYNET_HEARTBEAT_TTL_MS",
+            options.heartbeat_ttl_ms.to_string(),
+        ),
+    ];
+    let (proc, ready) = spawn_ready::<Ready>("control-api", &[], &envs).await;
+    (proc, ready.api)
+}
+
+pub async fn spawn_superproxy(stores: &TestStores, extra_args: &[String]) -> (Proc, ProxyAddrs) {
+    let mut args: Vec<String> = vec![
+        "--listen".into(),
+        "127.0.0.1:0".into(),
+        "--admin-listen".into(),
+        "127.0.0.1:0".into(),
+        "--link-listen".into(),
+        "127.0.0.1:0".into(),
+        "--egress-allow".into(),
+        "127.0.0.0/8".into(),
+        "--pool-refresh-ms".into(),
+        "200".into(),
+        "--announce-interval-ms".into(),
+        "300".into(),
+    ];
+    args.extend_from_slice(extra_args);
+    let envs = [
+        ("PROXYNET_REDIS_URL", stores.redis_url.clone()),
+        ("PROXYNET_REDIS_PREFIX", stores.redis_prefix.clone()),
+    ];
+    spawn_ready::<ProxyAddrs>("superproxy", &args, &envs).await
+}
