@@ -13,11 +13,11 @@ pub struct Config {
     pub listen: SocketAddr,
 
     /// Postgres URL (durable truth). Migrations are applied at start.
-    #[arg(long, env = "PROXYNET_DATABASE_URL")]
+    #[arg(long, env = "PROXYNET_DATABASE_URL", hide_env_values = true)]
     pub database_url: Secret,
 
     /// Redis URL (the data plane's shared state).
-    #[arg(long, env = "PROXYNET_REDIS_URL")]
+    #[arg(long, env = "PROXYNET_REDIS_URL", hide_env_values = true)]
     pub redis_url: Secret,
 
     /// Prefix of every Redis key this stack writes.

@@ -40,7 +40,7 @@ pub struct Config {
     pub link_key: Option<PathBuf>,
 
     /// Redis URL (shared state with the control-api and other superproxies).
-    #[arg(long, env = "PROXYNET_REDIS_URL")]
+    #[arg(long, env = "PROXYNET_REDIS_URL", hide_env_values = true)]
     pub redis_url: Secret,
 
     /// Prefix of every Redis key of this stack.

@@ -56,6 +56,22 @@ pub enum ErrorKind {
 }
 
 impl ErrorKind {
+    pub const ALL: [ErrorKind; 13] = [
+        ErrorKind::AuthRequired,
+        ErrorKind::BadRequest,
+        ErrorKind::MethodNotAllowed,
+        ErrorKind::DestinationProhibited,
+        ErrorKind::NoExit,
+        ErrorKind::ExitUnavailable,
+        ErrorKind::ExitLinkLost,
+        ErrorKind::ConnectionRefused,
+        ErrorKind::DestinationUnreachable,
+        ErrorKind::ConnectionTimeout,
+        ErrorKind::DnsError,
+        ErrorKind::StoreUnavailable,
+        ErrorKind::Internal,
+    ];
+
     pub fn status(self) -> StatusCode {
         match self {
             ErrorKind::AuthRequired => StatusCode::PROXY_AUTHENTICATION_REQUIRED,

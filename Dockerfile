@@ -1,0 +1,18 @@
+# One image with all three proxynet binaries; compose.yaml picks the command.
+FROM rust:1-bookworm AS build
+WORKDIR /src
+COPY . .
+RUN cargo build --release --locked --workspace --bins \
+ && mkdir /out \
+ && cp target/release/superproxy target/release/control-api target/release/exit-agent target/release/whoami /out/
+
+FROM debian:bookworm-slim
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends ca-certificates curl python3 \
+ && rm -rf /var/lib/apt/lists/* \
+ && useradd --system --home /var/lib/proxynet --create-home proxynet \
+ && mkdir -p /var/lib/proxynet/state /bootstrap \
+ && chown proxynet: /var/lib/proxynet/state /bootstrap
+COPY --from=build /out/ /usr/local/bin/
+COPY deploy/compose-bootstrap.sh /usr/local/bin/proxynet-compose-bootstrap
+USER proxynet
