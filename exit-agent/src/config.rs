@@ -3,6 +3,7 @@
 use clap::Parser;
 use proxynet_protocol::egress::{Cidr, EgressPolicyConfig, DEFAULT_DENIED_PORTS};
 use proxynet_protocol::secret::Secret;
+use proxynet_protocol::splice::TunnelLimits;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -61,6 +62,15 @@ pub struct Config {
     #[arg(long, env = "PROXYNET_MAX_TUNNELS", default_value_t = 16_384)]
     pub max_tunnels: usize,
 
+    /// A tunnel with no bytes moving for this long is closed, s. Longer than the
+    /// superproxy's (idle timeouts grow inward), so the superproxy closes first.
+    #[arg(long, env = "PROXYNET_TUNNEL_IDLE_TIMEOUT_SECS", default_value_t = 330)]
+    pub tunnel_idle_timeout_secs: u64,
+
+    /// Longest a tunnel may live, s (a little above the superproxy's).
+    #[arg(long, env = "PROXYNET_TUNNEL_MAX_LIFETIME_SECS", default_value_t = 86_460)]
+    pub tunnel_max_lifetime_secs: u64,
+
     /// After SIGTERM: how long to keep serving while superproxies learn we are
     /// draining, ms.
     #[arg(long, env = "PROXYNET_DRAIN_ANNOUNCE_MS", default_value_t = 3_000)]
@@ -91,6 +101,12 @@ pub struct Config {
 impl Config {
     pub fn target_connect_timeout(&self) -> Duration {
         Duration::from_millis(self.target_connect_timeout_ms)
+    }
+    pub fn tunnel_limits(&self) -> TunnelLimits {
+        TunnelLimits {
+            idle_timeout: Duration::from_secs(self.tunnel_idle_timeout_secs.max(1)),
+            max_lifetime: Duration::from_secs(self.tunnel_max_lifetime_secs.max(1)),
+        }
     }
     pub fn dns_timeout(&self) -> Duration {
         Duration::from_millis(self.dns_timeout_ms)

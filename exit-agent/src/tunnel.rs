@@ -12,6 +12,7 @@ use http_body_util::Empty;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use proxynet_protocol::egress::{parse_ip_literal, EgressPolicy};
+use proxynet_protocol::splice::splice;
 use proxynet_protocol::link::{
     Outcome, HEADER_CONNECT_BUDGET_MS, HEADER_EGRESS_IP, HEADER_OUTCOME, HEADER_VERSION,
     LINK_VERSION,
@@ -29,8 +30,6 @@ use crate::state::AgentState;
 
 /// Left for the superproxy to relay our answer before its own budget ends.
 const BUDGET_MARGIN: Duration = Duration::from_millis(200);
-/// Per-direction copy buffer.
-const COPY_BUFFER: usize = 16 * 1024;
 
 pub struct TunnelContext {
     pub config: Config,
@@ -70,19 +69,13 @@ pub async fn handle(
         Err(outcome) => return Ok(answer(outcome)),
     };
     let on_upgrade = hyper::upgrade::on(&mut req);
+    let limits = ctx.config.tunnel_limits();
     tokio::spawn(async move {
         let _guard = guard;
-        let mut target = tcp;
         match on_upgrade.await {
             Ok(upgraded) => {
-                let mut stream = TokioIo::new(upgraded);
-                let _ = tokio::io::copy_bidirectional_with_sizes(
-                    &mut stream,
-                    &mut target,
-                    COPY_BUFFER,
-                    COPY_BUFFER,
-                )
-                .await;
+                let outcome = splice(TokioIo::new(upgraded), tcp, limits).await;
+                tracing::debug!(up = outcome.up, down = outcome.down, end = ?outcome.end, "tunnel closed");
             }
             Err(e) => {
                 tracing::debug!(error = %e, "superproxy dropped the stream before it started")

@@ -4,12 +4,14 @@
 //! `control-api`: the wire format of the agent link ([`link`]), the layout of the
 //! shared Redis state ([`store`]), the egress policy that both the superproxy
 //! (early literal check) and the agent (on the address actually dialled) apply
-//! ([`egress`]), and small process conventions ([`ready`], [`telemetry`]).
+//! ([`egress`]), the tunnel byte pump both ends run ([`splice`]), and small
+//! process conventions ([`ready`], [`telemetry`], [`shutdown`]).
 
 pub mod egress;
 pub mod link;
 pub mod ready;
 pub mod secret;
 pub mod shutdown;
+pub mod splice;
 pub mod store;
 pub mod telemetry;

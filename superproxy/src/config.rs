@@ -7,6 +7,7 @@
 use clap::Parser;
 use proxynet_protocol::egress::{Cidr, EgressPolicyConfig, DEFAULT_DENIED_PORTS};
 use proxynet_protocol::secret::Secret;
+use proxynet_protocol::splice::TunnelLimits;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -17,6 +18,15 @@ pub struct Config {
     /// HTTP proxy listener (CONNECT).
     #[arg(long, env = "PROXYNET_PROXY_LISTEN", default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
+
+    /// SOCKS5 listener (the HTTP listener also accepts SOCKS5).
+    #[arg(long, env = "PROXYNET_SOCKS_LISTEN", default_value = "127.0.0.1:1080")]
+    pub socks_listen: SocketAddr,
+
+    /// Most client connections served at once; beyond it new connections get
+    /// a 503 (`connection_limit_reached`) and are closed.
+    #[arg(long, env = "PROXYNET_MAX_CONNECTIONS", default_value_t = 10_000)]
+    pub max_connections: usize,
 
     /// Admin listener: /healthz, /readyz, /v1/pool.
     #[arg(long, env = "PROXYNET_ADMIN_LISTEN", default_value = "127.0.0.1:9090")]
@@ -59,6 +69,15 @@ pub struct Config {
     /// to the agent, whose own target connect timeout is shorter. ms.
     #[arg(long, env = "PROXYNET_CONNECT_BUDGET_MS", default_value_t = 10_000)]
     pub connect_budget_ms: u64,
+
+    /// A tunnel with no bytes moving either way for this long is closed, s.
+    /// Idle timeouts grow inward: the agent's is longer, so we close first.
+    #[arg(long, env = "PROXYNET_TUNNEL_IDLE_TIMEOUT_SECS", default_value_t = 300)]
+    pub tunnel_idle_timeout_secs: u64,
+
+    /// Longest a tunnel may live, however busy, s.
+    #[arg(long, env = "PROXYNET_TUNNEL_MAX_LIFETIME_SECS", default_value_t = 86_400)]
+    pub tunnel_max_lifetime_secs: u64,
 
     /// How often the pool of live exits is re-read from Redis, ms.
     #[arg(long, env = "PROXYNET_POOL_REFRESH_MS", default_value_t = 1_000)]
@@ -104,6 +123,12 @@ impl Config {
     }
     pub fn connect_budget(&self) -> Duration {
         Duration::from_millis(self.connect_budget_ms)
+    }
+    pub fn tunnel_limits(&self) -> TunnelLimits {
+        TunnelLimits {
+            idle_timeout: Duration::from_secs(self.tunnel_idle_timeout_secs.max(1)),
+            max_lifetime: Duration::from_secs(self.tunnel_max_lifetime_secs.max(1)),
+        }
     }
     pub fn pool_refresh(&self) -> Duration {
         Duration::from_millis(self.pool_refresh_ms.max(50))

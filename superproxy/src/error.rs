@@ -31,6 +31,10 @@ pub enum ErrorKind {
     AuthRequired,
     /// The request itself is malformed.
     BadRequest,
+    /// The request head exceeds the size or field-count limit.
+    HeaderTooLarge,
+    /// This instance is at its client-connection limit.
+    ConnectionLimit,
     /// The method is not something a forward proxy does (TRACE, origin-form).
     MethodNotAllowed,
     /// The egress policy forbids the target.
@@ -47,6 +51,8 @@ pub enum ErrorKind {
     DestinationUnreachable,
     /// The target did not answer within the connect budget.
     ConnectionTimeout,
+    /// The target's HTTP response was malformed or cut short.
+    BadResponse,
     /// The target name did not resolve.
     DnsError,
     /// Redis is unreachable and nothing cached can answer.
@@ -56,9 +62,11 @@ pub enum ErrorKind {
 }
 
 impl ErrorKind {
-    pub const ALL: [ErrorKind; 13] = [
+    pub const ALL: [ErrorKind; 16] = [
         ErrorKind::AuthRequired,
         ErrorKind::BadRequest,
+        ErrorKind::HeaderTooLarge,
+        ErrorKind::ConnectionLimit,
         ErrorKind::MethodNotAllowed,
         ErrorKind::DestinationProhibited,
         ErrorKind::NoExit,
@@ -67,6 +75,7 @@ impl ErrorKind {
         ErrorKind::ConnectionRefused,
         ErrorKind::DestinationUnreachable,
         ErrorKind::ConnectionTimeout,
+        ErrorKind::BadResponse,
         ErrorKind::DnsError,
         ErrorKind::StoreUnavailable,
         ErrorKind::Internal,
@@ -76,6 +85,8 @@ impl ErrorKind {
         match self {
             ErrorKind::AuthRequired => StatusCode::PROXY_AUTHENTICATION_REQUIRED,
             ErrorKind::BadRequest => StatusCode::BAD_REQUEST,
+            ErrorKind::HeaderTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            ErrorKind::ConnectionLimit => StatusCode::SERVICE_UNAVAILABLE,
             ErrorKind::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ErrorKind::DestinationProhibited => StatusCode::FORBIDDEN,
             ErrorKind::NoExit | ErrorKind::ExitUnavailable | ErrorKind::StoreUnavailable => {
@@ -84,6 +95,7 @@ impl ErrorKind {
             ErrorKind::ExitLinkLost
             | ErrorKind::ConnectionRefused
             | ErrorKind::DestinationUnreachable
+            | ErrorKind::BadResponse
             | ErrorKind::DnsError => StatusCode::BAD_GATEWAY,
             ErrorKind::ConnectionTimeout => StatusCode::GATEWAY_TIMEOUT,
             ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
@@ -94,7 +106,9 @@ impl ErrorKind {
     pub fn proxy_status_error(self) -> &'static str {
         match self {
             ErrorKind::AuthRequired | ErrorKind::MethodNotAllowed => "http_request_denied",
-            ErrorKind::BadRequest => "http_request_error",
+            ErrorKind::BadRequest | ErrorKind::HeaderTooLarge => "http_request_error",
+            ErrorKind::ConnectionLimit => "connection_limit_reached",
+            ErrorKind::BadResponse => "http_protocol_error",
             ErrorKind::DestinationProhibited => "destination_ip_prohibited",
             ErrorKind::NoExit | ErrorKind::ExitUnavailable => "destination_unavailable",
             ErrorKind::ExitLinkLost => "connection_terminated",
@@ -117,6 +131,9 @@ impl ErrorKind {
             ErrorKind::ConnectionTimeout => 0x06,
             ErrorKind::MethodNotAllowed => 0x07,
             ErrorKind::BadRequest
+            | ErrorKind::HeaderTooLarge
+            | ErrorKind::ConnectionLimit
+            | ErrorKind::BadResponse
             | ErrorKind::ExitLinkLost
             | ErrorKind::StoreUnavailable
             | ErrorKind::Internal => 0x01,
@@ -125,18 +142,21 @@ impl ErrorKind {
 
     pub fn source(self) -> Source {
         match self {
-            ErrorKind::AuthRequired | ErrorKind::BadRequest | ErrorKind::MethodNotAllowed => {
-                Source::Client
-            }
+            ErrorKind::AuthRequired
+            | ErrorKind::BadRequest
+            | ErrorKind::HeaderTooLarge
+            | ErrorKind::MethodNotAllowed => Source::Client,
             ErrorKind::DestinationProhibited => Source::Policy,
             ErrorKind::ExitUnavailable | ErrorKind::ExitLinkLost => Source::ExitLink,
             ErrorKind::ConnectionRefused
             | ErrorKind::DestinationUnreachable
             | ErrorKind::ConnectionTimeout
+            | ErrorKind::BadResponse
             | ErrorKind::DnsError => Source::Target,
-            ErrorKind::NoExit | ErrorKind::StoreUnavailable | ErrorKind::Internal => {
-                Source::Internal
-            }
+            ErrorKind::NoExit
+            | ErrorKind::ConnectionLimit
+            | ErrorKind::StoreUnavailable
+            | ErrorKind::Internal => Source::Internal,
         }
     }
 

@@ -6,7 +6,8 @@
 //! [`target`] (validate and normalise the destination) →
 //! [`tunnel`] (early egress check, pick an exit from the [`pool`], safe retry) →
 //! [`link`] (the agents' links and one HTTP/2 stream per tunnel) →
-//! [`splice`] (bytes both ways).
+//! splice (bytes both ways, `proxynet_protocol::splice`, shared with the agent).
+//! Absolute-form requests pass [`hygiene`] (hop-by-hop headers) on the way.
 //! Around them: [`announce`] (tell agents where to dial), [`events`] (cache
 //! invalidation), [`admin`] (health and pool endpoints), [`error`] (the one
 //! error type every ingress answers with).
@@ -20,10 +21,10 @@ pub mod authenticate;
 pub mod config;
 pub mod error;
 pub mod events;
+pub mod hygiene;
 pub mod ingress;
 pub mod link;
 pub mod pool;
-pub mod splice;
 pub mod target;
 pub mod tunnel;
 
@@ -36,7 +37,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
-use tokio::sync::mpsc;
+use tokio::io::AsyncWriteExt;
+use tokio::sync::{mpsc, Semaphore};
 use uuid::Uuid;
 
 use authenticate::Authenticator;
@@ -69,7 +71,9 @@ impl Gateway {
 /// The addresses a running superproxy bound.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize)]
 pub struct Addresses {
+    /// HTTP proxy (also accepts SOCKS5).
     pub proxy: SocketAddr,
+    pub socks: SocketAddr,
     pub admin: SocketAddr,
     pub link: SocketAddr,
 }
@@ -94,6 +98,7 @@ pub struct Superproxy {
     gateway: Arc<Gateway>,
     addresses: Addresses,
     proxy: TcpListener,
+    socks: TcpListener,
     admin: TcpListener,
     link: TcpListener,
     identity: LinkIdentity,
@@ -128,10 +133,12 @@ impl Superproxy {
             _ => LinkIdentity::self_signed()?,
         };
         let (proxy, proxy_addr) = listen("proxy", config.listen).await?;
+        let (socks, socks_addr) = listen("socks", config.socks_listen).await?;
         let (admin, admin_addr) = listen("admin", config.admin_listen).await?;
         let (link, link_addr) = listen("link", config.link_listen).await?;
         let addresses = Addresses {
             proxy: proxy_addr,
+            socks: socks_addr,
             admin: admin_addr,
             link: link_addr,
         };
@@ -145,7 +152,7 @@ impl Superproxy {
             Duration::from_secs(config.auth_cache_ttl_secs),
         )
         .map_err(StartError::Other)?;
-        let policy = EgressPolicy::new(config.egress_policy(&[proxy_addr, admin_addr, link_addr]));
+        let policy = EgressPolicy::new(config.egress_policy(&[proxy_addr, socks_addr, admin_addr, link_addr]));
         let tunnels = TunnelOpener {
             pool: pool.clone(),
             policy,
@@ -164,6 +171,7 @@ impl Superproxy {
             gateway,
             addresses,
             proxy,
+            socks,
             admin,
             link,
             identity,
@@ -223,26 +231,38 @@ impl Superproxy {
         // Every connection task holds a clone of `alive`; when all are gone the
         // receiver sees the channel close, which is how shutdown waits for them.
         let (alive, mut all_done) = mpsc::channel::<()>(1);
+        let permits = Arc::new(Semaphore::new(config.max_connections.max(1)));
         tokio::pin!(shutdown);
         loop {
-            tokio::select! {
+            let (accepted, socks_only) = tokio::select! {
                 () = &mut shutdown => break,
-                accepted = self.proxy.accept() => match accepted {
-                    Ok((stream, peer)) => {
-                        let gateway = gateway.clone();
-                        let alive = alive.clone();
-                        tokio::spawn(async move {
-                            ingress::http::serve_connection(gateway, stream, peer).await;
-                            drop(alive);
-                        });
-                    }
-                    Err(e) => {
-                        // Usually EMFILE: back off instead of spinning.
-                        tracing::warn!(error = %e, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                    }
-                },
-            }
+                accepted = self.proxy.accept() => (accepted, false),
+                accepted = self.socks.accept() => (accepted, true),
+            };
+            let (stream, peer) = match accepted {
+                Ok(conn) => conn,
+                Err(e) => {
+                    // Usually EMFILE: back off instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
+                }
+            };
+            let Ok(permit) = permits.clone().try_acquire_owned() else {
+                tokio::spawn(refuse_over_limit(stream, socks_only));
+                continue;
+            };
+            let gateway = gateway.clone();
+            let alive = alive.clone();
+            tokio::spawn(async move {
+                if socks_only {
+                    ingress::socks5::serve_connection(gateway, stream, peer).await;
+                } else {
+                    ingress::serve_any(gateway, stream, peer).await;
+                }
+                drop(permit);
+                drop(alive);
+            });
         }
 
         tracing::info!("stopping: withdrawing announcement and draining connections");
@@ -259,4 +279,18 @@ impl Superproxy {
             task.abort();
         }
     }
+}
+
+/// Answers a connection over the limit: an HTTP 503 with `Proxy-Status`
+/// (SOCKS clients, which speak first with 0x05, are simply closed).
+async fn refuse_over_limit(mut stream: tokio::net::TcpStream, socks_only: bool) {
+    if !socks_only {
+        let mut first = [0u8; 1];
+        let peeked = tokio::time::timeout(Duration::from_secs(1), stream.peek(&mut first)).await;
+        if matches!(peeked, Ok(Ok(1))) && first[0] != 0x05 {
+            let error = error::ProxyError::new(error::ErrorKind::ConnectionLimit, "too many connections; try again shortly");
+            let _ = stream.write_all(&ingress::head_guard::error_response(&error)).await;
+        }
+    }
+    let _ = stream.shutdown().await;
 }

@@ -37,6 +37,7 @@ impl Default for StackOptions {
 #[derive(Debug, Clone, Copy, Deserialize)]
 pub struct ProxyAddrs {
     pub proxy: SocketAddr,
+    pub socks: SocketAddr,
     pub admin: SocketAddr,
     pub link: SocketAddr,
 }
@@ -225,6 +226,11 @@ impl Stack {
         )
     }
 
+    /// `socks5h://alice:...@proxy` for curl's `-x` (names resolved at the exit).
+    pub fn socks_url(&self) -> String {
+        format!("socks5h://{USERNAME}:{}@{}", PASSWORD.replace(' ', "%20"), self.proxy_addrs.socks)
+    }
+
     pub fn whoami_url(&self) -> String {
         format!("http://{}/", self.whoami)
     }
@@ -257,6 +263,8 @@ pub async fn spawn_control_api(stores: &TestStores, options: &StackOptions) -> (
 pub async fn spawn_superproxy(stores: &TestStores, extra_args: &[String]) -> (Proc, ProxyAddrs) {
     let mut args: Vec<String> = vec![
         "--listen".into(),
+        "127.0.0.1:0".into(),
+        "--socks-listen".into(),
         "127.0.0.1:0".into(),
         "--admin-listen".into(),
         "127.0.0.1:0".into(),

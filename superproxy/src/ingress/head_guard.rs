@@ -384,21 +384,23 @@ impl<IO> HeadGuard<IO> {
                 }
                 Phase::Head => {
                     let start = self.head.len();
-                    // Bare LF is caught as it arrives, not only once a head ends.
-                    for (i, b) in data.iter().enumerate() {
-                        if *b == b'\n' {
-                            let previous = if i == 0 { self.head.last().copied() } else { Some(data[i - 1]) };
-                            if previous != Some(b'\r') {
-                                return Err(HeadError::Malformed("bare LF"));
-                            }
-                        }
-                    }
                     self.head.extend_from_slice(data);
                     let search_from = start.saturating_sub(3);
                     let end = self.head[search_from..]
                         .windows(4)
                         .position(|w| w == b"\r\n\r\n")
                         .map(|p| search_from + p + 4);
+                    // Bare LF is caught as it arrives, not only once a head
+                    // ends; bytes after the head's end are not the head's.
+                    let scanned_to = end.unwrap_or(self.head.len());
+                    for i in start.max(1)..scanned_to {
+                        if self.head[i] == b'\n' && self.head[i - 1] != b'\r' {
+                            return Err(HeadError::Malformed("bare LF"));
+                        }
+                    }
+                    if start == 0 && self.head.first() == Some(&b'\n') {
+                        return Err(HeadError::Malformed("bare LF"));
+                    }
                     let Some(end) = end else {
                         if self.head.len() > self.limits.max_head_bytes {
                             return Err(HeadError::TooLarge);

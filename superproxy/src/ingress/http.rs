@@ -1,15 +1,15 @@
-//! HTTP/1.1 proxy ingress: `CONNECT` tunnels.
+//! HTTP/1.1 proxy ingress: `CONNECT` tunnels and absolute-form requests.
 //!
-//! hyper parses the request head (bounded size, header-read timeout against
-//! slowloris, malformed request lines answered 400 by hyper itself). A
-//! `CONNECT` is authenticated, a tunnel is opened through an exit, and only then
-//! is `200` sent, so every failure still has a status and a `Proxy-Status`.
-//! The credentials live in `Proxy-Authorization`, which ends here: what flows
-//! into the tunnel afterwards is the client's own bytes.
+//! Every request head first passes the strict [`HeadGuard`]; hyper then parses
+//! it (bounded size, header-read timeout against slowloris). A `CONNECT` is
+//! authenticated, a tunnel is opened through an exit, and only then is `200`
+//! sent, so every failure still has a status and a `Proxy-Status`. Absolute-form
+//! requests go to [`super::forward`]. Origin-form requests get 400: this is a
+//! forward proxy, not a web server. `Proxy-Authorization` ends here.
 
 use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
-use http_body_util::Full;
+use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -18,25 +18,50 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio::net::TcpStream;
 
+use super::head_guard::{HeadGuard, HeadLimits, TunnelSwitch};
 use crate::authenticate::parse_basic;
 use crate::error::{ErrorKind, ProxyError};
-use crate::splice::splice;
+use proxynet_protocol::splice::splice;
 use crate::target::Target;
 use crate::Gateway;
 
-/// Largest request head accepted.
+/// Largest request head accepted (431 beyond).
 pub const MAX_HEAD_BYTES: usize = 64 * 1024;
-/// Most header fields accepted in one request head.
+/// Most header fields accepted in one request head (431 beyond).
 pub const MAX_HEADERS: usize = 100;
 
-/// Response header naming the exit that serves the tunnel.
+/// Response header naming the exit that served the request or tunnel.
 pub const EXIT_HEADER: &str = "proxynet-exit";
+
+/// Response bodies: our own short texts or a streamed upstream body.
+pub type ProxyBody = http_body_util::combinators::UnsyncBoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
+
+pub fn full_body(bytes: impl Into<Bytes>) -> ProxyBody {
+    Full::new(bytes.into()).map_err(|never| match never {}).boxed_unsync()
+}
+
+pub fn empty_body() -> ProxyBody {
+    full_body(Bytes::new())
+}
+
+fn error_response(error: &ProxyError) -> Response<ProxyBody> {
+    error.to_response().map(|body| body.map_err(|never| match never {}).boxed_unsync())
+}
 
 pub async fn serve_connection(gateway: Arc<Gateway>, stream: TcpStream, peer: SocketAddr) {
     let _ = stream.set_nodelay(true);
+    let switch = TunnelSwitch::default();
+    let guarded = HeadGuard::new(
+        stream,
+        HeadLimits {
+            max_head_bytes: MAX_HEAD_BYTES,
+            max_fields: MAX_HEADERS,
+        },
+        switch.clone(),
+    );
     let service = {
         let gateway = gateway.clone();
-        service_fn(move |req| handle(gateway.clone(), req))
+        service_fn(move |req| handle(gateway.clone(), switch.clone(), req))
     };
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
@@ -44,37 +69,29 @@ pub async fn serve_connection(gateway: Arc<Gateway>, stream: TcpStream, peer: So
         .header_read_timeout(gateway.config.header_read_timeout())
         .preserve_header_case(true)
         .max_headers(MAX_HEADERS)
-        .max_buf_size(MAX_HEAD_BYTES);
+        // The guard enforces the real limit with a proper 431; hyper's buffer
+        // only needs room for a head the guard already accepted.
+        .max_buf_size(MAX_HEAD_BYTES + 16 * 1024);
     builder.auto_date_header(false);
-    if let Err(e) = builder
-        .serve_connection(TokioIo::new(stream), service)
-        .with_upgrades()
-        .await
-    {
+    if let Err(e) = builder.serve_connection(TokioIo::new(guarded), service).with_upgrades().await {
         tracing::debug!(%peer, error = %e, "client connection ended with an error");
     }
 }
 
-async fn handle(
-    gateway: Arc<Gateway>,
-    req: Request<Incoming>,
-) -> Result<Response<Full<Bytes>>, Infallible> {
-    let response = match route(gateway, req).await {
+async fn handle(gateway: Arc<Gateway>, switch: TunnelSwitch, req: Request<Incoming>) -> Result<Response<ProxyBody>, Infallible> {
+    let response = match route(gateway, switch, req).await {
         Ok(response) => response,
         Err(e) => {
             tracing::debug!(error = %e, "request refused");
-            e.to_response()
+            error_response(&e)
         }
     };
     Ok(response)
 }
 
-async fn route(
-    gateway: Arc<Gateway>,
-    req: Request<Incoming>,
-) -> Result<Response<Full<Bytes>>, ProxyError> {
+async fn route(gateway: Arc<Gateway>, switch: TunnelSwitch, req: Request<Incoming>) -> Result<Response<ProxyBody>, ProxyError> {
     if req.method() == Method::CONNECT {
-        return connect(gateway, req).await;
+        return connect(gateway, switch, req).await;
     }
     if req.uri().scheme().is_none() {
         return Err(ProxyError::new(
@@ -82,54 +99,52 @@ async fn route(
             "this is a forward proxy: send CONNECT or an absolute-form request",
         ));
     }
-    Err(ProxyError::new(
-        ErrorKind::MethodNotAllowed,
-        "only CONNECT is supported on this listener",
-    ))
+    authenticate(&gateway, &req).await?;
+    super::forward::forward(gateway, req).await
 }
 
-async fn connect(
-    gateway: Arc<Gateway>,
-    req: Request<Incoming>,
-) -> Result<Response<Full<Bytes>>, ProxyError> {
+async fn authenticate(gateway: &Gateway, req: &Request<Incoming>) -> Result<(), ProxyError> {
+    let header = req
+        .headers()
+        .get(header::PROXY_AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .ok_or_else(ProxyError::auth_required)?;
+    let (username, password) = parse_basic(header).ok_or_else(ProxyError::auth_required)?;
+    gateway.auth.authenticate(&username, &password).await?;
+    Ok(())
+}
+
+async fn connect(gateway: Arc<Gateway>, switch: TunnelSwitch, req: Request<Incoming>) -> Result<Response<ProxyBody>, ProxyError> {
     let authority = req
         .uri()
         .authority()
         .ok_or_else(|| ProxyError::new(ErrorKind::BadRequest, "CONNECT needs host:port"))?
         .as_str()
         .to_owned();
-    let user = {
-        let header = req
-            .headers()
-            .get(header::PROXY_AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .ok_or_else(ProxyError::auth_required)?;
-        let (username, password) = parse_basic(header).ok_or_else(ProxyError::auth_required)?;
-        gateway.auth.authenticate(&username, &password).await?
-    };
+    authenticate(&gateway, &req).await?;
     let target = Target::parse_authority(&authority)
         .map_err(|e| ProxyError::new(ErrorKind::BadRequest, format!("bad CONNECT target: {e}")))?;
     let tunnel = gateway.tunnels.open(&target).await?;
     let exit_id = tunnel.exit.record.id;
-    tracing::debug!(user = %user.id, exit = %exit_id, %target, "tunnel open");
+    tracing::debug!(exit = %exit_id, %target, "tunnel open");
 
+    // From the 200 on, the client connection carries tunnel bytes.
+    switch.engage();
     let on_client_upgrade = hyper::upgrade::on(req);
+    let limits = gateway.config.tunnel_limits();
     tokio::spawn(async move {
-        let mut client = match on_client_upgrade.await {
+        let client = match on_client_upgrade.await {
             Ok(upgraded) => TokioIo::new(upgraded),
             Err(e) => {
                 tracing::debug!(error = %e, "client went away before the tunnel started");
                 return;
             }
         };
-        let mut exit = TokioIo::new(tunnel.io);
-        match splice(&mut client, &mut exit).await {
-            Ok(t) => tracing::debug!(exit = %exit_id, up = t.up, down = t.down, "tunnel closed"),
-            Err(e) => tracing::debug!(exit = %exit_id, error = %e, "tunnel ended with an error"),
-        }
+        let outcome = splice(client, TokioIo::new(tunnel.io), limits).await;
+        tracing::debug!(exit = %exit_id, up = outcome.up, down = outcome.down, end = ?outcome.end, "tunnel closed");
     });
 
-    let mut response = Response::new(Full::new(Bytes::new()));
+    let mut response = Response::new(empty_body());
     *response.status_mut() = StatusCode::OK;
     if let Ok(v) = HeaderValue::from_str(&exit_id.to_string()) {
         response.headers_mut().insert(EXIT_HEADER, v);

@@ -1,0 +1,258 @@
+//! Moves bytes both ways between the client and the exit's tunnel stream.
+//!
+//! Buffers are taken only while data is moving: a direction whose read is
+//! pending holds no buffer, so an idle tunnel costs no copy memory. A
+//! direction stops reading until its last chunk is written, so a peer that
+//! stops reading pushes back on the other side instead of growing memory.
+//! A tunnel ends when both directions have finished (each half-close is passed
+//! on), when nothing moved for `idle_timeout`, or at `max_lifetime`.
+
+use std::future::{poll_fn, Future};
+use std::io;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::time::{sleep_until, Instant};
+
+/// Copy buffer per direction while data flows.
+pub const COPY_BUFFER: usize = 32 * 1024;
+
+#[derive(Debug, Clone, Copy)]
+pub struct TunnelLimits {
+    pub idle_timeout: Duration,
+    pub max_lifetime: Duration,
+}
+
+/// Why a tunnel ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum End {
+    /// Both sides finished.
+    Closed,
+    Idle,
+    Lifetime,
+    Error(io::ErrorKind),
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct SpliceOutcome {
+    /// Client → target bytes.
+    pub up: u64,
+    /// Target → client bytes.
+    pub down: u64,
+    pub end: End,
+}
+
+/// One direction of the copy.
+#[derive(Default)]
+struct Direction {
+    buf: Option<Box<[u8]>>,
+    pos: usize,
+    cap: usize,
+    read_done: bool,
+    done: bool,
+    need_flush: bool,
+    bytes: u64,
+}
+
+impl Direction {
+    /// Drives this direction; `Ready(Ok(()))` once it has finished.
+    fn poll_copy<R, W>(&mut self, cx: &mut Context<'_>, mut reader: Pin<&mut R>, mut writer: Pin<&mut W>, moved: &mut bool) -> Poll<io::Result<()>>
+    where
+        R: AsyncRead + ?Sized,
+        W: AsyncWrite + ?Sized,
+    {
+        if self.done {
+            return Poll::Ready(Ok(()));
+        }
+        loop {
+            if self.pos == self.cap && !self.read_done {
+                let buf = self.buf.get_or_insert_with(|| vec![0u8; COPY_BUFFER].into_boxed_slice());
+                let mut read_buf = ReadBuf::new(buf);
+                match reader.as_mut().poll_read(cx, &mut read_buf) {
+                    Poll::Pending => {
+                        // Idle: give the buffer back; take a new one when data comes.
+                        self.buf = None;
+                        if self.need_flush {
+                            ready!(writer.as_mut().poll_flush(cx))?;
+                            self.need_flush = false;
+                        }
+                        return Poll::Pending;
+                    }
+                    Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                    Poll::Ready(Ok(())) => {
+                        let n = read_buf.filled().len();
+                        if n == 0 {
+                            self.read_done = true;
+                            self.buf = None;
+                        } else {
+                            self.pos = 0;
+                            self.cap = n;
+                            self.bytes += n as u64;
+                            *moved = true;
+                        }
+                    }
+                }
+            }
+            while self.pos < self.cap {
+                let Some(buf) = self.buf.as_ref() else { break };
+                let n = ready!(writer.as_mut().poll_write(cx, &buf[self.pos..self.cap]))?;
+                if n == 0 {
+                    return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+                }
+                self.pos += n;
+                self.need_flush = true;
+            }
+            if self.read_done {
+                ready!(writer.as_mut().poll_flush(cx))?;
+                ready!(writer.as_mut().poll_shutdown(cx))?;
+                self.done = true;
+                return Poll::Ready(Ok(()));
+            }
+            self.pos = 0;
+            self.cap = 0;
+        }
+    }
+}
+
+/// Splices `client` and `exit` until the tunnel ends; never fails, reports why it ended.
+pub async fn splice<C, E>(mut client: C, mut exit: E, limits: TunnelLimits) -> SpliceOutcome
+where
+    C: AsyncRead + AsyncWrite + Unpin,
+    E: AsyncRead + AsyncWrite + Unpin,
+{
+    let start = Instant::now();
+    let lifetime_end = start + limits.max_lifetime;
+    let mut last_activity = start;
+    let mut up = Direction::default();
+    let mut down = Direction::default();
+    let idle = sleep_until(start + limits.idle_timeout);
+    let lifetime = sleep_until(lifetime_end);
+    tokio::pin!(idle, lifetime);
+
+    let end = poll_fn(|cx| {
+        let mut moved = false;
+        let up_result = up.poll_copy(cx, Pin::new(&mut client), Pin::new(&mut exit), &mut moved);
+        let down_result = down.poll_copy(cx, Pin::new(&mut exit), Pin::new(&mut client), &mut moved);
+        for result in [&up_result, &down_result] {
+            if let Poll::Ready(Err(e)) = result {
+                return Poll::Ready(End::Error(e.kind()));
+            }
+        }
+        if up_result.is_ready() && down_result.is_ready() {
+            return Poll::Ready(End::Closed);
+        }
+        if moved {
+            last_activity = Instant::now();
+            idle.as_mut().reset(last_activity + limits.idle_timeout);
+        }
+        if lifetime.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(End::Lifetime);
+        }
+        if idle.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(End::Idle);
+        }
+        Poll::Pending
+    })
+    .await;
+    SpliceOutcome {
+        up: up.bytes,
+        down: down.bytes,
+        end,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    const LONG: TunnelLimits = TunnelLimits {
+        idle_timeout: Duration::from_secs(3600),
+        max_lifetime: Duration::from_secs(3600),
+    };
+
+    #[tokio::test]
+    async fn copies_both_ways_and_passes_half_close() {
+        let (client, mut client_peer) = tokio::io::duplex(1024);
+        let (exit, mut exit_peer) = tokio::io::duplex(1024);
+        let task = tokio::spawn(splice(client, exit, LONG));
+        let payload: Vec<u8> = (0..200_000u32).map(|i| i as u8).collect();
+        let expected = payload.clone();
+        let writer = tokio::spawn(async move {
+            client_peer.write_all(&payload).await.unwrap();
+            client_peer.shutdown().await.unwrap();
+            let mut back = Vec::new();
+            client_peer.read_to_end(&mut back).await.unwrap();
+            back
+        });
+        let mut got = Vec::new();
+        exit_peer.read_to_end(&mut got).await.unwrap();
+        assert_eq!(got, expected);
+        exit_peer.write_all(b"pong").await.unwrap();
+        exit_peer.shutdown().await.unwrap();
+        assert_eq!(writer.await.unwrap(), b"pong");
+        let outcome = task.await.unwrap();
+        assert_eq!((outcome.up, outcome.down, outcome.end), (200_000, 4, End::Closed));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn idle_tunnels_end_at_the_idle_timeout() {
+        let (client, _client_peer) = tokio::io::duplex(64);
+        let (exit, _exit_peer) = tokio::io::duplex(64);
+        let limits = TunnelLimits {
+            idle_timeout: Duration::from_secs(30),
+            max_lifetime: Duration::from_secs(3600),
+        };
+        let started = Instant::now();
+        let outcome = splice(client, exit, limits).await;
+        assert_eq!(outcome.end, End::Idle);
+        assert_eq!(started.elapsed(), Duration::from_secs(30));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn busy_tunnels_end_at_the_lifetime() {
+        let (client, mut client_peer) = tokio::io::duplex(64);
+        let (exit, mut exit_peer) = tokio::io::duplex(64);
+        let limits = TunnelLimits {
+            idle_timeout: Duration::from_secs(10),
+            max_lifetime: Duration::from_secs(60),
+        };
+        tokio::spawn(async move {
+            loop {
+                if client_peer.write_all(b"x").await.is_err() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_secs(5)).await;
+            }
+        });
+        tokio::spawn(async move {
+            let mut b = [0u8; 64];
+            while exit_peer.read(&mut b).await.is_ok_and(|n| n > 0) {}
+        });
+        let started = Instant::now();
+        let outcome = splice(client, exit, limits).await;
+        assert_eq!(outcome.end, End::Lifetime);
+        assert_eq!(started.elapsed(), Duration::from_secs(60));
+    }
+
+    #[tokio::test]
+    async fn a_reader_that_stops_pushes_back() {
+        // The exit side never reads: the client's writes must stall once the
+        // small pipe and one copy buffer are full, not grow memory.
+        let (client, mut client_peer) = tokio::io::duplex(4096);
+        let (exit, _exit_peer_not_reading) = tokio::io::duplex(4096);
+        tokio::spawn(splice(client, exit, LONG));
+        let chunk = vec![7u8; 1024];
+        let mut written = 0usize;
+        let stalled = tokio::time::timeout(Duration::from_millis(300), async {
+            loop {
+                client_peer.write_all(&chunk).await.unwrap();
+                written += chunk.len();
+            }
+        })
+        .await;
+        assert!(stalled.is_err(), "writes never stalled");
+        assert!(written <= 4096 + COPY_BUFFER + 4096, "{written} bytes accepted");
+    }
+}

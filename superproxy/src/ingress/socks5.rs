@@ -1,0 +1,107 @@
+//! SOCKS5 ingress (RFC 1928 with RFC 1929 username/password).
+//!
+//! The protocol bytes are handled by fast-socks5 behind this module's
+//! boundary: nothing outside it sees a fast-socks5 type, so the crate can be
+//! replaced without touching the data path. Names are never resolved here
+//! (socks5h semantics): a domain target goes to the exit unresolved. The whole
+//! handshake runs under the header-read timeout, which fast-socks5 lacks.
+//! Only CONNECT is served; BIND and UDP ASSOCIATE get reply 7.
+
+use fast_socks5::server::{PasswordAuthentication, Socks5ServerProtocol};
+use fast_socks5::util::target_addr::TargetAddr;
+use fast_socks5::{ReplyError, Socks5Command};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use tokio::net::TcpStream;
+
+use crate::error::ErrorKind;
+use crate::target::Target;
+use crate::Gateway;
+use proxynet_protocol::splice::splice;
+
+type CommandRead = Socks5ServerProtocol<TcpStream, fast_socks5::server::states::CommandRead>;
+
+pub async fn serve_connection(gateway: Arc<Gateway>, stream: TcpStream, peer: SocketAddr) {
+    let _ = stream.set_nodelay(true);
+    let handshake = tokio::time::timeout(gateway.config.header_read_timeout(), handshake(&gateway, stream)).await;
+    let (proto, target) = match handshake {
+        Err(_) => {
+            tracing::debug!(%peer, "SOCKS handshake timed out");
+            return;
+        }
+        Ok(Err(reason)) => {
+            tracing::debug!(%peer, %reason, "SOCKS handshake failed");
+            return;
+        }
+        Ok(Ok(None)) => return,
+        Ok(Ok(Some(request))) => request,
+    };
+    let tunnel = match gateway.tunnels.open(&target).await {
+        Ok(tunnel) => tunnel,
+        Err(e) => {
+            tracing::debug!(%peer, error = %e, "SOCKS tunnel refused");
+            let _ = proto.reply_error(&reply_for(e.kind)).await;
+            return;
+        }
+    };
+    // The bound address is the exit's, which the client has no use for and
+    // we do not disclose; RFC 1928 allows zeros.
+    let client = match proto.reply_success(SocketAddr::from(([0, 0, 0, 0], 0))).await {
+        Ok(stream) => stream,
+        Err(e) => {
+            tracing::debug!(%peer, error = %e, "client went away before the tunnel started");
+            return;
+        }
+    };
+    let exit_id = tunnel.exit.record.id;
+    let outcome = splice(client, hyper_util::rt::TokioIo::new(tunnel.io), gateway.config.tunnel_limits()).await;
+    tracing::debug!(exit = %exit_id, up = outcome.up, down = outcome.down, end = ?outcome.end, "SOCKS tunnel closed");
+}
+
+/// Authenticates and reads the command. `Ok(None)`: the client was answered
+/// (auth failure or unsupported command) and the connection is done.
+async fn handshake(gateway: &Gateway, stream: TcpStream) -> Result<Option<(CommandRead, Target)>, String> {
+    let auth = Socks5ServerProtocol::start(stream)
+        .negotiate_auth(&[PasswordAuthentication])
+        .await
+        .map_err(|e| e.to_string())?;
+    let (username, password, pending) = auth.read_username_password().await.map_err(|e| e.to_string())?;
+    let accepted = match gateway.auth.authenticate(&username, &password).await {
+        Ok(_) => pending.accept().await.map_err(|e| e.to_string())?,
+        Err(_) => {
+            let _ = pending.reject().await;
+            return Ok(None);
+        }
+    };
+    let proto = Socks5ServerProtocol::finish_auth(accepted);
+    let (proto, command, target) = proto.read_command().await.map_err(|e| e.to_string())?;
+    if !matches!(command, Socks5Command::TCPConnect) {
+        let _ = proto.reply_error(&ReplyError::CommandNotSupported).await;
+        return Ok(None);
+    }
+    let parsed = match target {
+        TargetAddr::Ip(addr) => Target::new(&addr.ip().to_string(), addr.port()),
+        TargetAddr::Domain(name, port) => Target::new(&name, port),
+    };
+    match parsed {
+        Ok(target) => Ok(Some((proto, target))),
+        Err(_) => {
+            let _ = proto.reply_error(&ReplyError::GeneralFailure).await;
+            Ok(None)
+        }
+    }
+}
+
+/// The RFC 1928 reply for a failure, from the one error type.
+fn reply_for(kind: ErrorKind) -> ReplyError {
+    match kind.socks_reply() {
+        0x02 => ReplyError::ConnectionNotAllowed,
+        0x03 => ReplyError::NetworkUnreachable,
+        0x04 => ReplyError::HostUnreachable,
+        0x05 => ReplyError::ConnectionRefused,
+        0x06 => ReplyError::TtlExpired,
+        0x07 => ReplyError::CommandNotSupported,
+        0x08 => ReplyError::AddressTypeNotSupported,
+        _ => ReplyError::GeneralFailure,
+    }
+}
