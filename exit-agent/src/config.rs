@@ -68,7 +68,11 @@ pub struct Config {
     pub tunnel_idle_timeout_secs: u64,
 
     /// Longest a tunnel may live, s (a little above the superproxy's).
-    #[arg(long, env = "PROXYNET_TUNNEL_MAX_LIFETIME_SECS", default_value_t = 86_460)]
+    #[arg(
+        long,
+        env = "PROXYNET_TUNNEL_MAX_LIFETIME_SECS",
+        default_value_t = 86_460
+    )]
     pub tunnel_max_lifetime_secs: u64,
 
     /// After SIGTERM: how long to keep serving while superproxies learn we are

@@ -12,11 +12,11 @@ use http_body_util::Empty;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use proxynet_protocol::egress::{parse_ip_literal, EgressPolicy};
-use proxynet_protocol::splice::splice;
 use proxynet_protocol::link::{
     Outcome, HEADER_CONNECT_BUDGET_MS, HEADER_EGRESS_IP, HEADER_OUTCOME, HEADER_VERSION,
     LINK_VERSION,
 };
+use proxynet_protocol::splice::splice;
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

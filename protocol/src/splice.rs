@@ -57,7 +57,13 @@ struct Direction {
 
 impl Direction {
     /// Drives this direction; `Ready(Ok(()))` once it has finished.
-    fn poll_copy<R, W>(&mut self, cx: &mut Context<'_>, mut reader: Pin<&mut R>, mut writer: Pin<&mut W>, moved: &mut bool) -> Poll<io::Result<()>>
+    fn poll_copy<R, W>(
+        &mut self,
+        cx: &mut Context<'_>,
+        mut reader: Pin<&mut R>,
+        mut writer: Pin<&mut W>,
+        moved: &mut bool,
+    ) -> Poll<io::Result<()>>
     where
         R: AsyncRead + ?Sized,
         W: AsyncWrite + ?Sized,
@@ -67,7 +73,9 @@ impl Direction {
         }
         loop {
             if self.pos == self.cap && !self.read_done {
-                let buf = self.buf.get_or_insert_with(|| vec![0u8; COPY_BUFFER].into_boxed_slice());
+                let buf = self
+                    .buf
+                    .get_or_insert_with(|| vec![0u8; COPY_BUFFER].into_boxed_slice());
                 let mut read_buf = ReadBuf::new(buf);
                 match reader.as_mut().poll_read(cx, &mut read_buf) {
                     Poll::Pending => {
@@ -133,7 +141,8 @@ where
     let end = poll_fn(|cx| {
         let mut moved = false;
         let up_result = up.poll_copy(cx, Pin::new(&mut client), Pin::new(&mut exit), &mut moved);
-        let down_result = down.poll_copy(cx, Pin::new(&mut exit), Pin::new(&mut client), &mut moved);
+        let down_result =
+            down.poll_copy(cx, Pin::new(&mut exit), Pin::new(&mut client), &mut moved);
         for result in [&up_result, &down_result] {
             if let Poll::Ready(Err(e)) = result {
                 return Poll::Ready(End::Error(e.kind()));
@@ -193,7 +202,10 @@ mod tests {
         exit_peer.shutdown().await.unwrap();
         assert_eq!(writer.await.unwrap(), b"pong");
         let outcome = task.await.unwrap();
-        assert_eq!((outcome.up, outcome.down, outcome.end), (200_000, 4, End::Closed));
+        assert_eq!(
+            (outcome.up, outcome.down, outcome.end),
+            (200_000, 4, End::Closed)
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -253,6 +265,9 @@ mod tests {
         })
         .await;
         assert!(stalled.is_err(), "writes never stalled");
-        assert!(written <= 4096 + COPY_BUFFER + 4096, "{written} bytes accepted");
+        assert!(
+            written <= 4096 + COPY_BUFFER + 4096,
+            "{written} bytes accepted"
+        );
     }
 }

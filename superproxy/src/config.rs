@@ -76,7 +76,11 @@ pub struct Config {
     pub tunnel_idle_timeout_secs: u64,
 
     /// Longest a tunnel may live, however busy, s.
-    #[arg(long, env = "PROXYNET_TUNNEL_MAX_LIFETIME_SECS", default_value_t = 86_400)]
+    #[arg(
+        long,
+        env = "PROXYNET_TUNNEL_MAX_LIFETIME_SECS",
+        default_value_t = 86_400
+    )]
     pub tunnel_max_lifetime_secs: u64,
 
     /// How often the pool of live exits is re-read from Redis, ms.

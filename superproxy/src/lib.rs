@@ -36,8 +36,8 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::net::TcpListener;
 use tokio::io::AsyncWriteExt;
+use tokio::net::TcpListener;
 use tokio::sync::{mpsc, Semaphore};
 use uuid::Uuid;
 
@@ -152,7 +152,9 @@ impl Superproxy {
             Duration::from_secs(config.auth_cache_ttl_secs),
         )
         .map_err(StartError::Other)?;
-        let policy = EgressPolicy::new(config.egress_policy(&[proxy_addr, socks_addr, admin_addr, link_addr]));
+        let policy = EgressPolicy::new(
+            config.egress_policy(&[proxy_addr, socks_addr, admin_addr, link_addr]),
+        );
         let tunnels = TunnelOpener {
             pool: pool.clone(),
             policy,
@@ -288,8 +290,13 @@ async fn refuse_over_limit(mut stream: tokio::net::TcpStream, socks_only: bool) 
         let mut first = [0u8; 1];
         let peeked = tokio::time::timeout(Duration::from_secs(1), stream.peek(&mut first)).await;
         if matches!(peeked, Ok(Ok(1))) && first[0] != 0x05 {
-            let error = error::ProxyError::new(error::ErrorKind::ConnectionLimit, "too many connections; try again shortly");
-            let _ = stream.write_all(&ingress::head_guard::error_response(&error)).await;
+            let error = error::ProxyError::new(
+                error::ErrorKind::ConnectionLimit,
+                "too many connections; try again shortly",
+            );
+            let _ = stream
+                .write_all(&ingress::head_guard::error_response(&error))
+                .await;
         }
     }
     let _ = stream.shutdown().await;

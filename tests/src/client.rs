@@ -79,3 +79,56 @@ pub fn status_of(response: &str) -> u16 {
         .and_then(|s| s.parse().ok())
         .unwrap_or(0)
 }
+
+/// A minimal SOCKS5 client for what curl cannot send (BIND, raw replies).
+pub mod socks5 {
+    use super::*;
+
+    /// Greets, authenticates with username/password and returns the stream, or
+    /// the RFC 1929 status byte on failure.
+    pub async fn login(addr: SocketAddr, user: &str, pass: &str) -> Result<TcpStream, u8> {
+        let mut s = TcpStream::connect(addr).await.expect("connect");
+        s.write_all(&[5, 1, 2]).await.unwrap();
+        let mut choice = [0u8; 2];
+        s.read_exact(&mut choice).await.unwrap();
+        assert_eq!(choice, [5, 2], "server must choose username/password");
+        let mut auth = vec![1, user.len() as u8];
+        auth.extend_from_slice(user.as_bytes());
+        auth.push(pass.len() as u8);
+        auth.extend_from_slice(pass.as_bytes());
+        s.write_all(&auth).await.unwrap();
+        let mut status = [0u8; 2];
+        s.read_exact(&mut status).await.unwrap();
+        if status[1] == 0 {
+            Ok(s)
+        } else {
+            Err(status[1])
+        }
+    }
+
+    /// Sends a request (`cmd` 1 CONNECT, 2 BIND, 3 UDP) to a domain or IPv4
+    /// target and returns the reply code.
+    pub async fn request(s: &mut TcpStream, cmd: u8, host: &str, port: u16) -> u8 {
+        let mut req = vec![5, cmd, 0];
+        match host.parse::<std::net::Ipv4Addr>() {
+            Ok(ip) => {
+                req.push(1);
+                req.extend_from_slice(&ip.octets());
+            }
+            Err(_) => {
+                req.push(3);
+                req.push(host.len() as u8);
+                req.extend_from_slice(host.as_bytes());
+            }
+        }
+        req.extend_from_slice(&port.to_be_bytes());
+        s.write_all(&req).await.unwrap();
+        let mut head = [0u8; 4];
+        tokio::time::timeout(Duration::from_secs(20), s.read_exact(&mut head))
+            .await
+            .expect("reply in time")
+            .expect("reply");
+        assert_eq!(head[0], 5);
+        head[1]
+    }
+}

@@ -22,6 +22,8 @@ pub struct StackOptions {
     pub egress_ips: Vec<IpAddr>,
     pub heartbeat_interval_ms: u64,
     pub heartbeat_ttl_ms: u64,
+    /// Extra service addresses (ip:port) the egress policy must always deny.
+    pub protected: Vec<String>,
 }
 
 impl Default for StackOptions {
@@ -30,6 +32,7 @@ impl Default for StackOptions {
             egress_ips: vec!["127.0.0.2".parse().unwrap(), "127.0.0.3".parse().unwrap()],
             heartbeat_interval_ms: 300,
             heartbeat_ttl_ms: 1_500,
+            protected: Vec::new(),
         }
     }
 }
@@ -84,7 +87,12 @@ impl Stack {
         let whoami = whoami_listener.local_addr().unwrap();
         tokio::spawn(crate::whoami::serve(whoami_listener));
 
-        let (proxy, proxy_addrs) = spawn_superproxy(&stores, &[]).await;
+        let protect_args: Vec<String> = options
+            .protected
+            .iter()
+            .flat_map(|addr| ["--egress-protected".to_owned(), addr.clone()])
+            .collect();
+        let (proxy, proxy_addrs) = spawn_superproxy(&stores, &protect_args).await;
         let mut stack = Self {
             stores,
             dir,
@@ -176,6 +184,19 @@ impl Stack {
             "--drain-announce-ms".into(),
             "500".into(),
         ]
+        .into_iter()
+        .chain(
+            redis_service_addr()
+                .map(|r| vec!["--egress-protected".into(), r])
+                .unwrap_or_default(),
+        )
+        .chain(
+            self.options
+                .protected
+                .iter()
+                .flat_map(|a| ["--egress-protected".to_owned(), a.clone()]),
+        )
+        .collect()
     }
 
     pub async fn add_agent(&mut self, egress_ip: IpAddr) -> usize {
@@ -228,7 +249,11 @@ impl Stack {
 
     /// `socks5h://alice:...@proxy` for curl's `-x` (names resolved at the exit).
     pub fn socks_url(&self) -> String {
-        format!("socks5h://{USERNAME}:{}@{}", PASSWORD.replace(' ', "%20"), self.proxy_addrs.socks)
+        format!(
+            "socks5h://{USERNAME}:{}@{}",
+            PASSWORD.replace(' ', "%20"),
+            self.proxy_addrs.socks
+        )
     }
 
     pub fn whoami_url(&self) -> String {
@@ -277,10 +302,21 @@ pub async fn spawn_superproxy(stores: &TestStores, extra_args: &[String]) -> (Pr
         "--announce-interval-ms".into(),
         "300".into(),
     ];
+    if let Some(redis) = redis_service_addr() {
+        args.extend(["--egress-protected".into(), redis]);
+    }
     args.extend_from_slice(extra_args);
     let envs = [
         ("PROXYNET_REDIS_URL", stores.redis_url.clone()),
         ("PROXYNET_REDIS_PREFIX", stores.redis_prefix.clone()),
     ];
     spawn_ready::<ProxyAddrs>("superproxy", &args, &envs).await
+}
+
+/// The test Redis as `127.0.0.1:PORT`: one of "the stack's own services" that
+/// the egress policy must always deny.
+pub fn redis_service_addr() -> Option<String> {
+    std::env::var("PROXYNET_TEST_REDIS_PORT")
+        .ok()
+        .map(|p| format!("127.0.0.1:{p}"))
 }

@@ -21,10 +21,16 @@ use crate::Gateway;
 /// Methods this proxy answers itself when `Max-Forwards` reaches zero.
 const ALLOW: &str = "GET, HEAD, POST, PUT, DELETE, OPTIONS, PATCH, CONNECT";
 
-pub async fn forward(gateway: Arc<Gateway>, req: Request<Incoming>) -> Result<Response<ProxyBody>, ProxyError> {
+pub async fn forward(
+    gateway: Arc<Gateway>,
+    req: Request<Incoming>,
+) -> Result<Response<ProxyBody>, ProxyError> {
     if req.method() == Method::TRACE {
         // TRACE would echo our customers' credentials and cookies back through a cache.
-        return Err(ProxyError::new(ErrorKind::MethodNotAllowed, "TRACE is not allowed"));
+        return Err(ProxyError::new(
+            ErrorKind::MethodNotAllowed,
+            "TRACE is not allowed",
+        ));
     }
     let uri = req.uri().clone();
     if uri.scheme_str() != Some("http") {
@@ -37,7 +43,10 @@ pub async fn forward(gateway: Arc<Gateway>, req: Request<Incoming>) -> Result<Re
         .authority()
         .ok_or_else(|| ProxyError::new(ErrorKind::BadRequest, "request target has no host"))?;
     if authority.as_str().contains('@') {
-        return Err(ProxyError::new(ErrorKind::BadRequest, "request target must not carry userinfo"));
+        return Err(ProxyError::new(
+            ErrorKind::BadRequest,
+            "request target must not carry userinfo",
+        ));
     }
     let target = Target::new(authority.host(), authority.port_u16().unwrap_or(80))
         .map_err(|e| ProxyError::new(ErrorKind::BadRequest, format!("bad request target: {e}")))?;
@@ -47,14 +56,23 @@ pub async fn forward(gateway: Arc<Gateway>, req: Request<Incoming>) -> Result<Re
         if let Some(max) = max_forwards(&headers)? {
             if max == 0 {
                 let mut response = Response::new(super::http::empty_body());
-                response.headers_mut().insert(header::ALLOW, HeaderValue::from_static(ALLOW));
+                response
+                    .headers_mut()
+                    .insert(header::ALLOW, HeaderValue::from_static(ALLOW));
                 return Ok(response);
             }
-            headers.insert(header::HeaderName::from_static("max-forwards"), HeaderValue::from(max - 1));
+            headers.insert(
+                header::HeaderName::from_static("max-forwards"),
+                HeaderValue::from(max - 1),
+            );
         }
     }
-    let host = HeaderValue::from_str(authority.as_str())
-        .map_err(|_| ProxyError::new(ErrorKind::BadRequest, "request target host is not a valid header value"))?;
+    let host = HeaderValue::from_str(authority.as_str()).map_err(|_| {
+        ProxyError::new(
+            ErrorKind::BadRequest,
+            "request target host is not a valid header value",
+        )
+    })?;
     headers.insert(header::HOST, host);
 
     let path = uri.path_and_query().map_or("/", |p| p.as_str());
@@ -74,7 +92,9 @@ pub async fn forward(gateway: Arc<Gateway>, req: Request<Incoming>) -> Result<Re
         .preserve_header_case(true)
         .handshake::<_, Incoming>(tunnel.io)
         .await
-        .map_err(|e| ProxyError::new(ErrorKind::ExitLinkLost, format!("exit stream failed: {e}")))?;
+        .map_err(|e| {
+            ProxyError::new(ErrorKind::ExitLinkLost, format!("exit stream failed: {e}"))
+        })?;
     tokio::spawn(async move {
         if let Err(e) = connection.await {
             tracing::debug!(error = %e, "upstream connection ended with an error");

@@ -47,9 +47,15 @@ pub enum HeadError {
 impl HeadError {
     pub fn to_proxy_error(&self) -> ProxyError {
         match self {
-            HeadError::TooLarge => ProxyError::new(ErrorKind::HeaderTooLarge, "request head too large"),
-            HeadError::TooManyFields => ProxyError::new(ErrorKind::HeaderTooLarge, "too many header fields"),
-            HeadError::Malformed(why) => ProxyError::new(ErrorKind::BadRequest, format!("malformed request: {why}")),
+            HeadError::TooLarge => {
+                ProxyError::new(ErrorKind::HeaderTooLarge, "request head too large")
+            }
+            HeadError::TooManyFields => {
+                ProxyError::new(ErrorKind::HeaderTooLarge, "too many header fields")
+            }
+            HeadError::Malformed(why) => {
+                ProxyError::new(ErrorKind::BadRequest, format!("malformed request: {why}"))
+            }
         }
     }
 }
@@ -67,11 +73,17 @@ pub fn validate_head(head: &[u8], max_fields: usize) -> Result<Framing, HeadErro
         rest = r;
     }
     let mut lines = Lines { rest };
-    let request_line = lines.next_line()?.ok_or(HeadError::Malformed("empty request"))?;
+    let request_line = lines
+        .next_line()?
+        .ok_or(HeadError::Malformed("empty request"))?;
     let mut parts = request_line.split(|b| *b == b' ');
     let method = parts.next().unwrap_or_default();
-    let target = parts.next().ok_or(HeadError::Malformed("request line has no target"))?;
-    let version = parts.next().ok_or(HeadError::Malformed("request line has no version"))?;
+    let target = parts
+        .next()
+        .ok_or(HeadError::Malformed("request line has no target"))?;
+    let version = parts
+        .next()
+        .ok_or(HeadError::Malformed("request line has no version"))?;
     if parts.next().is_some() {
         return Err(HeadError::Malformed("request line has extra spaces"));
     }
@@ -91,7 +103,9 @@ pub fn validate_head(head: &[u8], max_fields: usize) -> Result<Framing, HeadErro
     let mut content_length: Option<u64> = None;
     let mut transfer_encoding: Option<Vec<u8>> = None;
     loop {
-        let line = lines.next_line()?.ok_or(HeadError::Malformed("head does not end with an empty line"))?;
+        let line = lines
+            .next_line()?
+            .ok_or(HeadError::Malformed("head does not end with an empty line"))?;
         if line.is_empty() {
             break;
         }
@@ -102,7 +116,10 @@ pub fn validate_head(head: &[u8], max_fields: usize) -> Result<Framing, HeadErro
         if line[0] == b' ' || line[0] == b'\t' {
             return Err(HeadError::Malformed("obsolete line folding"));
         }
-        let colon = line.iter().position(|b| *b == b':').ok_or(HeadError::Malformed("header line without a colon"))?;
+        let colon = line
+            .iter()
+            .position(|b| *b == b':')
+            .ok_or(HeadError::Malformed("header line without a colon"))?;
         let (name, value) = (&line[..colon], &line[colon + 1..]);
         if name.is_empty() {
             return Err(HeadError::Malformed("empty header name"));
@@ -110,7 +127,10 @@ pub fn validate_head(head: &[u8], max_fields: usize) -> Result<Framing, HeadErro
         if !name.iter().all(|b| is_tchar(*b)) {
             return Err(HeadError::Malformed("invalid header name"));
         }
-        if value.iter().any(|b| (*b < 0x20 && *b != b'\t') || *b == 0x7f) {
+        if value
+            .iter()
+            .any(|b| (*b < 0x20 && *b != b'\t') || *b == 0x7f)
+        {
             return Err(HeadError::Malformed("control character in a header value"));
         }
         let value = trim_ows(value);
@@ -147,14 +167,24 @@ pub fn validate_head(head: &[u8], max_fields: usize) -> Result<Framing, HeadErro
         return Ok(Framing::Connect);
     }
     match (transfer_encoding, content_length) {
-        (Some(_), Some(_)) => Err(HeadError::Malformed("both Content-Length and Transfer-Encoding")),
-        (Some(_), None) if http10 => Err(HeadError::Malformed("Transfer-Encoding in an HTTP/1.0 request")),
+        (Some(_), Some(_)) => Err(HeadError::Malformed(
+            "both Content-Length and Transfer-Encoding",
+        )),
+        (Some(_), None) if http10 => Err(HeadError::Malformed(
+            "Transfer-Encoding in an HTTP/1.0 request",
+        )),
         (Some(te), None) => {
-            let last = te.rsplit(|b| *b == b',').next().map(trim_ows).unwrap_or_default();
+            let last = te
+                .rsplit(|b| *b == b',')
+                .next()
+                .map(trim_ows)
+                .unwrap_or_default();
             if last.eq_ignore_ascii_case(b"chunked") {
                 Ok(Framing::Chunked)
             } else {
-                Err(HeadError::Malformed("Transfer-Encoding must end with chunked"))
+                Err(HeadError::Malformed(
+                    "Transfer-Encoding must end with chunked",
+                ))
             }
         }
         (None, Some(0)) | (None, None) => Ok(Framing::NoBody),
@@ -203,19 +233,33 @@ impl<'a> Lines<'a> {
 /// Validates chunked framing byte by byte and finds where the body ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Chunked {
-    Size { digits: u8, value: u64, in_ext: bool },
-    SizeLf { value: u64 },
-    Data { remaining: u64 },
+    Size {
+        digits: u8,
+        value: u64,
+        in_ext: bool,
+    },
+    SizeLf {
+        value: u64,
+    },
+    Data {
+        remaining: u64,
+    },
     DataCr,
     DataLf,
     TrailerStart,
     TrailerLine,
-    TrailerLf { empty: bool },
+    TrailerLf {
+        empty: bool,
+    },
     Done,
 }
 
 impl Chunked {
-    const START: Chunked = Chunked::Size { digits: 0, value: 0, in_ext: false };
+    const START: Chunked = Chunked::Size {
+        digits: 0,
+        value: 0,
+        in_ext: false,
+    };
 
     /// Consumes bytes from `data`; returns how many were consumed (fewer than
     /// `data.len()` only when the body ended).
@@ -224,30 +268,52 @@ impl Chunked {
         let mut i = 0;
         while i < data.len() {
             if let Chunked::Data { remaining } = *self {
-                let take = usize::try_from(remaining).unwrap_or(usize::MAX).min(data.len() - i);
+                let take = usize::try_from(remaining)
+                    .unwrap_or(usize::MAX)
+                    .min(data.len() - i);
                 i += take;
                 let left = remaining - take as u64;
-                *self = if left == 0 { Chunked::DataCr } else { Chunked::Data { remaining: left } };
+                *self = if left == 0 {
+                    Chunked::DataCr
+                } else {
+                    Chunked::Data { remaining: left }
+                };
                 continue;
             }
             let b = data[i];
             i += 1;
             *self = match *self {
-                Chunked::Size { digits, value, in_ext } => match b {
+                Chunked::Size {
+                    digits,
+                    value,
+                    in_ext,
+                } => match b {
                     b'\r' if digits > 0 => Chunked::SizeLf { value },
                     _ if in_ext => {
                         if b == b'\n' || (b < 0x20 && b != b'\t') {
                             return Err(bad);
                         }
-                        Chunked::Size { digits, value, in_ext }
+                        Chunked::Size {
+                            digits,
+                            value,
+                            in_ext,
+                        }
                     }
-                    b';' if digits > 0 => Chunked::Size { digits, value, in_ext: true },
+                    b';' if digits > 0 => Chunked::Size {
+                        digits,
+                        value,
+                        in_ext: true,
+                    },
                     _ => {
                         let d = (b as char).to_digit(16).ok_or(bad.clone())?;
                         if digits >= 15 {
                             return Err(bad);
                         }
-                        Chunked::Size { digits: digits + 1, value: value * 16 + u64::from(d), in_ext }
+                        Chunked::Size {
+                            digits: digits + 1,
+                            value: value * 16 + u64::from(d),
+                            in_ext,
+                        }
                     }
                 },
                 Chunked::SizeLf { value } => match b {
@@ -370,17 +436,27 @@ impl<IO> HeadGuard<IO> {
                     }
                 }
                 Phase::Body { remaining } => {
-                    let take = usize::try_from(remaining).unwrap_or(usize::MAX).min(data.len());
+                    let take = usize::try_from(remaining)
+                        .unwrap_or(usize::MAX)
+                        .min(data.len());
                     self.ready.extend_from_slice(&data[..take]);
                     data = &data[take..];
                     let left = remaining - take as u64;
-                    self.phase = if left == 0 { Phase::Head } else { Phase::Body { remaining: left } };
+                    self.phase = if left == 0 {
+                        Phase::Head
+                    } else {
+                        Phase::Body { remaining: left }
+                    };
                 }
                 Phase::ChunkedBody(mut chunked) => {
                     let used = chunked.feed(data)?;
                     self.ready.extend_from_slice(&data[..used]);
                     data = &data[used..];
-                    self.phase = if chunked == Chunked::Done { Phase::Head } else { Phase::ChunkedBody(chunked) };
+                    self.phase = if chunked == Chunked::Done {
+                        Phase::Head
+                    } else {
+                        Phase::ChunkedBody(chunked)
+                    };
                 }
                 Phase::Head => {
                     let start = self.head.len();
@@ -438,7 +514,11 @@ impl<IO> HeadGuard<IO> {
 }
 
 impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncRead for HeadGuard<IO> {
-    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
         let this = &mut *self;
         loop {
             if let Some((response, written)) = &mut this.rejecting {
@@ -481,7 +561,10 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncRead for HeadGuard<IO> {
             if let Err(e) = this.scan(&data) {
                 if in_body {
                     // hyper is mid-body; it cannot take a new answer now.
-                    return Poll::Ready(Err(io::Error::new(io::ErrorKind::InvalidData, "invalid request body framing")));
+                    return Poll::Ready(Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        "invalid request body framing",
+                    )));
                 }
                 tracing::debug!(error = ?e, "request head rejected");
                 this.rejecting = Some((error_response(&e.to_proxy_error()), 0));
@@ -491,7 +574,11 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncRead for HeadGuard<IO> {
 }
 
 impl<IO: AsyncWrite + Unpin> AsyncWrite for HeadGuard<IO> {
-    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
         Pin::new(&mut self.io).poll_write(cx, buf)
     }
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -500,7 +587,11 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for HeadGuard<IO> {
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.io).poll_shutdown(cx)
     }
-    fn poll_write_vectored(mut self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[io::IoSlice<'_>]) -> Poll<io::Result<usize>> {
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
         Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
     }
     fn is_write_vectored(&self) -> bool {
@@ -535,11 +626,26 @@ mod tests {
 
     #[test]
     fn accepts_well_formed_heads() {
-        assert_eq!(v("GET http://a/ HTTP/1.1\r\nHost: a\r\n\r\n"), Ok(Framing::NoBody));
-        assert_eq!(v("CONNECT a:443 HTTP/1.1\r\nHost: a:443\r\n\r\n"), Ok(Framing::Connect));
-        assert_eq!(v("POST http://a/ HTTP/1.1\r\nContent-Length: 5\r\n\r\n"), Ok(Framing::ContentLength(5)));
-        assert_eq!(v("POST http://a/ HTTP/1.1\r\nContent-Length: 5, 5\r\n\r\n"), Ok(Framing::ContentLength(5)));
-        assert_eq!(v("POST http://a/ HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"), Ok(Framing::Chunked));
+        assert_eq!(
+            v("GET http://a/ HTTP/1.1\r\nHost: a\r\n\r\n"),
+            Ok(Framing::NoBody)
+        );
+        assert_eq!(
+            v("CONNECT a:443 HTTP/1.1\r\nHost: a:443\r\n\r\n"),
+            Ok(Framing::Connect)
+        );
+        assert_eq!(
+            v("POST http://a/ HTTP/1.1\r\nContent-Length: 5\r\n\r\n"),
+            Ok(Framing::ContentLength(5))
+        );
+        assert_eq!(
+            v("POST http://a/ HTTP/1.1\r\nContent-Length: 5, 5\r\n\r\n"),
+            Ok(Framing::ContentLength(5))
+        );
+        assert_eq!(
+            v("POST http://a/ HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"),
+            Ok(Framing::Chunked)
+        );
         assert_eq!(v("\r\nGET http://a/ HTTP/1.0\r\n\r\n"), Ok(Framing::NoBody));
     }
 
@@ -563,10 +669,17 @@ mod tests {
             "GET  http://a/ HTTP/1.1\r\n\r\n",
             "GET http://a/\x7f HTTP/1.1\r\n\r\n",
         ] {
-            assert!(matches!(v(bad), Err(HeadError::Malformed(_))), "{bad:?} → {:?}", v(bad));
+            assert!(
+                matches!(v(bad), Err(HeadError::Malformed(_))),
+                "{bad:?} → {:?}",
+                v(bad)
+            );
         }
         let many: String = (0..=MAX).map(|i| format!("X-{i}: v\r\n")).collect();
-        assert_eq!(v(&format!("GET http://a/ HTTP/1.1\r\n{many}\r\n")), Err(HeadError::TooManyFields));
+        assert_eq!(
+            v(&format!("GET http://a/ HTTP/1.1\r\n{many}\r\n")),
+            Err(HeadError::TooManyFields)
+        );
     }
 
     #[test]
@@ -591,7 +704,14 @@ mod tests {
         if engage {
             switch.engage();
         }
-        let mut guard = HeadGuard::new(server, HeadLimits { max_head_bytes: 1024, max_fields: MAX }, switch);
+        let mut guard = HeadGuard::new(
+            server,
+            HeadLimits {
+                max_head_bytes: 1024,
+                max_fields: MAX,
+            },
+            switch,
+        );
         let mut passed = Vec::new();
         guard.read_to_end(&mut passed).await.unwrap();
         drop(guard);
@@ -614,12 +734,17 @@ mod tests {
         assert!(passed.is_empty());
         let answered = String::from_utf8(answered).unwrap();
         assert!(answered.starts_with("HTTP/1.1 400 "), "{answered}");
-        assert!(answered.contains("proxy-status: proxynet; error=http_request_error"), "{answered}");
+        assert!(
+            answered.contains("proxy-status: proxynet; error=http_request_error"),
+            "{answered}"
+        );
 
         let big = format!("GET http://a/ HTTP/1.1\r\nX: {}\r\n\r\n", "a".repeat(2000));
         let (passed, answered) = through_guard(big.as_bytes(), false).await;
         assert!(passed.is_empty());
-        assert!(String::from_utf8(answered).unwrap().starts_with("HTTP/1.1 431 "));
+        assert!(String::from_utf8(answered)
+            .unwrap()
+            .starts_with("HTTP/1.1 431 "));
     }
 
     #[tokio::test]

@@ -21,9 +21,9 @@ use tokio::net::TcpStream;
 use super::head_guard::{HeadGuard, HeadLimits, TunnelSwitch};
 use crate::authenticate::parse_basic;
 use crate::error::{ErrorKind, ProxyError};
-use proxynet_protocol::splice::splice;
 use crate::target::Target;
 use crate::Gateway;
+use proxynet_protocol::splice::splice;
 
 /// Largest request head accepted (431 beyond).
 pub const MAX_HEAD_BYTES: usize = 64 * 1024;
@@ -34,10 +34,13 @@ pub const MAX_HEADERS: usize = 100;
 pub const EXIT_HEADER: &str = "proxynet-exit";
 
 /// Response bodies: our own short texts or a streamed upstream body.
-pub type ProxyBody = http_body_util::combinators::UnsyncBoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
+pub type ProxyBody =
+    http_body_util::combinators::UnsyncBoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
 
 pub fn full_body(bytes: impl Into<Bytes>) -> ProxyBody {
-    Full::new(bytes.into()).map_err(|never| match never {}).boxed_unsync()
+    Full::new(bytes.into())
+        .map_err(|never| match never {})
+        .boxed_unsync()
 }
 
 pub fn empty_body() -> ProxyBody {
@@ -45,7 +48,9 @@ pub fn empty_body() -> ProxyBody {
 }
 
 fn error_response(error: &ProxyError) -> Response<ProxyBody> {
-    error.to_response().map(|body| body.map_err(|never| match never {}).boxed_unsync())
+    error
+        .to_response()
+        .map(|body| body.map_err(|never| match never {}).boxed_unsync())
 }
 
 pub async fn serve_connection(gateway: Arc<Gateway>, stream: TcpStream, peer: SocketAddr) {
@@ -73,12 +78,20 @@ pub async fn serve_connection(gateway: Arc<Gateway>, stream: TcpStream, peer: So
         // only needs room for a head the guard already accepted.
         .max_buf_size(MAX_HEAD_BYTES + 16 * 1024);
     builder.auto_date_header(false);
-    if let Err(e) = builder.serve_connection(TokioIo::new(guarded), service).with_upgrades().await {
+    if let Err(e) = builder
+        .serve_connection(TokioIo::new(guarded), service)
+        .with_upgrades()
+        .await
+    {
         tracing::debug!(%peer, error = %e, "client connection ended with an error");
     }
 }
 
-async fn handle(gateway: Arc<Gateway>, switch: TunnelSwitch, req: Request<Incoming>) -> Result<Response<ProxyBody>, Infallible> {
+async fn handle(
+    gateway: Arc<Gateway>,
+    switch: TunnelSwitch,
+    req: Request<Incoming>,
+) -> Result<Response<ProxyBody>, Infallible> {
     let response = match route(gateway, switch, req).await {
         Ok(response) => response,
         Err(e) => {
@@ -89,7 +102,11 @@ async fn handle(gateway: Arc<Gateway>, switch: TunnelSwitch, req: Request<Incomi
     Ok(response)
 }
 
-async fn route(gateway: Arc<Gateway>, switch: TunnelSwitch, req: Request<Incoming>) -> Result<Response<ProxyBody>, ProxyError> {
+async fn route(
+    gateway: Arc<Gateway>,
+    switch: TunnelSwitch,
+    req: Request<Incoming>,
+) -> Result<Response<ProxyBody>, ProxyError> {
     if req.method() == Method::CONNECT {
         return connect(gateway, switch, req).await;
     }
@@ -114,7 +131,11 @@ async fn authenticate(gateway: &Gateway, req: &Request<Incoming>) -> Result<(), 
     Ok(())
 }
 
-async fn connect(gateway: Arc<Gateway>, switch: TunnelSwitch, req: Request<Incoming>) -> Result<Response<ProxyBody>, ProxyError> {
+async fn connect(
+    gateway: Arc<Gateway>,
+    switch: TunnelSwitch,
+    req: Request<Incoming>,
+) -> Result<Response<ProxyBody>, ProxyError> {
     let authority = req
         .uri()
         .authority()

@@ -17,7 +17,11 @@ use crate::Gateway;
 /// Peeks at the first byte and hands the connection to the right protocol.
 pub async fn serve_any(gateway: Arc<Gateway>, stream: TcpStream, peer: SocketAddr) {
     let mut first = [0u8; 1];
-    let peeked = tokio::time::timeout(gateway.config.header_read_timeout(), stream.peek(&mut first)).await;
+    let peeked = tokio::time::timeout(
+        gateway.config.header_read_timeout(),
+        stream.peek(&mut first),
+    )
+    .await;
     match peeked {
         Ok(Ok(1)) if first[0] == 0x05 => socks5::serve_connection(gateway, stream, peer).await,
         Ok(Ok(1)) => http::serve_connection(gateway, stream, peer).await,

@@ -23,7 +23,11 @@ type CommandRead = Socks5ServerProtocol<TcpStream, fast_socks5::server::states::
 
 pub async fn serve_connection(gateway: Arc<Gateway>, stream: TcpStream, peer: SocketAddr) {
     let _ = stream.set_nodelay(true);
-    let handshake = tokio::time::timeout(gateway.config.header_read_timeout(), handshake(&gateway, stream)).await;
+    let handshake = tokio::time::timeout(
+        gateway.config.header_read_timeout(),
+        handshake(&gateway, stream),
+    )
+    .await;
     let (proto, target) = match handshake {
         Err(_) => {
             tracing::debug!(%peer, "SOCKS handshake timed out");
@@ -46,7 +50,10 @@ pub async fn serve_connection(gateway: Arc<Gateway>, stream: TcpStream, peer: So
     };
     // The bound address is the exit's, which the client has no use for and
     // we do not disclose; RFC 1928 allows zeros.
-    let client = match proto.reply_success(SocketAddr::from(([0, 0, 0, 0], 0))).await {
+    let client = match proto
+        .reply_success(SocketAddr::from(([0, 0, 0, 0], 0)))
+        .await
+    {
         Ok(stream) => stream,
         Err(e) => {
             tracing::debug!(%peer, error = %e, "client went away before the tunnel started");
@@ -54,18 +61,29 @@ pub async fn serve_connection(gateway: Arc<Gateway>, stream: TcpStream, peer: So
         }
     };
     let exit_id = tunnel.exit.record.id;
-    let outcome = splice(client, hyper_util::rt::TokioIo::new(tunnel.io), gateway.config.tunnel_limits()).await;
+    let outcome = splice(
+        client,
+        hyper_util::rt::TokioIo::new(tunnel.io),
+        gateway.config.tunnel_limits(),
+    )
+    .await;
     tracing::debug!(exit = %exit_id, up = outcome.up, down = outcome.down, end = ?outcome.end, "SOCKS tunnel closed");
 }
 
 /// Authenticates and reads the command. `Ok(None)`: the client was answered
 /// (auth failure or unsupported command) and the connection is done.
-async fn handshake(gateway: &Gateway, stream: TcpStream) -> Result<Option<(CommandRead, Target)>, String> {
+async fn handshake(
+    gateway: &Gateway,
+    stream: TcpStream,
+) -> Result<Option<(CommandRead, Target)>, String> {
     let auth = Socks5ServerProtocol::start(stream)
         .negotiate_auth(&[PasswordAuthentication])
         .await
         .map_err(|e| e.to_string())?;
-    let (username, password, pending) = auth.read_username_password().await.map_err(|e| e.to_string())?;
+    let (username, password, pending) = auth
+        .read_username_password()
+        .await
+        .map_err(|e| e.to_string())?;
     let accepted = match gateway.auth.authenticate(&username, &password).await {
         Ok(_) => pending.accept().await.map_err(|e| e.to_string())?,
         Err(_) => {

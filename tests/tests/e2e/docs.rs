@@ -5,7 +5,9 @@ use proxynet_tests::process::bin;
 use superproxy::error::{ErrorKind, Source};
 
 fn repo_file(path: &str) -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(path)
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(path)
 }
 
 #[test]
@@ -26,9 +28,17 @@ fn error_catalogue_matches_the_error_type() {
         };
         assert_eq!(cells[2], kind.status().as_str(), "{kind:?} status");
         assert_eq!(cells[3], kind.proxy_status_error(), "{kind:?} Proxy-Status");
-        assert_eq!(cells[4], format!("0x{:02x}", kind.socks_reply()), "{kind:?} SOCKS reply");
+        assert_eq!(
+            cells[4],
+            format!("0x{:02x}", kind.socks_reply()),
+            "{kind:?} SOCKS reply"
+        );
         assert_eq!(cells[5], source, "{kind:?} source");
-        assert_eq!(cells[6], if kind.retry_safe() { "yes" } else { "no" }, "{kind:?} retry");
+        assert_eq!(
+            cells[6],
+            if kind.retry_safe() { "yes" } else { "no" },
+            "{kind:?} retry"
+        );
     }
 }
 
@@ -44,7 +54,10 @@ fn config_reference_matches_each_binarys_help() {
             .output()
             .unwrap();
         assert!(out.status.success());
-        expected.push_str(&format!("## {name}\n\n```text\n{}```\n\n", String::from_utf8_lossy(&out.stdout)));
+        expected.push_str(&format!(
+            "## {name}\n\n```text\n{}```\n\n",
+            String::from_utf8_lossy(&out.stdout)
+        ));
     }
     if std::env::var_os("PROXYNET_UPDATE_DOCS").is_some() {
         std::fs::write(&path, &expected).unwrap();

@@ -5,5 +5,7 @@
 
 mod docs;
 mod enrollment;
+mod ingress;
+mod limits;
 mod spine;
 mod startup;
