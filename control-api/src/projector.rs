@@ -45,6 +45,9 @@ pub struct ExitRow {
     pub country: String,
     pub egress_ips: Vec<String>,
     pub credential_sha256: String,
+    pub city: Option<String>,
+    pub asn: Option<i64>,
+    /// Agent-reported or operator-set.
     pub draining: bool,
     pub disabled: bool,
 }
@@ -62,6 +65,8 @@ impl ExitRow {
             source_type: SourceType::parse(&self.source_type).unwrap_or(SourceType::Dc),
             country: self.country.clone(),
             owner: self.owner.clone(),
+            city: self.city.clone(),
+            asn: self.asn.and_then(|a| u32::try_from(a).ok()),
             draining: self.draining,
             disabled: self.disabled,
             credential_sha256: self.credential_sha256.clone(),
@@ -69,8 +74,8 @@ impl ExitRow {
     }
 }
 
-const EXIT_COLUMNS: &str =
-    "id, name, source_type, owner, country, egress_ips, credential_sha256, draining, disabled";
+const EXIT_COLUMNS: &str = "id, name, source_type, owner, country, egress_ips, credential_sha256, \
+     city, asn, (draining OR admin_draining) AS draining, disabled";
 
 impl Projector {
     pub fn new(db: PgPool, redis: ConnectionManager, keys: Keys) -> Self {

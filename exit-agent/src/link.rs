@@ -98,6 +98,7 @@ async fn serve(tls: LinkStream, ctx: Arc<TunnelContext>) -> Result<(), hyper::Er
         .timer(TokioTimer::new())
         .initial_stream_window_size(1 << 20)
         .initial_connection_window_size(64 << 20)
+        .max_frame_size(proxynet_protocol::link::H2_MAX_FRAME_SIZE)
         .max_concurrent_streams(u32::try_from(ctx.config.max_tunnels).unwrap_or(u32::MAX))
         .keep_alive_interval(Duration::from_secs(10))
         .keep_alive_timeout(Duration::from_secs(5))
@@ -106,7 +107,7 @@ async fn serve(tls: LinkStream, ctx: Arc<TunnelContext>) -> Result<(), hyper::Er
 }
 
 fn pinned_client_config(cert_sha256: &str) -> Result<Arc<ClientConfig>, String> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let provider = proxynet_protocol::link::tls_provider();
     let verifier = Arc::new(PinnedCert {
         sha256: cert_sha256.to_ascii_lowercase(),
         provider: provider.clone(),

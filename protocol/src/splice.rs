@@ -16,7 +16,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::{sleep_until, Instant};
 
 /// Copy buffer per direction while data flows.
-pub const COPY_BUFFER: usize = 32 * 1024;
+pub const COPY_BUFFER: usize = 64 * 1024;
 
 #[derive(Debug, Clone, Copy)]
 pub struct TunnelLimits {

@@ -53,6 +53,11 @@ impl Keys {
         format!("{}superproxy:{{{id}}}", self.prefix)
     }
 
+    /// A sticky session's pin: the exit id, with the session's TTL.
+    pub fn session(&self, user_id: Uuid, session: &str) -> String {
+        format!("{}session:{{{user_id}}}:{session}", self.prefix)
+    }
+
     /// Sorted set: superproxy id → announcement expiry (ms, Redis clock).
     pub fn superproxies_live(&self) -> String {
         format!("{}superproxies:live", self.prefix)
@@ -118,7 +123,13 @@ pub struct ExitRecord {
     /// ISO 3166-1 alpha-2, upper case.
     pub country: String,
     pub owner: String,
-    /// The agent announced it is draining: no new tunnels.
+    /// Lower-case city name, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub city: Option<String>,
+    /// Autonomous system the egress IPs are announced from, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub asn: Option<u32>,
+    /// The agent announced it is draining, or an operator drained it: no new tunnels.
     pub draining: bool,
     /// An operator disabled the exit.
     pub disabled: bool,

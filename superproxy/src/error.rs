@@ -45,6 +45,8 @@ pub enum ErrorKind {
     ExitUnavailable,
     /// The exit link broke after the target may have been contacted.
     ExitLinkLost,
+    /// A `sessmode=hard` session's pinned exit is gone.
+    SessionExitLost,
     /// The target refused the connection.
     ConnectionRefused,
     /// The target's network or host is unreachable.
@@ -62,7 +64,7 @@ pub enum ErrorKind {
 }
 
 impl ErrorKind {
-    pub const ALL: [ErrorKind; 16] = [
+    pub const ALL: [ErrorKind; 17] = [
         ErrorKind::AuthRequired,
         ErrorKind::BadRequest,
         ErrorKind::HeaderTooLarge,
@@ -72,6 +74,7 @@ impl ErrorKind {
         ErrorKind::NoExit,
         ErrorKind::ExitUnavailable,
         ErrorKind::ExitLinkLost,
+        ErrorKind::SessionExitLost,
         ErrorKind::ConnectionRefused,
         ErrorKind::DestinationUnreachable,
         ErrorKind::ConnectionTimeout,
@@ -93,6 +96,7 @@ impl ErrorKind {
                 StatusCode::SERVICE_UNAVAILABLE
             }
             ErrorKind::ExitLinkLost
+            | ErrorKind::SessionExitLost
             | ErrorKind::ConnectionRefused
             | ErrorKind::DestinationUnreachable
             | ErrorKind::BadResponse
@@ -112,6 +116,7 @@ impl ErrorKind {
             ErrorKind::DestinationProhibited => "destination_ip_prohibited",
             ErrorKind::NoExit | ErrorKind::ExitUnavailable => "destination_unavailable",
             ErrorKind::ExitLinkLost => "connection_terminated",
+            ErrorKind::SessionExitLost => "destination_unavailable",
             ErrorKind::ConnectionRefused => "connection_refused",
             ErrorKind::DestinationUnreachable => "destination_ip_unroutable",
             ErrorKind::ConnectionTimeout => "connection_timeout",
@@ -126,7 +131,9 @@ impl ErrorKind {
         match self {
             ErrorKind::DestinationProhibited | ErrorKind::AuthRequired => 0x02,
             ErrorKind::NoExit | ErrorKind::ExitUnavailable => 0x03,
-            ErrorKind::DestinationUnreachable | ErrorKind::DnsError => 0x04,
+            ErrorKind::DestinationUnreachable
+            | ErrorKind::DnsError
+            | ErrorKind::SessionExitLost => 0x04,
             ErrorKind::ConnectionRefused => 0x05,
             ErrorKind::ConnectionTimeout => 0x06,
             ErrorKind::MethodNotAllowed => 0x07,
@@ -147,7 +154,9 @@ impl ErrorKind {
             | ErrorKind::HeaderTooLarge
             | ErrorKind::MethodNotAllowed => Source::Client,
             ErrorKind::DestinationProhibited => Source::Policy,
-            ErrorKind::ExitUnavailable | ErrorKind::ExitLinkLost => Source::ExitLink,
+            ErrorKind::ExitUnavailable | ErrorKind::ExitLinkLost | ErrorKind::SessionExitLost => {
+                Source::ExitLink
+            }
             ErrorKind::ConnectionRefused
             | ErrorKind::DestinationUnreachable
             | ErrorKind::ConnectionTimeout

@@ -25,8 +25,10 @@ pub mod hygiene;
 pub mod ingress;
 pub mod link;
 pub mod pool;
+pub mod session;
 pub mod target;
 pub mod tunnel;
+pub mod username;
 
 use proxynet_protocol::egress::EgressPolicy;
 use proxynet_protocol::store::{connect_redis, Keys, StoreUnavailable, SuperproxyRecord};
@@ -63,6 +65,24 @@ pub struct Gateway {
 }
 
 impl Gateway {
+    /// Parses the username grammar, then checks the base user's password.
+    /// A grammar error is a 400 naming the problem; any credential failure is
+    /// the one indistinguishable 407.
+    pub async fn authenticate(
+        &self,
+        username: &str,
+        password: &str,
+    ) -> Result<tunnel::Client, error::ProxyError> {
+        let request = username::parse(username).map_err(|e| {
+            error::ProxyError::new(error::ErrorKind::BadRequest, format!("proxy username: {e}"))
+        })?;
+        let user = self.auth.authenticate(&request.user, password).await?;
+        Ok(tunnel::Client {
+            user_id: user.id,
+            request,
+        })
+    }
+
     pub fn is_draining(&self) -> bool {
         self.draining.load(Ordering::Relaxed)
     }
@@ -157,6 +177,7 @@ impl Superproxy {
         );
         let tunnels = TunnelOpener {
             pool: pool.clone(),
+            sessions: session::Sessions::new(redis.clone(), keys.clone()),
             policy,
             connect_budget: config.connect_budget(),
         };

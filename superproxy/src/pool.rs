@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use uuid::Uuid;
 
 use crate::link::registry::{Link, LinkRegistry};
+use crate::username::Targeting;
 
 /// One exit we could send a tunnel through.
 #[derive(Clone)]
@@ -38,6 +39,8 @@ impl Candidate {
 #[derive(Default)]
 pub struct PoolView {
     pub eligible: Vec<Candidate>,
+    /// Position of each eligible exit in `eligible`.
+    pub index: HashMap<Uuid, usize>,
     /// Exits with a live heartbeat, linked to us or not.
     pub live: usize,
     /// Last refresh from Redis failed; the view is the last known one.
@@ -61,6 +64,29 @@ struct Known {
     degraded: bool,
 }
 
+impl PoolView {
+    pub fn get(&self, id: &Uuid) -> Option<&Candidate> {
+        self.index.get(id).and_then(|i| self.eligible.get(*i))
+    }
+}
+
+/// Whether an exit satisfies a client's targeting.
+pub fn matches(record: &ExitRecord, targeting: &Targeting) -> bool {
+    targeting
+        .country
+        .as_deref()
+        .is_none_or(|c| record.country == c)
+        && targeting
+            .city
+            .as_deref()
+            .is_none_or(|c| record.city.as_deref() == Some(c))
+        && targeting.asn.is_none_or(|a| record.asn == Some(a))
+        && targeting
+            .source_type
+            .is_none_or(|t| record.source_type == t)
+        && targeting.exit.is_none_or(|e| record.id == e)
+}
+
 impl Pool {
     pub fn new(redis: ConnectionManager, keys: Keys, registry: Arc<LinkRegistry>) -> Self {
         Self {
@@ -81,27 +107,39 @@ impl Pool {
         self.known.read().ok()?.last_success.map(|t| t.elapsed())
     }
 
-    /// Picks an eligible exit at random, skipping `tried`.
-    pub fn pick(&self, tried: &[Uuid]) -> Option<Candidate> {
+    /// Picks an eligible exit matching `targeting` at random, skipping `tried`.
+    pub fn pick(&self, tried: &[Uuid], targeting: &Targeting) -> Option<Candidate> {
         let view = self.view();
+        if let Some(id) = targeting.exit {
+            return view
+                .get(&id)
+                .filter(|c| !tried.contains(&id) && matches(&c.record, targeting))
+                .cloned();
+        }
         let n = view.eligible.len();
         if n == 0 {
             return None;
         }
+        let usable = |c: &Candidate| !tried.contains(&c.record.id) && matches(&c.record, targeting);
         let mut rng = rand::thread_rng();
         // A few random probes cover the common case in O(1); a scan from a
-        // random start finds the last untried exit when most have been tried.
+        // random start finds the last usable exit when most are not.
         for _ in 0..4 {
             let c = &view.eligible[rng.gen_range(0..n)];
-            if !tried.contains(&c.record.id) {
+            if usable(c) {
                 return Some(c.clone());
             }
         }
         let start = rng.gen_range(0..n);
         (0..n)
             .map(|i| &view.eligible[(start + i) % n])
-            .find(|c| !tried.contains(&c.record.id))
+            .find(|c| usable(c))
             .cloned()
+    }
+
+    /// The eligible exit `id`, if it still is.
+    pub fn eligible(&self, id: &Uuid) -> Option<Candidate> {
+        self.view().get(id).cloned()
     }
 
     /// Keeps the view current until the task is dropped.
@@ -189,9 +227,15 @@ impl Pool {
             }
             Err(_) => return,
         };
+        let index = eligible
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (c.record.id, i))
+            .collect();
         if let Ok(mut view) = self.view.write() {
             *view = Arc::new(PoolView {
                 eligible,
+                index,
                 live,
                 degraded,
             });

@@ -162,3 +162,19 @@ mod tests {
         assert_eq!(Target::parse_authority(":80"), Err(TargetError::BadHost));
     }
 }
+
+#[cfg(test)]
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn authority_parser_never_panics(s in "\\PC{0,300}") {
+            if let Ok(t) = Target::parse_authority(&s) {
+                // Whatever parses re-parses to itself.
+                prop_assert_eq!(Target::parse_authority(&t.authority()), Ok(t));
+            }
+        }
+    }
+}

@@ -27,6 +27,10 @@ pub struct CreateEnrollmentToken {
     source_type: String,
     owner: String,
     country: String,
+    /// Lower-case city (`a-z 0-9 _`), for city targeting.
+    city: Option<String>,
+    /// Autonomous system number of the exit's egress IPs, for ASN targeting.
+    asn: Option<u32>,
     /// Defaults to the server's `enrollment_ttl_secs`.
     ttl_seconds: Option<u64>,
 }
@@ -64,6 +68,19 @@ pub async fn create_enrollment_token(
             "country: ISO 3166-1 alpha-2 code in upper case, e.g. DE".into(),
         ));
     }
+    if let Some(city) = &body.city {
+        if city.is_empty()
+            || city.len() > 64
+            || !city
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+        {
+            return Err(ApiError::BadRequest("city: 1 to 64 of a-z 0-9 _".into()));
+        }
+    }
+    if body.asn == Some(0) {
+        return Err(ApiError::BadRequest("asn: 1 to 4294967295".into()));
+    }
     let ttl = body.ttl_seconds.unwrap_or(state.config.enrollment_ttl_secs);
     if ttl == 0 || ttl > 30 * 24 * 3600 {
         return Err(ApiError::BadRequest("ttl_seconds: 1 to 2592000".into()));
@@ -72,8 +89,8 @@ pub async fn create_enrollment_token(
     let id = Uuid::new_v4();
     let mut tx = state.db.begin().await?;
     let (expires_at,): (DateTime<Utc>,) = sqlx::query_as(
-        "INSERT INTO enrollment_tokens (id, token_sha256, name, source_type, owner, country, expires_at)
-         VALUES ($1, $2, $3, $4, $5, $6, now() + make_interval(secs => $7))
+        "INSERT INTO enrollment_tokens (id, token_sha256, name, source_type, owner, country, expires_at, city, asn)
+         VALUES ($1, $2, $3, $4, $5, $6, now() + make_interval(secs => $7), $8, $9)
          RETURNING expires_at",
     )
     .bind(id)
@@ -83,6 +100,8 @@ pub async fn create_enrollment_token(
     .bind(body.owner.trim())
     .bind(&body.country)
     .bind(ttl as f64)
+    .bind(&body.city)
+    .bind(body.asn.map(i64::from))
     .fetch_one(&mut *tx)
     .await?;
     audit::record(&mut tx, "operator", "enrollment_token.create", &id.to_string(),
@@ -123,6 +142,8 @@ struct TokenRow {
     source_type: String,
     owner: String,
     country: String,
+    city: Option<String>,
+    asn: Option<i64>,
     expired: bool,
     used: bool,
 }
@@ -139,7 +160,7 @@ pub async fn enroll(
     let mut tx = state.db.begin().await?;
     // Lock the token row so two agents racing with one token cannot both win.
     let token: Option<TokenRow> = sqlx::query_as(
-        "SELECT id, name, source_type, owner, country,
+        "SELECT id, name, source_type, owner, country, city, asn,
                 expires_at <= now() AS expired, used_at IS NOT NULL AS used
            FROM enrollment_tokens WHERE token_sha256 = $1 FOR UPDATE",
     )
@@ -162,8 +183,8 @@ pub async fn enroll(
     let credential = new_secret("pnexit");
     let ips: Vec<String> = body.egress_ips.iter().map(ToString::to_string).collect();
     sqlx::query(
-        "INSERT INTO exits (id, name, source_type, owner, country, egress_ips, credential_sha256, hostname, agent_version)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+        "INSERT INTO exits (id, name, source_type, owner, country, egress_ips, credential_sha256, hostname, agent_version, city, asn)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
     )
     .bind(exit_id)
     .bind(&token.name)
@@ -174,6 +195,8 @@ pub async fn enroll(
     .bind(sha256_hex(&credential))
     .bind(truncate(&body.hostname, 255))
     .bind(truncate(&body.agent_version, 64))
+    .bind(&token.city)
+    .bind(token.asn)
     .execute(&mut *tx)
     .await?;
     sqlx::query("UPDATE enrollment_tokens SET used_at = now(), exit_id = $2 WHERE id = $1")

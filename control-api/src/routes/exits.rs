@@ -8,7 +8,7 @@ use uuid::Uuid;
 
 use crate::auth::Operator;
 use crate::error::ApiError;
-use crate::AppState;
+use crate::{audit, AppState};
 
 #[derive(Serialize, sqlx::FromRow)]
 pub struct ExitRow {
@@ -18,9 +18,14 @@ pub struct ExitRow {
     owner: String,
     country: String,
     egress_ips: Vec<String>,
+    city: Option<String>,
+    asn: Option<i64>,
     hostname: String,
     agent_version: String,
+    /// Reported by the agent (SIGTERM).
     draining: bool,
+    /// Set by an operator (`POST /v1/exits/{id}/drain`).
+    admin_draining: bool,
     disabled: bool,
     enrolled_at: DateTime<Utc>,
     last_heartbeat_at: Option<DateTime<Utc>>,
@@ -34,7 +39,9 @@ pub struct ExitView {
     live: bool,
 }
 
-const COLUMNS: &str = "id, name, source_type, owner, country, egress_ips, hostname, agent_version, draining, disabled, enrolled_at, last_heartbeat_at";
+const COLUMNS: &str =
+    "id, name, source_type, owner, country, egress_ips, city, asn, hostname, agent_version, \
+     draining, admin_draining, disabled, enrolled_at, last_heartbeat_at";
 
 pub async fn list(
     _: Operator,
@@ -79,4 +86,69 @@ pub async fn get_one(
         live: live.contains(&row.id),
         row,
     }))
+}
+
+/// `POST /v1/exits/{id}/drain`: no new tunnels; open ones finish.
+pub async fn drain(
+    op: Operator,
+    state: State<AppState>,
+    id: Path<Uuid>,
+) -> Result<Json<ExitView>, ApiError> {
+    set_flag(op, state, id, "admin_draining = true", "exit.drain").await
+}
+
+/// `POST /v1/exits/{id}/undrain`: back in rotation.
+pub async fn undrain(
+    op: Operator,
+    state: State<AppState>,
+    id: Path<Uuid>,
+) -> Result<Json<ExitView>, ApiError> {
+    set_flag(op, state, id, "admin_draining = false", "exit.undrain").await
+}
+
+/// `POST /v1/exits/{id}/disable`: out of rotation until enabled.
+pub async fn disable(
+    op: Operator,
+    state: State<AppState>,
+    id: Path<Uuid>,
+) -> Result<Json<ExitView>, ApiError> {
+    set_flag(op, state, id, "disabled = true", "exit.disable").await
+}
+
+/// `POST /v1/exits/{id}/enable`.
+pub async fn enable(
+    op: Operator,
+    state: State<AppState>,
+    id: Path<Uuid>,
+) -> Result<Json<ExitView>, ApiError> {
+    set_flag(op, state, id, "disabled = false", "exit.enable").await
+}
+
+async fn set_flag(
+    op: Operator,
+    State(state): State<AppState>,
+    Path(id): Path<Uuid>,
+    assignment: &'static str,
+    action: &'static str,
+) -> Result<Json<ExitView>, ApiError> {
+    let mut tx = state.db.begin().await?;
+    let updated = sqlx::query(&format!("UPDATE exits SET {assignment} WHERE id = $1"))
+        .bind(id)
+        .execute(&mut *tx)
+        .await?;
+    if updated.rows_affected() == 0 {
+        return Err(ApiError::NotFound("exit"));
+    }
+    audit::record(
+        &mut tx,
+        "operator",
+        action,
+        &id.to_string(),
+        serde_json::json!({}),
+    )
+    .await?;
+    tx.commit().await?;
+    // Projection publishes an `exit:ID` event: superproxies refresh at once.
+    state.projector.exit(id).await;
+    get_one(op, State(state), Path(id)).await
 }

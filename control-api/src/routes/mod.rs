@@ -35,5 +35,9 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/agent/exits/{id}/heartbeat", post(agent::heartbeat))
         .route("/v1/exits", get(exits::list))
         .route("/v1/exits/{id}", get(exits::get_one))
+        .route("/v1/exits/{id}/drain", post(exits::drain))
+        .route("/v1/exits/{id}/undrain", post(exits::undrain))
+        .route("/v1/exits/{id}/disable", post(exits::disable))
+        .route("/v1/exits/{id}/enable", post(exits::enable))
         .with_state(state)
 }

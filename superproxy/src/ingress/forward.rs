@@ -12,10 +12,11 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use std::sync::Arc;
 
-use super::http::{ProxyBody, EXIT_HEADER};
+use super::http::ProxyBody;
 use crate::error::{ErrorKind, ProxyError};
 use crate::hygiene::end_to_end;
 use crate::target::Target;
+use crate::tunnel::Client;
 use crate::Gateway;
 
 /// Methods this proxy answers itself when `Max-Forwards` reaches zero.
@@ -24,6 +25,7 @@ const ALLOW: &str = "GET, HEAD, POST, PUT, DELETE, OPTIONS, PATCH, CONNECT";
 pub async fn forward(
     gateway: Arc<Gateway>,
     req: Request<Incoming>,
+    client: Client,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     if req.method() == Method::TRACE {
         // TRACE would echo our customers' credentials and cookies back through a cache.
@@ -86,8 +88,9 @@ pub async fn forward(
     *upstream.version_mut() = Version::HTTP_11;
     *upstream.headers_mut() = headers;
 
-    let tunnel = gateway.tunnels.open(&target).await?;
-    let exit_id = tunnel.exit.record.id;
+    let tunnel = gateway.tunnels.open(&target, &client).await?;
+    let mut tunnel_info = http::HeaderMap::new();
+    super::http::tunnel_headers(&mut tunnel_info, &tunnel);
     let (mut sender, connection) = hyper::client::conn::http1::Builder::new()
         .preserve_header_case(true)
         .handshake::<_, Incoming>(tunnel.io)
@@ -108,9 +111,7 @@ pub async fn forward(
     })?;
     let (mut parts, body) = response.into_parts();
     parts.headers = end_to_end(&parts.headers);
-    if let Ok(v) = HeaderValue::from_str(&exit_id.to_string()) {
-        parts.headers.insert(EXIT_HEADER, v);
-    }
+    parts.headers.extend(tunnel_info);
     let body: ProxyBody = body.map_err(Box::from).boxed_unsync();
     Ok(Response::from_parts(parts, body))
 }

@@ -22,6 +22,7 @@ use super::head_guard::{HeadGuard, HeadLimits, TunnelSwitch};
 use crate::authenticate::parse_basic;
 use crate::error::{ErrorKind, ProxyError};
 use crate::target::Target;
+use crate::tunnel::{Client, OpenTunnel};
 use crate::Gateway;
 use proxynet_protocol::splice::splice;
 
@@ -32,6 +33,8 @@ pub const MAX_HEADERS: usize = 100;
 
 /// Response header naming the exit that served the request or tunnel.
 pub const EXIT_HEADER: &str = "proxynet-exit";
+/// Response header with a sticky session's pin expiry (Unix seconds).
+pub const SESSION_EXPIRES_HEADER: &str = "proxynet-session-expires";
 
 /// Response bodies: our own short texts or a streamed upstream body.
 pub type ProxyBody =
@@ -116,19 +119,31 @@ async fn route(
             "this is a forward proxy: send CONNECT or an absolute-form request",
         ));
     }
-    authenticate(&gateway, &req).await?;
-    super::forward::forward(gateway, req).await
+    let client = authenticate(&gateway, &req).await?;
+    super::forward::forward(gateway, req, client).await
 }
 
-async fn authenticate(gateway: &Gateway, req: &Request<Incoming>) -> Result<(), ProxyError> {
+async fn authenticate(gateway: &Gateway, req: &Request<Incoming>) -> Result<Client, ProxyError> {
     let header = req
         .headers()
         .get(header::PROXY_AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .ok_or_else(ProxyError::auth_required)?;
     let (username, password) = parse_basic(header).ok_or_else(ProxyError::auth_required)?;
-    gateway.auth.authenticate(&username, &password).await?;
-    Ok(())
+    gateway.authenticate(&username, &password).await
+}
+
+/// `Proxynet-Exit` and, for sessions, `Proxynet-Session-Expires` (Unix seconds).
+pub fn tunnel_headers(headers: &mut http::HeaderMap, tunnel: &OpenTunnel) {
+    if let Ok(v) = HeaderValue::from_str(&tunnel.exit.record.id.to_string()) {
+        headers.insert(EXIT_HEADER, v);
+    }
+    if let Some(pin) = tunnel.pin {
+        headers.insert(
+            SESSION_EXPIRES_HEADER,
+            HeaderValue::from(pin.expires_unix()),
+        );
+    }
 }
 
 async fn connect(
@@ -142,11 +157,13 @@ async fn connect(
         .ok_or_else(|| ProxyError::new(ErrorKind::BadRequest, "CONNECT needs host:port"))?
         .as_str()
         .to_owned();
-    authenticate(&gateway, &req).await?;
+    let client = authenticate(&gateway, &req).await?;
     let target = Target::parse_authority(&authority)
         .map_err(|e| ProxyError::new(ErrorKind::BadRequest, format!("bad CONNECT target: {e}")))?;
-    let tunnel = gateway.tunnels.open(&target).await?;
+    let tunnel = gateway.tunnels.open(&target, &client).await?;
     let exit_id = tunnel.exit.record.id;
+    let mut response = Response::new(empty_body());
+    tunnel_headers(response.headers_mut(), &tunnel);
     tracing::debug!(exit = %exit_id, %target, "tunnel open");
 
     // From the 200 on, the client connection carries tunnel bytes.
@@ -165,10 +182,6 @@ async fn connect(
         tracing::debug!(exit = %exit_id, up = outcome.up, down = outcome.down, end = ?outcome.end, "tunnel closed");
     });
 
-    let mut response = Response::new(empty_body());
     *response.status_mut() = StatusCode::OK;
-    if let Ok(v) = HeaderValue::from_str(&exit_id.to_string()) {
-        response.headers_mut().insert(EXIT_HEADER, v);
-    }
     Ok(response)
 }

@@ -16,6 +16,7 @@ use tokio::net::TcpStream;
 
 use crate::error::ErrorKind;
 use crate::target::Target;
+use crate::tunnel::Client;
 use crate::Gateway;
 use proxynet_protocol::splice::splice;
 
@@ -28,7 +29,7 @@ pub async fn serve_connection(gateway: Arc<Gateway>, stream: TcpStream, peer: So
         handshake(&gateway, stream),
     )
     .await;
-    let (proto, target) = match handshake {
+    let (proto, target, client) = match handshake {
         Err(_) => {
             tracing::debug!(%peer, "SOCKS handshake timed out");
             return;
@@ -40,7 +41,7 @@ pub async fn serve_connection(gateway: Arc<Gateway>, stream: TcpStream, peer: So
         Ok(Ok(None)) => return,
         Ok(Ok(Some(request))) => request,
     };
-    let tunnel = match gateway.tunnels.open(&target).await {
+    let tunnel = match gateway.tunnels.open(&target, &client).await {
         Ok(tunnel) => tunnel,
         Err(e) => {
             tracing::debug!(%peer, error = %e, "SOCKS tunnel refused");
@@ -75,7 +76,7 @@ pub async fn serve_connection(gateway: Arc<Gateway>, stream: TcpStream, peer: So
 async fn handshake(
     gateway: &Gateway,
     stream: TcpStream,
-) -> Result<Option<(CommandRead, Target)>, String> {
+) -> Result<Option<(CommandRead, Target, Client)>, String> {
     let auth = Socks5ServerProtocol::start(stream)
         .negotiate_auth(&[PasswordAuthentication])
         .await
@@ -84,8 +85,8 @@ async fn handshake(
         .read_username_password()
         .await
         .map_err(|e| e.to_string())?;
-    let accepted = match gateway.auth.authenticate(&username, &password).await {
-        Ok(_) => pending.accept().await.map_err(|e| e.to_string())?,
+    let (accepted, client) = match gateway.authenticate(&username, &password).await {
+        Ok(client) => (pending.accept().await.map_err(|e| e.to_string())?, client),
         Err(_) => {
             let _ = pending.reject().await;
             return Ok(None);
@@ -102,7 +103,7 @@ async fn handshake(
         TargetAddr::Domain(name, port) => Target::new(&name, port),
     };
     match parsed {
-        Ok(target) => Ok(Some((proto, target))),
+        Ok(target) => Ok(Some((proto, target, client))),
         Err(_) => {
             let _ = proto.reply_error(&ReplyError::GeneralFailure).await;
             Ok(None)
@@ -121,5 +122,80 @@ fn reply_for(kind: ErrorKind) -> ReplyError {
         0x07 => ReplyError::CommandNotSupported,
         0x08 => ReplyError::AddressTypeNotSupported,
         _ => ReplyError::GeneralFailure,
+    }
+}
+
+#[cfg(test)]
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+    use tokio::io::{AsyncWriteExt, DuplexStream};
+
+    /// Runs the server side of the handshake over arbitrary client bytes,
+    /// accepting any credentials, as far as the bytes allow.
+    async fn parse(bytes: Vec<u8>) {
+        let (mut client, server): (DuplexStream, DuplexStream) = tokio::io::duplex(1 << 16);
+        client.write_all(&bytes).await.unwrap();
+        client.shutdown().await.unwrap();
+        let run = async {
+            let auth = Socks5ServerProtocol::start(server)
+                .negotiate_auth(&[PasswordAuthentication])
+                .await
+                .ok()?;
+            let (_user, _pass, pending) = auth.read_username_password().await.ok()?;
+            let accepted = pending.accept().await.ok()?;
+            let (_proto, _cmd, target) = Socks5ServerProtocol::finish_auth(accepted)
+                .read_command()
+                .await
+                .ok()?;
+            let _ = match target {
+                TargetAddr::Ip(addr) => Target::new(&addr.ip().to_string(), addr.port()),
+                TargetAddr::Domain(name, port) => Target::new(&name, port),
+            };
+            Some(())
+        };
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(1), run).await;
+    }
+
+    fn socks_ish() -> impl Strategy<Value = Vec<u8>> {
+        let greeting = prop::collection::vec(any::<u8>(), 0..4).prop_map(|m| {
+            let mut v = vec![5, m.len() as u8];
+            v.extend(m);
+            v.push(2);
+            v
+        });
+        let auth = (
+            prop::collection::vec(any::<u8>(), 0..8),
+            prop::collection::vec(any::<u8>(), 0..8),
+        )
+            .prop_map(|(u, p)| {
+                let mut v = vec![1, u.len() as u8];
+                v.extend(u);
+                v.push(p.len() as u8);
+                v.extend(p);
+                v
+            });
+        let request = (0u8..5, 0u8..6, prop::collection::vec(any::<u8>(), 0..40)).prop_map(
+            |(cmd, atyp, rest)| {
+                let mut v = vec![5, cmd, 0, atyp];
+                v.extend(rest);
+                v
+            },
+        );
+        (greeting, auth, request).prop_map(|(g, a, r)| [g, a, r].concat())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        #[test]
+        fn socks_handshake_never_panics_on_noise(bytes in prop::collection::vec(any::<u8>(), 0..128)) {
+            tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(parse(bytes));
+        }
+
+        #[test]
+        fn socks_handshake_never_panics_on_near_valid_input(bytes in socks_ish()) {
+            tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(parse(bytes));
+        }
     }
 }

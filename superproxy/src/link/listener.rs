@@ -79,6 +79,7 @@ impl LinkListener {
             .timer(TokioTimer::new())
             .initial_stream_window_size(STREAM_WINDOW)
             .initial_connection_window_size(CONNECTION_WINDOW)
+            .max_frame_size(proxynet_protocol::link::H2_MAX_FRAME_SIZE)
             .keep_alive_interval(Duration::from_secs(10))
             .keep_alive_timeout(Duration::from_secs(5))
             .keep_alive_while_idle(true)

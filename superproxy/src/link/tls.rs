@@ -64,13 +64,15 @@ impl LinkIdentity {
             TlsSetupError::Invalid("link certificate file holds no certificate".into())
         })?;
         let cert_sha256 = hex::encode(Sha256::digest(end_entity.as_ref()));
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let provider = proxynet_protocol::link::tls_provider();
         let mut config = ServerConfig::builder_with_provider(provider)
             .with_protocol_versions(&[&rustls::version::TLS13])
             .map_err(|e| TlsSetupError::Invalid(e.to_string()))?
             .with_no_client_auth()
             .with_single_cert(certs, key)
             .map_err(|e| TlsSetupError::Invalid(format!("link certificate/key: {e}")))?;
+        // Our cipher order, not the client's: both ends are ours.
+        config.ignore_client_order = true;
         config.alpn_protocols = vec![super::LINK_ALPN.to_vec()];
         Ok(Self {
             server_config: Arc::new(config),

@@ -346,3 +346,21 @@ async fn methods_a_forward_proxy_must_not_carry() {
         "{origin}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tunnels_refused_before_dialling_are_retried_on_another_exit() {
+    // 192.0.2.1 (TEST-NET-1) is not an address of this host: that agent's
+    // bind fails, it answers `egress_unavailable` without touching the target,
+    // and the superproxy retries on the healthy exit.
+    let stack = Stack::start_with(StackOptions {
+        egress_ips: vec!["127.0.0.2".parse().unwrap(), "192.0.2.1".parse().unwrap()],
+        ..Default::default()
+    })
+    .await;
+    for _ in 0..10 {
+        let r = curl(&["-p", "-x", &stack.proxy_url(), &stack.whoami_url()]).await;
+        assert_eq!(r.status, 200, "{} {}", r.body, r.headers);
+        let seen: Seen = serde_json::from_str(&r.body).unwrap();
+        assert_eq!(seen.peer.ip().to_string(), "127.0.0.2");
+    }
+}

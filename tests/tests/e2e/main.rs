@@ -7,5 +7,6 @@ mod docs;
 mod enrollment;
 mod ingress;
 mod limits;
+mod selection;
 mod spine;
 mod startup;

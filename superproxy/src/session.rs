@@ -1,0 +1,161 @@
+//! Sticky sessions: the (user, session) → exit pin, shared by every superproxy.
+//!
+//! A pin lives in Redis with the session's TTL, set with compare-and-set so
+//! two superproxies choosing at once agree on one exit: whoever loses the race
+//! adopts the winner's pin. The TTL is fixed at pinning time (`sesstime` is how
+//! long the exit stays the same, not an idle timeout). A local copy of recent
+//! pins keeps sessions on their exit while Redis is unreachable.
+
+use proxynet_protocol::store::Keys;
+use redis::aio::ConnectionManager;
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use uuid::Uuid;
+
+/// Returns `{exit, pttl_ms}` for a pin, or nil.
+const GET_PIN: &str = r"
+local v = redis.call('GET', KEYS[1])
+if not v then return nil end
+return {v, redis.call('PTTL', KEYS[1])}
+";
+
+/// `ARGV[1]` expected current exit ('' for none), `ARGV[2]` new exit, `ARGV[3]`
+/// ttl ms. Sets the pin only if it is still what the caller saw; returns the
+/// pin in force afterwards as `{exit, pttl_ms}`.
+const SET_PIN: &str = r"
+local v = redis.call('GET', KEYS[1])
+if (v == false and ARGV[1] == '') or v == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+  return {ARGV[2], tonumber(ARGV[3])}
+end
+return {v, redis.call('PTTL', KEYS[1])}
+";
+
+/// Most pins remembered locally for Redis outages.
+const MAX_LOCAL_PINS: usize = 100_000;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pin {
+    pub exit: Uuid,
+    pub expires: Instant,
+}
+
+impl Pin {
+    /// Expiry as Unix seconds, for the `Proxynet-Session-Expires` header.
+    pub fn expires_unix(&self) -> u64 {
+        let left = self.expires.saturating_duration_since(Instant::now());
+        (SystemTime::now() + left)
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs())
+    }
+}
+
+pub struct Sessions {
+    redis: ConnectionManager,
+    keys: Keys,
+    local: Mutex<HashMap<String, Pin>>,
+}
+
+impl Sessions {
+    pub fn new(redis: ConnectionManager, keys: Keys) -> Self {
+        Self {
+            redis,
+            keys,
+            local: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The pin in force, if any.
+    pub async fn get(&self, user: Uuid, session: &str) -> Option<Pin> {
+        let key = self.keys.session(user, session);
+        let mut redis = self.redis.clone();
+        let answer: Result<Option<(String, i64)>, _> = redis::Script::new(GET_PIN)
+            .key(&key)
+            .invoke_async(&mut redis)
+            .await;
+        match answer {
+            Ok(found) => {
+                let pin = found.and_then(|(exit, ttl)| to_pin(&exit, ttl));
+                self.remember(&key, pin);
+                pin
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "session lookup failed; using the local pin");
+                self.local_pin(&key)
+            }
+        }
+    }
+
+    /// Pins `exit` if the pin is still `expected`; returns the pin in force.
+    pub async fn set(
+        &self,
+        user: Uuid,
+        session: &str,
+        expected: Option<Uuid>,
+        exit: Uuid,
+        ttl: Duration,
+    ) -> Pin {
+        let key = self.keys.session(user, session);
+        let mut redis = self.redis.clone();
+        let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1);
+        let answer: Result<(String, i64), _> = redis::Script::new(SET_PIN)
+            .key(&key)
+            .arg(expected.map(|e| e.to_string()).unwrap_or_default())
+            .arg(exit.to_string())
+            .arg(ttl_ms)
+            .invoke_async(&mut redis)
+            .await;
+        let pin = match answer {
+            Ok((current, pttl)) => to_pin(&current, pttl),
+            Err(e) => {
+                tracing::debug!(error = %e, "session pin not stored in Redis; pinned locally");
+                None
+            }
+        }
+        .unwrap_or(Pin {
+            exit,
+            expires: Instant::now() + ttl,
+        });
+        self.remember(&key, Some(pin));
+        pin
+    }
+
+    fn remember(&self, key: &str, pin: Option<Pin>) {
+        let Ok(mut local) = self.local.lock() else {
+            return;
+        };
+        match pin {
+            Some(pin) => {
+                if local.len() >= MAX_LOCAL_PINS {
+                    let now = Instant::now();
+                    local.retain(|_, p| p.expires > now);
+                    if local.len() >= MAX_LOCAL_PINS {
+                        local.clear();
+                    }
+                }
+                local.insert(key.to_owned(), pin);
+            }
+            None => {
+                local.remove(key);
+            }
+        }
+    }
+
+    fn local_pin(&self, key: &str) -> Option<Pin> {
+        let local = self.local.lock().ok()?;
+        local
+            .get(key)
+            .copied()
+            .filter(|p| p.expires > Instant::now())
+    }
+}
+
+fn to_pin(exit: &str, pttl_ms: i64) -> Option<Pin> {
+    let exit = exit.parse().ok()?;
+    let left = Duration::from_millis(u64::try_from(pttl_ms).ok().filter(|t| *t > 0)?);
+    Some(Pin {
+        exit,
+        expires: Instant::now() + left,
+    })
+}

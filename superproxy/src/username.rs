@@ -1,0 +1,445 @@
+//! Username grammar v1: how a client asks for sessions and targeting.
+//!
+//! `USER[-key-value]...`, e.g. `alice-session-abc123-sesstime-30-country-de`.
+//! The base user contains no `-`. Keys (lower case, each at most once):
+//!
+//! | key | value | meaning |
+//! |---|---|---|
+//! | `session` | 1–64 letters/digits | sticky: same exit for (user, session) on every superproxy |
+//! | `sesstime` | minutes, 1–1440 (default 10) | how long the pin lives; needs `session` |
+//! | `sessmode` | `soft` (default) or `hard` | when the pinned exit is lost: re-pin, or fail with 502 |
+//! | `country` | ISO 3166-1 alpha-2 | exits in that country |
+//! | `city` | 1–64 of `a-z 0-9 _` | exits in that city |
+//! | `asn` | 1–4294967295 | exits announced by that AS |
+//! | `type` | `dc`, `isp`, `res`, `mobile` | exits of that source type |
+//! | `exit` | an exit id, 32 hex digits without dashes | exactly that exit |
+//!
+//! Anything else — unknown keys, duplicates, missing or bad values, more than
+//! 256 bytes — is an error with a precise reason, never silently ignored.
+//! docs/username.md is the user-facing copy of this table.
+
+use proxynet_protocol::store::SourceType;
+use std::fmt;
+use std::time::Duration;
+use uuid::Uuid;
+
+/// Longest username accepted (RFC 1929 caps SOCKS at 255 anyway).
+pub const MAX_USERNAME_BYTES: usize = 256;
+pub const DEFAULT_SESSION_MINUTES: u32 = 10;
+pub const MAX_SESSION_MINUTES: u32 = 1440;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SessionMode {
+    /// Re-pin to another eligible exit when the pinned one is lost.
+    #[default]
+    Soft,
+    /// Fail with a coded 502 when the pinned exit is lost.
+    Hard,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Session {
+    pub id: String,
+    pub ttl: Duration,
+    pub mode: SessionMode,
+}
+
+/// Constraints on which exits may serve a request.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Targeting {
+    pub country: Option<String>,
+    pub city: Option<String>,
+    pub asn: Option<u32>,
+    pub source_type: Option<SourceType>,
+    pub exit: Option<Uuid>,
+}
+
+impl Targeting {
+    pub fn is_empty(&self) -> bool {
+        *self == Targeting::default()
+    }
+}
+
+impl fmt::Display for Targeting {
+    /// `country=DE type=res`, naming only the constraints that are set.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut parts = Vec::new();
+        if let Some(c) = &self.country {
+            parts.push(format!("country={c}"));
+        }
+        if let Some(c) = &self.city {
+            parts.push(format!("city={c}"));
+        }
+        if let Some(a) = self.asn {
+            parts.push(format!("asn={a}"));
+        }
+        if let Some(t) = self.source_type {
+            parts.push(format!("type={}", t.as_str()));
+        }
+        if let Some(e) = self.exit {
+            parts.push(format!("exit={e}"));
+        }
+        f.write_str(&parts.join(" "))
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParsedUsername {
+    /// The account's proxy user, as created in the control-api.
+    pub user: String,
+    pub session: Option<Session>,
+    pub targeting: Targeting,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UsernameError {
+    #[error("username longer than {MAX_USERNAME_BYTES} bytes")]
+    TooLong,
+    #[error("username is empty")]
+    Empty,
+    #[error("base username must be 1-64 of A-Z a-z 0-9 _ .")]
+    BadUser,
+    #[error("key {0:?} has no value")]
+    MissingValue(String),
+    #[error("unknown key {0:?}")]
+    UnknownKey(String),
+    #[error("key {0:?} given twice")]
+    Duplicate(&'static str),
+    #[error("bad value for {key}: {reason}")]
+    BadValue {
+        key: &'static str,
+        reason: &'static str,
+    },
+    #[error("{0} needs a session key")]
+    NeedsSession(&'static str),
+}
+
+/// ISO 3166-1 alpha-2 codes currently assigned.
+const COUNTRIES: &str = "AD AE AF AG AI AL AM AO AQ AR AS AT AU AW AX AZ BA BB BD BE BF BG BH BI BJ BL BM BN BO BQ BR BS BT BV BW BY BZ \
+CA CC CD CF CG CH CI CK CL CM CN CO CR CU CV CW CX CY CZ DE DJ DK DM DO DZ EC EE EG EH ER ES ET FI FJ FK FM FO FR \
+GA GB GD GE GF GG GH GI GL GM GN GP GQ GR GS GT GU GW GY HK HM HN HR HT HU ID IE IL IM IN IO IQ IR IS IT JE JM JO JP \
+KE KG KH KI KM KN KP KR KW KY KZ LA LB LC LI LK LR LS LT LU LV LY MA MC MD ME MF MG MH MK ML MM MN MO MP MQ MR MS MT \
+MU MV MW MX MY MZ NA NC NE NF NG NI NL NO NP NR NU NZ OM PA PE PF PG PH PK PL PM PN PR PS PT PW PY QA RE RO RS RU RW \
+SA SB SC SD SE SG SH SI SJ SK SL SM SN SO SR SS ST SV SX SY SZ TC TD TF TG TH TJ TK TL TM TN TO TR TT TV TW TZ UA UG \
+UM US UY UZ VA VC VE VG VI VN VU WF WS YE YT ZA ZM ZW";
+
+pub fn is_country_code(code: &str) -> bool {
+    code.len() == 2 && COUNTRIES.split(' ').any(|c| c == code)
+}
+
+pub fn parse(raw: &str) -> Result<ParsedUsername, UsernameError> {
+    if raw.len() > MAX_USERNAME_BYTES {
+        return Err(UsernameError::TooLong);
+    }
+    if raw.is_empty() {
+        return Err(UsernameError::Empty);
+    }
+    let mut tokens = raw.split('-');
+    let user = tokens.next().unwrap_or_default();
+    if user.is_empty()
+        || user.len() > 64
+        || !user
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.')
+    {
+        return Err(UsernameError::BadUser);
+    }
+    let mut session_id: Option<String> = None;
+    let mut sesstime: Option<u32> = None;
+    let mut sessmode: Option<SessionMode> = None;
+    let mut targeting = Targeting::default();
+
+    while let Some(key) = tokens.next() {
+        let value = tokens
+            .next()
+            .filter(|v| !v.is_empty())
+            .ok_or_else(|| UsernameError::MissingValue(truncated(key)))?;
+        match key {
+            "session" => {
+                set_once(&mut session_id, "session", || {
+                    (value.len() <= 64 && value.bytes().all(|b| b.is_ascii_alphanumeric()))
+                        .then(|| value.to_owned())
+                        .ok_or(UsernameError::BadValue {
+                            key: "session",
+                            reason: "1-64 letters or digits",
+                        })
+                })?;
+            }
+            "sesstime" => {
+                set_once(&mut sesstime, "sesstime", || {
+                    value
+                        .parse::<u32>()
+                        .ok()
+                        .filter(|m| {
+                            (1..=MAX_SESSION_MINUTES).contains(m)
+                                && value.bytes().all(|b| b.is_ascii_digit())
+                        })
+                        .ok_or(UsernameError::BadValue {
+                            key: "sesstime",
+                            reason: "minutes from 1 to 1440",
+                        })
+                })?;
+            }
+            "sessmode" => {
+                set_once(&mut sessmode, "sessmode", || match value {
+                    "soft" => Ok(SessionMode::Soft),
+                    "hard" => Ok(SessionMode::Hard),
+                    _ => Err(UsernameError::BadValue {
+                        key: "sessmode",
+                        reason: "soft or hard",
+                    }),
+                })?;
+            }
+            "country" => {
+                set_once(&mut targeting.country, "country", || {
+                    let code = value.to_ascii_uppercase();
+                    is_country_code(&code)
+                        .then_some(code)
+                        .ok_or(UsernameError::BadValue {
+                            key: "country",
+                            reason: "an ISO 3166-1 alpha-2 code",
+                        })
+                })?;
+            }
+            "city" => {
+                set_once(&mut targeting.city, "city", || {
+                    (value.len() <= 64
+                        && value
+                            .bytes()
+                            .all(|b| b.is_ascii_alphanumeric() || b == b'_'))
+                    .then(|| value.to_ascii_lowercase())
+                    .ok_or(UsernameError::BadValue {
+                        key: "city",
+                        reason: "1-64 of a-z 0-9 _",
+                    })
+                })?;
+            }
+            "asn" => {
+                set_once(&mut targeting.asn, "asn", || {
+                    value
+                        .parse::<u32>()
+                        .ok()
+                        .filter(|a| *a > 0 && value.bytes().all(|b| b.is_ascii_digit()))
+                        .ok_or(UsernameError::BadValue {
+                            key: "asn",
+                            reason: "a number from 1 to 4294967295",
+                        })
+                })?;
+            }
+            "type" => {
+                set_once(&mut targeting.source_type, "type", || {
+                    SourceType::parse(value).ok_or(UsernameError::BadValue {
+                        key: "type",
+                        reason: "dc, isp, res or mobile",
+                    })
+                })?;
+            }
+            "exit" => {
+                set_once(&mut targeting.exit, "exit", || {
+                    value
+                        .parse::<Uuid>()
+                        .ok()
+                        .filter(|_| value.len() == 32)
+                        .ok_or(UsernameError::BadValue {
+                            key: "exit",
+                            reason: "an exit id: 32 hex digits, no dashes",
+                        })
+                })?;
+            }
+            other => return Err(UsernameError::UnknownKey(truncated(other))),
+        }
+    }
+
+    let session = match session_id {
+        Some(id) => Some(Session {
+            id,
+            ttl: Duration::from_secs(u64::from(sesstime.unwrap_or(DEFAULT_SESSION_MINUTES)) * 60),
+            mode: sessmode.unwrap_or_default(),
+        }),
+        None if sesstime.is_some() => return Err(UsernameError::NeedsSession("sesstime")),
+        None if sessmode.is_some() => return Err(UsernameError::NeedsSession("sessmode")),
+        None => None,
+    };
+    Ok(ParsedUsername {
+        user: user.to_owned(),
+        session,
+        targeting,
+    })
+}
+
+fn set_once<T>(
+    slot: &mut Option<T>,
+    key: &'static str,
+    value: impl FnOnce() -> Result<T, UsernameError>,
+) -> Result<(), UsernameError> {
+    if slot.is_some() {
+        return Err(UsernameError::Duplicate(key));
+    }
+    *slot = Some(value()?);
+    Ok(())
+}
+
+/// Echoing user input in an error: bounded, printable.
+fn truncated(s: &str) -> String {
+    s.chars()
+        .filter(|c| c.is_ascii_graphic())
+        .take(32)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plain_user_rotates() {
+        let p = parse("alice").unwrap();
+        assert_eq!(p.user, "alice");
+        assert!(p.session.is_none());
+        assert!(p.targeting.is_empty());
+    }
+
+    #[test]
+    fn full_grammar() {
+        let id = Uuid::new_v4();
+        let p = parse(&format!("alice-session-abc123-sesstime-30-sessmode-hard-country-de-city-new_york-asn-7922-type-res-exit-{}", id.simple())).unwrap();
+        let s = p.session.unwrap();
+        assert_eq!(
+            (s.id.as_str(), s.ttl, s.mode),
+            ("abc123", Duration::from_secs(1800), SessionMode::Hard)
+        );
+        assert_eq!(p.targeting.country.as_deref(), Some("DE"));
+        assert_eq!(p.targeting.city.as_deref(), Some("new_york"));
+        assert_eq!(p.targeting.asn, Some(7922));
+        assert_eq!(p.targeting.source_type, Some(SourceType::Res));
+        assert_eq!(p.targeting.exit, Some(id));
+        assert_eq!(
+            parse("alice-session-x").unwrap().session.unwrap().ttl,
+            Duration::from_secs(600)
+        );
+    }
+
+    #[test]
+    fn errors_are_precise() {
+        use UsernameError::*;
+        let cases: &[(&str, UsernameError)] = &[
+            ("", Empty),
+            ("-session-x", BadUser),
+            ("al ice", BadUser),
+            ("alice-session", MissingValue("session".into())),
+            ("alice-session-", MissingValue("session".into())),
+            ("alice-foo-bar", UnknownKey("foo".into())),
+            ("alice-Session-x", UnknownKey("Session".into())),
+            ("alice-session-a-session-b", Duplicate("session")),
+            (
+                "alice-session-a_b",
+                BadValue {
+                    key: "session",
+                    reason: "1-64 letters or digits",
+                },
+            ),
+            (
+                "alice-session-a-sesstime-0",
+                BadValue {
+                    key: "sesstime",
+                    reason: "minutes from 1 to 1440",
+                },
+            ),
+            (
+                "alice-session-a-sesstime-1441",
+                BadValue {
+                    key: "sesstime",
+                    reason: "minutes from 1 to 1440",
+                },
+            ),
+            (
+                "alice-session-a-sesstime-+5",
+                BadValue {
+                    key: "sesstime",
+                    reason: "minutes from 1 to 1440",
+                },
+            ),
+            ("alice-sesstime-5", NeedsSession("sesstime")),
+            ("alice-sessmode-hard", NeedsSession("sessmode")),
+            (
+                "alice-session-a-sessmode-firm",
+                BadValue {
+                    key: "sessmode",
+                    reason: "soft or hard",
+                },
+            ),
+            (
+                "alice-country-xx",
+                BadValue {
+                    key: "country",
+                    reason: "an ISO 3166-1 alpha-2 code",
+                },
+            ),
+            (
+                "alice-country-deu",
+                BadValue {
+                    key: "country",
+                    reason: "an ISO 3166-1 alpha-2 code",
+                },
+            ),
+            (
+                "alice-type-cloud",
+                BadValue {
+                    key: "type",
+                    reason: "dc, isp, res or mobile",
+                },
+            ),
+            (
+                "alice-asn-0",
+                BadValue {
+                    key: "asn",
+                    reason: "a number from 1 to 4294967295",
+                },
+            ),
+            (
+                "alice-exit-123",
+                BadValue {
+                    key: "exit",
+                    reason: "an exit id: 32 hex digits, no dashes",
+                },
+            ),
+        ];
+        for (input, expected) in cases {
+            assert_eq!(parse(input).as_ref().err(), Some(expected), "{input}");
+        }
+        assert_eq!(parse(&"a".repeat(300)), Err(TooLong));
+    }
+
+    #[test]
+    fn country_list_is_complete_and_well_formed() {
+        let codes: Vec<&str> = COUNTRIES.split(' ').collect();
+        assert_eq!(codes.len(), 249);
+        let mut sorted = codes.clone();
+        sorted.sort();
+        sorted.dedup();
+        assert_eq!(sorted, codes, "sorted and unique");
+    }
+}
+
+#[cfg(test)]
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn parser_never_panics(s in "\\PC{0,300}") {
+            let _ = parse(&s);
+        }
+
+        #[test]
+        fn parser_never_panics_on_near_valid_input(
+            parts in prop::collection::vec(prop::sample::select(vec![
+                "alice", "session", "sesstime", "sessmode", "country", "city", "asn", "type", "exit",
+                "abc", "10", "hard", "de", "res", "", "-", "0", "99999999999",
+            ]), 0..12)
+        ) {
+            let _ = parse(&parts.join("-"));
+        }
+    }
+}
