@@ -14,7 +14,7 @@ use hyper_util::rt::TokioIo;
 use proxynet_protocol::egress::{parse_ip_literal, EgressPolicy};
 use proxynet_protocol::link::{
     Outcome, HEADER_CONNECT_BUDGET_MS, HEADER_EGRESS_IP, HEADER_OUTCOME, HEADER_VERSION,
-    LINK_VERSION,
+    LINK_VERSION, PROBE_PATH,
 };
 use proxynet_protocol::splice::splice;
 use std::convert::Infallible;
@@ -56,6 +56,15 @@ pub async fn handle(
     ctx: Arc<TunnelContext>,
     mut req: Request<Incoming>,
 ) -> Result<Response<Empty<Bytes>>, Infallible> {
+    if req.method() == Method::GET && req.uri().path() == PROBE_PATH {
+        // Draining agents fail probes too: superproxies stop choosing them.
+        let outcome = if ctx.draining.load(Ordering::Relaxed) {
+            Outcome::Draining
+        } else {
+            Outcome::Connected
+        };
+        return Ok(answer(outcome));
+    }
     let guard = {
         let previous = ctx.active.fetch_add(1, Ordering::Relaxed);
         let guard = ActiveGuard(ctx.clone());

@@ -28,8 +28,10 @@ pub const HEADER_EGRESS_IP: &str = "proxynet-egress-ip";
 pub const HEADER_CONNECT_BUDGET_MS: &str = "proxynet-connect-budget-ms";
 /// The agent's answer, one of [`Outcome::as_str`].
 pub const HEADER_OUTCOME: &str = "proxynet-outcome";
-/// Set on a stream that is a health probe, not a tunnel (no target is dialled).
-pub const HEADER_PROBE: &str = "proxynet-probe";
+/// Path of a health probe: `GET` on a link stream, answered `200` by a live,
+/// responsive agent without dialling anything. Probes measure the link and the
+/// agent's event loop, which is what a blackholed or stopped exit loses first.
+pub const PROBE_PATH: &str = "/proxynet/probe";
 
 /// HTTP/2 frame size both ends of a link advertise: large frames mean fewer
 /// frame headers and wake-ups per byte on bulk tunnels.

@@ -53,6 +53,11 @@ impl Keys {
         format!("{}superproxy:{{{id}}}", self.prefix)
     }
 
+    /// Hash: superproxy id → that instance's JSON health view of the exit.
+    pub fn health(&self, exit: Uuid) -> String {
+        format!("{}health:{{{exit}}}", self.prefix)
+    }
+
     /// A sticky session's pin: the exit id, with the session's TTL.
     pub fn session(&self, user_id: Uuid, session: &str) -> String {
         format!("{}session:{{{user_id}}}:{session}", self.prefix)

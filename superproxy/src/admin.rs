@@ -60,6 +60,7 @@ fn respond(gateway: &Gateway, req: &Request<Incoming>) -> Response<Full<Bytes>> 
         }
         "/v1/pool" => {
             let view = gateway.pool.view();
+            let now = std::time::Instant::now();
             let eligible: Vec<_> = view
                 .eligible
                 .iter()
@@ -70,6 +71,7 @@ fn respond(gateway: &Gateway, req: &Request<Incoming>) -> Response<Full<Bytes>> 
                         "egress_ips": c.record.egress_ips,
                         "source_type": c.record.source_type,
                         "country": c.record.country,
+                        "health": gateway.pool.health().exit(c.record.id).view(now),
                     })
                 })
                 .collect();
@@ -79,6 +81,7 @@ fn respond(gateway: &Gateway, req: &Request<Incoming>) -> Response<Full<Bytes>> 
                 "live": view.live,
                 "links": gateway.registry.len(),
                 "degraded": view.degraded,
+                "panic": gateway.pool.health().in_panic(),
             });
             let mut r = text(StatusCode::OK, body.to_string());
             r.headers_mut().insert(

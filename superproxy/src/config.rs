@@ -83,6 +83,46 @@ pub struct Config {
     )]
     pub tunnel_max_lifetime_secs: u64,
 
+    /// Active health probe period per linked exit, ms.
+    #[arg(long, env = "PROXYNET_PROBE_INTERVAL_MS", default_value_t = 2_000)]
+    pub probe_interval_ms: u64,
+
+    /// A probe not answered within this is a failure, ms.
+    #[arg(long, env = "PROXYNET_PROBE_TIMEOUT_MS", default_value_t = 1_000)]
+    pub probe_timeout_ms: u64,
+
+    /// Consecutive probe successes that bring a down exit back.
+    #[arg(long, env = "PROXYNET_HEALTHY_THRESHOLD", default_value_t = 2)]
+    pub healthy_threshold: u32,
+
+    /// Consecutive probe failures that mark an exit down.
+    #[arg(long, env = "PROXYNET_UNHEALTHY_THRESHOLD", default_value_t = 3)]
+    pub unhealthy_threshold: u32,
+
+    /// Consecutive exit faults on real tunnels that eject an exit.
+    #[arg(long, env = "PROXYNET_EJECT_AFTER", default_value_t = 5)]
+    pub eject_after: u32,
+
+    /// First ejection length, ms; doubles with each further ejection.
+    #[arg(long, env = "PROXYNET_EJECT_BASE_MS", default_value_t = 5_000)]
+    pub eject_base_ms: u64,
+
+    /// Longest ejection, ms.
+    #[arg(long, env = "PROXYNET_EJECT_MAX_MS", default_value_t = 300_000)]
+    pub eject_max_ms: u64,
+
+    /// Passive ejection never takes out more than this share of linked exits, %.
+    #[arg(long, env = "PROXYNET_MAX_EJECTED_PERCENT", default_value_t = 50)]
+    pub max_ejected_percent: u32,
+
+    /// Below this share of available exits, health is ignored (panic mode), %.
+    #[arg(long, env = "PROXYNET_PANIC_THRESHOLD_PERCENT", default_value_t = 30)]
+    pub panic_threshold_percent: u32,
+
+    /// Most tunnels this superproxy keeps open through one exit.
+    #[arg(long, env = "PROXYNET_EXIT_CAPACITY", default_value_t = 4_096)]
+    pub exit_capacity: u32,
+
     /// How often the pool of live exits is re-read from Redis, ms.
     #[arg(long, env = "PROXYNET_POOL_REFRESH_MS", default_value_t = 1_000)]
     pub pool_refresh_ms: u64,
@@ -132,6 +172,20 @@ impl Config {
         TunnelLimits {
             idle_timeout: Duration::from_secs(self.tunnel_idle_timeout_secs.max(1)),
             max_lifetime: Duration::from_secs(self.tunnel_max_lifetime_secs.max(1)),
+        }
+    }
+    pub fn health(&self) -> crate::health::HealthConfig {
+        crate::health::HealthConfig {
+            probe_interval: Duration::from_millis(self.probe_interval_ms.max(50)),
+            probe_timeout: Duration::from_millis(self.probe_timeout_ms.max(10)),
+            healthy_threshold: self.healthy_threshold.max(1),
+            unhealthy_threshold: self.unhealthy_threshold.max(1),
+            eject_after: self.eject_after.max(1),
+            eject_base: Duration::from_millis(self.eject_base_ms),
+            eject_max: Duration::from_millis(self.eject_max_ms.max(self.eject_base_ms)),
+            max_ejected_percent: self.max_ejected_percent.min(100),
+            panic_threshold_percent: self.panic_threshold_percent.min(100),
+            capacity: self.exit_capacity.max(1),
         }
     }
     pub fn pool_refresh(&self) -> Duration {

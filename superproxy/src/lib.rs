@@ -21,10 +21,12 @@ pub mod authenticate;
 pub mod config;
 pub mod error;
 pub mod events;
+pub mod health;
 pub mod hygiene;
 pub mod ingress;
 pub mod link;
 pub mod pool;
+pub mod probe;
 pub mod session;
 pub mod target;
 pub mod tunnel;
@@ -164,7 +166,13 @@ impl Superproxy {
         };
 
         let registry = Arc::new(LinkRegistry::default());
-        let pool = Arc::new(Pool::new(redis.clone(), keys.clone(), registry.clone()));
+        let health = Arc::new(health::HealthBook::new(config.health()));
+        let pool = Arc::new(Pool::new(
+            redis.clone(),
+            keys.clone(),
+            registry.clone(),
+            health,
+        ));
         let auth = Authenticator::new(
             redis.clone(),
             keys.clone(),
@@ -245,6 +253,16 @@ impl Superproxy {
                 gateway.clone(),
             )),
             tokio::spawn(admin::run(self.admin, gateway.clone())),
+            tokio::spawn(
+                probe::Prober {
+                    superproxy_id: gateway.id,
+                    registry: gateway.registry.clone(),
+                    health: gateway.pool.health().clone(),
+                    redis: self.redis.clone(),
+                    keys: self.keys.clone(),
+                }
+                .run(),
+            ),
         ];
         if let Err(e) = announcer.announce_once().await {
             tracing::warn!(error = %e, "first announcement failed; retrying in the background");

@@ -15,6 +15,7 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 use uuid::Uuid;
 
+use crate::health::HealthBook;
 use crate::link::registry::{Link, LinkRegistry};
 use crate::username::Targeting;
 
@@ -48,6 +49,7 @@ pub struct PoolView {
 }
 
 pub struct Pool {
+    health: Arc<HealthBook>,
     redis: ConnectionManager,
     keys: Keys,
     registry: Arc<LinkRegistry>,
@@ -88,8 +90,14 @@ pub fn matches(record: &ExitRecord, targeting: &Targeting) -> bool {
 }
 
 impl Pool {
-    pub fn new(redis: ConnectionManager, keys: Keys, registry: Arc<LinkRegistry>) -> Self {
+    pub fn new(
+        redis: ConnectionManager,
+        keys: Keys,
+        registry: Arc<LinkRegistry>,
+        health: Arc<HealthBook>,
+    ) -> Self {
         Self {
+            health,
             redis,
             keys,
             registry,
@@ -107,34 +115,68 @@ impl Pool {
         self.known.read().ok()?.last_success.map(|t| t.elapsed())
     }
 
-    /// Picks an eligible exit matching `targeting` at random, skipping `tried`.
+    /// Picks an exit matching `targeting`, skipping `tried`: power of two
+    /// random choices among the usable ones, the less loaded and better scored
+    /// of the two winning. No lock is held across the pick.
     pub fn pick(&self, tried: &[Uuid], targeting: &Targeting) -> Option<Candidate> {
         let view = self.view();
         if let Some(id) = targeting.exit {
             return view
                 .get(&id)
-                .filter(|c| !tried.contains(&id) && matches(&c.record, targeting))
+                .filter(|c| {
+                    !tried.contains(&id) && matches(&c.record, targeting) && self.healthy(c)
+                })
                 .cloned();
         }
         let n = view.eligible.len();
         if n == 0 {
             return None;
         }
-        let usable = |c: &Candidate| !tried.contains(&c.record.id) && matches(&c.record, targeting);
+        let usable = |c: &Candidate| {
+            !tried.contains(&c.record.id) && matches(&c.record, targeting) && self.healthy(c)
+        };
         let mut rng = rand::thread_rng();
-        // A few random probes cover the common case in O(1); a scan from a
-        // random start finds the last usable exit when most are not.
-        for _ in 0..4 {
-            let c = &view.eligible[rng.gen_range(0..n)];
-            if usable(c) {
-                return Some(c.clone());
-            }
-        }
-        let start = rng.gen_range(0..n);
-        (0..n)
-            .map(|i| &view.eligible[(start + i) % n])
+        // Random probes find candidates in O(1) when usable exits are common;
+        // a scan from a random start finds one when they are rare.
+        let first = (0..8)
+            .map(|_| &view.eligible[rng.gen_range(0..n)])
             .find(|c| usable(c))
-            .cloned()
+            .or_else(|| {
+                let start = rng.gen_range(0..n);
+                (0..n)
+                    .map(|i| &view.eligible[(start + i) % n])
+                    .find(|c| usable(c))
+            })?;
+        let second = (0..8)
+            .map(|_| &view.eligible[rng.gen_range(0..n)])
+            .find(|c| c.record.id != first.record.id && usable(c));
+        let chosen = match second {
+            Some(second) if self.better(second, first) => second,
+            _ => first,
+        };
+        Some(chosen.clone())
+    }
+
+    /// Fewer tunnels in flight wins; at equal load, only a clearly better
+    /// score (25%) wins, so near-equal exits share traffic instead of all of
+    /// it herding onto whichever measured a few microseconds faster.
+    fn better(&self, a: &Candidate, b: &Candidate) -> bool {
+        let (ha, hb) = (self.health.exit(a.record.id), self.health.exit(b.record.id));
+        match ha.in_flight().cmp(&hb.in_flight()) {
+            std::cmp::Ordering::Less => true,
+            std::cmp::Ordering::Greater => false,
+            std::cmp::Ordering::Equal => ha.score() > hb.score() * 1.25,
+        }
+    }
+
+    fn healthy(&self, c: &Candidate) -> bool {
+        let id = c.record.id;
+        !self.health.at_capacity(id)
+            && (self.health.in_panic() || self.health.exit(id).available(std::time::Instant::now()))
+    }
+
+    pub fn health(&self) -> &Arc<HealthBook> {
+        &self.health
     }
 
     /// The eligible exit `id`, if it still is.

@@ -16,6 +16,7 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use crate::error::{ErrorKind, ProxyError};
+use crate::health::InFlight;
 use crate::link::dial;
 use crate::pool::{matches, Candidate, Pool};
 use crate::session::{Pin, Sessions};
@@ -30,6 +31,9 @@ pub struct OpenTunnel {
     pub exit: Candidate,
     /// Set for sticky sessions.
     pub pin: Option<Pin>,
+    /// Counts this tunnel against its exit's load until dropped: keep it for
+    /// as long as the tunnel lives.
+    pub in_flight: InFlight,
 }
 
 /// Who is asking: the authenticated user and what their username asked for.
@@ -132,8 +136,30 @@ impl TunnelOpener {
             let Some(egress_ip) = exit.egress_ip() else {
                 continue;
             };
-            match dial::open_tunnel(&exit.link, target, egress_ip, remaining).await {
-                Ok(io) => return Ok(OpenTunnel { io, exit, pin }),
+            let started = std::time::Instant::now();
+            let result = dial::open_tunnel(&exit.link, target, egress_ip, remaining).await;
+            let health = self.pool.health();
+            let linked = self.pool.view().eligible.len();
+            match &result {
+                Ok(_) => {
+                    health.record_outcome(exit.record.id, false, Some(started.elapsed()), linked)
+                }
+                Err(e) => {
+                    let exit_fault =
+                        matches!(e.kind, ErrorKind::ExitUnavailable | ErrorKind::ExitLinkLost);
+                    health.record_outcome(exit.record.id, exit_fault, None, linked);
+                }
+            }
+            match result {
+                Ok(io) => {
+                    let in_flight = health.start_tunnel(exit.record.id);
+                    return Ok(OpenTunnel {
+                        io,
+                        exit,
+                        pin,
+                        in_flight,
+                    });
+                }
                 Err(e) if e.kind.retry_safe() => {
                     tracing::debug!(exit = %exit.record.id, error = %e, "exit refused the tunnel before dialling; trying another");
                     last_error = Some(e);

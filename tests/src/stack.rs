@@ -24,6 +24,8 @@ pub struct StackOptions {
     pub heartbeat_ttl_ms: u64,
     /// Extra service addresses (ip:port) the egress policy must always deny.
     pub protected: Vec<String>,
+    /// Extra superproxy flags (e.g. fast probes).
+    pub superproxy_args: Vec<String>,
 }
 
 impl Default for StackOptions {
@@ -33,6 +35,7 @@ impl Default for StackOptions {
             heartbeat_interval_ms: 300,
             heartbeat_ttl_ms: 1_500,
             protected: Vec::new(),
+            superproxy_args: Vec::new(),
         }
     }
 }
@@ -87,11 +90,12 @@ impl Stack {
         let whoami = whoami_listener.local_addr().unwrap();
         tokio::spawn(crate::whoami::serve(whoami_listener));
 
-        let protect_args: Vec<String> = options
+        let mut protect_args: Vec<String> = options
             .protected
             .iter()
             .flat_map(|addr| ["--egress-protected".to_owned(), addr.clone()])
             .collect();
+        protect_args.extend(options.superproxy_args.iter().cloned());
         let (proxy, proxy_addrs) = spawn_superproxy(&stores, &protect_args).await;
         let mut stack = Self {
             stores,

@@ -91,6 +91,7 @@ pub async fn forward(
     let tunnel = gateway.tunnels.open(&target, &client).await?;
     let mut tunnel_info = http::HeaderMap::new();
     super::http::tunnel_headers(&mut tunnel_info, &tunnel);
+    let in_flight = tunnel.in_flight;
     let (mut sender, connection) = hyper::client::conn::http1::Builder::new()
         .preserve_header_case(true)
         .handshake::<_, Incoming>(tunnel.io)
@@ -102,6 +103,8 @@ pub async fn forward(
         if let Err(e) = connection.await {
             tracing::debug!(error = %e, "upstream connection ended with an error");
         }
+        // The upstream connection outlives the response head: count it until it ends.
+        drop(in_flight);
     });
     let response = sender.send_request(upstream).await.map_err(|e| {
         ProxyError::new(

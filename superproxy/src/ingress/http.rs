@@ -178,7 +178,9 @@ async fn connect(
                 return;
             }
         };
-        let outcome = splice(client, TokioIo::new(tunnel.io), limits).await;
+        let OpenTunnel { io, in_flight, .. } = tunnel;
+        let outcome = splice(client, TokioIo::new(io), limits).await;
+        drop(in_flight);
         tracing::debug!(exit = %exit_id, up = outcome.up, down = outcome.down, end = ?outcome.end, "tunnel closed");
     });
 

@@ -62,6 +62,7 @@ pub async fn serve_connection(gateway: Arc<Gateway>, stream: TcpStream, peer: So
         }
     };
     let exit_id = tunnel.exit.record.id;
+    let _in_flight = tunnel.in_flight;
     let outcome = splice(
         client,
         hyper_util::rt::TokioIo::new(tunnel.io),

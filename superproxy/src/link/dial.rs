@@ -109,3 +109,25 @@ fn outcome_detail(outcome: Outcome) -> &'static str {
         Outcome::BadRequest => "exit did not understand the tunnel request",
     }
 }
+
+/// Sends one health probe on `link`; true if the agent answered it healthy in time.
+pub async fn probe(link: &Link, timeout: Duration) -> bool {
+    use proxynet_protocol::link::PROBE_PATH;
+    let Ok(request) = Request::builder()
+        .method(Method::GET)
+        .uri(format!("http://proxynet{PROBE_PATH}"))
+        .header(HEADER_VERSION, LINK_VERSION)
+        .body(Empty::<Bytes>::new())
+    else {
+        return false;
+    };
+    let mut sender = link.sender.clone();
+    let answered = tokio::time::timeout(timeout, async move {
+        sender.ready().await.ok()?;
+        sender.send_request(request).await.ok()
+    })
+    .await;
+    matches!(answered, Ok(Some(response))
+        if response.status().is_success()
+            && response.headers().get(HEADER_OUTCOME).and_then(|v| v.to_str().ok()) == Some(Outcome::Connected.as_str()))
+}

@@ -5,6 +5,7 @@
 
 mod docs;
 mod enrollment;
+mod health;
 mod ingress;
 mod limits;
 mod selection;

@@ -1,0 +1,81 @@
+//! The active half of health checking: probe every linked exit on an
+//! interval, then publish this instance's observations for the fleet.
+//!
+//! Each superproxy writes its view of each exit into the exit's Redis hash
+//! (one field per superproxy, expiring after three probe intervals), so the
+//! control-api can show how the whole fleet sees an exit and one instance's
+//! network blip is visible as exactly that.
+
+use futures_util::future::join_all;
+use proxynet_protocol::store::Keys;
+use redis::aio::ConnectionManager;
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use uuid::Uuid;
+
+use crate::health::HealthBook;
+use crate::link::dial;
+use crate::link::registry::LinkRegistry;
+
+pub struct Prober {
+    pub superproxy_id: Uuid,
+    pub registry: Arc<LinkRegistry>,
+    pub health: Arc<HealthBook>,
+    pub redis: ConnectionManager,
+    pub keys: Keys,
+}
+
+impl Prober {
+    pub async fn run(self) {
+        let config = self.health.config;
+        let mut tick = tokio::time::interval(config.probe_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            self.round().await;
+        }
+    }
+
+    async fn round(&self) {
+        let links = self.registry.snapshot();
+        let timeout = self.health.config.probe_timeout;
+        let results = join_all(
+            links
+                .values()
+                .map(|link| async move { (link.exit_id, dial::probe(link, timeout).await) }),
+        )
+        .await;
+        for (exit, ok) in &results {
+            self.health.record_probe(*exit, *ok);
+        }
+        let linked: Vec<Uuid> = links.keys().copied().collect();
+        self.health.retain(&linked);
+        self.health.update_panic(&linked);
+        if let Err(e) = self.publish(&linked).await {
+            tracing::debug!(error = %e, "publishing health observations failed");
+        }
+    }
+
+    async fn publish(&self, linked: &[Uuid]) -> Result<(), redis::RedisError> {
+        if linked.is_empty() {
+            return Ok(());
+        }
+        let now = Instant::now();
+        let at_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let ttl_ms = (self.health.config.probe_interval * 3).as_millis() as u64;
+        let mut pipe = redis::pipe();
+        for id in linked {
+            let mut view =
+                serde_json::to_value(self.health.exit(*id).view(now)).unwrap_or_default();
+            view["at_ms"] = at_ms.into();
+            let key = self.keys.health(*id);
+            pipe.hset(&key, self.superproxy_id.to_string(), view.to_string())
+                .ignore();
+            pipe.pexpire(&key, ttl_ms as i64).ignore();
+        }
+        let mut redis = self.redis.clone();
+        pipe.query_async::<()>(&mut redis).await
+    }
+}
