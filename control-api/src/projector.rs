@@ -256,20 +256,91 @@ impl Projector {
         Ok(())
     }
 
-    /// Runs [`Self::resync`] now and then every `period` until the task is dropped.
+    /// Runs [`Self::resync`] now, every `period`, and at once whenever Redis
+    /// comes back empty (a restart without persistence, a flush): a marker
+    /// key written after each full resync is checked every second, so users
+    /// and exits reappear within a second of Redis returning.
     pub async fn run_resync_loop(self, period: Duration) {
-        let mut tick = tokio::time::interval(period);
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut last_full: Option<std::time::Instant> = None;
+        let marker = format!("{}projection:complete", self.keys.prefix());
         loop {
             tick.tick().await;
-            match self.resync().await {
-                Ok(()) => tracing::debug!("redis projection resynced"),
-                Err(e) => {
-                    tracing::warn!(error = %e, "redis projection resync failed; retrying next period")
+            let mut redis = self.redis.clone();
+            let marker_present: Result<bool, _> = redis.exists(&marker).await;
+            let due = last_full.is_none_or(|t| t.elapsed() >= period);
+            match marker_present {
+                Ok(true) if !due => continue,
+                Ok(present) => {
+                    if !present && last_full.is_some() {
+                        tracing::warn!(
+                            "redis lost the projection (restart or flush); re-projecting now"
+                        );
+                    }
                 }
+                Err(_) => continue, // Redis is down: nothing to write to yet.
+            }
+            match self.resync().await {
+                Ok(()) => {
+                    last_full = Some(std::time::Instant::now());
+                    let _: Result<(), _> = redis.set(&marker, "1").await;
+                    tracing::debug!("redis projection resynced");
+                }
+                Err(e) => tracing::warn!(error = %e, "redis projection resync failed; retrying"),
             }
         }
     }
+
+    /// How every superproxy currently sees `exits` (their published health
+    /// observations), in the order given.
+    pub async fn fleet_health(&self, exits: &[Uuid]) -> Result<Vec<FleetHealth>, ProjectionError> {
+        if exits.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut redis = self.redis.clone();
+        let mut pipe = redis::pipe();
+        for id in exits {
+            pipe.hgetall(self.keys.health(*id));
+        }
+        let reports: Vec<std::collections::HashMap<String, String>> =
+            pipe.query_async(&mut redis).await?;
+        Ok(reports
+            .into_iter()
+            .map(|by_superproxy| {
+                let views: Vec<serde_json::Value> = by_superproxy
+                    .values()
+                    .filter_map(|v| serde_json::from_str(v).ok())
+                    .collect();
+                let reporting = views.len();
+                let available = views.iter().filter(|v| v["available"] == true).count();
+                let score = (reporting > 0).then(|| {
+                    views
+                        .iter()
+                        .filter_map(|v| v["score"].as_f64())
+                        .sum::<f64>()
+                        / reporting as f64
+                });
+                FleetHealth {
+                    superproxies_reporting: reporting,
+                    superproxies_seeing_it_available: available,
+                    score,
+                    in_flight: views.iter().filter_map(|v| v["in_flight"].as_u64()).sum(),
+                }
+            })
+            .collect())
+    }
+}
+
+/// An exit's health as the superproxy fleet reports it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct FleetHealth {
+    pub superproxies_reporting: usize,
+    pub superproxies_seeing_it_available: usize,
+    /// Mean of the reporting superproxies' scores.
+    pub score: Option<f64>,
+    /// Tunnels open through the exit, summed over superproxies.
+    pub in_flight: u64,
 }
 
 fn user_record(row: &UserRow) -> UserRecord {

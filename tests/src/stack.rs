@@ -26,6 +26,8 @@ pub struct StackOptions {
     pub protected: Vec<String>,
     /// Extra superproxy flags (e.g. fast probes).
     pub superproxy_args: Vec<String>,
+    /// Use this Redis instead of the shared test Redis.
+    pub redis_url: Option<String>,
 }
 
 impl Default for StackOptions {
@@ -36,6 +38,7 @@ impl Default for StackOptions {
             heartbeat_ttl_ms: 1_500,
             protected: Vec::new(),
             superproxy_args: Vec::new(),
+            redis_url: None,
         }
     }
 }
@@ -79,7 +82,10 @@ impl Stack {
     }
 
     pub async fn start_with(options: StackOptions) -> Self {
-        let stores = TestStores::create().await;
+        let mut stores = TestStores::create().await;
+        if let Some(url) = &options.redis_url {
+            stores.redis_url = url.clone();
+        }
         let dir = tempfile::tempdir().unwrap();
         let http = reqwest::Client::new();
 

@@ -69,3 +69,75 @@ mod tests {
         );
     }
 }
+
+/// A Redis server of this test's own, so the test can stop and restart it
+/// without disturbing other tests.
+pub struct OwnRedis {
+    pub port: u16,
+    child: Option<std::process::Child>,
+}
+
+impl OwnRedis {
+    pub async fn start() -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut redis = Self { port, child: None };
+        redis.restart().await;
+        redis
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// Starts (again) on the same port, empty, and waits until it answers.
+    pub async fn restart(&mut self) {
+        let child = std::process::Command::new("redis-server")
+            .args([
+                "--bind",
+                "127.0.0.1",
+                "--port",
+                &self.port.to_string(),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("redis-server runs");
+        self.child = Some(child);
+        crate::process::eventually(
+            "redis to answer",
+            std::time::Duration::from_secs(10),
+            || async {
+                let mut s = tokio::net::TcpStream::connect(("127.0.0.1", self.port))
+                    .await
+                    .ok()?;
+                use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                s.write_all(b"PING\r\n").await.ok()?;
+                let mut b = [0u8; 7];
+                s.read_exact(&mut b).await.ok()?;
+                (&b == b"+PONG\r\n").then_some(())
+            },
+        )
+        .await;
+    }
+
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for OwnRedis {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

@@ -8,6 +8,7 @@ use uuid::Uuid;
 
 use crate::auth::Operator;
 use crate::error::ApiError;
+use crate::projector::FleetHealth;
 use crate::{audit, AppState};
 
 #[derive(Serialize, sqlx::FromRow)]
@@ -37,6 +38,8 @@ pub struct ExitView {
     row: ExitRow,
     /// Heartbeat seen within the TTL (Redis live set).
     live: bool,
+    /// How the superproxies see it (active probes, passive outcomes, load).
+    health: Option<FleetHealth>,
 }
 
 const COLUMNS: &str =
@@ -57,10 +60,14 @@ pub async fn list(
         .live_exits()
         .await
         .map_err(|e| ApiError::Unavailable(format!("liveness unknown: {e}")))?;
+    let ids: Vec<Uuid> = rows.iter().map(|r| r.id).collect();
+    let health = state.projector.fleet_health(&ids).await.ok();
     Ok(Json(
         rows.into_iter()
-            .map(|row| ExitView {
+            .enumerate()
+            .map(|(i, row)| ExitView {
                 live: live.contains(&row.id),
+                health: health.as_ref().and_then(|h| h.get(i).cloned()),
                 row,
             })
             .collect(),
@@ -82,8 +89,15 @@ pub async fn get_one(
         .live_exits()
         .await
         .map_err(|e| ApiError::Unavailable(format!("liveness unknown: {e}")))?;
+    let health = state
+        .projector
+        .fleet_health(&[row.id])
+        .await
+        .ok()
+        .and_then(|mut h| h.pop());
     Ok(Json(ExitView {
         live: live.contains(&row.id),
+        health,
         row,
     }))
 }

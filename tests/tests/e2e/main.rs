@@ -3,6 +3,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod degraded;
 mod docs;
 mod enrollment;
 mod health;

@@ -1,0 +1,113 @@
+//! Store outages: with Redis gone, superproxies keep serving the users and
+//! exits they know; when it returns (empty), everything reconverges without a
+//! restart.
+
+use proxynet_tests::client::curl;
+use proxynet_tests::process::eventually;
+use proxynet_tests::stack::{spawn_superproxy, Stack, StackOptions, PASSWORD, USERNAME};
+use proxynet_tests::stores::OwnRedis;
+use proxynet_tests::whoami::Seen;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+const OUTAGE: Duration = Duration::from_secs(30);
+
+async fn ok_via(proxy: SocketAddr, user: &str, target: &str) -> Result<String, String> {
+    let url = format!("http://{user}:{}@{proxy}", PASSWORD.replace(' ', "%20"));
+    let r = curl(&["-p", "-x", &url, target]).await;
+    if r.status != 200 {
+        return Err(r.headers);
+    }
+    Ok(serde_json::from_str::<Seen>(&r.body)
+        .map_err(|e| e.to_string())?
+        .peer
+        .ip()
+        .to_string())
+}
+
+async fn readyz(stack: &Stack, admin: SocketAddr) -> u16 {
+    stack
+        .http
+        .get(format!("http://{admin}/readyz"))
+        .send()
+        .await
+        .map(|r| r.status().as_u16())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_outage_keeps_known_users_routing_and_recovers_without_restarts() {
+    let mut redis = OwnRedis::start().await;
+    let stack = Stack::start_with(StackOptions {
+        redis_url: Some(redis.url()),
+        ..Default::default()
+    })
+    .await;
+    let (_second, second) = spawn_superproxy(&stack.stores, &[]).await;
+    eventually(
+        "the second superproxy's pool",
+        Duration::from_secs(20),
+        || async {
+            let pool: serde_json::Value = stack
+                .http
+                .get(format!("http://{}/v1/pool", second.admin))
+                .send()
+                .await
+                .ok()?
+                .json()
+                .await
+                .ok()?;
+            (pool["eligible"].as_array()?.len() == 2).then_some(())
+        },
+    )
+    .await;
+    let sticky = format!("{USERNAME}-session-outage1");
+    let proxies = [stack.proxy_addrs.proxy, second.proxy];
+    let mut pinned = None;
+    for proxy in proxies {
+        ok_via(proxy, USERNAME, &stack.whoami_url()).await.unwrap();
+        let ip = ok_via(proxy, &sticky, &stack.whoami_url()).await.unwrap();
+        assert_eq!(*pinned.get_or_insert(ip.clone()), ip);
+    }
+
+    redis.stop();
+    let down_since = Instant::now();
+    while down_since.elapsed() < OUTAGE {
+        for proxy in proxies {
+            ok_via(proxy, USERNAME, &stack.whoami_url())
+                .await
+                .expect("known user keeps working during the outage");
+            let ip = ok_via(proxy, &sticky, &stack.whoami_url())
+                .await
+                .expect("known session keeps working");
+            assert_eq!(Some(&ip), pinned.as_ref(), "the session stays on its exit");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert_eq!(
+        readyz(&stack, stack.proxy_addrs.admin).await,
+        503,
+        "readiness reports degraded"
+    );
+
+    redis.restart().await; // empty: no persistence
+    for admin in [stack.proxy_addrs.admin, second.admin] {
+        eventually("readiness to recover", Duration::from_secs(20), || async {
+            (readyz(&stack, admin).await == 200).then_some(())
+        })
+        .await;
+    }
+    // A user created after the outage works everywhere: projection reconverged.
+    let account = stack.create_account("after-outage").await;
+    stack
+        .create_user(account, "carol", "carol-password-1")
+        .await;
+    for proxy in proxies {
+        let url = format!("http://carol:carol-password-1@{proxy}");
+        eventually("the new user to work", Duration::from_secs(10), || async {
+            (curl(&["-p", "-x", &url, &stack.whoami_url()]).await.status == 200).then_some(())
+        })
+        .await;
+        ok_via(proxy, USERNAME, &stack.whoami_url()).await.unwrap();
+    }
+}
