@@ -55,21 +55,6 @@ fn replace_db_name(url: &str, db: &str) -> String {
     format!("{host_part}/{db}{query}")
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn db_name_replacement() {
-        assert_eq!(
-            super::replace_db_name("postgres://u:p@127.0.0.1:5/postgres?sslmode=disable", "x"),
-            "postgres://u:p@127.0.0.1:5/x?sslmode=disable"
-        );
-        assert_eq!(
-            super::replace_db_name("postgres://h:5", "x"),
-            "postgres://h:5/x"
-        );
-    }
-}
-
 /// A Redis server of this test's own, so the test can stop and restart it
 /// without disturbing other tests.
 pub struct OwnRedis {
@@ -139,5 +124,20 @@ impl OwnRedis {
 impl Drop for OwnRedis {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn db_name_replacement() {
+        assert_eq!(
+            super::replace_db_name("postgres://u:p@127.0.0.1:5/postgres?sslmode=disable", "x"),
+            "postgres://u:p@127.0.0.1:5/x?sslmode=disable"
+        );
+        assert_eq!(
+            super::replace_db_name("postgres://h:5", "x"),
+            "postgres://h:5/x"
+        );
     }
 }
