@@ -61,6 +61,9 @@ struct State {
     fault_streak: u32,
     ejections: u32,
     ejected_until: Option<Instant>,
+    /// Share of the superproxy fleet (this one included) that last reported
+    /// the exit available; 1.0 until reports exist.
+    fleet_available: f64,
 }
 
 impl Default for State {
@@ -76,6 +79,7 @@ impl Default for State {
             fault_streak: 0,
             ejections: 0,
             ejected_until: None,
+            fleet_available: 1.0,
         }
     }
 }
@@ -112,12 +116,18 @@ impl ExitHealth {
             .unwrap_or(true)
     }
 
-    /// Higher is better: success rate discounted by connect latency.
+    /// Higher is better: local success rate discounted by connect latency,
+    /// weighted by how much of the fleet sees the exit available. A blip seen
+    /// by one superproxy moves the score a little; what everyone sees moves it
+    /// a lot; nothing is ejected by the fleet score alone.
     pub fn score(&self) -> f64 {
-        self.state
-            .lock()
-            .map(|s| s.success_ewma / (1.0 + s.latency_ewma_ms / 50.0))
-            .unwrap_or(0.0)
+        self.state.lock().map(|s| score_of(&s)).unwrap_or(0.0)
+    }
+
+    pub fn set_fleet_available(&self, share: f64) {
+        if let Ok(mut s) = self.state.lock() {
+            s.fleet_available = share.clamp(0.0, 1.0);
+        }
     }
 
     pub fn in_flight(&self) -> u32 {
@@ -131,7 +141,7 @@ impl ExitHealth {
             probe_up: s.probe_up,
             ejected,
             available: s.probe_up && !ejected,
-            score: s.success_ewma / (1.0 + s.latency_ewma_ms / 50.0),
+            score: score_of(&s),
             success_ewma: s.success_ewma,
             latency_ewma_ms: s.latency_ewma_ms,
             in_flight: self.in_flight(),
@@ -306,6 +316,10 @@ impl HealthBook {
             .count();
         available * 100 < self.config.panic_threshold_percent as usize * linked.len()
     }
+}
+
+fn score_of(s: &State) -> f64 {
+    s.success_ewma / (1.0 + s.latency_ewma_ms / 50.0) * (0.5 + 0.5 * s.fleet_available)
 }
 
 fn ewma(old: f64, new: f64) -> f64 {

@@ -72,6 +72,67 @@ impl PoolView {
     }
 }
 
+/// Power of two random choices among the usable exits (eligible, matching
+/// `targeting`, not in `tried`, available by health unless in panic mode, below
+/// capacity): the less loaded of the two wins. O(1) when usable exits are
+/// common — a bounded number of random probes — and a scan from a random start
+/// only when they are rare. Takes no lock beyond the health map's read lock.
+pub fn choose(
+    view: &PoolView,
+    health: &HealthBook,
+    tried: &[Uuid],
+    targeting: &Targeting,
+) -> Option<Candidate> {
+    let healthy = |c: &Candidate| {
+        let id = c.record.id;
+        !health.at_capacity(id)
+            && (health.in_panic() || health.exit(id).available(std::time::Instant::now()))
+    };
+    if let Some(id) = targeting.exit {
+        return view
+            .get(&id)
+            .filter(|c| !tried.contains(&id) && matches(&c.record, targeting) && healthy(c))
+            .cloned();
+    }
+    let n = view.eligible.len();
+    if n == 0 {
+        return None;
+    }
+    let usable = |c: &Candidate| {
+        !tried.contains(&c.record.id) && matches(&c.record, targeting) && healthy(c)
+    };
+    let mut rng = rand::thread_rng();
+    let first = (0..8)
+        .map(|_| &view.eligible[rng.gen_range(0..n)])
+        .find(|c| usable(c))
+        .or_else(|| {
+            let start = rng.gen_range(0..n);
+            (0..n)
+                .map(|i| &view.eligible[(start + i) % n])
+                .find(|c| usable(c))
+        })?;
+    let second = (0..8)
+        .map(|_| &view.eligible[rng.gen_range(0..n)])
+        .find(|c| c.record.id != first.record.id && usable(c));
+    let chosen = match second {
+        Some(second) if better(health, second, first) => second,
+        _ => first,
+    };
+    Some(chosen.clone())
+}
+
+/// Fewer tunnels in flight wins; at equal load, only a clearly better score
+/// (25%) wins, so near-equal exits share traffic instead of all of it herding
+/// onto whichever measured a few microseconds faster.
+fn better(health: &HealthBook, a: &Candidate, b: &Candidate) -> bool {
+    let (ha, hb) = (health.exit(a.record.id), health.exit(b.record.id));
+    match ha.in_flight().cmp(&hb.in_flight()) {
+        std::cmp::Ordering::Less => true,
+        std::cmp::Ordering::Greater => false,
+        std::cmp::Ordering::Equal => ha.score() > hb.score() * 1.25,
+    }
+}
+
 /// Whether an exit satisfies a client's targeting.
 pub fn matches(record: &ExitRecord, targeting: &Targeting) -> bool {
     targeting
@@ -115,64 +176,9 @@ impl Pool {
         self.known.read().ok()?.last_success.map(|t| t.elapsed())
     }
 
-    /// Picks an exit matching `targeting`, skipping `tried`: power of two
-    /// random choices among the usable ones, the less loaded and better scored
-    /// of the two winning. No lock is held across the pick.
+    /// Picks an exit matching `targeting`, skipping `tried` (see [`choose`]).
     pub fn pick(&self, tried: &[Uuid], targeting: &Targeting) -> Option<Candidate> {
-        let view = self.view();
-        if let Some(id) = targeting.exit {
-            return view
-                .get(&id)
-                .filter(|c| {
-                    !tried.contains(&id) && matches(&c.record, targeting) && self.healthy(c)
-                })
-                .cloned();
-        }
-        let n = view.eligible.len();
-        if n == 0 {
-            return None;
-        }
-        let usable = |c: &Candidate| {
-            !tried.contains(&c.record.id) && matches(&c.record, targeting) && self.healthy(c)
-        };
-        let mut rng = rand::thread_rng();
-        // Random probes find candidates in O(1) when usable exits are common;
-        // a scan from a random start finds one when they are rare.
-        let first = (0..8)
-            .map(|_| &view.eligible[rng.gen_range(0..n)])
-            .find(|c| usable(c))
-            .or_else(|| {
-                let start = rng.gen_range(0..n);
-                (0..n)
-                    .map(|i| &view.eligible[(start + i) % n])
-                    .find(|c| usable(c))
-            })?;
-        let second = (0..8)
-            .map(|_| &view.eligible[rng.gen_range(0..n)])
-            .find(|c| c.record.id != first.record.id && usable(c));
-        let chosen = match second {
-            Some(second) if self.better(second, first) => second,
-            _ => first,
-        };
-        Some(chosen.clone())
-    }
-
-    /// Fewer tunnels in flight wins; at equal load, only a clearly better
-    /// score (25%) wins, so near-equal exits share traffic instead of all of
-    /// it herding onto whichever measured a few microseconds faster.
-    fn better(&self, a: &Candidate, b: &Candidate) -> bool {
-        let (ha, hb) = (self.health.exit(a.record.id), self.health.exit(b.record.id));
-        match ha.in_flight().cmp(&hb.in_flight()) {
-            std::cmp::Ordering::Less => true,
-            std::cmp::Ordering::Greater => false,
-            std::cmp::Ordering::Equal => ha.score() > hb.score() * 1.25,
-        }
-    }
-
-    fn healthy(&self, c: &Candidate) -> bool {
-        let id = c.record.id;
-        !self.health.at_capacity(id)
-            && (self.health.in_panic() || self.health.exit(id).available(std::time::Instant::now()))
+        choose(&self.view(), &self.health, tried, targeting)
     }
 
     pub fn health(&self) -> &Arc<HealthBook> {
