@@ -74,6 +74,8 @@ pub struct Stack {
     pub whoami: SocketAddr,
     pub http: reqwest::Client,
     pub options: StackOptions,
+    /// The id of the demo proxy user `alice`.
+    pub user_id: Uuid,
 }
 
 impl Stack {
@@ -114,9 +116,10 @@ impl Stack {
             whoami,
             http,
             options: options.clone(),
+            user_id: Uuid::nil(),
         };
         let account = stack.create_account("acme").await;
-        stack.create_user(account, USERNAME, PASSWORD).await;
+        stack.user_id = stack.create_user(account, USERNAME, PASSWORD).await;
         for ip in options.egress_ips {
             stack.add_agent(ip).await;
         }

@@ -9,6 +9,7 @@ mod accounts;
 mod agent;
 mod exits;
 mod health;
+mod sessions;
 mod users;
 
 pub fn router(state: AppState) -> Router {
@@ -26,6 +27,11 @@ pub fn router(state: AppState) -> Router {
             get(users::get_one)
                 .patch(users::update)
                 .delete(users::delete),
+        )
+        .route("/v1/users/{id}/sessions", get(sessions::list))
+        .route(
+            "/v1/users/{id}/sessions/{session}",
+            get(sessions::get_one).delete(sessions::end),
         )
         .route(
             "/v1/enrollment-tokens",

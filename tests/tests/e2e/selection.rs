@@ -274,3 +274,93 @@ async fn soft_sessions_repin_and_hard_sessions_fail_when_their_exit_goes() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operators_list_inspect_and_end_sessions() {
+    let stack = Stack::start().await;
+    let sticky = proxy_as(
+        &format!("{USERNAME}-session-ops1-sesstime-5"),
+        stack.proxy_addrs.proxy,
+    );
+    let r = curl(&["-p", "-x", &sticky, &stack.whoami_url()]).await;
+    assert_eq!(r.status, 200);
+    let exit_header = r
+        .headers
+        .lines()
+        .find_map(|l| {
+            l.to_ascii_lowercase()
+                .strip_prefix("proxynet-exit:")
+                .map(|v| v.trim().to_owned())
+        })
+        .unwrap();
+
+    let base = stack.api(&format!("/v1/users/{}/sessions", stack.user_id));
+    let listed: serde_json::Value = stack
+        .http
+        .get(&base)
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let sessions = listed.as_array().unwrap();
+    assert_eq!(sessions.len(), 1, "{listed}");
+    assert_eq!(sessions[0]["session"], "ops1");
+    assert_eq!(sessions[0]["exit_id"], exit_header);
+    let ttl = sessions[0]["expires_in_ms"].as_i64().unwrap();
+    assert!(
+        ttl > 4 * 60_000 && ttl <= 5 * 60_000,
+        "sesstime-5 → {ttl} ms"
+    );
+
+    let one = stack
+        .http
+        .get(format!("{base}/ops1"))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(one.status(), 200);
+    let ended = stack
+        .http
+        .delete(format!("{base}/ops1"))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ended.status(), 204);
+    let gone = stack
+        .http
+        .get(format!("{base}/ops1"))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(gone.status(), 404);
+    let bad = stack
+        .http
+        .get(format!("{base}/not-valid!"))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad.status(), 400);
+
+    // The next tunnel of that session pins afresh.
+    assert_eq!(
+        curl(&["-p", "-x", &sticky, &stack.whoami_url()])
+            .await
+            .status,
+        200
+    );
+    let again = stack
+        .http
+        .get(format!("{base}/ops1"))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(again.status(), 200);
+}

@@ -1,0 +1,133 @@
+//! A proxy user's sticky sessions, as the superproxies pinned them in Redis.
+//!
+//! Ending a session deletes its pin: the next tunnel with that session id
+//! picks (and pins) an exit afresh on whichever superproxy it reaches.
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::Json;
+use redis::AsyncCommands;
+use serde::Serialize;
+use uuid::Uuid;
+
+use crate::auth::Operator;
+use crate::error::ApiError;
+use crate::AppState;
+
+#[derive(Serialize)]
+pub struct SessionView {
+    session: String,
+    exit_id: Uuid,
+    /// Milliseconds until the pin expires.
+    expires_in_ms: i64,
+}
+
+/// Most sessions listed in one answer.
+const MAX_LISTED: usize = 10_000;
+
+fn valid_session(id: &str) -> Result<(), ApiError> {
+    if !id.is_empty() && id.len() <= 64 && id.bytes().all(|b| b.is_ascii_alphanumeric()) {
+        Ok(())
+    } else {
+        Err(ApiError::BadRequest(
+            "session: 1 to 64 letters or digits".into(),
+        ))
+    }
+}
+
+async fn user_exists(state: &AppState, user: Uuid) -> Result<(), ApiError> {
+    let found: Option<(Uuid,)> =
+        sqlx::query_as("SELECT id FROM proxy_users WHERE id = $1 AND deleted_at IS NULL")
+            .bind(user)
+            .fetch_optional(&state.db)
+            .await?;
+    found.map(|_| ()).ok_or(ApiError::NotFound("user"))
+}
+
+async fn read(
+    state: &AppState,
+    key: &str,
+    session: String,
+) -> Result<Option<SessionView>, ApiError> {
+    let mut redis = state.redis.clone();
+    let (exit, ttl): (Option<String>, i64) = redis::pipe()
+        .get(key)
+        .pttl(key)
+        .query_async(&mut redis)
+        .await
+        .map_err(|e| ApiError::Unavailable(format!("sessions unavailable: {e}")))?;
+    Ok(exit
+        .and_then(|e| e.parse().ok())
+        .filter(|_| ttl > 0)
+        .map(|exit_id| SessionView {
+            session,
+            exit_id,
+            expires_in_ms: ttl,
+        }))
+}
+
+pub async fn list(
+    _: Operator,
+    State(state): State<AppState>,
+    Path(user): Path<Uuid>,
+) -> Result<Json<Vec<SessionView>>, ApiError> {
+    user_exists(&state, user).await?;
+    let prefix = state.projector.keys().session(user, "");
+    let mut redis = state.redis.clone();
+    let mut keys = Vec::new();
+    {
+        let mut iter: redis::AsyncIter<String> = redis
+            .scan_match(format!("{prefix}*"))
+            .await
+            .map_err(|e| ApiError::Unavailable(format!("sessions unavailable: {e}")))?;
+        while let Some(key) = iter.next_item().await {
+            keys.push(
+                key.map_err(|e| ApiError::Unavailable(format!("sessions unavailable: {e}")))?,
+            );
+            if keys.len() >= MAX_LISTED {
+                break;
+            }
+        }
+    }
+    let mut sessions = Vec::with_capacity(keys.len());
+    for key in keys {
+        let session = key.strip_prefix(&prefix).unwrap_or_default().to_owned();
+        if let Some(view) = read(&state, &key, session).await? {
+            sessions.push(view);
+        }
+    }
+    sessions.sort_by(|a, b| a.session.cmp(&b.session));
+    Ok(Json(sessions))
+}
+
+pub async fn get_one(
+    _: Operator,
+    State(state): State<AppState>,
+    Path((user, session)): Path<(Uuid, String)>,
+) -> Result<Json<SessionView>, ApiError> {
+    valid_session(&session)?;
+    user_exists(&state, user).await?;
+    let key = state.projector.keys().session(user, &session);
+    read(&state, &key, session)
+        .await?
+        .map(Json)
+        .ok_or(ApiError::NotFound("session"))
+}
+
+pub async fn end(
+    _: Operator,
+    State(state): State<AppState>,
+    Path((user, session)): Path<(Uuid, String)>,
+) -> Result<StatusCode, ApiError> {
+    valid_session(&session)?;
+    user_exists(&state, user).await?;
+    let mut redis = state.redis.clone();
+    let removed: i64 = redis
+        .del(state.projector.keys().session(user, &session))
+        .await
+        .map_err(|e| ApiError::Unavailable(format!("sessions unavailable: {e}")))?;
+    if removed == 0 {
+        return Err(ApiError::NotFound("session"));
+    }
+    Ok(StatusCode::NO_CONTENT)
+}
