@@ -1,7 +1,7 @@
 //! exit-agent configuration: flags, each with an environment variable.
 
 use clap::Parser;
-use proxynet_protocol::egress::{Cidr, EgressPolicyConfig, DEFAULT_DENIED_PORTS};
+use proxynet_protocol::egress::EgressArgs;
 use proxynet_protocol::secret::Secret;
 use proxynet_protocol::splice::TunnelLimits;
 use std::net::{IpAddr, SocketAddr};
@@ -84,22 +84,8 @@ pub struct Config {
     #[arg(long, env = "PROXYNET_DRAIN_TIMEOUT_MS", default_value_t = 30_000)]
     pub drain_timeout_ms: u64,
 
-    /// Networks allowed despite the built-in denials (comma-separated CIDRs).
-    /// Empty by default; a local demo adds 127.0.0.0/8.
-    #[arg(long, env = "PROXYNET_EGRESS_ALLOW", value_delimiter = ',')]
-    pub egress_allow: Vec<Cidr>,
-
-    /// Networks always denied (comma-separated CIDRs).
-    #[arg(long, env = "PROXYNET_EGRESS_DENY", value_delimiter = ',')]
-    pub egress_deny: Vec<Cidr>,
-
-    /// Destination ports always denied.
-    #[arg(long, env = "PROXYNET_EGRESS_DENIED_PORTS", value_delimiter = ',', default_values_t = DEFAULT_DENIED_PORTS.to_vec())]
-    pub egress_denied_ports: Vec<u16>,
-
-    /// The stack's own service addresses (ip:port, comma-separated): always denied.
-    #[arg(long, env = "PROXYNET_EGRESS_PROTECTED", value_delimiter = ',')]
-    pub egress_protected: Vec<SocketAddr>,
+    #[command(flatten)]
+    pub egress: EgressArgs,
 }
 
 impl Config {
@@ -114,15 +100,5 @@ impl Config {
     }
     pub fn dns_timeout(&self) -> Duration {
         Duration::from_millis(self.dns_timeout_ms)
-    }
-    pub fn egress_policy(&self, own: &[SocketAddr]) -> EgressPolicyConfig {
-        let mut protected = self.egress_protected.clone();
-        protected.extend_from_slice(own);
-        EgressPolicyConfig {
-            allow: self.egress_allow.clone(),
-            deny: self.egress_deny.clone(),
-            denied_ports: self.egress_denied_ports.clone(),
-            protected,
-        }
     }
 }

@@ -75,36 +75,18 @@ impl ControlClient {
         token: &Secret,
         egress_ips: &[IpAddr],
     ) -> Result<AgentState, ControlError> {
-        let url = format!("{}/v1/agent/enroll", self.base);
         let hostname = std::fs::read_to_string("/etc/hostname")
             .map(|h| h.trim().to_owned())
             .unwrap_or_default();
-        let response = self
-            .http
-            .post(&url)
-            .json(&EnrollRequest {
-                token,
-                egress_ips,
-                hostname,
-                agent_version: env!("CARGO_PKG_VERSION"),
-            })
-            .send()
-            .await
-            .map_err(|source| ControlError::Unreachable {
-                url: url.clone(),
-                source,
-            })?;
-        if !response.status().is_success() {
-            return Err(ControlError::Refused(format!(
-                "enrollment refused ({}): {}",
-                response.status(),
-                problem_detail(response).await
-            )));
-        }
-        let body: EnrollResponse = response
-            .json()
-            .await
-            .map_err(|source| ControlError::Unreachable { url, source })?;
+        let request = EnrollRequest {
+            token,
+            egress_ips,
+            hostname,
+            agent_version: env!("CARGO_PKG_VERSION"),
+        };
+        let body: EnrollResponse = self
+            .post("/v1/agent/enroll", None, &request, "enrollment")
+            .await?;
         Ok(AgentState {
             exit_id: body.exit_id,
             credential: body.credential,
@@ -117,32 +99,42 @@ impl ControlClient {
         draining: bool,
         active_tunnels: u64,
     ) -> Result<HeartbeatReply, ControlError> {
-        let url = format!("{}/v1/agent/exits/{}/heartbeat", self.base, state.exit_id);
-        let response = self
-            .http
-            .post(&url)
-            .bearer_auth(state.credential.expose())
-            .json(&HeartbeatRequest {
-                draining,
-                active_tunnels,
-            })
-            .send()
+        let path = format!("/v1/agent/exits/{}/heartbeat", state.exit_id);
+        let request = HeartbeatRequest {
+            draining,
+            active_tunnels,
+        };
+        self.post(&path, Some(&state.credential), &request, "heartbeat")
             .await
-            .map_err(|source| ControlError::Unreachable {
-                url: url.clone(),
-                source,
-            })?;
+    }
+
+    /// POSTs JSON and decodes the JSON answer; a refusal carries the API's
+    /// problem detail, so the operator reads why (token reused, expired, ...).
+    async fn post<T: Serialize, R: for<'de> Deserialize<'de>>(
+        &self,
+        path: &str,
+        credential: Option<&Secret>,
+        body: &T,
+        what: &str,
+    ) -> Result<R, ControlError> {
+        let url = format!("{}{path}", self.base);
+        let mut request = self.http.post(&url).json(body);
+        if let Some(credential) = credential {
+            request = request.bearer_auth(credential.expose());
+        }
+        let unreachable = |source| ControlError::Unreachable {
+            url: url.clone(),
+            source,
+        };
+        let response = request.send().await.map_err(unreachable)?;
         if !response.status().is_success() {
+            let status = response.status();
             return Err(ControlError::Refused(format!(
-                "heartbeat refused ({}): {}",
-                response.status(),
+                "{what} refused ({status}): {}",
                 problem_detail(response).await
             )));
         }
-        response
-            .json()
-            .await
-            .map_err(|source| ControlError::Unreachable { url, source })
+        response.json().await.map_err(unreachable)
     }
 }
 

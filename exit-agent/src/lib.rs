@@ -94,7 +94,7 @@ impl ExitAgent {
         })?;
         let mut own = vec![admin_addr];
         own.extend(control_api_addr(&config.control_api));
-        let policy = EgressPolicy::new(config.egress_policy(&own));
+        let policy = EgressPolicy::new(config.egress.policy(&own));
         let addresses = Addresses {
             admin: admin_addr,
             exit_id: identity.exit_id,

@@ -209,6 +209,45 @@ impl Default for EgressPolicyConfig {
     }
 }
 
+/// The egress policy's command-line flags, shared by the superproxy (early
+/// literal check) and the agent (the check that counts), so both read the same
+/// names and defaults.
+#[derive(Debug, Clone, clap::Args)]
+pub struct EgressArgs {
+    /// Networks allowed despite the built-in denials (comma-separated CIDRs).
+    /// Empty by default; a local demo adds 127.0.0.0/8. Keep the superproxy's
+    /// and the agents' lists equal.
+    #[arg(long, env = "PROXYNET_EGRESS_ALLOW", value_delimiter = ',')]
+    pub egress_allow: Vec<Cidr>,
+
+    /// Networks always denied (comma-separated CIDRs).
+    #[arg(long, env = "PROXYNET_EGRESS_DENY", value_delimiter = ',')]
+    pub egress_deny: Vec<Cidr>,
+
+    /// Destination ports always denied.
+    #[arg(long, env = "PROXYNET_EGRESS_DENIED_PORTS", value_delimiter = ',', default_values_t = DEFAULT_DENIED_PORTS.to_vec())]
+    pub egress_denied_ports: Vec<u16>,
+
+    /// The stack's own service addresses (ip:port, comma-separated): always
+    /// denied. Each binary adds its own listeners.
+    #[arg(long, env = "PROXYNET_EGRESS_PROTECTED", value_delimiter = ',')]
+    pub egress_protected: Vec<SocketAddr>,
+}
+
+impl EgressArgs {
+    /// The policy configuration, with `own` (this process's listeners) protected too.
+    pub fn policy(&self, own: &[SocketAddr]) -> EgressPolicyConfig {
+        let mut protected = self.egress_protected.clone();
+        protected.extend_from_slice(own);
+        EgressPolicyConfig {
+            allow: self.egress_allow.clone(),
+            deny: self.egress_deny.clone(),
+            denied_ports: self.egress_denied_ports.clone(),
+            protected,
+        }
+    }
+}
+
 /// A compiled, immutable egress policy.
 #[derive(Debug, Clone, Default)]
 pub struct EgressPolicy {

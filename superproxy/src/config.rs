@@ -5,7 +5,7 @@
 //! the innermost hop fails first and the client gets a precise reason.
 
 use clap::Parser;
-use proxynet_protocol::egress::{Cidr, EgressPolicyConfig, DEFAULT_DENIED_PORTS};
+use proxynet_protocol::egress::EgressArgs;
 use proxynet_protocol::secret::Secret;
 use proxynet_protocol::splice::TunnelLimits;
 use std::net::SocketAddr;
@@ -142,23 +142,8 @@ pub struct Config {
     #[arg(long, env = "PROXYNET_AUTH_CACHE_TTL_SECS", default_value_t = 300)]
     pub auth_cache_ttl_secs: u64,
 
-    /// Networks the early egress check allows despite built-in denials
-    /// (comma-separated CIDRs). Keep equal to the agents' setting.
-    #[arg(long, env = "PROXYNET_EGRESS_ALLOW", value_delimiter = ',')]
-    pub egress_allow: Vec<Cidr>,
-
-    /// Networks always denied (comma-separated CIDRs).
-    #[arg(long, env = "PROXYNET_EGRESS_DENY", value_delimiter = ',')]
-    pub egress_deny: Vec<Cidr>,
-
-    /// Destination ports always denied.
-    #[arg(long, env = "PROXYNET_EGRESS_DENIED_PORTS", value_delimiter = ',', default_values_t = DEFAULT_DENIED_PORTS.to_vec())]
-    pub egress_denied_ports: Vec<u16>,
-
-    /// The stack's own service addresses (ip:port, comma-separated), always
-    /// denied. The superproxy's own listeners are added automatically.
-    #[arg(long, env = "PROXYNET_EGRESS_PROTECTED", value_delimiter = ',')]
-    pub egress_protected: Vec<SocketAddr>,
+    #[command(flatten)]
+    pub egress: EgressArgs,
 }
 
 impl Config {
@@ -193,15 +178,5 @@ impl Config {
     }
     pub fn announce_interval(&self) -> Duration {
         Duration::from_millis(self.announce_interval_ms.max(50))
-    }
-    pub fn egress_policy(&self, own: &[SocketAddr]) -> EgressPolicyConfig {
-        let mut protected = self.egress_protected.clone();
-        protected.extend_from_slice(own);
-        EgressPolicyConfig {
-            allow: self.egress_allow.clone(),
-            deny: self.egress_deny.clone(),
-            denied_ports: self.egress_denied_ports.clone(),
-            protected,
-        }
     }
 }

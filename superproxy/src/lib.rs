@@ -181,7 +181,9 @@ impl Superproxy {
         )
         .map_err(StartError::Other)?;
         let policy = EgressPolicy::new(
-            config.egress_policy(&[proxy_addr, socks_addr, admin_addr, link_addr]),
+            config
+                .egress
+                .policy(&[proxy_addr, socks_addr, admin_addr, link_addr]),
         );
         let tunnels = TunnelOpener {
             pool: pool.clone(),

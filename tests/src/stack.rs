@@ -243,10 +243,26 @@ impl Stack {
     }
 
     pub async fn wait_eligible(&self, n: usize) {
+        self.wait_eligible_at(self.proxy_addrs.admin, n).await;
+    }
+
+    /// Waits until the superproxy with admin address `admin` has `n` eligible exits.
+    pub async fn wait_eligible_at(&self, admin: SocketAddr, n: usize) {
         eventually(
-            &format!("{n} eligible exits"),
+            &format!("{n} eligible exits at {admin}"),
             Duration::from_secs(30),
-            || async { (self.eligible_count().await == n).then_some(()) },
+            || async {
+                let pool: serde_json::Value = self
+                    .http
+                    .get(format!("http://{admin}/v1/pool"))
+                    .send()
+                    .await
+                    .ok()?
+                    .json()
+                    .await
+                    .ok()?;
+                (pool["eligible"].as_array().map_or(0, Vec::len) == n).then_some(())
+            },
         )
         .await;
     }

@@ -55,23 +55,7 @@ pub async fn list(
     ))
     .fetch_all(&state.db)
     .await?;
-    let live = state
-        .projector
-        .live_exits()
-        .await
-        .map_err(|e| ApiError::Unavailable(format!("liveness unknown: {e}")))?;
-    let ids: Vec<Uuid> = rows.iter().map(|r| r.id).collect();
-    let health = state.projector.fleet_health(&ids).await.ok();
-    Ok(Json(
-        rows.into_iter()
-            .enumerate()
-            .map(|(i, row)| ExitView {
-                live: live.contains(&row.id),
-                health: health.as_ref().and_then(|h| h.get(i).cloned()),
-                row,
-            })
-            .collect(),
-    ))
+    views(&state, rows).await.map(Json)
 }
 
 pub async fn get_one(
@@ -84,22 +68,28 @@ pub async fn get_one(
         .fetch_optional(&state.db)
         .await?
         .ok_or(ApiError::NotFound("exit"))?;
+    let mut views = views(&state, vec![row]).await?;
+    views.pop().map(Json).ok_or(ApiError::NotFound("exit"))
+}
+
+/// Rows joined with liveness (required) and the fleet's health view (best effort).
+async fn views(state: &AppState, rows: Vec<ExitRow>) -> Result<Vec<ExitView>, ApiError> {
     let live = state
         .projector
         .live_exits()
         .await
         .map_err(|e| ApiError::Unavailable(format!("liveness unknown: {e}")))?;
-    let health = state
-        .projector
-        .fleet_health(&[row.id])
-        .await
-        .ok()
-        .and_then(|mut h| h.pop());
-    Ok(Json(ExitView {
-        live: live.contains(&row.id),
-        health,
-        row,
-    }))
+    let ids: Vec<Uuid> = rows.iter().map(|r| r.id).collect();
+    let health = state.projector.fleet_health(&ids).await.ok();
+    Ok(rows
+        .into_iter()
+        .enumerate()
+        .map(|(i, row)| ExitView {
+            live: live.contains(&row.id),
+            health: health.as_ref().and_then(|h| h.get(i).cloned()),
+            row,
+        })
+        .collect())
 }
 
 /// `POST /v1/exits/{id}/drain`: no new tunnels; open ones finish.

@@ -44,23 +44,7 @@ async fn a_redis_outage_keeps_known_users_routing_and_recovers_without_restarts(
     })
     .await;
     let (_second, second) = spawn_superproxy(&stack.stores, &[]).await;
-    eventually(
-        "the second superproxy's pool",
-        Duration::from_secs(20),
-        || async {
-            let pool: serde_json::Value = stack
-                .http
-                .get(format!("http://{}/v1/pool", second.admin))
-                .send()
-                .await
-                .ok()?
-                .json()
-                .await
-                .ok()?;
-            (pool["eligible"].as_array()?.len() == 2).then_some(())
-        },
-    )
-    .await;
+    stack.wait_eligible_at(second.admin, 2).await;
     let sticky = format!("{USERNAME}-session-outage1");
     let proxies = [stack.proxy_addrs.proxy, second.proxy];
     let mut pinned = None;

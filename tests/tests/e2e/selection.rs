@@ -124,23 +124,7 @@ async fn unmatched_or_invalid_targeting_is_refused_precisely() {
 async fn two_superproxies_share_session_pins() {
     let stack = Stack::start().await;
     let (_second, second_addrs) = spawn_superproxy(&stack.stores, &[]).await;
-    eventually(
-        "the agents to link to the second superproxy",
-        Duration::from_secs(20),
-        || async {
-            let pool: serde_json::Value = stack
-                .http
-                .get(format!("http://{}/v1/pool", second_addrs.admin))
-                .send()
-                .await
-                .ok()?
-                .json()
-                .await
-                .ok()?;
-            (pool["eligible"].as_array()?.len() == 2).then_some(())
-        },
-    )
-    .await;
+    stack.wait_eligible_at(second_addrs.admin, 2).await;
     for i in 0..6 {
         let user = format!("{USERNAME}-session-shared{i}");
         let a = egress_via(
