@@ -43,6 +43,12 @@ pub struct Config {
     #[arg(long, env = "PROXYNET_RESYNC_SECS", default_value_t = 30)]
     pub resync_secs: u64,
 
+    /// This instance's name in the usage stream's consumer group. Keep it
+    /// stable across restarts: a restarted instance re-reads the batches it
+    /// had taken but not yet recorded.
+    #[arg(long, env = "PROXYNET_INSTANCE_NAME", default_value = "control-api-1")]
+    pub instance_name: String,
+
     /// Lifetime of a new enrollment token unless the request says otherwise, in seconds.
     #[arg(long, env = "PROXYNET_ENROLLMENT_TTL_SECS", default_value_t = 3_600)]
     pub enrollment_ttl_secs: u64,

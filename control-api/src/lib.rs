@@ -12,6 +12,7 @@ pub mod audit;
 pub mod auth;
 pub mod config;
 pub mod error;
+pub mod ledger;
 pub mod passwords;
 pub mod projector;
 mod routes;
@@ -63,6 +64,7 @@ pub enum StartError {
 pub struct ControlApi {
     listener: TcpListener,
     state: AppState,
+    ledger: ledger::LedgerConsumer,
 }
 
 impl ControlApi {
@@ -81,6 +83,13 @@ impl ControlApi {
         sqlx::migrate!("../migrations").run(&db).await?;
         let redis = connect_redis(config.redis_url.expose()).await?;
         let keys = Keys::new(config.redis_prefix.clone());
+        let ledger = ledger::LedgerConsumer {
+            db: db.clone(),
+            redis: redis::Client::open(config.redis_url.expose())
+                .map_err(|e| StartError::Config(format!("redis url: {e}")))?,
+            keys: keys.clone(),
+            consumer: config.instance_name.clone(),
+        };
         let projector = Projector::new(db.clone(), redis.clone(), keys);
         let listener =
             TcpListener::bind(config.listen)
@@ -91,6 +100,7 @@ impl ControlApi {
                 })?;
         Ok(Self {
             listener,
+            ledger,
             state: AppState {
                 db,
                 redis,
@@ -116,11 +126,13 @@ impl ControlApi {
                 .clone()
                 .run_resync_loop(Duration::from_secs(self.state.config.resync_secs.max(1))),
         );
+        let ledger = tokio::spawn(self.ledger.run());
         let app = routes::router(self.state);
         let result = axum::serve(self.listener, app)
             .with_graceful_shutdown(shutdown)
             .await;
         resync.abort();
+        ledger.abort();
         result
     }
 }

@@ -58,6 +58,11 @@ impl Keys {
         format!("{}health:{{{exit}}}", self.prefix)
     }
 
+    /// Stream of usage batches from superproxies to the control-api's ledger.
+    pub fn usage_stream(&self) -> String {
+        format!("{}usage", self.prefix)
+    }
+
     /// A sticky session's pin: the exit id, with the session's TTL.
     pub fn session(&self, user_id: Uuid, session: &str) -> String {
         format!("{}session:{{{user_id}}}:{session}", self.prefix)
@@ -149,6 +154,28 @@ pub struct SuperproxyRecord {
     pub link_addr: SocketAddr,
     /// SHA-256 (hex) of the DER certificate the link listener presents.
     pub cert_sha256: String,
+}
+
+/// Bytes one user moved through one exit in one minute (a ledger row).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UsageRow {
+    pub account_id: Uuid,
+    pub user_id: Uuid,
+    pub exit_id: Uuid,
+    /// Start of the minute, Unix seconds.
+    pub minute: i64,
+    /// Client → target.
+    pub bytes_up: u64,
+    /// Target → client.
+    pub bytes_down: u64,
+}
+
+/// One flush of one superproxy: the unit of idempotency in the ledger.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct UsageBatch {
+    pub batch_id: Uuid,
+    pub superproxy_id: Uuid,
+    pub rows: Vec<UsageRow>,
 }
 
 /// `KEYS[1]` live set, `ARGV[1]` member, `ARGV[2]` ttl in ms: marks the member

@@ -123,6 +123,11 @@ pub struct Config {
     #[arg(long, env = "PROXYNET_EXIT_CAPACITY", default_value_t = 4_096)]
     pub exit_capacity: u32,
 
+    /// How often byte counts are flushed to the usage stream, ms (also the
+    /// most a `kill -9` can lose).
+    #[arg(long, env = "PROXYNET_USAGE_FLUSH_MS", default_value_t = 1_000)]
+    pub usage_flush_ms: u64,
+
     /// How often the pool of live exits is re-read from Redis, ms.
     #[arg(long, env = "PROXYNET_POOL_REFRESH_MS", default_value_t = 1_000)]
     pub pool_refresh_ms: u64,
@@ -172,6 +177,9 @@ impl Config {
             panic_threshold_percent: self.panic_threshold_percent.min(100),
             capacity: self.exit_capacity.max(1),
         }
+    }
+    pub fn usage_flush(&self) -> Duration {
+        Duration::from_millis(self.usage_flush_ms.max(50))
     }
     pub fn pool_refresh(&self) -> Duration {
         Duration::from_millis(self.pool_refresh_ms.max(50))

@@ -30,6 +30,7 @@ pub mod probe;
 pub mod session;
 pub mod target;
 pub mod tunnel;
+pub mod usage;
 pub mod username;
 
 use proxynet_protocol::egress::EgressPolicy;
@@ -63,6 +64,7 @@ pub struct Gateway {
     pub pool: Arc<Pool>,
     pub registry: Arc<LinkRegistry>,
     pub tunnels: TunnelOpener,
+    pub usage: Arc<usage::UsageRecorder>,
     draining: AtomicBool,
 }
 
@@ -81,6 +83,7 @@ impl Gateway {
         let user = self.auth.authenticate(&request.user, password).await?;
         Ok(tunnel::Client {
             user_id: user.id,
+            account_id: user.account_id,
             request,
         })
     }
@@ -191,8 +194,11 @@ impl Superproxy {
             policy,
             connect_budget: config.connect_budget(),
         };
+        let id = Uuid::new_v4();
+        let usage = Arc::new(usage::UsageRecorder::new(id, redis.clone(), keys.clone()));
         let gateway = Arc::new(Gateway {
-            id: Uuid::new_v4(),
+            id,
+            usage,
             config: Arc::new(config),
             auth,
             pool,
@@ -255,6 +261,7 @@ impl Superproxy {
                 gateway.clone(),
             )),
             tokio::spawn(admin::run(self.admin, gateway.clone())),
+            tokio::spawn(gateway.usage.clone().run(config.usage_flush())),
             tokio::spawn(
                 probe::Prober {
                     superproxy_id: gateway.id,
@@ -321,6 +328,8 @@ impl Superproxy {
         for task in background {
             task.abort();
         }
+        // Bytes of tunnels that ended during the drain reach the ledger too.
+        gateway.usage.flush().await;
     }
 }
 

@@ -39,6 +39,7 @@ pub struct OpenTunnel {
 /// Who is asking: the authenticated user and what their username asked for.
 pub struct Client {
     pub user_id: Uuid,
+    pub account_id: Uuid,
     pub request: ParsedUsername,
 }
 

@@ -290,7 +290,25 @@ impl Stack {
     }
 }
 
+impl Stack {
+    /// Kills the control-api with SIGKILL and starts it again on the same address.
+    pub async fn restart_api_after_kill(&mut self) {
+        self.api.kill().await;
+        let addr: SocketAddr = self.api_url.trim_start_matches("http://").parse().unwrap();
+        let (api, _) = spawn_control_api_at(&self.stores, &self.options, addr).await;
+        self.api = api;
+    }
+}
+
 pub async fn spawn_control_api(stores: &TestStores, options: &StackOptions) -> (Proc, SocketAddr) {
+    spawn_control_api_at(stores, options, "127.0.0.1:0".parse().unwrap()).await
+}
+
+pub async fn spawn_control_api_at(
+    stores: &TestStores,
+    options: &StackOptions,
+    listen: SocketAddr,
+) -> (Proc, SocketAddr) {
     #[derive(Deserialize)]
     struct Ready {
         api: SocketAddr,
@@ -300,7 +318,7 @@ pub async fn spawn_control_api(stores: &TestStores, options: &StackOptions) -> (
         ("PROXYNET_REDIS_URL", stores.redis_url.clone()),
         ("PROXYNET_REDIS_PREFIX", stores.redis_prefix.clone()),
         ("PROXYNET_ADMIN_TOKEN", ADMIN_TOKEN.to_owned()),
-        ("PROXYNET_API_LISTEN", "127.0.0.1:0".to_owned()),
+        ("PROXYNET_API_LISTEN", listen.to_string()),
         (
             "PROXYNET_HEARTBEAT_INTERVAL_MS",
             options.heartbeat_interval_ms.to_string(),

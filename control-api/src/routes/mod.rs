@@ -10,6 +10,7 @@ mod agent;
 mod exits;
 mod health;
 mod sessions;
+mod usage;
 mod users;
 
 pub fn router(state: AppState) -> Router {
@@ -28,6 +29,7 @@ pub fn router(state: AppState) -> Router {
                 .patch(users::update)
                 .delete(users::delete),
         )
+        .route("/v1/accounts/{id}/usage", get(usage::usage))
         .route("/v1/users/{id}/sessions", get(sessions::list))
         .route(
             "/v1/users/{id}/sessions/{session}",

@@ -17,7 +17,9 @@ use crate::error::{ErrorKind, ProxyError};
 use crate::hygiene::end_to_end;
 use crate::target::Target;
 use crate::tunnel::Client;
+use crate::usage::Metered;
 use crate::Gateway;
+use hyper_util::rt::TokioIo;
 
 /// Methods this proxy answers itself when `Max-Forwards` reaches zero.
 const ALLOW: &str = "GET, HEAD, POST, PUT, DELETE, OPTIONS, PATCH, CONNECT";
@@ -92,9 +94,12 @@ pub async fn forward(
     let mut tunnel_info = http::HeaderMap::new();
     super::http::tunnel_headers(&mut tunnel_info, &tunnel);
     let in_flight = tunnel.in_flight;
+    let meter = gateway
+        .usage
+        .meter(client.account_id, client.user_id, tunnel.exit.record.id);
     let (mut sender, connection) = hyper::client::conn::http1::Builder::new()
         .preserve_header_case(true)
-        .handshake::<_, Incoming>(tunnel.io)
+        .handshake::<_, Incoming>(TokioIo::new(Metered::new(TokioIo::new(tunnel.io), meter)))
         .await
         .map_err(|e| {
             ProxyError::new(ErrorKind::ExitLinkLost, format!("exit stream failed: {e}"))

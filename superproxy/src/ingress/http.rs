@@ -23,6 +23,7 @@ use crate::authenticate::parse_basic;
 use crate::error::{ErrorKind, ProxyError};
 use crate::target::Target;
 use crate::tunnel::{Client, OpenTunnel};
+use crate::usage::Metered;
 use crate::Gateway;
 use proxynet_protocol::splice::splice;
 
@@ -168,6 +169,9 @@ async fn connect(
 
     // From the 200 on, the client connection carries tunnel bytes.
     switch.engage();
+    let meter = gateway
+        .usage
+        .meter(client.account_id, client.user_id, exit_id);
     let on_client_upgrade = hyper::upgrade::on(req);
     let limits = gateway.config.tunnel_limits();
     tokio::spawn(async move {
@@ -179,7 +183,8 @@ async fn connect(
             }
         };
         let OpenTunnel { io, in_flight, .. } = tunnel;
-        let outcome = splice(client, TokioIo::new(io), limits).await;
+        let exit = Metered::new(TokioIo::new(io), meter);
+        let outcome = splice(client, exit, limits).await;
         drop(in_flight);
         tracing::debug!(exit = %exit_id, up = outcome.up, down = outcome.down, end = ?outcome.end, "tunnel closed");
     });

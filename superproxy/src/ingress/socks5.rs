@@ -51,6 +51,10 @@ pub async fn serve_connection(gateway: Arc<Gateway>, stream: TcpStream, peer: So
     };
     // The bound address is the exit's, which the client has no use for and
     // we do not disclose; RFC 1928 allows zeros.
+    let exit_id = tunnel.exit.record.id;
+    let meter = gateway
+        .usage
+        .meter(client.account_id, client.user_id, exit_id);
     let client = match proto
         .reply_success(SocketAddr::from(([0, 0, 0, 0], 0)))
         .await
@@ -61,11 +65,10 @@ pub async fn serve_connection(gateway: Arc<Gateway>, stream: TcpStream, peer: So
             return;
         }
     };
-    let exit_id = tunnel.exit.record.id;
     let _in_flight = tunnel.in_flight;
     let outcome = splice(
         client,
-        hyper_util::rt::TokioIo::new(tunnel.io),
+        crate::usage::Metered::new(hyper_util::rt::TokioIo::new(tunnel.io), meter),
         gateway.config.tunnel_limits(),
     )
     .await;

@@ -12,3 +12,4 @@ mod limits;
 mod selection;
 mod spine;
 mod startup;
+mod usage;

@@ -1,0 +1,129 @@
+//! The usage ledger's writer: consumes the superproxies' usage stream into
+//! Postgres, exactly once per batch.
+//!
+//! A Redis consumer group delivers each batch to one control-api; a batch is
+//! acknowledged (and deleted from the stream) only after the transaction that
+//! records it commits. The batch id is the ledger's idempotency key, so a
+//! batch delivered twice — a crash between commit and acknowledgement, or a
+//! redelivery — is recorded once. On start the consumer first re-reads its own
+//! unacknowledged batches, so a crash loses nothing. While Postgres is away,
+//! batches simply wait in the stream.
+
+use proxynet_protocol::store::{Keys, UsageBatch};
+use redis::streams::{StreamReadOptions, StreamReadReply};
+use redis::AsyncCommands;
+use sqlx::PgPool;
+use std::time::Duration;
+
+pub const GROUP: &str = "ledger";
+
+pub struct LedgerConsumer {
+    pub db: PgPool,
+    pub redis: redis::Client,
+    pub keys: Keys,
+    /// Stable per control-api instance, so a restart finds its own pending batches.
+    pub consumer: String,
+}
+
+impl LedgerConsumer {
+    pub async fn run(self) {
+        loop {
+            // Blocking reads get a connection of their own.
+            match self.redis.get_multiplexed_async_connection().await {
+                Ok(mut conn) => {
+                    if let Err(e) = self.consume(&mut conn).await {
+                        tracing::warn!(error = %e, "usage consumer interrupted; resuming");
+                    }
+                }
+                Err(e) => tracing::debug!(error = %e, "usage consumer cannot reach Redis yet"),
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    }
+
+    async fn consume(
+        &self,
+        conn: &mut redis::aio::MultiplexedConnection,
+    ) -> Result<(), ConsumeError> {
+        let stream = self.keys.usage_stream();
+        let created: Result<(), _> = conn.xgroup_create_mkstream(&stream, GROUP, "0").await;
+        if let Err(e) = created {
+            if e.code() != Some("BUSYGROUP") {
+                return Err(e.into());
+            }
+        }
+        // Our own unacknowledged batches first ("0"), then new ones (">").
+        let mut cursor = "0".to_owned();
+        loop {
+            let options = StreamReadOptions::default()
+                .group(GROUP, &self.consumer)
+                .count(100)
+                .block(1000);
+            let reply: StreamReadReply =
+                conn.xread_options(&[&stream], &[&cursor], &options).await?;
+            let entries: Vec<_> = reply.keys.into_iter().flat_map(|k| k.ids).collect();
+            if entries.is_empty() && cursor == "0" {
+                cursor = ">".to_owned();
+                continue;
+            }
+            for entry in entries {
+                let batch: Option<UsageBatch> = entry
+                    .map
+                    .get("batch")
+                    .and_then(|v| redis::from_redis_value::<String>(v.clone()).ok())
+                    .and_then(|json| serde_json::from_str(&json).ok());
+                match batch {
+                    Some(batch) => self.record(&batch).await?,
+                    None => {
+                        tracing::error!(id = %entry.id, "unreadable usage batch; acknowledged to unblock the stream")
+                    }
+                }
+                let _: () = redis::pipe()
+                    .xack(&stream, GROUP, &[&entry.id])
+                    .xdel(&stream, &[&entry.id])
+                    .query_async(conn)
+                    .await?;
+            }
+        }
+    }
+
+    /// Records one batch in one transaction; a batch already recorded is skipped.
+    pub async fn record(&self, batch: &UsageBatch) -> Result<(), ConsumeError> {
+        let mut tx = self.db.begin().await?;
+        let inserted = sqlx::query("INSERT INTO usage_batches (batch_id, superproxy_id) VALUES ($1, $2) ON CONFLICT DO NOTHING")
+            .bind(batch.batch_id)
+            .bind(batch.superproxy_id)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        if inserted == 0 {
+            tracing::info!(batch = %batch.batch_id, "usage batch already recorded; skipped");
+            return Ok(());
+        }
+        for row in &batch.rows {
+            sqlx::query(
+                "INSERT INTO usage_ledger (batch_id, account_id, user_id, exit_id, minute, bytes_up, bytes_down)
+                 VALUES ($1, $2, $3, $4, to_timestamp($5), $6, $7)",
+            )
+            .bind(batch.batch_id)
+            .bind(row.account_id)
+            .bind(row.user_id)
+            .bind(row.exit_id)
+            .bind(row.minute as f64)
+            .bind(i64::try_from(row.bytes_up).unwrap_or(i64::MAX))
+            .bind(i64::try_from(row.bytes_down).unwrap_or(i64::MAX))
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConsumeError {
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+    #[error("postgres: {0}")]
+    Database(#[from] sqlx::Error),
+}

@@ -1,0 +1,280 @@
+//! Exact byte accounting: meters on every tunnel, flushed to the ledger.
+//!
+//! Every stream to an exit is wrapped in a [`Metered`] reader/writer that
+//! counts bytes as they cross it: written to the exit = up (client → target),
+//! read from the exit = down. For CONNECT and SOCKS5 that is exactly the tunnel
+//! payload; for absolute-form HTTP it is the request and response as relayed
+//! (heads included, hop-by-hop fields already removed) — see docs/usage.md.
+//!
+//! Once a second the [`UsageRecorder`] takes every meter's delta, sums them per
+//! (account, user, exit, minute) and appends one batch with a fresh id to the
+//! Redis usage stream; meters of finished tunnels are flushed one last time and
+//! dropped. If Redis is unreachable the batch is kept and retried (the same
+//! batch id, so the ledger cannot count it twice). A clean shutdown flushes;
+//! `kill -9` loses at most one flush interval.
+
+use proxynet_protocol::store::{Keys, UsageBatch, UsageRow};
+use redis::aio::ConnectionManager;
+use std::collections::HashMap;
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use uuid::Uuid;
+
+/// Most unsent batches kept while Redis is away (about 5 minutes of flushes).
+const MAX_PENDING_BATCHES: usize = 300;
+
+/// Counters of one tunnel (or one forwarded request's upstream connection).
+#[derive(Debug)]
+pub struct Meter {
+    pub account_id: Uuid,
+    pub user_id: Uuid,
+    pub exit_id: Uuid,
+    up: AtomicU64,
+    down: AtomicU64,
+    done: AtomicBool,
+}
+
+impl Meter {
+    pub fn up(&self) -> u64 {
+        self.up.load(Ordering::Relaxed)
+    }
+    pub fn down(&self) -> u64 {
+        self.down.load(Ordering::Relaxed)
+    }
+}
+
+/// Marks its meter finished when dropped, so the next flush is its last.
+pub struct MeterHandle(pub Arc<Meter>);
+
+impl Drop for MeterHandle {
+    fn drop(&mut self) {
+        self.0.done.store(true, Ordering::Release);
+    }
+}
+
+/// An I/O stream to an exit that counts what crosses it.
+pub struct Metered<IO> {
+    io: IO,
+    meter: MeterHandle,
+}
+
+impl<IO> Metered<IO> {
+    pub fn new(io: IO, meter: MeterHandle) -> Self {
+        Self { io, meter }
+    }
+}
+
+impl<IO: AsyncRead + Unpin> AsyncRead for Metered<IO> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let result = Pin::new(&mut self.io).poll_read(cx, buf);
+        let n = (buf.filled().len() - before) as u64;
+        if n > 0 {
+            self.meter.0.down.fetch_add(n, Ordering::Relaxed);
+        }
+        result
+    }
+}
+
+impl<IO: AsyncWrite + Unpin> AsyncWrite for Metered<IO> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let result = Pin::new(&mut self.io).poll_write(cx, buf);
+        if let Poll::Ready(Ok(n)) = &result {
+            self.meter.0.up.fetch_add(*n as u64, Ordering::Relaxed);
+        }
+        result
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+/// What a meter had reported at the last flush.
+struct Tracked {
+    meter: Arc<Meter>,
+    sent_up: u64,
+    sent_down: u64,
+}
+
+pub struct UsageRecorder {
+    superproxy_id: Uuid,
+    redis: ConnectionManager,
+    keys: Keys,
+    meters: Mutex<Vec<Tracked>>,
+    pending: tokio::sync::Mutex<Vec<UsageBatch>>,
+}
+
+impl UsageRecorder {
+    pub fn new(superproxy_id: Uuid, redis: ConnectionManager, keys: Keys) -> Self {
+        Self {
+            superproxy_id,
+            redis,
+            keys,
+            meters: Mutex::new(Vec::new()),
+            pending: tokio::sync::Mutex::new(Vec::new()),
+        }
+    }
+
+    /// A new meter for a tunnel through `exit_id` on behalf of the user.
+    pub fn meter(&self, account_id: Uuid, user_id: Uuid, exit_id: Uuid) -> MeterHandle {
+        let meter = Arc::new(Meter {
+            account_id,
+            user_id,
+            exit_id,
+            up: AtomicU64::new(0),
+            down: AtomicU64::new(0),
+            done: AtomicBool::new(false),
+        });
+        if let Ok(mut meters) = self.meters.lock() {
+            meters.push(Tracked {
+                meter: meter.clone(),
+                sent_up: 0,
+                sent_down: 0,
+            });
+        }
+        MeterHandle(meter)
+    }
+
+    /// Collects every meter's delta into a batch (none if nothing moved).
+    fn collect(&self) -> Option<UsageBatch> {
+        let minute = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as i64 / 60 * 60);
+        let mut sums: HashMap<(Uuid, Uuid, Uuid), (u64, u64)> = HashMap::new();
+        let mut meters = self.meters.lock().ok()?;
+        meters.retain_mut(|t| {
+            // Read `done` first: bytes counted before it was set are then seen below.
+            let done = t.meter.done.load(Ordering::Acquire);
+            let (up, down) = (t.meter.up(), t.meter.down());
+            let delta = (up - t.sent_up, down - t.sent_down);
+            if delta != (0, 0) {
+                let entry = sums
+                    .entry((t.meter.account_id, t.meter.user_id, t.meter.exit_id))
+                    .or_default();
+                entry.0 += delta.0;
+                entry.1 += delta.1;
+                t.sent_up = up;
+                t.sent_down = down;
+            }
+            !done
+        });
+        drop(meters);
+        if sums.is_empty() {
+            return None;
+        }
+        let rows = sums
+            .into_iter()
+            .map(
+                |((account_id, user_id, exit_id), (bytes_up, bytes_down))| UsageRow {
+                    account_id,
+                    user_id,
+                    exit_id,
+                    minute,
+                    bytes_up,
+                    bytes_down,
+                },
+            )
+            .collect();
+        Some(UsageBatch {
+            batch_id: Uuid::new_v4(),
+            superproxy_id: self.superproxy_id,
+            rows,
+        })
+    }
+
+    /// Collects and sends everything not yet in the stream.
+    pub async fn flush(&self) {
+        let mut pending = self.pending.lock().await;
+        if let Some(batch) = self.collect() {
+            pending.push(batch);
+        }
+        while let Some(batch) = pending.first() {
+            let Ok(json) = serde_json::to_string(batch) else {
+                pending.remove(0);
+                continue;
+            };
+            let mut redis = self.redis.clone();
+            let sent: Result<String, _> = redis::cmd("XADD")
+                .arg(self.keys.usage_stream())
+                .arg("*")
+                .arg("batch")
+                .arg(json)
+                .query_async(&mut redis)
+                .await;
+            match sent {
+                Ok(_) => {
+                    pending.remove(0);
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, unsent = pending.len(), "usage flush failed; keeping the batches for the next try");
+                    break;
+                }
+            }
+        }
+        if pending.len() > MAX_PENDING_BATCHES {
+            let dropped = pending.len() - MAX_PENDING_BATCHES;
+            pending.drain(..dropped);
+            tracing::error!(dropped, "usage batches dropped after a long Redis outage");
+        }
+    }
+
+    pub async fn run(self: Arc<Self>, every: Duration) {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            self.flush().await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    #[tokio::test]
+    async fn metered_streams_count_exactly_what_crosses_them() {
+        let (near, mut far) = tokio::io::duplex(1024);
+        let meter = Arc::new(Meter {
+            account_id: Uuid::nil(),
+            user_id: Uuid::nil(),
+            exit_id: Uuid::nil(),
+            up: AtomicU64::new(0),
+            down: AtomicU64::new(0),
+            done: AtomicBool::new(false),
+        });
+        let mut metered = Metered::new(near, MeterHandle(meter.clone()));
+        let writer = tokio::spawn(async move {
+            metered.write_all(&vec![1u8; 100_000]).await.unwrap();
+            let mut back = vec![0u8; 3_000];
+            metered.read_exact(&mut back).await.unwrap();
+            drop(metered);
+        });
+        let mut got = vec![0u8; 100_000];
+        far.read_exact(&mut got).await.unwrap();
+        far.write_all(&[2u8; 3_000]).await.unwrap();
+        writer.await.unwrap();
+        assert_eq!((meter.up(), meter.down()), (100_000, 3_000));
+        assert!(
+            meter.done.load(Ordering::Acquire),
+            "dropping the stream finishes the meter"
+        );
+    }
+}
