@@ -123,6 +123,11 @@ pub struct Config {
     #[arg(long, env = "PROXYNET_EXIT_CAPACITY", default_value_t = 4_096)]
     pub exit_capacity: u32,
 
+    /// Failed authentications one address (IPv4, or IPv6 /64) may make per
+    /// minute before it is answered 429 without a password check.
+    #[arg(long, env = "PROXYNET_AUTH_FAILURES_PER_MINUTE", default_value_t = 30)]
+    pub auth_failures_per_minute: u32,
+
     /// How often byte counts are flushed to the usage stream, ms (also the
     /// most a `kill -9` can lose).
     #[arg(long, env = "PROXYNET_USAGE_FLUSH_MS", default_value_t = 1_000)]

@@ -33,6 +33,8 @@ pub enum ErrorKind {
     BadRequest,
     /// The request head exceeds the size or field-count limit.
     HeaderTooLarge,
+    /// A rate limit (failed authentications, new tunnels) is exceeded.
+    TooManyRequests,
     /// This instance is at its client-connection limit.
     ConnectionLimit,
     /// The method is not something a forward proxy does (TRACE, origin-form).
@@ -64,10 +66,11 @@ pub enum ErrorKind {
 }
 
 impl ErrorKind {
-    pub const ALL: [ErrorKind; 17] = [
+    pub const ALL: [ErrorKind; 18] = [
         ErrorKind::AuthRequired,
         ErrorKind::BadRequest,
         ErrorKind::HeaderTooLarge,
+        ErrorKind::TooManyRequests,
         ErrorKind::ConnectionLimit,
         ErrorKind::MethodNotAllowed,
         ErrorKind::DestinationProhibited,
@@ -89,6 +92,7 @@ impl ErrorKind {
             ErrorKind::AuthRequired => StatusCode::PROXY_AUTHENTICATION_REQUIRED,
             ErrorKind::BadRequest => StatusCode::BAD_REQUEST,
             ErrorKind::HeaderTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            ErrorKind::TooManyRequests => StatusCode::TOO_MANY_REQUESTS,
             ErrorKind::ConnectionLimit => StatusCode::SERVICE_UNAVAILABLE,
             ErrorKind::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ErrorKind::DestinationProhibited => StatusCode::FORBIDDEN,
@@ -109,7 +113,9 @@ impl ErrorKind {
     /// RFC 9209 §2.3 error type.
     pub fn proxy_status_error(self) -> &'static str {
         match self {
-            ErrorKind::AuthRequired | ErrorKind::MethodNotAllowed => "http_request_denied",
+            ErrorKind::AuthRequired | ErrorKind::MethodNotAllowed | ErrorKind::TooManyRequests => {
+                "http_request_denied"
+            }
             ErrorKind::BadRequest | ErrorKind::HeaderTooLarge => "http_request_error",
             ErrorKind::ConnectionLimit => "connection_limit_reached",
             ErrorKind::BadResponse => "http_protocol_error",
@@ -129,7 +135,9 @@ impl ErrorKind {
     /// RFC 1928 §6 reply code.
     pub fn socks_reply(self) -> u8 {
         match self {
-            ErrorKind::DestinationProhibited | ErrorKind::AuthRequired => 0x02,
+            ErrorKind::DestinationProhibited
+            | ErrorKind::AuthRequired
+            | ErrorKind::TooManyRequests => 0x02,
             ErrorKind::NoExit | ErrorKind::ExitUnavailable => 0x03,
             ErrorKind::DestinationUnreachable
             | ErrorKind::DnsError
@@ -152,6 +160,7 @@ impl ErrorKind {
             ErrorKind::AuthRequired
             | ErrorKind::BadRequest
             | ErrorKind::HeaderTooLarge
+            | ErrorKind::TooManyRequests
             | ErrorKind::MethodNotAllowed => Source::Client,
             ErrorKind::DestinationProhibited => Source::Policy,
             ErrorKind::ExitUnavailable | ErrorKind::ExitLinkLost | ErrorKind::SessionExitLost => {

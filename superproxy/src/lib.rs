@@ -24,6 +24,7 @@ pub mod events;
 pub mod health;
 pub mod hygiene;
 pub mod ingress;
+pub mod limits;
 pub mod link;
 pub mod pool;
 pub mod probe;
@@ -65,6 +66,7 @@ pub struct Gateway {
     pub registry: Arc<LinkRegistry>,
     pub tunnels: TunnelOpener,
     pub usage: Arc<usage::UsageRecorder>,
+    pub auth_failures: Arc<limits::AuthFailureLimiter>,
     draining: AtomicBool,
 }
 
@@ -73,6 +75,25 @@ impl Gateway {
     /// A grammar error is a 400 naming the problem; any credential failure is
     /// the one indistinguishable 407.
     pub async fn authenticate(
+        &self,
+        username: &str,
+        password: &str,
+        peer: std::net::IpAddr,
+    ) -> Result<tunnel::Client, error::ProxyError> {
+        self.auth_failures.check(peer)?;
+        let result = self.verify_credentials(username, password).await;
+        if let Err(e) = &result {
+            if matches!(
+                e.kind,
+                error::ErrorKind::AuthRequired | error::ErrorKind::BadRequest
+            ) {
+                self.auth_failures.record_failure(peer);
+            }
+        }
+        result
+    }
+
+    async fn verify_credentials(
         &self,
         username: &str,
         password: &str,
@@ -199,6 +220,9 @@ impl Superproxy {
         let gateway = Arc::new(Gateway {
             id,
             usage,
+            auth_failures: Arc::new(limits::AuthFailureLimiter::new(
+                config.auth_failures_per_minute,
+            )),
             config: Arc::new(config),
             auth,
             pool,
@@ -262,6 +286,7 @@ impl Superproxy {
             )),
             tokio::spawn(admin::run(self.admin, gateway.clone())),
             tokio::spawn(gateway.usage.clone().run(config.usage_flush())),
+            tokio::spawn(gateway.auth_failures.clone().run_housekeeping()),
             tokio::spawn(
                 probe::Prober {
                     superproxy_id: gateway.id,

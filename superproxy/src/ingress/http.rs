@@ -70,7 +70,7 @@ pub async fn serve_connection(gateway: Arc<Gateway>, stream: TcpStream, peer: So
     );
     let service = {
         let gateway = gateway.clone();
-        service_fn(move |req| handle(gateway.clone(), switch.clone(), req))
+        service_fn(move |req| handle(gateway.clone(), switch.clone(), peer, req))
     };
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
@@ -94,9 +94,10 @@ pub async fn serve_connection(gateway: Arc<Gateway>, stream: TcpStream, peer: So
 async fn handle(
     gateway: Arc<Gateway>,
     switch: TunnelSwitch,
+    peer: SocketAddr,
     req: Request<Incoming>,
 ) -> Result<Response<ProxyBody>, Infallible> {
-    let response = match route(gateway, switch, req).await {
+    let response = match route(gateway, switch, peer, req).await {
         Ok(response) => response,
         Err(e) => {
             tracing::debug!(error = %e, "request refused");
@@ -109,10 +110,11 @@ async fn handle(
 async fn route(
     gateway: Arc<Gateway>,
     switch: TunnelSwitch,
+    peer: SocketAddr,
     req: Request<Incoming>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     if req.method() == Method::CONNECT {
-        return connect(gateway, switch, req).await;
+        return connect(gateway, switch, peer, req).await;
     }
     if req.uri().scheme().is_none() {
         return Err(ProxyError::new(
@@ -120,18 +122,22 @@ async fn route(
             "this is a forward proxy: send CONNECT or an absolute-form request",
         ));
     }
-    let client = authenticate(&gateway, &req).await?;
+    let client = authenticate(&gateway, &req, peer).await?;
     super::forward::forward(gateway, req, client).await
 }
 
-async fn authenticate(gateway: &Gateway, req: &Request<Incoming>) -> Result<Client, ProxyError> {
+async fn authenticate(
+    gateway: &Gateway,
+    req: &Request<Incoming>,
+    peer: SocketAddr,
+) -> Result<Client, ProxyError> {
     let header = req
         .headers()
         .get(header::PROXY_AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .ok_or_else(ProxyError::auth_required)?;
     let (username, password) = parse_basic(header).ok_or_else(ProxyError::auth_required)?;
-    gateway.authenticate(&username, &password).await
+    gateway.authenticate(&username, &password, peer.ip()).await
 }
 
 /// `Proxynet-Exit` and, for sessions, `Proxynet-Session-Expires` (Unix seconds).
@@ -150,6 +156,7 @@ pub fn tunnel_headers(headers: &mut http::HeaderMap, tunnel: &OpenTunnel) {
 async fn connect(
     gateway: Arc<Gateway>,
     switch: TunnelSwitch,
+    peer: SocketAddr,
     req: Request<Incoming>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let authority = req
@@ -158,7 +165,7 @@ async fn connect(
         .ok_or_else(|| ProxyError::new(ErrorKind::BadRequest, "CONNECT needs host:port"))?
         .as_str()
         .to_owned();
-    let client = authenticate(&gateway, &req).await?;
+    let client = authenticate(&gateway, &req, peer).await?;
     let target = Target::parse_authority(&authority)
         .map_err(|e| ProxyError::new(ErrorKind::BadRequest, format!("bad CONNECT target: {e}")))?;
     let tunnel = gateway.tunnels.open(&target, &client).await?;

@@ -26,7 +26,7 @@ pub async fn serve_connection(gateway: Arc<Gateway>, stream: TcpStream, peer: So
     let _ = stream.set_nodelay(true);
     let handshake = tokio::time::timeout(
         gateway.config.header_read_timeout(),
-        handshake(&gateway, stream),
+        handshake(&gateway, stream, peer),
     )
     .await;
     let (proto, target, client) = match handshake {
@@ -80,6 +80,7 @@ pub async fn serve_connection(gateway: Arc<Gateway>, stream: TcpStream, peer: So
 async fn handshake(
     gateway: &Gateway,
     stream: TcpStream,
+    peer: SocketAddr,
 ) -> Result<Option<(CommandRead, Target, Client)>, String> {
     let auth = Socks5ServerProtocol::start(stream)
         .negotiate_auth(&[PasswordAuthentication])
@@ -89,7 +90,7 @@ async fn handshake(
         .read_username_password()
         .await
         .map_err(|e| e.to_string())?;
-    let (accepted, client) = match gateway.authenticate(&username, &password).await {
+    let (accepted, client) = match gateway.authenticate(&username, &password, peer.ip()).await {
         Ok(client) => (pending.accept().await.map_err(|e| e.to_string())?, client),
         Err(_) => {
             let _ = pending.reject().await;

@@ -127,3 +127,35 @@ async fn connections_over_the_limit_get_a_clear_503() {
     );
     drop(held);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeated_failed_logins_get_429_without_a_password_check() {
+    use proxynet_tests::client::curl;
+    use proxynet_tests::stack::{Stack, StackOptions, PASSWORD, USERNAME};
+    let stack = Stack::start_with(StackOptions {
+        superproxy_args: vec!["--auth-failures-per-minute".into(), "3".into()],
+        ..Default::default()
+    })
+    .await;
+    let wrong = format!(
+        "http://{USERNAME}:not-the-password@{}",
+        stack.proxy_addrs.proxy
+    );
+    for _ in 0..4 {
+        let r = curl(&["-p", "-x", &wrong, &stack.whoami_url()]).await;
+        assert!(r.headers.contains(" 407"), "{}", r.headers);
+    }
+    // Now even the right password is refused from this address until the budget refills.
+    let right = format!(
+        "http://{USERNAME}:{}@{}",
+        PASSWORD.replace(' ', "%20"),
+        stack.proxy_addrs.proxy
+    );
+    let r = curl(&["-p", "-x", &right, &stack.whoami_url()]).await;
+    let h = r.headers.to_ascii_lowercase();
+    assert!(h.contains(" 429"), "{h}");
+    assert!(
+        h.contains("retry-after:") && h.contains("error=http_request_denied"),
+        "{h}"
+    );
+}
