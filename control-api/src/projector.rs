@@ -34,6 +34,8 @@ struct UserRow {
     password_hash: String,
     enabled: bool,
     version: i64,
+    max_concurrent_tunnels: Option<i32>,
+    max_new_tunnels_per_second: Option<i32>,
 }
 
 #[derive(sqlx::FromRow)]
@@ -95,7 +97,8 @@ impl Projector {
 
     async fn try_user(&self, username: &str) -> Result<(), ProjectionError> {
         let row: Option<UserRow> = sqlx::query_as(
-            "SELECT id, account_id, username, password_hash, enabled, version
+            "SELECT id, account_id, username, password_hash, enabled, version,
+                    max_concurrent_tunnels, max_new_tunnels_per_second
                FROM proxy_users WHERE username = $1 AND deleted_at IS NULL",
         )
         .bind(username)
@@ -199,7 +202,8 @@ impl Projector {
     /// correspond to a live user.
     pub async fn resync(&self) -> Result<(), ProjectionError> {
         let users: Vec<UserRow> = sqlx::query_as(
-            "SELECT id, account_id, username, password_hash, enabled, version
+            "SELECT id, account_id, username, password_hash, enabled, version,
+                    max_concurrent_tunnels, max_new_tunnels_per_second
                FROM proxy_users WHERE deleted_at IS NULL",
         )
         .fetch_all(&self.db)
@@ -351,6 +355,12 @@ fn user_record(row: &UserRow) -> UserRecord {
         password_hash: row.password_hash.clone(),
         enabled: row.enabled,
         version: row.version,
+        max_concurrent_tunnels: row
+            .max_concurrent_tunnels
+            .and_then(|v| u32::try_from(v).ok()),
+        max_new_tunnels_per_second: row
+            .max_new_tunnels_per_second
+            .and_then(|v| u32::try_from(v).ok()),
     }
 }
 

@@ -63,6 +63,16 @@ impl Keys {
         format!("{}usage", self.prefix)
     }
 
+    /// Sorted set of a user's tunnel leases: lease id → expiry (ms, Redis clock).
+    pub fn leases(&self, user: Uuid) -> String {
+        format!("{}leases:{{{user}}}", self.prefix)
+    }
+
+    /// GCRA state of a user's new-tunnel rate.
+    pub fn tunnel_rate(&self, user: Uuid) -> String {
+        format!("{}rate:{{{user}}}", self.prefix)
+    }
+
     /// A sticky session's pin: the exit id, with the session's TTL.
     pub fn session(&self, user_id: Uuid, session: &str) -> String {
         format!("{}session:{{{user_id}}}:{session}", self.prefix)
@@ -90,6 +100,12 @@ pub struct UserRecord {
     pub enabled: bool,
     /// Increases on every change, so caches can tell stale from current.
     pub version: i64,
+    /// Most tunnels open at once across all superproxies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_concurrent_tunnels: Option<u32>,
+    /// Most new tunnels per second across all superproxies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_new_tunnels_per_second: Option<u32>,
 }
 
 /// Where an exit's traffic comes from: the provenance the customer targets by.

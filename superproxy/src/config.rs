@@ -128,6 +128,11 @@ pub struct Config {
     #[arg(long, env = "PROXYNET_AUTH_FAILURES_PER_MINUTE", default_value_t = 30)]
     pub auth_failures_per_minute: u32,
 
+    /// Lifetime of a concurrency lease, ms; renewed every third of it while
+    /// the tunnel lives. A dead superproxy's leases free themselves within it.
+    #[arg(long, env = "PROXYNET_LEASE_TTL_MS", default_value_t = 30_000)]
+    pub lease_ttl_ms: u64,
+
     /// How often byte counts are flushed to the usage stream, ms (also the
     /// most a `kill -9` can lose).
     #[arg(long, env = "PROXYNET_USAGE_FLUSH_MS", default_value_t = 1_000)]

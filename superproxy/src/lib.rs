@@ -16,6 +16,7 @@
 //! addresses; [`Superproxy::serve`] runs until its shutdown future resolves.
 
 pub mod admin;
+pub mod admission;
 pub mod announce;
 pub mod authenticate;
 pub mod config;
@@ -67,6 +68,7 @@ pub struct Gateway {
     pub tunnels: TunnelOpener,
     pub usage: Arc<usage::UsageRecorder>,
     pub auth_failures: Arc<limits::AuthFailureLimiter>,
+    pub admission: Arc<admission::Admission>,
     draining: AtomicBool,
 }
 
@@ -105,8 +107,21 @@ impl Gateway {
         Ok(tunnel::Client {
             user_id: user.id,
             account_id: user.account_id,
+            limits: admission::UserLimits {
+                max_concurrent_tunnels: user.max_concurrent_tunnels,
+                max_new_tunnels_per_second: user.max_new_tunnels_per_second,
+            },
             request,
         })
+    }
+
+    /// Applies the user's tunnel limits; the lease (if any) must live as long
+    /// as the tunnel.
+    pub async fn admit(
+        &self,
+        client: &tunnel::Client,
+    ) -> Result<Option<admission::Lease>, error::ProxyError> {
+        self.admission.admit(client.user_id, client.limits).await
     }
 
     pub fn is_draining(&self) -> bool {
@@ -223,6 +238,12 @@ impl Superproxy {
             auth_failures: Arc::new(limits::AuthFailureLimiter::new(
                 config.auth_failures_per_minute,
             )),
+            admission: Arc::new(admission::Admission::new(
+                redis.clone(),
+                keys.clone(),
+                id,
+                Duration::from_millis(config.lease_ttl_ms.max(300)),
+            )),
             config: Arc::new(config),
             auth,
             pool,
@@ -287,6 +308,7 @@ impl Superproxy {
             tokio::spawn(admin::run(self.admin, gateway.clone())),
             tokio::spawn(gateway.usage.clone().run(config.usage_flush())),
             tokio::spawn(gateway.auth_failures.clone().run_housekeeping()),
+            tokio::spawn(gateway.admission.clone().run_renewals()),
             tokio::spawn(
                 probe::Prober {
                     superproxy_id: gateway.id,

@@ -40,6 +40,7 @@ pub struct OpenTunnel {
 pub struct Client {
     pub user_id: Uuid,
     pub account_id: Uuid,
+    pub limits: crate::admission::UserLimits,
     pub request: ParsedUsername,
 }
 

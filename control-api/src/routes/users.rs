@@ -22,6 +22,35 @@ use crate::{audit, AppState};
 pub struct CreateUser {
     username: String,
     password: Secret,
+    #[serde(default)]
+    limits: Limits,
+}
+
+/// Per-user limits, enforced across all superproxies. `null` removes a limit.
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    max_concurrent_tunnels: Option<i32>,
+    max_new_tunnels_per_second: Option<i32>,
+}
+
+impl Limits {
+    fn validate(&self) -> Result<(), ApiError> {
+        for (field, value) in [
+            ("limits.max_concurrent_tunnels", self.max_concurrent_tunnels),
+            (
+                "limits.max_new_tunnels_per_second",
+                self.max_new_tunnels_per_second,
+            ),
+        ] {
+            if value.is_some_and(|v| v <= 0) {
+                return Err(ApiError::BadRequest(format!(
+                    "{field}: must be a positive number"
+                )));
+            }
+        }
+        Ok(())
+    }
 }
 
 #[derive(Deserialize)]
@@ -29,6 +58,8 @@ pub struct CreateUser {
 pub struct UpdateUser {
     enabled: Option<bool>,
     password: Option<Secret>,
+    /// Replaces all limits when present.
+    limits: Option<Limits>,
 }
 
 #[derive(Serialize, sqlx::FromRow)]
@@ -38,11 +69,14 @@ pub struct User {
     username: String,
     enabled: bool,
     version: i64,
+    max_concurrent_tunnels: Option<i32>,
+    max_new_tunnels_per_second: Option<i32>,
     created_at: DateTime<Utc>,
     updated_at: DateTime<Utc>,
 }
 
-const USER_COLUMNS: &str = "id, account_id, username, enabled, version, created_at, updated_at";
+const USER_COLUMNS: &str = "id, account_id, username, enabled, version, max_concurrent_tunnels, \
+     max_new_tunnels_per_second, created_at, updated_at";
 
 pub async fn create(
     _: Operator,
@@ -52,6 +86,7 @@ pub async fn create(
 ) -> Result<(StatusCode, Json<User>), ApiError> {
     validate_username(&body.username)?;
     validate_password(body.password.expose())?;
+    body.limits.validate()?;
     let exists: Option<(Uuid,)> = sqlx::query_as("SELECT id FROM accounts WHERE id = $1")
         .bind(account_id)
         .fetch_optional(&state.db)
@@ -62,13 +97,15 @@ pub async fn create(
     let hash = state.hashing.hash(body.password).await?;
     let mut tx = state.db.begin().await?;
     let user: User = sqlx::query_as(&format!(
-        "INSERT INTO proxy_users (id, account_id, username, password_hash)
-         VALUES ($1, $2, $3, $4) RETURNING {USER_COLUMNS}"
+        "INSERT INTO proxy_users (id, account_id, username, password_hash, max_concurrent_tunnels, max_new_tunnels_per_second)
+         VALUES ($1, $2, $3, $4, $5, $6) RETURNING {USER_COLUMNS}"
     ))
     .bind(Uuid::new_v4())
     .bind(account_id)
     .bind(&body.username)
     .bind(&hash)
+    .bind(body.limits.max_concurrent_tunnels)
+    .bind(body.limits.max_new_tunnels_per_second)
     .fetch_one(&mut *tx)
     .await
     .map_err(|e| conflict_on_unique(e, "username: already taken"))?;
@@ -124,6 +161,9 @@ pub async fn update(
     Path(id): Path<Uuid>,
     Json(body): Json<UpdateUser>,
 ) -> Result<Json<User>, ApiError> {
+    if let Some(limits) = &body.limits {
+        limits.validate()?;
+    }
     let new_hash = match body.password {
         Some(password) => {
             validate_password(password.expose())?;
@@ -136,6 +176,8 @@ pub async fn update(
         "UPDATE proxy_users
             SET enabled = COALESCE($2, enabled),
                 password_hash = COALESCE($3, password_hash),
+                max_concurrent_tunnels = CASE WHEN $4 THEN $5 ELSE max_concurrent_tunnels END,
+                max_new_tunnels_per_second = CASE WHEN $4 THEN $6 ELSE max_new_tunnels_per_second END,
                 version = version + 1,
                 updated_at = now()
           WHERE id = $1 AND deleted_at IS NULL
@@ -144,12 +186,16 @@ pub async fn update(
     .bind(id)
     .bind(body.enabled)
     .bind(new_hash.as_deref())
+    .bind(body.limits.is_some())
+    .bind(body.limits.as_ref().and_then(|l| l.max_concurrent_tunnels))
+    .bind(body.limits.as_ref().and_then(|l| l.max_new_tunnels_per_second))
     .fetch_optional(&mut *tx)
     .await?
     .ok_or(ApiError::NotFound("user"))?;
     let detail = serde_json::json!({
         "enabled": body.enabled,
         "password_rotated": new_hash.is_some(),
+        "limits_changed": body.limits.is_some(),
     });
     audit::record(&mut tx, "operator", "user.update", &id.to_string(), detail).await?;
     tx.commit().await?;

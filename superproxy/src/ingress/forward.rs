@@ -28,6 +28,7 @@ pub async fn forward(
     gateway: Arc<Gateway>,
     req: Request<Incoming>,
     client: Client,
+    lease: Option<crate::admission::Lease>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     if req.method() == Method::TRACE {
         // TRACE would echo our customers' credentials and cookies back through a cache.
@@ -109,7 +110,7 @@ pub async fn forward(
             tracing::debug!(error = %e, "upstream connection ended with an error");
         }
         // The upstream connection outlives the response head: count it until it ends.
-        drop(in_flight);
+        drop((in_flight, lease));
     });
     let response = sender.send_request(upstream).await.map_err(|e| {
         ProxyError::new(

@@ -123,7 +123,8 @@ async fn route(
         ));
     }
     let client = authenticate(&gateway, &req, peer).await?;
-    super::forward::forward(gateway, req, client).await
+    let lease = gateway.admit(&client).await?;
+    super::forward::forward(gateway, req, client, lease).await
 }
 
 async fn authenticate(
@@ -166,6 +167,7 @@ async fn connect(
         .as_str()
         .to_owned();
     let client = authenticate(&gateway, &req, peer).await?;
+    let lease = gateway.admit(&client).await?;
     let target = Target::parse_authority(&authority)
         .map_err(|e| ProxyError::new(ErrorKind::BadRequest, format!("bad CONNECT target: {e}")))?;
     let tunnel = gateway.tunnels.open(&target, &client).await?;
@@ -192,7 +194,7 @@ async fn connect(
         let OpenTunnel { io, in_flight, .. } = tunnel;
         let exit = Metered::new(TokioIo::new(io), meter);
         let outcome = splice(client, exit, limits).await;
-        drop(in_flight);
+        drop((in_flight, lease));
         tracing::debug!(exit = %exit_id, up = outcome.up, down = outcome.down, end = ?outcome.end, "tunnel closed");
     });
 

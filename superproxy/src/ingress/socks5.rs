@@ -41,6 +41,14 @@ pub async fn serve_connection(gateway: Arc<Gateway>, stream: TcpStream, peer: So
         Ok(Ok(None)) => return,
         Ok(Ok(Some(request))) => request,
     };
+    let _lease = match gateway.admit(&client).await {
+        Ok(lease) => lease,
+        Err(e) => {
+            tracing::debug!(%peer, error = %e, "SOCKS tunnel over the user's limits");
+            let _ = proto.reply_error(&reply_for(e.kind)).await;
+            return;
+        }
+    };
     let tunnel = match gateway.tunnels.open(&target, &client).await {
         Ok(tunnel) => tunnel,
         Err(e) => {

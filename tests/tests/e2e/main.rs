@@ -13,3 +13,4 @@ mod selection;
 mod spine;
 mod startup;
 mod usage;
+mod user_limits;

@@ -1,0 +1,166 @@
+//! Per-user limits enforced by all superproxies together: concurrent tunnels
+//! (leases that a dead superproxy cannot leak) and new tunnels per second.
+
+use proxynet_tests::client::{curl, socks5};
+use proxynet_tests::process::eventually;
+use proxynet_tests::stack::{spawn_superproxy, Stack, StackOptions, ADMIN_TOKEN};
+use serde_json::json;
+use std::net::SocketAddr;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const PASS: &str = "limited-password-1";
+
+async fn limited_user(stack: &Stack, name: &str, limits: serde_json::Value) -> String {
+    let account = stack.create_account(name).await;
+    let r = stack
+        .http
+        .post(stack.api(&format!("/v1/accounts/{account}/users")))
+        .bearer_auth(ADMIN_TOKEN)
+        .json(&json!({ "username": name, "password": PASS, "limits": limits }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    r.json::<serde_json::Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+/// Opens a CONNECT tunnel and returns it with the response head.
+async fn hold_tunnel(proxy: SocketAddr, user: &str, target: SocketAddr) -> (TcpStream, String) {
+    use base64::Engine;
+    let auth = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{PASS}"));
+    let mut s = TcpStream::connect(proxy).await.unwrap();
+    s.write_all(format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\nProxy-Authorization: Basic {auth}\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        if s.read(&mut byte).await.unwrap() == 0 {
+            break;
+        }
+        head.push(byte[0]);
+    }
+    (s, String::from_utf8_lossy(&head).into_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_concurrency_limit_refuses_the_next_tunnel_and_frees_on_close() {
+    let stack = Stack::start().await;
+    limited_user(&stack, "twoatatime", json!({ "max_concurrent_tunnels": 2 })).await;
+    let proxy = stack.proxy_addrs.proxy;
+    let (first, h1) = hold_tunnel(proxy, "twoatatime", stack.whoami).await;
+    let (_second, h2) = hold_tunnel(proxy, "twoatatime", stack.whoami).await;
+    assert!(
+        h1.starts_with("HTTP/1.1 200") && h2.starts_with("HTTP/1.1 200"),
+        "{h1}{h2}"
+    );
+
+    let (_, refused) = hold_tunnel(proxy, "twoatatime", stack.whoami).await;
+    let lower = refused.to_ascii_lowercase();
+    assert!(refused.starts_with("HTTP/1.1 429"), "{refused}");
+    assert!(
+        lower.contains("retry-after:") && lower.contains("concurrent tunnel limit (2)"),
+        "{refused}"
+    );
+
+    let mut s = socks5::login(stack.proxy_addrs.socks, "twoatatime", PASS)
+        .await
+        .unwrap();
+    assert_eq!(
+        socks5::request(&mut s, 1, "127.0.0.1", stack.whoami.port()).await,
+        2
+    );
+
+    drop(first);
+    eventually("a slot to free up", Duration::from_secs(5), || async {
+        let (_, head) = hold_tunnel(proxy, "twoatatime", stack.whoami).await;
+        head.starts_with("HTTP/1.1 200").then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_superproxy_frees_its_leases() {
+    let mut stack = Stack::start_with(StackOptions {
+        superproxy_args: vec!["--lease-ttl-ms".into(), "1500".into()],
+        ..Default::default()
+    })
+    .await;
+    limited_user(&stack, "onlyone", json!({ "max_concurrent_tunnels": 1 })).await;
+    let (_other, other) =
+        spawn_superproxy(&stack.stores, &["--lease-ttl-ms".into(), "1500".into()]).await;
+    stack.wait_eligible_at(other.admin, 2).await;
+
+    let (_held, head) = hold_tunnel(stack.proxy_addrs.proxy, "onlyone", stack.whoami).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let (_, refused) = hold_tunnel(other.proxy, "onlyone", stack.whoami).await;
+    assert!(
+        refused.starts_with("HTTP/1.1 429"),
+        "the lease is shared: {refused}"
+    );
+
+    stack.proxy.kill().await;
+    eventually(
+        "the dead superproxy's lease to expire",
+        Duration::from_secs(10),
+        || async {
+            let (_, head) = hold_tunnel(other.proxy, "onlyone", stack.whoami).await;
+            head.starts_with("HTTP/1.1 200").then_some(())
+        },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_new_tunnel_rate_is_limited_and_limits_can_change() {
+    let stack = Stack::start().await;
+    let id = limited_user(
+        &stack,
+        "slowpoke",
+        json!({ "max_new_tunnels_per_second": 3 }),
+    )
+    .await;
+    let url = format!("http://slowpoke:{PASS}@{}", stack.proxy_addrs.proxy);
+    let mut limited = 0;
+    for _ in 0..10 {
+        let r = curl(&["-p", "-x", &url, &stack.whoami_url()]).await;
+        if r.headers.contains(" 429") {
+            assert!(
+                r.headers.to_ascii_lowercase().contains("rate limit (3/s)"),
+                "{}",
+                r.headers
+            );
+            limited += 1;
+        }
+    }
+    assert!(limited > 0, "ten tunnels in a burst must exceed 3/s");
+
+    // Lifting the limit takes effect without a restart.
+    let r = stack
+        .http
+        .patch(stack.api(&format!("/v1/users/{id}")))
+        .bearer_auth(ADMIN_TOKEN)
+        .json(&json!({ "limits": {} }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    eventually(
+        "the lifted limit to apply",
+        Duration::from_secs(5),
+        || async {
+            for _ in 0..8 {
+                if curl(&["-p", "-x", &url, &stack.whoami_url()]).await.status != 200 {
+                    return None;
+                }
+            }
+            Some(())
+        },
+    )
+    .await;
+}
