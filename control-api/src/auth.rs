@@ -1,4 +1,10 @@
-//! Who is calling: the operator (admin bearer token) or an enrolled agent.
+//! Who is calling: the operator (the bootstrap admin token or an operator API
+//! key), an account (its API key), or an enrolled agent.
+//!
+//! Account-scoped routes take a [`Caller`] and pass [`Caller::scope`] into
+//! every query (`$n::uuid IS NULL OR account_id = $n`), so another account's
+//! rows are never read, let alone changed: they answer 404 as if absent.
+//! Operator-only routes take [`Operator`], which answers 403 to account keys.
 
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
@@ -7,7 +13,61 @@ use proxynet_protocol::secret::{constant_time_eq, sha256_hex};
 use crate::error::ApiError;
 use crate::AppState;
 
-/// Extractor that admits only the operator's bearer token.
+/// An authenticated API caller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Caller {
+    Operator,
+    Account(uuid::Uuid),
+}
+
+impl Caller {
+    /// `None` for the operator (every account), the account's id otherwise.
+    pub fn scope(self) -> Option<uuid::Uuid> {
+        match self {
+            Caller::Operator => None,
+            Caller::Account(id) => Some(id),
+        }
+    }
+
+    /// 404 unless the caller may see `account` (another account's data is
+    /// answered as absent, not as forbidden, so ids cannot be probed).
+    pub fn check_account(self, account: uuid::Uuid) -> Result<(), ApiError> {
+        match self.scope() {
+            Some(own) if own != account => Err(ApiError::NotFound("account")),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl FromRequestParts<AppState> for Caller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &AppState,
+    ) -> Result<Self, Self::Rejection> {
+        let presented = bearer(parts).ok_or(ApiError::Unauthorized)?;
+        let digest = sha256_hex(presented);
+        // Compare digests so the comparison time does not depend on the token's length.
+        let admin = sha256_hex(state.admin_token.expose());
+        if constant_time_eq(digest.as_bytes(), admin.as_bytes()) {
+            return Ok(Caller::Operator);
+        }
+        let key: Option<(Option<uuid::Uuid>,)> = sqlx::query_as(
+            "SELECT account_id FROM api_keys WHERE key_sha256 = $1 AND revoked_at IS NULL",
+        )
+        .bind(&digest)
+        .fetch_optional(&state.db)
+        .await?;
+        match key {
+            Some((None,)) => Ok(Caller::Operator),
+            Some((Some(account),)) => Ok(Caller::Account(account)),
+            None => Err(ApiError::Unauthorized),
+        }
+    }
+}
+
+/// Extractor for operator-only routes: account keys get 403.
 pub struct Operator;
 
 impl FromRequestParts<AppState> for Operator {
@@ -17,13 +77,11 @@ impl FromRequestParts<AppState> for Operator {
         parts: &mut Parts,
         state: &AppState,
     ) -> Result<Self, Self::Rejection> {
-        let presented = bearer(parts).ok_or(ApiError::Unauthorized)?;
-        // Compare digests so the comparison time does not depend on the token's length.
-        let expected = sha256_hex(state.admin_token.expose());
-        if constant_time_eq(sha256_hex(presented).as_bytes(), expected.as_bytes()) {
-            Ok(Operator)
-        } else {
-            Err(ApiError::Unauthorized)
+        match Caller::from_request_parts(parts, state).await? {
+            Caller::Operator => Ok(Operator),
+            Caller::Account(_) => Err(ApiError::Forbidden(
+                "this route needs an operator key".into(),
+            )),
         }
     }
 }

@@ -7,7 +7,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::auth::Operator;
+use crate::auth::{Caller, Operator};
 use crate::error::ApiError;
 use crate::{audit, AppState};
 
@@ -56,10 +56,11 @@ pub async fn create(
 }
 
 pub async fn get_one(
-    _: Operator,
+    caller: Caller,
     State(state): State<AppState>,
     Path(id): Path<Uuid>,
 ) -> Result<Json<Account>, ApiError> {
+    caller.check_account(id)?;
     sqlx::query_as("SELECT id, name, created_at FROM accounts WHERE id = $1")
         .bind(id)
         .fetch_optional(&state.db)

@@ -7,11 +7,12 @@ use crate::AppState;
 
 mod accounts;
 mod agent;
+mod api_keys;
 mod exits;
 mod health;
 mod sessions;
 mod usage;
-mod users;
+pub mod users;
 
 pub fn router(state: AppState) -> Router {
     Router::new()
@@ -30,6 +31,12 @@ pub fn router(state: AppState) -> Router {
                 .delete(users::delete),
         )
         .route("/v1/accounts/{id}/usage", get(usage::usage))
+        .route(
+            "/v1/accounts/{id}/api-keys",
+            post(api_keys::create_for_account),
+        )
+        .route("/v1/api-keys", post(api_keys::create_operator))
+        .route("/v1/api-keys/{id}", axum::routing::delete(api_keys::revoke))
         .route("/v1/users/{id}/sessions", get(sessions::list))
         .route(
             "/v1/users/{id}/sessions/{session}",

@@ -10,7 +10,7 @@ use redis::AsyncCommands;
 use serde::Serialize;
 use uuid::Uuid;
 
-use crate::auth::Operator;
+use crate::auth::Caller;
 use crate::error::ApiError;
 use crate::AppState;
 
@@ -35,13 +35,8 @@ fn valid_session(id: &str) -> Result<(), ApiError> {
     }
 }
 
-async fn user_exists(state: &AppState, user: Uuid) -> Result<(), ApiError> {
-    let found: Option<(Uuid,)> =
-        sqlx::query_as("SELECT id FROM proxy_users WHERE id = $1 AND deleted_at IS NULL")
-            .bind(user)
-            .fetch_optional(&state.db)
-            .await?;
-    found.map(|_| ()).ok_or(ApiError::NotFound("user"))
+async fn user_exists(state: &AppState, caller: Caller, user: Uuid) -> Result<(), ApiError> {
+    super::users::fetch(state, caller, user).await.map(|_| ())
 }
 
 async fn read(
@@ -67,11 +62,11 @@ async fn read(
 }
 
 pub async fn list(
-    _: Operator,
+    caller: Caller,
     State(state): State<AppState>,
     Path(user): Path<Uuid>,
 ) -> Result<Json<Vec<SessionView>>, ApiError> {
-    user_exists(&state, user).await?;
+    user_exists(&state, caller, user).await?;
     let prefix = state.projector.keys().session(user, "");
     let mut redis = state.redis.clone();
     let mut keys = Vec::new();
@@ -101,12 +96,12 @@ pub async fn list(
 }
 
 pub async fn get_one(
-    _: Operator,
+    caller: Caller,
     State(state): State<AppState>,
     Path((user, session)): Path<(Uuid, String)>,
 ) -> Result<Json<SessionView>, ApiError> {
     valid_session(&session)?;
-    user_exists(&state, user).await?;
+    user_exists(&state, caller, user).await?;
     let key = state.projector.keys().session(user, &session);
     read(&state, &key, session)
         .await?
@@ -115,12 +110,12 @@ pub async fn get_one(
 }
 
 pub async fn end(
-    _: Operator,
+    caller: Caller,
     State(state): State<AppState>,
     Path((user, session)): Path<(Uuid, String)>,
 ) -> Result<StatusCode, ApiError> {
     valid_session(&session)?;
-    user_exists(&state, user).await?;
+    user_exists(&state, caller, user).await?;
     let mut redis = state.redis.clone();
     let removed: i64 = redis
         .del(state.projector.keys().session(user, &session))

@@ -6,7 +6,7 @@ use chrono::{DateTime, Duration, Utc};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::auth::Operator;
+use crate::auth::Caller;
 use crate::error::ApiError;
 use crate::AppState;
 
@@ -36,11 +36,12 @@ pub struct UsageRow {
 }
 
 pub async fn usage(
-    _: Operator,
+    caller: Caller,
     State(state): State<AppState>,
     Path(account): Path<Uuid>,
     Query(query): Query<UsageQuery>,
 ) -> Result<Json<Vec<UsageRow>>, ApiError> {
+    caller.check_account(account)?;
     let exists: Option<(Uuid,)> = sqlx::query_as("SELECT id FROM accounts WHERE id = $1")
         .bind(account)
         .fetch_optional(&state.db)

@@ -12,7 +12,7 @@ use proxynet_protocol::secret::Secret;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::auth::Operator;
+use crate::auth::Caller;
 use crate::error::{conflict_on_unique, ApiError};
 use crate::passwords::{validate_password, validate_username};
 use crate::{audit, AppState};
@@ -79,11 +79,12 @@ const USER_COLUMNS: &str = "id, account_id, username, enabled, version, max_conc
      max_new_tunnels_per_second, created_at, updated_at";
 
 pub async fn create(
-    _: Operator,
+    caller: Caller,
     State(state): State<AppState>,
     Path(account_id): Path<Uuid>,
     Json(body): Json<CreateUser>,
 ) -> Result<(StatusCode, Json<User>), ApiError> {
+    caller.check_account(account_id)?;
     validate_username(&body.username)?;
     validate_password(body.password.expose())?;
     body.limits.validate()?;
@@ -111,7 +112,7 @@ pub async fn create(
     .map_err(|e| conflict_on_unique(e, "username: already taken"))?;
     audit::record(
         &mut tx,
-        "operator",
+        &actor(caller),
         "user.create",
         &user.id.to_string(),
         serde_json::json!({"username": user.username}),
@@ -123,10 +124,11 @@ pub async fn create(
 }
 
 pub async fn list(
-    _: Operator,
+    caller: Caller,
     State(state): State<AppState>,
     Path(account_id): Path<Uuid>,
 ) -> Result<Json<Vec<User>>, ApiError> {
+    caller.check_account(account_id)?;
     let users = sqlx::query_as(&format!(
         "SELECT {USER_COLUMNS} FROM proxy_users
           WHERE account_id = $1 AND deleted_at IS NULL ORDER BY username LIMIT 1000"
@@ -138,25 +140,28 @@ pub async fn list(
 }
 
 pub async fn get_one(
-    _: Operator,
+    caller: Caller,
     State(state): State<AppState>,
     Path(id): Path<Uuid>,
 ) -> Result<Json<User>, ApiError> {
-    fetch(&state, id).await.map(Json)
+    fetch(&state, caller, id).await.map(Json)
 }
 
-async fn fetch(state: &AppState, id: Uuid) -> Result<User, ApiError> {
+/// A user the caller may see (`None` for another account's user).
+pub async fn fetch(state: &AppState, caller: Caller, id: Uuid) -> Result<User, ApiError> {
     sqlx::query_as(&format!(
-        "SELECT {USER_COLUMNS} FROM proxy_users WHERE id = $1 AND deleted_at IS NULL"
+        "SELECT {USER_COLUMNS} FROM proxy_users
+          WHERE id = $1 AND deleted_at IS NULL AND ($2::uuid IS NULL OR account_id = $2)"
     ))
     .bind(id)
+    .bind(caller.scope())
     .fetch_optional(&state.db)
     .await?
     .ok_or(ApiError::NotFound("user"))
 }
 
 pub async fn update(
-    _: Operator,
+    caller: Caller,
     State(state): State<AppState>,
     Path(id): Path<Uuid>,
     Json(body): Json<UpdateUser>,
@@ -180,7 +185,7 @@ pub async fn update(
                 max_new_tunnels_per_second = CASE WHEN $4 THEN $6 ELSE max_new_tunnels_per_second END,
                 version = version + 1,
                 updated_at = now()
-          WHERE id = $1 AND deleted_at IS NULL
+          WHERE id = $1 AND deleted_at IS NULL AND ($7::uuid IS NULL OR account_id = $7)
         RETURNING {USER_COLUMNS}"
     ))
     .bind(id)
@@ -189,6 +194,7 @@ pub async fn update(
     .bind(body.limits.is_some())
     .bind(body.limits.as_ref().and_then(|l| l.max_concurrent_tunnels))
     .bind(body.limits.as_ref().and_then(|l| l.max_new_tunnels_per_second))
+    .bind(caller.scope())
     .fetch_optional(&mut *tx)
     .await?
     .ok_or(ApiError::NotFound("user"))?;
@@ -197,29 +203,37 @@ pub async fn update(
         "password_rotated": new_hash.is_some(),
         "limits_changed": body.limits.is_some(),
     });
-    audit::record(&mut tx, "operator", "user.update", &id.to_string(), detail).await?;
+    audit::record(
+        &mut tx,
+        &actor(caller),
+        "user.update",
+        &id.to_string(),
+        detail,
+    )
+    .await?;
     tx.commit().await?;
     state.projector.user(&user.username).await;
     Ok(Json(user))
 }
 
 pub async fn delete(
-    _: Operator,
+    caller: Caller,
     State(state): State<AppState>,
     Path(id): Path<Uuid>,
 ) -> Result<StatusCode, ApiError> {
     let mut tx = state.db.begin().await?;
     let row: Option<(String,)> = sqlx::query_as(
         "UPDATE proxy_users SET deleted_at = now(), enabled = false, version = version + 1, updated_at = now()
-          WHERE id = $1 AND deleted_at IS NULL RETURNING username",
+          WHERE id = $1 AND deleted_at IS NULL AND ($2::uuid IS NULL OR account_id = $2) RETURNING username",
     )
     .bind(id)
+    .bind(caller.scope())
     .fetch_optional(&mut *tx)
     .await?;
     let (username,) = row.ok_or(ApiError::NotFound("user"))?;
     audit::record(
         &mut tx,
-        "operator",
+        &actor(caller),
         "user.delete",
         &id.to_string(),
         serde_json::json!({"username": username}),
@@ -228,4 +242,12 @@ pub async fn delete(
     tx.commit().await?;
     state.projector.user(&username).await;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// Who the audit log names for a change.
+pub fn actor(caller: Caller) -> String {
+    match caller {
+        Caller::Operator => "operator".to_owned(),
+        Caller::Account(id) => format!("account:{id}"),
+    }
 }

@@ -12,5 +12,6 @@ mod limits;
 mod selection;
 mod spine;
 mod startup;
+mod tenancy;
 mod usage;
 mod user_limits;
