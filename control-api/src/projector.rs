@@ -8,7 +8,7 @@
 //! turned into a failed API call after the database change has committed.
 
 use proxynet_protocol::store::{
-    ExitRecord, Keys, SourceType, SuperproxyRecord, UserRecord, LIVE_MEMBERS_SCRIPT,
+    ExitRecord, Keys, QuotaPeriod, SourceType, SuperproxyRecord, UserRecord, LIVE_MEMBERS_SCRIPT,
     TOUCH_LIVE_SCRIPT,
 };
 use redis::aio::ConnectionManager;
@@ -36,6 +36,8 @@ struct UserRow {
     version: i64,
     max_concurrent_tunnels: Option<i32>,
     max_new_tunnels_per_second: Option<i32>,
+    bandwidth_bytes: Option<i64>,
+    quota_period: String,
 }
 
 #[derive(sqlx::FromRow)]
@@ -98,7 +100,7 @@ impl Projector {
     async fn try_user(&self, username: &str) -> Result<(), ProjectionError> {
         let row: Option<UserRow> = sqlx::query_as(
             "SELECT id, account_id, username, password_hash, enabled, version,
-                    max_concurrent_tunnels, max_new_tunnels_per_second
+                    max_concurrent_tunnels, max_new_tunnels_per_second, bandwidth_bytes, quota_period
                FROM proxy_users WHERE username = $1 AND deleted_at IS NULL",
         )
         .bind(username)
@@ -203,7 +205,7 @@ impl Projector {
     pub async fn resync(&self) -> Result<(), ProjectionError> {
         let users: Vec<UserRow> = sqlx::query_as(
             "SELECT id, account_id, username, password_hash, enabled, version,
-                    max_concurrent_tunnels, max_new_tunnels_per_second
+                    max_concurrent_tunnels, max_new_tunnels_per_second, bandwidth_bytes, quota_period
                FROM proxy_users WHERE deleted_at IS NULL",
         )
         .fetch_all(&self.db)
@@ -242,6 +244,8 @@ impl Projector {
                 .publish(self.keys.events(), format!("user:{username}"))
                 .await?;
         }
+
+        self.rebuild_quota_counters(&users).await?;
 
         let exits: Vec<ExitRow> = sqlx::query_as(&format!("SELECT {EXIT_COLUMNS} FROM exits"))
             .fetch_all(&self.db)
@@ -294,6 +298,40 @@ impl Projector {
                 Err(e) => tracing::warn!(error = %e, "redis projection resync failed; retrying"),
             }
         }
+    }
+
+    /// Quota counters that Redis lost (restart, flush) are rebuilt from the
+    /// ledger, never left at zero; live counters are not touched (`SET NX`).
+    async fn rebuild_quota_counters(&self, users: &[UserRow]) -> Result<(), ProjectionError> {
+        let now = chrono::Utc::now().timestamp();
+        let mut redis = self.redis.clone();
+        for user in users.iter().filter(|u| u.bandwidth_bytes.is_some()) {
+            let period = QuotaPeriod::parse(&user.quota_period).unwrap_or_default();
+            let (window, start, end) = period.window(now);
+            let key = self.keys.quota_used(user.id, &window);
+            let exists: bool = redis.exists(&key).await?;
+            if exists {
+                continue;
+            }
+            let (used,): (i64,) = sqlx::query_as(
+                "SELECT COALESCE(SUM(bytes_up + bytes_down), 0)::bigint FROM usage_ledger
+                  WHERE user_id = $1 AND minute >= to_timestamp($2) AND minute < to_timestamp($3)",
+            )
+            .bind(user.id)
+            .bind(start as f64)
+            .bind(end as f64)
+            .fetch_one(&self.db)
+            .await?;
+            let _: Option<String> = redis::cmd("SET")
+                .arg(&key)
+                .arg(used)
+                .arg("NX")
+                .arg("EXAT")
+                .arg(end + 7 * 86_400)
+                .query_async(&mut redis)
+                .await?;
+        }
+        Ok(())
     }
 
     /// How every superproxy currently sees `exits` (their published health
@@ -361,6 +399,8 @@ fn user_record(row: &UserRow) -> UserRecord {
         max_new_tunnels_per_second: row
             .max_new_tunnels_per_second
             .and_then(|v| u32::try_from(v).ok()),
+        bandwidth_bytes: row.bandwidth_bytes.and_then(|v| u64::try_from(v).ok()),
+        quota_period: QuotaPeriod::parse(&row.quota_period).unwrap_or_default(),
     }
 }
 

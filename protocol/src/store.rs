@@ -68,6 +68,11 @@ impl Keys {
         format!("{}leases:{{{user}}}", self.prefix)
     }
 
+    /// Bytes a user has used in one quota period (see [`QuotaPeriod::window`]).
+    pub fn quota_used(&self, user: Uuid, period_key: &str) -> String {
+        format!("{}quota:{{{user}}}:{period_key}", self.prefix)
+    }
+
     /// GCRA state of a user's new-tunnel rate.
     pub fn tunnel_rate(&self, user: Uuid) -> String {
         format!("{}rate:{{{user}}}", self.prefix)
@@ -106,6 +111,85 @@ pub struct UserRecord {
     /// Most new tunnels per second across all superproxies.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_new_tunnels_per_second: Option<u32>,
+    /// Bytes (up + down) allowed per quota period.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bandwidth_bytes: Option<u64>,
+    #[serde(default)]
+    pub quota_period: QuotaPeriod,
+}
+
+/// The window a bandwidth quota counts over (UTC calendar day or month).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum QuotaPeriod {
+    Daily,
+    #[default]
+    Monthly,
+}
+
+impl QuotaPeriod {
+    pub fn parse(value: &str) -> Option<Self> {
+        match value {
+            "daily" => Some(Self::Daily),
+            "monthly" => Some(Self::Monthly),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Daily => "daily",
+            Self::Monthly => "monthly",
+        }
+    }
+
+    /// The period containing `unix_secs`: its key suffix (`d20261130`,
+    /// `m202611`) and its start and end as Unix seconds.
+    pub fn window(self, unix_secs: i64) -> (String, i64, i64) {
+        let days = unix_secs.div_euclid(86_400);
+        let (y, m, d) = civil_from_days(days);
+        match self {
+            Self::Daily => (
+                format!("d{y:04}{m:02}{d:02}"),
+                days * 86_400,
+                (days + 1) * 86_400,
+            ),
+            Self::Monthly => {
+                let start = days_from_civil(y, m, 1) * 86_400;
+                let (ny, nm) = if m == 12 { (y + 1, 1) } else { (y, m + 1) };
+                (
+                    format!("m{y:04}{m:02}"),
+                    start,
+                    days_from_civil(ny, nm, 1) * 86_400,
+                )
+            }
+        }
+    }
+}
+
+/// Days since 1970-01-01 → (year, month, day), proleptic Gregorian (H. Hinnant's algorithm).
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (if m <= 2 { y + 1 } else { y }, m, d)
+}
+
+/// (year, month, day) → days since 1970-01-01.
+fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y.rem_euclid(400);
+    let m = i64::from(m);
+    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + i64::from(d) - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
 }
 
 /// Where an exit's traffic comes from: the provenance the customer targets by.
@@ -274,6 +358,23 @@ mod tests {
         assert_eq!(k.user("alice"), "t1:user:{alice}");
         let id = Uuid::nil();
         assert_eq!(k.exit(id), format!("t1:exit:{{{id}}}"));
+    }
+
+    #[test]
+    fn quota_windows_are_calendar_days_and_months() {
+        // 2026-11-30T12:00:00Z
+        let t = 1_796_040_000;
+        let (key, start, end) = QuotaPeriod::Daily.window(t);
+        assert_eq!(key, "d20261130");
+        assert_eq!((end - start), 86_400);
+        assert!(start <= t && t < end);
+        let (key, start, end) = QuotaPeriod::Monthly.window(t);
+        assert_eq!(key, "m202611");
+        assert_eq!((end - start) / 86_400, 30);
+        assert!(start <= t && t < end);
+        let (key, _, end) = QuotaPeriod::Monthly.window(1_798_761_600 - 1); // 2026-12-31T23:59:59Z
+        assert_eq!(key, "m202612");
+        assert_eq!(end, 1_798_761_600);
     }
 
     #[test]

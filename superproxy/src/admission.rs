@@ -7,7 +7,7 @@
 //! simply expire, so they cannot leak for longer than `lease_ttl`. While Redis
 //! is unreachable, limits fall back to this instance's own count.
 
-use proxynet_protocol::store::Keys;
+use proxynet_protocol::store::{Keys, QuotaPeriod};
 use redis::aio::ConnectionManager;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -102,6 +102,8 @@ impl Drop for Lease {
 pub struct UserLimits {
     pub max_concurrent_tunnels: Option<u32>,
     pub max_new_tunnels_per_second: Option<u32>,
+    /// Bytes (up + down) per period.
+    pub bandwidth: Option<(u64, QuotaPeriod)>,
 }
 
 impl Admission {
@@ -221,4 +223,21 @@ fn limited(detail: String, retry_after_ms: u64) -> ProxyError {
     let mut e = ProxyError::new(ErrorKind::TooManyRequests, detail);
     e.retry_after = Some(u32::try_from(retry_after_ms.div_ceil(1000).max(1)).unwrap_or(u32::MAX));
     e
+}
+
+impl Admission {
+    /// Bytes `user` has used this period according to the shared counter
+    /// (`None` when Redis cannot say).
+    pub async fn quota_used(&self, user: Uuid, period: QuotaPeriod) -> Option<u64> {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as i64);
+        let (window, _, _) = period.window(now);
+        let mut redis = self.redis.clone();
+        let used: Result<Option<u64>, _> = redis::cmd("GET")
+            .arg(self.keys.quota_used(user, &window))
+            .query_async(&mut redis)
+            .await;
+        used.ok().map(|u| u.unwrap_or(0))
+    }
 }

@@ -35,6 +35,8 @@ pub enum ErrorKind {
     HeaderTooLarge,
     /// A rate limit (failed authentications, new tunnels) is exceeded.
     TooManyRequests,
+    /// The user's bandwidth quota for the current period is used up.
+    QuotaExhausted,
     /// This instance is at its client-connection limit.
     ConnectionLimit,
     /// The method is not something a forward proxy does (TRACE, origin-form).
@@ -66,11 +68,12 @@ pub enum ErrorKind {
 }
 
 impl ErrorKind {
-    pub const ALL: [ErrorKind; 18] = [
+    pub const ALL: [ErrorKind; 19] = [
         ErrorKind::AuthRequired,
         ErrorKind::BadRequest,
         ErrorKind::HeaderTooLarge,
         ErrorKind::TooManyRequests,
+        ErrorKind::QuotaExhausted,
         ErrorKind::ConnectionLimit,
         ErrorKind::MethodNotAllowed,
         ErrorKind::DestinationProhibited,
@@ -93,6 +96,7 @@ impl ErrorKind {
             ErrorKind::BadRequest => StatusCode::BAD_REQUEST,
             ErrorKind::HeaderTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             ErrorKind::TooManyRequests => StatusCode::TOO_MANY_REQUESTS,
+            ErrorKind::QuotaExhausted => StatusCode::FORBIDDEN,
             ErrorKind::ConnectionLimit => StatusCode::SERVICE_UNAVAILABLE,
             ErrorKind::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ErrorKind::DestinationProhibited => StatusCode::FORBIDDEN,
@@ -113,9 +117,10 @@ impl ErrorKind {
     /// RFC 9209 §2.3 error type.
     pub fn proxy_status_error(self) -> &'static str {
         match self {
-            ErrorKind::AuthRequired | ErrorKind::MethodNotAllowed | ErrorKind::TooManyRequests => {
-                "http_request_denied"
-            }
+            ErrorKind::AuthRequired
+            | ErrorKind::MethodNotAllowed
+            | ErrorKind::TooManyRequests
+            | ErrorKind::QuotaExhausted => "http_request_denied",
             ErrorKind::BadRequest | ErrorKind::HeaderTooLarge => "http_request_error",
             ErrorKind::ConnectionLimit => "connection_limit_reached",
             ErrorKind::BadResponse => "http_protocol_error",
@@ -137,7 +142,8 @@ impl ErrorKind {
         match self {
             ErrorKind::DestinationProhibited
             | ErrorKind::AuthRequired
-            | ErrorKind::TooManyRequests => 0x02,
+            | ErrorKind::TooManyRequests
+            | ErrorKind::QuotaExhausted => 0x02,
             ErrorKind::NoExit | ErrorKind::ExitUnavailable => 0x03,
             ErrorKind::DestinationUnreachable
             | ErrorKind::DnsError
@@ -161,6 +167,7 @@ impl ErrorKind {
             | ErrorKind::BadRequest
             | ErrorKind::HeaderTooLarge
             | ErrorKind::TooManyRequests
+            | ErrorKind::QuotaExhausted
             | ErrorKind::MethodNotAllowed => Source::Client,
             ErrorKind::DestinationProhibited => Source::Policy,
             ErrorKind::ExitUnavailable | ErrorKind::ExitLinkLost | ErrorKind::SessionExitLost => {

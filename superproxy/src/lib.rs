@@ -110,6 +110,7 @@ impl Gateway {
             limits: admission::UserLimits {
                 max_concurrent_tunnels: user.max_concurrent_tunnels,
                 max_new_tunnels_per_second: user.max_new_tunnels_per_second,
+                bandwidth: user.bandwidth_bytes.map(|b| (b, user.quota_period)),
             },
             request,
         })
@@ -121,6 +122,24 @@ impl Gateway {
         &self,
         client: &tunnel::Client,
     ) -> Result<Option<admission::Lease>, error::ProxyError> {
+        if let Some((quota, period)) = client.limits.bandwidth {
+            // Redis away: judge by this instance's budget alone.
+            let used = self
+                .admission
+                .quota_used(client.user_id, period)
+                .await
+                .unwrap_or(0);
+            let left = self.usage.budget_left(client.user_id, quota, used);
+            if used >= quota || left <= 0 {
+                return Err(error::ProxyError::new(
+                    error::ErrorKind::QuotaExhausted,
+                    format!(
+                        "bandwidth quota exhausted: {quota} bytes per {} period",
+                        period.as_str()
+                    ),
+                ));
+            }
+        }
         self.admission.admit(client.user_id, client.limits).await
     }
 

@@ -13,12 +13,12 @@
 //! batch id, so the ledger cannot count it twice). A clean shutdown flushes;
 //! `kill -9` loses at most one flush interval.
 
-use proxynet_protocol::store::{Keys, UsageBatch, UsageRow};
+use proxynet_protocol::store::{Keys, QuotaPeriod, UsageBatch, UsageRow};
 use redis::aio::ConnectionManager;
 use std::collections::HashMap;
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -34,9 +34,16 @@ pub struct Meter {
     pub account_id: Uuid,
     pub user_id: Uuid,
     pub exit_id: Uuid,
+    /// The user's bandwidth quota, if any: its bytes count against it.
+    pub quota: Option<(u64, QuotaPeriod)>,
     up: AtomicU64,
     down: AtomicU64,
     done: AtomicBool,
+    /// Set when the user's quota is exhausted: the stream fails its next I/O.
+    cut: AtomicBool,
+    /// Bytes the user may still move through this instance; shared by all the
+    /// user's tunnels here, so one stream is cut within one chunk of its quota.
+    budget: Option<Arc<AtomicI64>>,
 }
 
 impl Meter {
@@ -67,6 +74,22 @@ impl<IO> Metered<IO> {
     pub fn new(io: IO, meter: MeterHandle) -> Self {
         Self { io, meter }
     }
+
+    fn count(&self, n: u64) {
+        if let Some(budget) = &self.meter.0.budget {
+            let n = i64::try_from(n).unwrap_or(i64::MAX);
+            if budget.fetch_sub(n, Ordering::Relaxed) - n <= 0 {
+                self.meter.0.cut.store(true, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+fn quota_cut() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::ConnectionAborted,
+        "bandwidth quota exhausted",
+    )
 }
 
 impl<IO: AsyncRead + Unpin> AsyncRead for Metered<IO> {
@@ -75,11 +98,15 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Metered<IO> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
+        if self.meter.0.cut.load(Ordering::Relaxed) {
+            return Poll::Ready(Err(quota_cut()));
+        }
         let before = buf.filled().len();
         let result = Pin::new(&mut self.io).poll_read(cx, buf);
         let n = (buf.filled().len() - before) as u64;
         if n > 0 {
             self.meter.0.down.fetch_add(n, Ordering::Relaxed);
+            self.count(n);
         }
         result
     }
@@ -91,9 +118,13 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Metered<IO> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
+        if self.meter.0.cut.load(Ordering::Relaxed) {
+            return Poll::Ready(Err(quota_cut()));
+        }
         let result = Pin::new(&mut self.io).poll_write(cx, buf);
         if let Poll::Ready(Ok(n)) = &result {
             self.meter.0.up.fetch_add(*n as u64, Ordering::Relaxed);
+            self.count(*n as u64);
         }
         result
     }
@@ -112,12 +143,21 @@ struct Tracked {
     sent_down: u64,
 }
 
+/// A batch and the quota counters it advances, sent together atomically.
+struct Pending {
+    batch: UsageBatch,
+    /// (user, counter key, bytes, quota, counter expiry as Unix seconds)
+    quota: Vec<(Uuid, String, u64, u64, i64)>,
+}
+
 pub struct UsageRecorder {
     superproxy_id: Uuid,
     redis: ConnectionManager,
     keys: Keys,
     meters: Mutex<Vec<Tracked>>,
-    pending: tokio::sync::Mutex<Vec<UsageBatch>>,
+    pending: tokio::sync::Mutex<Vec<Pending>>,
+    /// Per-user byte budgets of users with quotas and tunnels here.
+    budgets: Mutex<HashMap<Uuid, Arc<AtomicI64>>>,
 }
 
 impl UsageRecorder {
@@ -128,18 +168,50 @@ impl UsageRecorder {
             keys,
             meters: Mutex::new(Vec::new()),
             pending: tokio::sync::Mutex::new(Vec::new()),
+            budgets: Mutex::new(HashMap::new()),
         }
     }
 
+    /// What `user` may still move here: the running budget if the user has
+    /// tunnels on this instance, else `quota - used` from the shared counter.
+    pub fn budget_left(&self, user: Uuid, quota: u64, used: u64) -> i64 {
+        let fresh = i64::try_from(quota.saturating_sub(used)).unwrap_or(i64::MAX);
+        self.budgets
+            .lock()
+            .map(|mut b| {
+                b.entry(user)
+                    .or_insert_with(|| Arc::new(AtomicI64::new(fresh)))
+                    .load(Ordering::Relaxed)
+            })
+            .unwrap_or(fresh)
+    }
+
     /// A new meter for a tunnel through `exit_id` on behalf of the user.
-    pub fn meter(&self, account_id: Uuid, user_id: Uuid, exit_id: Uuid) -> MeterHandle {
+    pub fn meter(
+        &self,
+        account_id: Uuid,
+        user_id: Uuid,
+        exit_id: Uuid,
+        quota: Option<(u64, QuotaPeriod)>,
+    ) -> MeterHandle {
+        let budget = quota.and_then(|(limit, _)| {
+            let fresh = i64::try_from(limit).unwrap_or(i64::MAX);
+            self.budgets.lock().ok().map(|mut b| {
+                b.entry(user_id)
+                    .or_insert_with(|| Arc::new(AtomicI64::new(fresh)))
+                    .clone()
+            })
+        });
         let meter = Arc::new(Meter {
             account_id,
             user_id,
             exit_id,
+            quota,
             up: AtomicU64::new(0),
             down: AtomicU64::new(0),
             done: AtomicBool::new(false),
+            cut: AtomicBool::new(false),
+            budget,
         });
         if let Ok(mut meters) = self.meters.lock() {
             meters.push(Tracked {
@@ -152,11 +224,13 @@ impl UsageRecorder {
     }
 
     /// Collects every meter's delta into a batch (none if nothing moved).
-    fn collect(&self) -> Option<UsageBatch> {
-        let minute = SystemTime::now()
+    fn collect(&self) -> Option<Pending> {
+        let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs() as i64 / 60 * 60);
+            .map_or(0, |d| d.as_secs() as i64);
+        let minute = now / 60 * 60;
         let mut sums: HashMap<(Uuid, Uuid, Uuid), (u64, u64)> = HashMap::new();
+        let mut quota: HashMap<(Uuid, String), (u64, u64, i64)> = HashMap::new();
         let mut meters = self.meters.lock().ok()?;
         meters.retain_mut(|t| {
             // Read `done` first: bytes counted before it was set are then seen below.
@@ -169,6 +243,14 @@ impl UsageRecorder {
                     .or_default();
                 entry.0 += delta.0;
                 entry.1 += delta.1;
+                if let Some((limit, period)) = t.meter.quota {
+                    let (window, _, end) = period.window(now);
+                    let key = self.keys.quota_used(t.meter.user_id, &window);
+                    let q = quota
+                        .entry((t.meter.user_id, key))
+                        .or_insert((0, limit, end));
+                    q.0 += delta.0 + delta.1;
+                }
                 t.sent_up = up;
                 t.sent_down = down;
             }
@@ -191,11 +273,26 @@ impl UsageRecorder {
                 },
             )
             .collect();
-        Some(UsageBatch {
-            batch_id: Uuid::new_v4(),
-            superproxy_id: self.superproxy_id,
-            rows,
+        Some(Pending {
+            batch: UsageBatch {
+                batch_id: Uuid::new_v4(),
+                superproxy_id: self.superproxy_id,
+                rows,
+            },
+            quota: quota
+                .into_iter()
+                .map(|((user, key), (bytes, limit, end))| (user, key, bytes, limit, end))
+                .collect(),
         })
+    }
+
+    /// Stops every tunnel of `user` on this instance at its next read or write.
+    fn cut_user(&self, user: Uuid) {
+        if let Ok(meters) = self.meters.lock() {
+            for t in meters.iter().filter(|t| t.meter.user_id == user) {
+                t.meter.cut.store(true, Ordering::Relaxed);
+            }
+        }
     }
 
     /// Collects and sends everything not yet in the stream.
@@ -204,27 +301,59 @@ impl UsageRecorder {
         if let Some(batch) = self.collect() {
             pending.push(batch);
         }
-        while let Some(batch) = pending.first() {
-            let Ok(json) = serde_json::to_string(batch) else {
+        while let Some(next) = pending.first() {
+            let Ok(json) = serde_json::to_string(&next.batch) else {
                 pending.remove(0);
                 continue;
             };
-            let mut redis = self.redis.clone();
-            let sent: Result<String, _> = redis::cmd("XADD")
+            // The batch and the quota counters it advances go in one MULTI, so
+            // a retried batch never advances a counter twice.
+            let mut pipe = redis::pipe();
+            pipe.atomic();
+            pipe.cmd("XADD")
                 .arg(self.keys.usage_stream())
                 .arg("*")
                 .arg("batch")
                 .arg(json)
-                .query_async(&mut redis)
-                .await;
+                .ignore();
+            for (_, key, bytes, _, end) in &next.quota {
+                pipe.incr(key, *bytes);
+                pipe.expire_at(key, end + 7 * 86_400).ignore();
+            }
+            let mut redis = self.redis.clone();
+            let sent: Result<Vec<u64>, _> = pipe.query_async(&mut redis).await;
             match sent {
-                Ok(_) => {
+                Ok(totals) => {
+                    for ((user, _, _, limit, _), total) in next.quota.iter().zip(totals) {
+                        // The shared counter is the truth: it includes other instances.
+                        if let Some(budget) =
+                            self.budgets.lock().ok().and_then(|b| b.get(user).cloned())
+                        {
+                            budget.store(*limit as i64 - total as i64, Ordering::Relaxed);
+                        }
+                        if total >= *limit {
+                            tracing::info!(user = %user, total, limit, "bandwidth quota exhausted; cutting the user's tunnels");
+                            self.cut_user(*user);
+                        }
+                    }
                     pending.remove(0);
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, unsent = pending.len(), "usage flush failed; keeping the batches for the next try");
                     break;
                 }
+            }
+        }
+        // Budgets of users with no tunnel here any more are rebuilt from the
+        // shared counter on their next tunnel.
+        if pending.is_empty() {
+            let active: std::collections::HashSet<Uuid> = self
+                .meters
+                .lock()
+                .map(|m| m.iter().map(|t| t.meter.user_id).collect())
+                .unwrap_or_default();
+            if let Ok(mut budgets) = self.budgets.lock() {
+                budgets.retain(|user, _| active.contains(user));
             }
         }
         if pending.len() > MAX_PENDING_BATCHES {
@@ -256,9 +385,12 @@ mod tests {
             account_id: Uuid::nil(),
             user_id: Uuid::nil(),
             exit_id: Uuid::nil(),
+            quota: None,
             up: AtomicU64::new(0),
             down: AtomicU64::new(0),
             done: AtomicBool::new(false),
+            cut: AtomicBool::new(false),
+            budget: None,
         });
         let mut metered = Metered::new(near, MeterHandle(meter.clone()));
         let writer = tokio::spawn(async move {

@@ -32,6 +32,10 @@ pub struct CreateUser {
 pub struct Limits {
     max_concurrent_tunnels: Option<i32>,
     max_new_tunnels_per_second: Option<i32>,
+    /// Bytes (up + down) per `period`.
+    bandwidth_bytes: Option<i64>,
+    /// `daily` or `monthly` (UTC calendar); default monthly.
+    period: Option<String>,
 }
 
 impl Limits {
@@ -71,12 +75,14 @@ pub struct User {
     version: i64,
     max_concurrent_tunnels: Option<i32>,
     max_new_tunnels_per_second: Option<i32>,
+    bandwidth_bytes: Option<i64>,
+    quota_period: String,
     created_at: DateTime<Utc>,
     updated_at: DateTime<Utc>,
 }
 
 const USER_COLUMNS: &str = "id, account_id, username, enabled, version, max_concurrent_tunnels, \
-     max_new_tunnels_per_second, created_at, updated_at";
+     max_new_tunnels_per_second, bandwidth_bytes, quota_period, created_at, updated_at";
 
 pub async fn create(
     caller: Caller,
@@ -98,8 +104,9 @@ pub async fn create(
     let hash = state.hashing.hash(body.password).await?;
     let mut tx = state.db.begin().await?;
     let user: User = sqlx::query_as(&format!(
-        "INSERT INTO proxy_users (id, account_id, username, password_hash, max_concurrent_tunnels, max_new_tunnels_per_second)
-         VALUES ($1, $2, $3, $4, $5, $6) RETURNING {USER_COLUMNS}"
+        "INSERT INTO proxy_users (id, account_id, username, password_hash, max_concurrent_tunnels,
+                                  max_new_tunnels_per_second, bandwidth_bytes, quota_period)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, COALESCE($8, 'monthly')) RETURNING {USER_COLUMNS}"
     ))
     .bind(Uuid::new_v4())
     .bind(account_id)
@@ -107,6 +114,8 @@ pub async fn create(
     .bind(&hash)
     .bind(body.limits.max_concurrent_tunnels)
     .bind(body.limits.max_new_tunnels_per_second)
+    .bind(body.limits.bandwidth_bytes)
+    .bind(&body.limits.period)
     .fetch_one(&mut *tx)
     .await
     .map_err(|e| conflict_on_unique(e, "username: already taken"))?;
@@ -183,6 +192,8 @@ pub async fn update(
                 password_hash = COALESCE($3, password_hash),
                 max_concurrent_tunnels = CASE WHEN $4 THEN $5 ELSE max_concurrent_tunnels END,
                 max_new_tunnels_per_second = CASE WHEN $4 THEN $6 ELSE max_new_tunnels_per_second END,
+                bandwidth_bytes = CASE WHEN $4 THEN $8 ELSE bandwidth_bytes END,
+                quota_period = CASE WHEN $4 THEN COALESCE($9, 'monthly') ELSE quota_period END,
                 version = version + 1,
                 updated_at = now()
           WHERE id = $1 AND deleted_at IS NULL AND ($7::uuid IS NULL OR account_id = $7)
@@ -195,6 +206,8 @@ pub async fn update(
     .bind(body.limits.as_ref().and_then(|l| l.max_concurrent_tunnels))
     .bind(body.limits.as_ref().and_then(|l| l.max_new_tunnels_per_second))
     .bind(caller.scope())
+    .bind(body.limits.as_ref().and_then(|l| l.bandwidth_bytes))
+    .bind(body.limits.as_ref().and_then(|l| l.period.clone()))
     .fetch_optional(&mut *tx)
     .await?
     .ok_or(ApiError::NotFound("user"))?;

@@ -95,9 +95,12 @@ pub async fn forward(
     let mut tunnel_info = http::HeaderMap::new();
     super::http::tunnel_headers(&mut tunnel_info, &tunnel);
     let in_flight = tunnel.in_flight;
-    let meter = gateway
-        .usage
-        .meter(client.account_id, client.user_id, tunnel.exit.record.id);
+    let meter = gateway.usage.meter(
+        client.account_id,
+        client.user_id,
+        tunnel.exit.record.id,
+        client.limits.bandwidth,
+    );
     let (mut sender, connection) = hyper::client::conn::http1::Builder::new()
         .preserve_header_case(true)
         .handshake::<_, Incoming>(TokioIo::new(Metered::new(TokioIo::new(tunnel.io), meter)))

@@ -178,9 +178,12 @@ async fn connect(
 
     // From the 200 on, the client connection carries tunnel bytes.
     switch.engage();
-    let meter = gateway
-        .usage
-        .meter(client.account_id, client.user_id, exit_id);
+    let meter = gateway.usage.meter(
+        client.account_id,
+        client.user_id,
+        exit_id,
+        client.limits.bandwidth,
+    );
     let on_client_upgrade = hyper::upgrade::on(req);
     let limits = gateway.config.tunnel_limits();
     tokio::spawn(async move {

@@ -60,9 +60,12 @@ pub async fn serve_connection(gateway: Arc<Gateway>, stream: TcpStream, peer: So
     // The bound address is the exit's, which the client has no use for and
     // we do not disclose; RFC 1928 allows zeros.
     let exit_id = tunnel.exit.record.id;
-    let meter = gateway
-        .usage
-        .meter(client.account_id, client.user_id, exit_id);
+    let meter = gateway.usage.meter(
+        client.account_id,
+        client.user_id,
+        exit_id,
+        client.limits.bandwidth,
+    );
     let client = match proto
         .reply_success(SocketAddr::from(([0, 0, 0, 0], 0)))
         .await

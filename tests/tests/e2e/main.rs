@@ -9,6 +9,7 @@ mod enrollment;
 mod health;
 mod ingress;
 mod limits;
+mod quota;
 mod selection;
 mod spine;
 mod startup;
