@@ -8,6 +8,7 @@ use crate::AppState;
 mod accounts;
 mod agent;
 mod api_keys;
+mod billing;
 mod exits;
 mod health;
 mod sessions;
@@ -31,6 +32,13 @@ pub fn router(state: AppState) -> Router {
                 .delete(users::delete),
         )
         .route("/v1/accounts/{id}/usage", get(usage::usage))
+        .route("/v1/accounts/{id}/invoices", get(billing::invoice))
+        .route(
+            "/v1/accounts/{id}/plan",
+            axum::routing::put(billing::set_plan),
+        )
+        .route("/v1/plans", post(billing::create_plan))
+        .route("/v1/users/{id}/quota", get(billing::quota))
         .route(
             "/v1/accounts/{id}/api-keys",
             post(api_keys::create_for_account),

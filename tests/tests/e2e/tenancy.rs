@@ -114,6 +114,8 @@ async fn an_account_key_cannot_read_or_change_another_account() {
             None,
         ),
         (Method::GET, format!("/v1/accounts/{b}/usage"), None),
+        (Method::GET, format!("/v1/accounts/{b}/invoices"), None),
+        (Method::GET, format!("/v1/users/{user_b}/quota"), None),
         (
             Method::POST,
             format!("/v1/accounts/{b}/api-keys"),
@@ -134,6 +136,16 @@ async fn an_account_key_cannot_read_or_change_another_account() {
             Some(json!({"name": "x"})),
         ),
         (Method::POST, "/v1/api-keys".into(), Some(json!({}))),
+        (
+            Method::POST,
+            "/v1/plans".into(),
+            Some(json!({"name": "p", "prices": {}})),
+        ),
+        (
+            Method::PUT,
+            format!("/v1/accounts/{a}/plan"),
+            Some(json!({"plan_id": exit})),
+        ),
         (
             Method::POST,
             "/v1/enrollment-tokens".into(),

@@ -151,3 +151,87 @@ async fn a_control_api_crash_neither_loses_nor_duplicates_usage() {
     traffic.await.unwrap();
     wait_for_usage(&stack, account, user, 10_000_000, 10_000_000).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invoices_price_ledger_bytes_by_source_type_and_export_csv() {
+    let stack = Stack::start().await;
+    let echo = echo_server().await;
+    let account = stack.create_account("billed").await;
+    let user = stack.create_user(account, "billeduser", PASSWORD).await;
+    let plan: serde_json::Value = stack
+        .http
+        .post(stack.api("/v1/plans"))
+        .bearer_auth(ADMIN_TOKEN)
+        .json(&serde_json::json!({ "name": "standard", "prices": { "dc": 250, "res": 800 } }))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let r = stack
+        .http
+        .put(stack.api(&format!("/v1/accounts/{account}/plan")))
+        .bearer_auth(ADMIN_TOKEN)
+        .json(&serde_json::json!({ "plan_id": plan["id"] }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 204);
+
+    pump(
+        connect_tunnel(stack.proxy_addrs.proxy, "billeduser", echo).await,
+        TEN_MB,
+    )
+    .await;
+    wait_for_usage(&stack, account, user, TEN_MB as u64, TEN_MB as u64).await;
+
+    let invoice: serde_json::Value = stack
+        .http
+        .get(stack.api(&format!("/v1/accounts/{account}/invoices")))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let lines = invoice["lines"].as_array().unwrap();
+    assert_eq!(lines.len(), 1, "{invoice}");
+    assert_eq!(lines[0]["source_type"], "dc");
+    assert_eq!(lines[0]["bytes_up"], TEN_MB as u64);
+    // 0.02 GB × 250 cents = 5 cents.
+    assert_eq!(lines[0]["amount_cents"], 5);
+    assert_eq!(invoice["total_cents"], 5);
+
+    let csv = stack
+        .http
+        .get(stack.api(&format!("/v1/accounts/{account}/invoices?format=csv")))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let rows: Vec<&str> = csv.lines().collect();
+    assert_eq!(
+        rows[0],
+        "month,source_type,bytes_up,bytes_down,cents_per_gb,amount_cents"
+    );
+    assert!(rows[1].ends_with(",dc,10000000,10000000,250,5"), "{csv}");
+    assert!(rows[2].ends_with(",total,,,,5"), "{csv}");
+
+    let quota: serde_json::Value = stack
+        .http
+        .get(stack.api(&format!("/v1/users/{user}/quota")))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(quota["bandwidth_bytes"], serde_json::Value::Null);
+    assert_eq!(quota["exhausted"], false);
+}

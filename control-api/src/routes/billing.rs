@@ -1,0 +1,332 @@
+//! Plans, invoices and quota state.
+//!
+//! An invoice line is the ledger's bytes for one exit source type in one
+//! calendar month, times the account's plan price per GB (10^9 bytes, up +
+//! down). Amounts are integer cents, rounded up per line, so a customer is
+//! never billed for bytes we did not carry and we never lose a fraction.
+
+use axum::extract::{Path, Query, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use chrono::{Datelike, TimeZone, Utc};
+use proxynet_protocol::store::{QuotaPeriod, SourceType};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use uuid::Uuid;
+
+use crate::auth::{Caller, Operator};
+use crate::error::{conflict_on_unique, ApiError};
+use crate::routes::users::fetch;
+use crate::{audit, AppState};
+
+const BYTES_PER_GB: i128 = 1_000_000_000;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreatePlan {
+    name: String,
+    /// Cents per GB by source type (`dc`, `isp`, `res`, `mobile`).
+    prices: BTreeMap<String, i64>,
+}
+
+#[derive(Serialize)]
+pub struct Plan {
+    id: Uuid,
+    name: String,
+    prices: BTreeMap<String, i64>,
+}
+
+pub async fn create_plan(
+    _: Operator,
+    State(state): State<AppState>,
+    Json(body): Json<CreatePlan>,
+) -> Result<(StatusCode, Json<Plan>), ApiError> {
+    if body.name.trim().is_empty() || body.name.len() > 200 {
+        return Err(ApiError::BadRequest("name: 1 to 200 characters".into()));
+    }
+    for (source, cents) in &body.prices {
+        if SourceType::parse(source).is_none() {
+            return Err(ApiError::BadRequest(format!(
+                "prices.{source}: not a source type (dc, isp, res, mobile)"
+            )));
+        }
+        if *cents < 0 {
+            return Err(ApiError::BadRequest(format!(
+                "prices.{source}: must not be negative"
+            )));
+        }
+    }
+    let id = Uuid::new_v4();
+    let mut tx = state.db.begin().await?;
+    sqlx::query("INSERT INTO plans (id, name) VALUES ($1, $2)")
+        .bind(id)
+        .bind(body.name.trim())
+        .execute(&mut *tx)
+        .await
+        .map_err(|e| conflict_on_unique(e, "name: a plan with this name exists"))?;
+    for (source, cents) in &body.prices {
+        sqlx::query(
+            "INSERT INTO plan_prices (plan_id, source_type, cents_per_gb) VALUES ($1, $2, $3)",
+        )
+        .bind(id)
+        .bind(source)
+        .bind(cents)
+        .execute(&mut *tx)
+        .await?;
+    }
+    audit::record(
+        &mut tx,
+        "operator",
+        "plan.create",
+        &id.to_string(),
+        serde_json::json!({"name": body.name, "prices": body.prices}),
+    )
+    .await?;
+    tx.commit().await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(Plan {
+            id,
+            name: body.name.trim().to_owned(),
+            prices: body.prices,
+        }),
+    ))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SetPlan {
+    plan_id: Uuid,
+}
+
+/// `PUT /v1/accounts/{id}/plan` (operators).
+pub async fn set_plan(
+    _: Operator,
+    State(state): State<AppState>,
+    Path(account): Path<Uuid>,
+    Json(body): Json<SetPlan>,
+) -> Result<StatusCode, ApiError> {
+    let mut tx = state.db.begin().await?;
+    let updated = sqlx::query("UPDATE accounts SET plan_id = $2 WHERE id = $1 AND EXISTS (SELECT 1 FROM plans WHERE id = $2)")
+        .bind(account)
+        .bind(body.plan_id)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+    if updated == 0 {
+        return Err(ApiError::NotFound("account or plan"));
+    }
+    audit::record(
+        &mut tx,
+        "operator",
+        "account.set_plan",
+        &account.to_string(),
+        serde_json::json!({"plan_id": body.plan_id}),
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InvoiceQuery {
+    /// `YYYY-MM`; default the current month.
+    month: Option<String>,
+    /// `json` (default) or `csv`.
+    format: Option<String>,
+}
+
+#[derive(Serialize)]
+pub struct InvoiceLine {
+    source_type: String,
+    bytes_up: i64,
+    bytes_down: i64,
+    gb: f64,
+    cents_per_gb: i64,
+    amount_cents: i64,
+}
+
+#[derive(Serialize)]
+pub struct Invoice {
+    account_id: Uuid,
+    month: String,
+    plan_id: Option<Uuid>,
+    lines: Vec<InvoiceLine>,
+    total_cents: i64,
+}
+
+/// `GET /v1/accounts/{id}/invoices?month=YYYY-MM&format=json|csv`
+pub async fn invoice(
+    caller: Caller,
+    State(state): State<AppState>,
+    Path(account): Path<Uuid>,
+    Query(query): Query<InvoiceQuery>,
+) -> Result<Response, ApiError> {
+    caller.check_account(account)?;
+    let plan: Option<(Option<Uuid>,)> =
+        sqlx::query_as("SELECT plan_id FROM accounts WHERE id = $1")
+            .bind(account)
+            .fetch_optional(&state.db)
+            .await?;
+    let (plan_id,) = plan.ok_or(ApiError::NotFound("account"))?;
+    let (year, month) = match &query.month {
+        Some(m) => parse_month(m)?,
+        None => {
+            let now = Utc::now();
+            (now.year(), now.month())
+        }
+    };
+    let start = Utc
+        .with_ymd_and_hms(year, month, 1, 0, 0, 0)
+        .single()
+        .ok_or_else(|| ApiError::BadRequest("month: invalid".into()))?;
+    let (ny, nm) = if month == 12 {
+        (year + 1, 1)
+    } else {
+        (year, month + 1)
+    };
+    let end = Utc
+        .with_ymd_and_hms(ny, nm, 1, 0, 0, 0)
+        .single()
+        .ok_or_else(|| ApiError::BadRequest("month: invalid".into()))?;
+    let rows: Vec<(String, i64, i64, Option<i64>)> = sqlx::query_as(
+        "SELECT e.source_type, SUM(l.bytes_up)::bigint, SUM(l.bytes_down)::bigint, p.cents_per_gb
+           FROM usage_ledger l
+           JOIN exits e ON e.id = l.exit_id
+           LEFT JOIN plan_prices p ON p.plan_id = $4 AND p.source_type = e.source_type
+          WHERE l.account_id = $1 AND l.minute >= $2 AND l.minute < $3
+          GROUP BY e.source_type, p.cents_per_gb
+          ORDER BY e.source_type",
+    )
+    .bind(account)
+    .bind(start)
+    .bind(end)
+    .bind(plan_id)
+    .fetch_all(&state.db)
+    .await?;
+    let lines: Vec<InvoiceLine> = rows
+        .into_iter()
+        .map(|(source_type, up, down, cents)| {
+            let bytes = i128::from(up) + i128::from(down);
+            let cents_per_gb = cents.unwrap_or(0);
+            // Round up per line: integer arithmetic, no float money.
+            let amount = (bytes * i128::from(cents_per_gb) + BYTES_PER_GB - 1) / BYTES_PER_GB;
+            InvoiceLine {
+                source_type,
+                bytes_up: up,
+                bytes_down: down,
+                gb: bytes as f64 / BYTES_PER_GB as f64,
+                cents_per_gb,
+                amount_cents: i64::try_from(amount).unwrap_or(i64::MAX),
+            }
+        })
+        .collect();
+    let total_cents = lines.iter().map(|l| l.amount_cents).sum();
+    let invoice = Invoice {
+        account_id: account,
+        month: format!("{year:04}-{month:02}"),
+        plan_id,
+        lines,
+        total_cents,
+    };
+    match query.format.as_deref().unwrap_or("json") {
+        "json" => Ok(Json(invoice).into_response()),
+        "csv" => {
+            let mut csv =
+                String::from("month,source_type,bytes_up,bytes_down,cents_per_gb,amount_cents\n");
+            for l in &invoice.lines {
+                csv.push_str(&format!(
+                    "{},{},{},{},{},{}\n",
+                    invoice.month,
+                    l.source_type,
+                    l.bytes_up,
+                    l.bytes_down,
+                    l.cents_per_gb,
+                    l.amount_cents
+                ));
+            }
+            csv.push_str(&format!(
+                "{},total,,,,{}\n",
+                invoice.month, invoice.total_cents
+            ));
+            Ok(([(header::CONTENT_TYPE, "text/csv; charset=utf-8")], csv).into_response())
+        }
+        _ => Err(ApiError::BadRequest("format: json or csv".into())),
+    }
+}
+
+fn parse_month(m: &str) -> Result<(i32, u32), ApiError> {
+    let bad = || ApiError::BadRequest("month: YYYY-MM".into());
+    let (y, mo) = m.split_once('-').ok_or_else(bad)?;
+    let y: i32 = y.parse().map_err(|_| bad())?;
+    let mo: u32 = mo.parse().map_err(|_| bad())?;
+    if !(2000..=9999).contains(&y) || !(1..=12).contains(&mo) {
+        return Err(bad());
+    }
+    Ok((y, mo))
+}
+
+#[derive(Serialize)]
+pub struct QuotaState {
+    user_id: Uuid,
+    bandwidth_bytes: Option<i64>,
+    period: String,
+    period_start: chrono::DateTime<Utc>,
+    period_end: chrono::DateTime<Utc>,
+    /// Bytes counted so far this period (the superproxies' shared counter, or
+    /// the ledger when Redis cannot say).
+    used_bytes: i64,
+    remaining_bytes: Option<i64>,
+    exhausted: bool,
+}
+
+/// `GET /v1/users/{id}/quota`
+pub async fn quota(
+    caller: Caller,
+    State(state): State<AppState>,
+    Path(user): Path<Uuid>,
+) -> Result<Json<QuotaState>, ApiError> {
+    fetch(&state, caller, user).await?;
+    let (bandwidth, period): (Option<i64>, String) =
+        sqlx::query_as("SELECT bandwidth_bytes, quota_period FROM proxy_users WHERE id = $1")
+            .bind(user)
+            .fetch_one(&state.db)
+            .await?;
+    let period = QuotaPeriod::parse(&period).unwrap_or_default();
+    let (window, start, end) = period.window(Utc::now().timestamp());
+    let mut redis = state.redis.clone();
+    let counted: Option<i64> = redis::cmd("GET")
+        .arg(state.projector.keys().quota_used(user, &window))
+        .query_async::<Option<i64>>(&mut redis)
+        .await
+        .ok()
+        .flatten();
+    let used = match counted {
+        Some(used) => used,
+        None => {
+            let (used,): (i64,) = sqlx::query_as(
+                "SELECT COALESCE(SUM(bytes_up + bytes_down), 0)::bigint FROM usage_ledger
+                  WHERE user_id = $1 AND minute >= to_timestamp($2) AND minute < to_timestamp($3)",
+            )
+            .bind(user)
+            .bind(start as f64)
+            .bind(end as f64)
+            .fetch_one(&state.db)
+            .await?;
+            used
+        }
+    };
+    let at = |secs: i64| Utc.timestamp_opt(secs, 0).single().unwrap_or_default();
+    Ok(Json(QuotaState {
+        user_id: user,
+        bandwidth_bytes: bandwidth,
+        period: period.as_str().to_owned(),
+        period_start: at(start),
+        period_end: at(end),
+        used_bytes: used,
+        remaining_bytes: bandwidth.map(|b| (b - used).max(0)),
+        exhausted: bandwidth.is_some_and(|b| used >= b),
+    }))
+}
