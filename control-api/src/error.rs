@@ -22,9 +22,28 @@ pub enum ApiError {
     #[error("{0}")]
     Unavailable(String),
     #[error("database error: {0}")]
-    Database(#[from] sqlx::Error),
+    Database(sqlx::Error),
     #[error("internal error: {0}")]
     Internal(String),
+}
+
+impl From<sqlx::Error> for ApiError {
+    /// Input the database itself refuses (SQLSTATE class 22 "data exception",
+    /// e.g. a NUL byte in text, and class 23 "integrity constraint violation")
+    /// is the client's mistake, answered 400 — never an opaque 500. Handlers
+    /// still validate what they can first, with field-level messages.
+    fn from(err: sqlx::Error) -> Self {
+        if let sqlx::Error::Database(db) = &err {
+            let code = db.code().unwrap_or_default();
+            if code.starts_with("22") || code.starts_with("23") {
+                let what = db
+                    .constraint()
+                    .map_or_else(|| "a value".to_owned(), |c| format!("constraint {c}"));
+                return ApiError::BadRequest(format!("invalid input: {what} rejected it"));
+            }
+        }
+        ApiError::Database(err)
+    }
 }
 
 impl ApiError {

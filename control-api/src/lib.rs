@@ -13,6 +13,7 @@ pub mod auth;
 pub mod config;
 pub mod error;
 pub mod ledger;
+pub mod openapi;
 pub mod passwords;
 pub mod projector;
 mod routes;

@@ -19,6 +19,10 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
+        .route(
+            "/openapi.json",
+            get(|| async { axum::Json(crate::openapi::document()) }),
+        )
         .route("/v1/accounts", post(accounts::create))
         .route("/v1/accounts/{id}", get(accounts::get_one))
         .route(

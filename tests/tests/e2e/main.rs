@@ -3,6 +3,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod api_contract;
 mod degraded;
 mod docs;
 mod enrollment;

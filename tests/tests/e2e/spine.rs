@@ -226,32 +226,86 @@ async fn disabling_or_rotating_takes_effect_on_every_superproxy_within_five_seco
     stack.wait_eligible_at(second.admin, 2).await;
     let account = stack.create_account("fleet-revocation").await;
     let user = stack.create_user(account, "carl", "carl-password-1").await;
-    let via = |proxy: std::net::SocketAddr, password: &str| format!("http://carl:{password}@{proxy}");
+    let via =
+        |proxy: std::net::SocketAddr, password: &str| format!("http://carl:{password}@{proxy}");
     let proxies = [stack.proxy_addrs.proxy, second.proxy];
     for proxy in proxies {
-        assert_eq!(curl(&["-p", "-x", &via(proxy, "carl-password-1"), &stack.whoami_url()]).await.status, 200);
+        assert_eq!(
+            curl(&[
+                "-p",
+                "-x",
+                &via(proxy, "carl-password-1"),
+                &stack.whoami_url()
+            ])
+            .await
+            .status,
+            200
+        );
     }
 
     let patch = |body: serde_json::Value| {
         let (http, url) = (stack.http.clone(), stack.api(&format!("/v1/users/{user}")));
-        async move { http.patch(url).bearer_auth(ADMIN_TOKEN).json(&body).send().await.unwrap().status() }
+        async move {
+            http.patch(url)
+                .bearer_auth(ADMIN_TOKEN)
+                .json(&body)
+                .send()
+                .await
+                .unwrap()
+                .status()
+        }
     };
     assert_eq!(patch(serde_json::json!({ "enabled": false })).await, 200);
     for proxy in proxies {
-        eventually("disable to reach every superproxy", Duration::from_secs(5), || async {
-            let r = curl(&["-p", "-x", &via(proxy, "carl-password-1"), &stack.whoami_url()]).await;
-            r.headers.contains(" 407").then_some(())
-        })
+        eventually(
+            "disable to reach every superproxy",
+            Duration::from_secs(5),
+            || async {
+                let r = curl(&[
+                    "-p",
+                    "-x",
+                    &via(proxy, "carl-password-1"),
+                    &stack.whoami_url(),
+                ])
+                .await;
+                r.headers.contains(" 407").then_some(())
+            },
+        )
         .await;
     }
 
-    assert_eq!(patch(serde_json::json!({ "enabled": true, "password": "carl-password-2" })).await, 200);
+    assert_eq!(
+        patch(serde_json::json!({ "enabled": true, "password": "carl-password-2" })).await,
+        200
+    );
     for proxy in proxies {
-        eventually("the rotated password to work everywhere", Duration::from_secs(5), || async {
-            (curl(&["-p", "-x", &via(proxy, "carl-password-2"), &stack.whoami_url()]).await.status == 200).then_some(())
-        })
+        eventually(
+            "the rotated password to work everywhere",
+            Duration::from_secs(5),
+            || async {
+                (curl(&[
+                    "-p",
+                    "-x",
+                    &via(proxy, "carl-password-2"),
+                    &stack.whoami_url(),
+                ])
+                .await
+                .status
+                    == 200)
+                    .then_some(())
+            },
+        )
         .await;
-        let old = curl(&["-p", "-x", &via(proxy, "carl-password-1"), &stack.whoami_url()]).await;
-        assert!(old.headers.contains(" 407"), "old password still works on {proxy}");
+        let old = curl(&[
+            "-p",
+            "-x",
+            &via(proxy, "carl-password-1"),
+            &stack.whoami_url(),
+        ])
+        .await;
+        assert!(
+            old.headers.contains(" 407"),
+            "old password still works on {proxy}"
+        );
     }
 }

@@ -1,0 +1,346 @@
+//! The OpenAPI 3.1 document served at `/openapi.json`.
+//!
+//! Written as one table of operations next to the router; a test in
+//! `tests/tests/e2e/api_contract.rs` checks that the table and the router list
+//! the same routes and that no operation answers 500 to generated input.
+
+use serde_json::{json, Map, Value};
+
+/// Who may call an operation.
+#[derive(Clone, Copy)]
+enum Auth {
+    None,
+    /// Operator key or admin token.
+    Operator,
+    /// Operator, or an account key for its own account.
+    Account,
+    /// An enrolled agent's credential.
+    Agent,
+}
+
+/// (method, path, summary, auth, request schema, success status)
+const OPERATIONS: &[(&str, &str, &str, Auth, Option<&str>, u16)] = &[
+    ("get", "/healthz", "Process is alive", Auth::None, None, 200),
+    (
+        "get",
+        "/readyz",
+        "Postgres and Redis answer",
+        Auth::None,
+        None,
+        200,
+    ),
+    (
+        "get",
+        "/openapi.json",
+        "This document",
+        Auth::None,
+        None,
+        200,
+    ),
+    (
+        "post",
+        "/v1/accounts",
+        "Create an account",
+        Auth::Operator,
+        Some("CreateAccount"),
+        201,
+    ),
+    (
+        "get",
+        "/v1/accounts/{id}",
+        "Read an account",
+        Auth::Account,
+        None,
+        200,
+    ),
+    (
+        "post",
+        "/v1/accounts/{id}/users",
+        "Create a proxy user",
+        Auth::Account,
+        Some("CreateUser"),
+        201,
+    ),
+    (
+        "get",
+        "/v1/accounts/{id}/users",
+        "List an account's proxy users",
+        Auth::Account,
+        None,
+        200,
+    ),
+    (
+        "get",
+        "/v1/accounts/{id}/usage",
+        "Bytes up/down from the ledger",
+        Auth::Account,
+        None,
+        200,
+    ),
+    (
+        "get",
+        "/v1/accounts/{id}/invoices",
+        "A month's invoice (JSON or CSV)",
+        Auth::Account,
+        None,
+        200,
+    ),
+    (
+        "put",
+        "/v1/accounts/{id}/plan",
+        "Set the account's plan",
+        Auth::Operator,
+        Some("SetPlan"),
+        204,
+    ),
+    (
+        "post",
+        "/v1/accounts/{id}/api-keys",
+        "Create an account API key",
+        Auth::Account,
+        Some("CreateKey"),
+        201,
+    ),
+    (
+        "post",
+        "/v1/api-keys",
+        "Create an operator API key",
+        Auth::Operator,
+        Some("CreateKey"),
+        201,
+    ),
+    (
+        "delete",
+        "/v1/api-keys/{id}",
+        "Revoke an API key",
+        Auth::Account,
+        None,
+        204,
+    ),
+    (
+        "post",
+        "/v1/plans",
+        "Create a plan with prices per GB",
+        Auth::Operator,
+        Some("CreatePlan"),
+        201,
+    ),
+    (
+        "get",
+        "/v1/users/{id}",
+        "Read a proxy user",
+        Auth::Account,
+        None,
+        200,
+    ),
+    (
+        "patch",
+        "/v1/users/{id}",
+        "Enable/disable, rotate password, set limits",
+        Auth::Account,
+        Some("UpdateUser"),
+        200,
+    ),
+    (
+        "delete",
+        "/v1/users/{id}",
+        "Delete a proxy user",
+        Auth::Account,
+        None,
+        204,
+    ),
+    (
+        "get",
+        "/v1/users/{id}/quota",
+        "Current quota period state",
+        Auth::Account,
+        None,
+        200,
+    ),
+    (
+        "get",
+        "/v1/users/{id}/sessions",
+        "List sticky sessions",
+        Auth::Account,
+        None,
+        200,
+    ),
+    (
+        "get",
+        "/v1/users/{id}/sessions/{session}",
+        "Read a sticky session",
+        Auth::Account,
+        None,
+        200,
+    ),
+    (
+        "delete",
+        "/v1/users/{id}/sessions/{session}",
+        "End a sticky session",
+        Auth::Account,
+        None,
+        204,
+    ),
+    (
+        "post",
+        "/v1/enrollment-tokens",
+        "Create a one-time exit enrollment token",
+        Auth::Operator,
+        Some("CreateEnrollmentToken"),
+        201,
+    ),
+    (
+        "post",
+        "/v1/agent/enroll",
+        "Exchange an enrollment token for an exit credential",
+        Auth::None,
+        Some("Enroll"),
+        201,
+    ),
+    (
+        "post",
+        "/v1/agent/exits/{id}/heartbeat",
+        "Agent heartbeat; lists superproxies",
+        Auth::Agent,
+        Some("Heartbeat"),
+        200,
+    ),
+    (
+        "get",
+        "/v1/exits",
+        "Exits with provenance, liveness and fleet health",
+        Auth::Operator,
+        None,
+        200,
+    ),
+    (
+        "get",
+        "/v1/exits/{id}",
+        "One exit",
+        Auth::Operator,
+        None,
+        200,
+    ),
+    (
+        "post",
+        "/v1/exits/{id}/drain",
+        "No new tunnels; open ones finish",
+        Auth::Operator,
+        None,
+        200,
+    ),
+    (
+        "post",
+        "/v1/exits/{id}/undrain",
+        "Back into rotation",
+        Auth::Operator,
+        None,
+        200,
+    ),
+    (
+        "post",
+        "/v1/exits/{id}/disable",
+        "Out of rotation",
+        Auth::Operator,
+        None,
+        200,
+    ),
+    (
+        "post",
+        "/v1/exits/{id}/enable",
+        "Back into rotation",
+        Auth::Operator,
+        None,
+        200,
+    ),
+];
+
+/// Method and path of every documented operation.
+pub fn operations() -> impl Iterator<Item = (&'static str, &'static str)> {
+    OPERATIONS.iter().map(|(m, p, ..)| (*m, *p))
+}
+
+fn schemas() -> Value {
+    let limits = json!({
+        "type": "object", "additionalProperties": false,
+        "properties": {
+            "max_concurrent_tunnels": {"type": ["integer", "null"], "minimum": 1},
+            "max_new_tunnels_per_second": {"type": ["integer", "null"], "minimum": 1},
+            "bandwidth_bytes": {"type": ["integer", "null"], "minimum": 1},
+            "period": {"type": ["string", "null"], "enum": ["daily", "monthly", null]}
+        }
+    });
+    json!({
+        "Problem": {"type": "object", "description": "RFC 9457 problem details",
+            "properties": {"type": {"type": "string"}, "title": {"type": "string"}, "status": {"type": "integer"}, "detail": {"type": "string"}}},
+        "CreateAccount": {"type": "object", "additionalProperties": false, "required": ["name"],
+            "properties": {"name": {"type": "string", "minLength": 1, "maxLength": 200}}},
+        "Limits": limits,
+        "CreateUser": {"type": "object", "additionalProperties": false, "required": ["username", "password"],
+            "properties": {"username": {"type": "string", "pattern": "^[A-Za-z0-9_.]{1,64}$"},
+                "password": {"type": "string", "minLength": 8, "maxLength": 255},
+                "limits": {"$ref": "#/components/schemas/Limits"}}},
+        "UpdateUser": {"type": "object", "additionalProperties": false,
+            "properties": {"enabled": {"type": "boolean"}, "password": {"type": "string", "minLength": 8, "maxLength": 255},
+                "limits": {"$ref": "#/components/schemas/Limits"}}},
+        "CreateKey": {"type": "object", "additionalProperties": false, "properties": {"name": {"type": "string", "maxLength": 200}}},
+        "SetPlan": {"type": "object", "additionalProperties": false, "required": ["plan_id"], "properties": {"plan_id": {"type": "string", "format": "uuid"}}},
+        "CreatePlan": {"type": "object", "additionalProperties": false, "required": ["name", "prices"],
+            "properties": {"name": {"type": "string"}, "prices": {"type": "object",
+                "additionalProperties": {"type": "integer", "minimum": 0}, "propertyNames": {"enum": ["dc", "isp", "res", "mobile"]}}}},
+        "CreateEnrollmentToken": {"type": "object", "additionalProperties": false, "required": ["name", "source_type", "owner", "country"],
+            "properties": {"name": {"type": "string"}, "source_type": {"enum": ["dc", "isp", "res", "mobile"]}, "owner": {"type": "string"},
+                "country": {"type": "string", "pattern": "^[A-Z]{2}$"}, "city": {"type": "string"}, "asn": {"type": "integer"},
+                "ttl_seconds": {"type": "integer", "minimum": 1, "maximum": 2592000}}},
+        "Enroll": {"type": "object", "additionalProperties": false, "required": ["token", "egress_ips"],
+            "properties": {"token": {"type": "string"}, "egress_ips": {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 256},
+                "hostname": {"type": "string"}, "agent_version": {"type": "string"}}},
+        "Heartbeat": {"type": "object", "additionalProperties": false,
+            "properties": {"draining": {"type": "boolean"}, "active_tunnels": {"type": "integer", "minimum": 0}}}
+    })
+}
+
+pub fn document() -> Value {
+    let mut paths: Map<String, Value> = Map::new();
+    for (method, path, summary, auth, body, status) in OPERATIONS {
+        let mut op = json!({
+            "summary": summary,
+            "responses": {
+                status.to_string(): {"description": "success"},
+                "default": {"description": "error", "content": {"application/problem+json": {"schema": {"$ref": "#/components/schemas/Problem"}}}}
+            }
+        });
+        let params: Vec<Value> = path
+            .split('/')
+            .filter_map(|seg| seg.strip_prefix('{').and_then(|s| s.strip_suffix('}')))
+            .map(|name| json!({"name": name, "in": "path", "required": true, "schema": {"type": "string"}}))
+            .collect();
+        if !params.is_empty() {
+            op["parameters"] = Value::Array(params);
+        }
+        if let Some(schema) = body {
+            op["requestBody"] = json!({"required": true, "content": {"application/json": {"schema": {"$ref": format!("#/components/schemas/{schema}")}}}});
+        }
+        op["security"] = match auth {
+            Auth::None => json!([]),
+            Auth::Operator => json!([{"operatorKey": []}]),
+            Auth::Account => json!([{"operatorKey": []}, {"accountKey": []}]),
+            Auth::Agent => json!([{"agentCredential": []}]),
+        };
+        let entry = paths.entry(path.to_string()).or_insert_with(|| json!({}));
+        entry[*method] = op;
+    }
+    json!({
+        "openapi": "3.1.0",
+        "info": {"title": "proxynet control API", "version": env!("CARGO_PKG_VERSION")},
+        "paths": paths,
+        "components": {
+            "schemas": schemas(),
+            "securitySchemes": {
+                "operatorKey": {"type": "http", "scheme": "bearer", "description": "admin token or operator API key"},
+                "accountKey": {"type": "http", "scheme": "bearer", "description": "account API key: its own account only"},
+                "agentCredential": {"type": "http", "scheme": "bearer", "description": "an enrolled exit's credential"}
+            }
+        }
+    })
+}
