@@ -19,7 +19,16 @@ enum Auth {
 }
 
 /// (method, path, summary, auth, request schema, success status)
-const OPERATIONS: &[(&str, &str, &str, Auth, Option<&str>, u16)] = &[
+type Operation = (
+    &'static str,
+    &'static str,
+    &'static str,
+    Auth,
+    Option<&'static str>,
+    u16,
+);
+
+const OPERATIONS: &[Operation] = &[
     ("get", "/healthz", "Process is alive", Auth::None, None, 200),
     (
         "get",
