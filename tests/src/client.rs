@@ -132,3 +132,31 @@ pub mod socks5 {
         head[1]
     }
 }
+
+/// Opens a CONNECT tunnel with Basic auth and reads the response head; the
+/// stream is the tunnel when the head starts with `HTTP/1.1 200`.
+pub async fn connect_tunnel(
+    proxy: SocketAddr,
+    user: &str,
+    password: &str,
+    target: SocketAddr,
+) -> (TcpStream, String) {
+    use base64::Engine;
+    let auth = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
+    let mut s = TcpStream::connect(proxy)
+        .await
+        .expect("connect to the proxy");
+    s.write_all(format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\nProxy-Authorization: Basic {auth}\r\n\r\n").as_bytes())
+        .await
+        .expect("send CONNECT");
+    // Byte by byte: nothing of the tunnel may be read past the head.
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        match s.read(&mut byte).await {
+            Ok(1) => head.push(byte[0]),
+            _ => break,
+        }
+    }
+    (s, String::from_utf8_lossy(&head).into_owned())
+}

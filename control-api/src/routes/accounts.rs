@@ -68,3 +68,12 @@ pub async fn get_one(
         .map(Json)
         .ok_or(ApiError::NotFound("account"))
 }
+
+/// 404 unless the account exists.
+pub async fn ensure_exists(state: &AppState, id: Uuid) -> Result<(), ApiError> {
+    let found: Option<(Uuid,)> = sqlx::query_as("SELECT id FROM accounts WHERE id = $1")
+        .bind(id)
+        .fetch_optional(&state.db)
+        .await?;
+    found.map(|_| ()).ok_or(ApiError::NotFound("account"))
+}

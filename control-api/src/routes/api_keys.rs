@@ -72,11 +72,7 @@ pub async fn create_for_account(
     body: Option<Json<CreateKey>>,
 ) -> Result<(StatusCode, Json<NewKey>), ApiError> {
     caller.check_account(account)?;
-    let exists: Option<(Uuid,)> = sqlx::query_as("SELECT id FROM accounts WHERE id = $1")
-        .bind(account)
-        .fetch_optional(&state.db)
-        .await?;
-    exists.ok_or(ApiError::NotFound("account"))?;
+    super::accounts::ensure_exists(&state, account).await?;
     let name = body.map(|Json(b)| b.name).unwrap_or_default();
     Ok((
         StatusCode::CREATED,

@@ -5,7 +5,7 @@ use axum::Router;
 
 use crate::AppState;
 
-mod accounts;
+pub mod accounts;
 mod agent;
 mod api_keys;
 mod billing;

@@ -42,11 +42,7 @@ pub async fn usage(
     Query(query): Query<UsageQuery>,
 ) -> Result<Json<Vec<UsageRow>>, ApiError> {
     caller.check_account(account)?;
-    let exists: Option<(Uuid,)> = sqlx::query_as("SELECT id FROM accounts WHERE id = $1")
-        .bind(account)
-        .fetch_optional(&state.db)
-        .await?;
-    exists.ok_or(ApiError::NotFound("account"))?;
+    super::accounts::ensure_exists(&state, account).await?;
     let to = query.to.unwrap_or_else(Utc::now);
     let from = query.from.unwrap_or(to - Duration::hours(24));
     if from > to {

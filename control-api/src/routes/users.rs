@@ -94,13 +94,7 @@ pub async fn create(
     validate_username(&body.username)?;
     validate_password(body.password.expose())?;
     body.limits.validate()?;
-    let exists: Option<(Uuid,)> = sqlx::query_as("SELECT id FROM accounts WHERE id = $1")
-        .bind(account_id)
-        .fetch_optional(&state.db)
-        .await?;
-    if exists.is_none() {
-        return Err(ApiError::NotFound("account"));
-    }
+    super::accounts::ensure_exists(&state, account_id).await?;
     let hash = state.hashing.hash(body.password).await?;
     let mut tx = state.db.begin().await?;
     let user: User = sqlx::query_as(&format!(

@@ -9,7 +9,6 @@ use proxynet_tests::whoami::Seen;
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 /// Probes every 200 ms, 300 ms timeout, down after 2 failures, up after 2
 /// successes: worst-case detection 200 × 2 + 300 = 700 ms (docs/health.md).
@@ -97,15 +96,8 @@ async fn one_tunnel(
     proxy: std::net::SocketAddr,
     target: std::net::SocketAddr,
 ) -> Result<(), String> {
-    use base64::Engine;
-    let auth = base64::engine::general_purpose::STANDARD.encode(format!("{USERNAME}:{PASSWORD}"));
-    let mut s = TcpStream::connect(proxy).await.map_err(|e| e.to_string())?;
-    s.write_all(format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\nProxy-Authorization: Basic {auth}\r\n\r\n").as_bytes())
-        .await
-        .map_err(|e| e.to_string())?;
-    let mut buf = vec![0u8; 2048];
-    let n = s.read(&mut buf).await.map_err(|e| e.to_string())?;
-    let head = String::from_utf8_lossy(&buf[..n]).to_string();
+    let (mut s, head) =
+        proxynet_tests::client::connect_tunnel(proxy, USERNAME, PASSWORD, target).await;
     if !head.starts_with("HTTP/1.1 200") {
         return Err(head.lines().next().unwrap_or("").to_owned());
     }

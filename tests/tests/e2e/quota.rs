@@ -6,7 +6,7 @@ use proxynet_tests::stack::{Stack, ADMIN_TOKEN};
 use serde_json::json;
 use std::net::SocketAddr;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 
 const PASS: &str = "quota-password-1";
 const QUOTA: u64 = 1_000_000;
@@ -48,21 +48,7 @@ async fn quota_user(stack: &Stack, name: &str) {
 
 /// CONNECT and read until the tunnel ends; returns (response head, bytes received).
 async fn download(proxy: SocketAddr, user: &str, target: SocketAddr) -> (String, u64) {
-    use base64::Engine;
-    let auth = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{PASS}"));
-    let mut s = TcpStream::connect(proxy).await.unwrap();
-    s.write_all(format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\nProxy-Authorization: Basic {auth}\r\n\r\n").as_bytes())
-        .await
-        .unwrap();
-    let mut head = Vec::new();
-    let mut byte = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        if s.read(&mut byte).await.unwrap_or(0) == 0 {
-            break;
-        }
-        head.push(byte[0]);
-    }
-    let head = String::from_utf8_lossy(&head).into_owned();
+    let (mut s, head) = proxynet_tests::client::connect_tunnel(proxy, user, PASS, target).await;
     let mut total = 0u64;
     let mut buf = vec![0u8; 64 * 1024];
     if head.starts_with("HTTP/1.1 200") {

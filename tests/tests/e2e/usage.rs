@@ -1,7 +1,7 @@
 //! Usage accounting: every byte through CONNECT and SOCKS5 reaches the ledger
 //! exactly once, across a control-api crash.
 
-use proxynet_tests::client::socks5;
+use proxynet_tests::client::{self, socks5};
 use proxynet_tests::process::eventually;
 use proxynet_tests::stack::{Stack, ADMIN_TOKEN, PASSWORD};
 use std::net::SocketAddr;
@@ -52,23 +52,8 @@ async fn pump(stream: TcpStream, n: usize) {
 }
 
 async fn connect_tunnel(proxy: SocketAddr, user: &str, target: SocketAddr) -> TcpStream {
-    use base64::Engine;
-    let auth = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{PASSWORD}"));
-    let mut s = TcpStream::connect(proxy).await.unwrap();
-    s.write_all(format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\nProxy-Authorization: Basic {auth}\r\n\r\n").as_bytes())
-        .await
-        .unwrap();
-    let mut head = Vec::new();
-    let mut byte = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        s.read_exact(&mut byte).await.unwrap();
-        head.push(byte[0]);
-    }
-    assert!(
-        head.starts_with(b"HTTP/1.1 200"),
-        "{}",
-        String::from_utf8_lossy(&head)
-    );
+    let (s, head) = client::connect_tunnel(proxy, user, PASSWORD, target).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
     s
 }
 

@@ -1,13 +1,12 @@
 //! Per-user limits enforced by all superproxies together: concurrent tunnels
 //! (leases that a dead superproxy cannot leak) and new tunnels per second.
 
-use proxynet_tests::client::{curl, socks5};
+use proxynet_tests::client::{self, curl, socks5};
 use proxynet_tests::process::eventually;
 use proxynet_tests::stack::{spawn_superproxy, Stack, StackOptions, ADMIN_TOKEN};
 use serde_json::json;
 use std::net::SocketAddr;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 const PASS: &str = "limited-password-1";
@@ -29,23 +28,8 @@ async fn limited_user(stack: &Stack, name: &str, limits: serde_json::Value) -> S
         .to_owned()
 }
 
-/// Opens a CONNECT tunnel and returns it with the response head.
 async fn hold_tunnel(proxy: SocketAddr, user: &str, target: SocketAddr) -> (TcpStream, String) {
-    use base64::Engine;
-    let auth = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{PASS}"));
-    let mut s = TcpStream::connect(proxy).await.unwrap();
-    s.write_all(format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\nProxy-Authorization: Basic {auth}\r\n\r\n").as_bytes())
-        .await
-        .unwrap();
-    let mut head = Vec::new();
-    let mut byte = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        if s.read(&mut byte).await.unwrap() == 0 {
-            break;
-        }
-        head.push(byte[0]);
-    }
-    (s, String::from_utf8_lossy(&head).into_owned())
+    client::connect_tunnel(proxy, user, PASS, target).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
