@@ -152,6 +152,13 @@ impl Projector {
         Ok(())
     }
 
+    /// The exit's record as projected into Redis.
+    pub async fn exit_record(&self, id: Uuid) -> Result<Option<ExitRecord>, ProjectionError> {
+        let mut redis = self.redis.clone();
+        let json: Option<String> = redis.get(self.keys.exit(id)).await?;
+        Ok(json.and_then(|j| serde_json::from_str(&j).ok()))
+    }
+
     /// Marks an exit alive for `ttl` from now (Redis clock).
     pub async fn touch_exit_live(&self, id: Uuid, ttl: Duration) -> Result<(), ProjectionError> {
         let mut redis = self.redis.clone();

@@ -251,23 +251,47 @@ pub async fn heartbeat(
     Json(body): Json<Heartbeat>,
 ) -> Result<Json<HeartbeatReply>, ApiError> {
     let presented = bearer(&parts).ok_or(ApiError::Unauthorized)?;
-    let row: Option<(String, bool)> =
+    let row: Result<Option<(String, bool)>, sqlx::Error> =
         sqlx::query_as("SELECT credential_sha256, draining FROM exits WHERE id = $1")
             .bind(exit_id)
             .fetch_optional(&state.db)
-            .await?;
-    // Unknown exit and wrong credential answer the same.
-    let (stored, was_draining) = row.ok_or(ApiError::Unauthorized)?;
-    if !constant_time_eq(sha256_hex(presented).as_bytes(), stored.as_bytes()) {
-        return Err(ApiError::Unauthorized);
-    }
-    sqlx::query("UPDATE exits SET last_heartbeat_at = now(), draining = $2 WHERE id = $1")
-        .bind(exit_id)
-        .bind(body.draining)
-        .execute(&state.db)
-        .await?;
-    if was_draining != body.draining {
-        state.projector.exit(exit_id).await;
+            .await;
+    match row {
+        Ok(row) => {
+            // Unknown exit and wrong credential answer the same.
+            let (stored, was_draining) = row.ok_or(ApiError::Unauthorized)?;
+            if !constant_time_eq(sha256_hex(presented).as_bytes(), stored.as_bytes()) {
+                return Err(ApiError::Unauthorized);
+            }
+            sqlx::query("UPDATE exits SET last_heartbeat_at = now(), draining = $2 WHERE id = $1")
+                .bind(exit_id)
+                .bind(body.draining)
+                .execute(&state.db)
+                .await?;
+            if was_draining != body.draining {
+                state.projector.exit(exit_id).await;
+            }
+        }
+        // Postgres is away: liveness must not depend on it, or a control-plane
+        // database outage would empty the data plane's pool. Check the
+        // credential against the projected exit record instead; the heartbeat
+        // time and drain flag reach Postgres with the next beat after it returns.
+        Err(e) => {
+            tracing::warn!(error = %e, exit = %exit_id, "heartbeat without Postgres; verified against Redis");
+            let record = state
+                .projector
+                .exit_record(exit_id)
+                .await
+                .ok()
+                .flatten()
+                .ok_or(ApiError::Unauthorized)?;
+            if !constant_time_eq(
+                sha256_hex(presented).as_bytes(),
+                record.credential_sha256.as_bytes(),
+            ) {
+                return Err(ApiError::Unauthorized);
+            }
+        }
     }
     state
         .projector

@@ -17,7 +17,7 @@ pub struct UsageQuery {
     from: Option<DateTime<Utc>>,
     /// RFC 3339, exclusive; default now.
     to: Option<DateTime<Utc>>,
-    /// `user`, `exit`, `minute` or `account` (one row, the default).
+    /// `user`, `exit`, `source_type`, `minute` or `account` (one row, the default).
     group_by: Option<String>,
 }
 
@@ -29,6 +29,8 @@ pub struct UsageRow {
     exit_id: Option<Uuid>,
     #[serde(skip_serializing_if = "Option::is_none")]
     minute: Option<DateTime<Utc>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    source_type: Option<String>,
     /// Client → target.
     bytes_up: i64,
     /// Target → client.
@@ -49,32 +51,17 @@ pub async fn usage(
         return Err(ApiError::BadRequest("from: must not be after to".into()));
     }
     let (select, group) = match query.group_by.as_deref().unwrap_or("account") {
-        "account" => (
-            "NULL::uuid AS user_id, NULL::uuid AS exit_id, NULL::timestamptz AS minute",
-            "",
-        ),
-        "user" => (
-            "user_id, NULL::uuid AS exit_id, NULL::timestamptz AS minute",
-            "GROUP BY user_id ORDER BY user_id",
-        ),
-        "exit" => (
-            "NULL::uuid AS user_id, exit_id, NULL::timestamptz AS minute",
-            "GROUP BY exit_id ORDER BY exit_id",
-        ),
-        "minute" => (
-            "NULL::uuid AS user_id, NULL::uuid AS exit_id, minute",
-            "GROUP BY minute ORDER BY minute",
-        ),
-        _ => {
-            return Err(ApiError::BadRequest(
-                "group_by: one of account, user, exit, minute".into(),
-            ))
-        }
+        "account" => ("NULL::uuid AS user_id, NULL::uuid AS exit_id, NULL::timestamptz AS minute, NULL::text AS source_type", ""),
+        "user" => ("l.user_id, NULL::uuid AS exit_id, NULL::timestamptz AS minute, NULL::text AS source_type", "GROUP BY l.user_id ORDER BY l.user_id"),
+        "exit" => ("NULL::uuid AS user_id, l.exit_id, NULL::timestamptz AS minute, NULL::text AS source_type", "GROUP BY l.exit_id ORDER BY l.exit_id"),
+        "minute" => ("NULL::uuid AS user_id, NULL::uuid AS exit_id, l.minute, NULL::text AS source_type", "GROUP BY l.minute ORDER BY l.minute"),
+        "source_type" => ("NULL::uuid AS user_id, NULL::uuid AS exit_id, NULL::timestamptz AS minute, e.source_type", "GROUP BY e.source_type ORDER BY e.source_type"),
+        _ => return Err(ApiError::BadRequest("group_by: one of account, user, exit, source_type, minute".into())),
     };
     let rows: Vec<UsageRow> = sqlx::query_as(&format!(
-        "SELECT {select}, COALESCE(SUM(bytes_up), 0)::bigint AS bytes_up, COALESCE(SUM(bytes_down), 0)::bigint AS bytes_down
-           FROM usage_ledger
-          WHERE account_id = $1 AND minute >= $2 AND minute < $3
+        "SELECT {select}, COALESCE(SUM(l.bytes_up), 0)::bigint AS bytes_up, COALESCE(SUM(l.bytes_down), 0)::bigint AS bytes_down
+           FROM usage_ledger l LEFT JOIN exits e ON e.id = l.exit_id
+          WHERE l.account_id = $1 AND l.minute >= $2 AND l.minute < $3
           {group}"
     ))
     .bind(account)

@@ -220,3 +220,64 @@ async fn invoices_price_ledger_bytes_by_source_type_and_export_csv() {
     assert_eq!(quota["bandwidth_bytes"], serde_json::Value::Null);
     assert_eq!(quota["exhausted"], false);
 }
+
+/// Makes the test's own database unreachable (new connections refused, open
+/// ones terminated) without touching the shared server, and back.
+async fn set_database_reachable(stack: &Stack, reachable: bool) {
+    use sqlx::Connection;
+    let server = std::env::var("PROXYNET_TEST_DATABASE_URL").unwrap();
+    let db = stack
+        .stores
+        .database_url
+        .rsplit('/')
+        .next()
+        .unwrap()
+        .split('?')
+        .next()
+        .unwrap()
+        .to_owned();
+    let mut admin = sqlx::PgConnection::connect(&server).await.unwrap();
+    sqlx::query(&format!(
+        "ALTER DATABASE {db} ALLOW_CONNECTIONS {reachable}"
+    ))
+    .execute(&mut admin)
+    .await
+    .unwrap();
+    if !reachable {
+        sqlx::query("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()")
+            .bind(&db)
+            .execute(&mut admin)
+            .await
+            .unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_postgres_outage_of_30_seconds_loses_no_usage() {
+    let stack = Stack::start().await;
+    let echo = echo_server().await;
+    let account = stack.create_account("pg-outage").await;
+    let user = stack.create_user(account, "pgoutage", PASSWORD).await;
+    // Warm the superproxy's credential cache while the database is up.
+    pump(
+        connect_tunnel(stack.proxy_addrs.proxy, "pgoutage", echo).await,
+        1_000,
+    )
+    .await;
+
+    set_database_reachable(&stack, false).await;
+    let started = std::time::Instant::now();
+    // Traffic keeps flowing (the data plane never needs Postgres); usage waits in the stream.
+    for _ in 0..10 {
+        pump(
+            connect_tunnel(stack.proxy_addrs.proxy, "pgoutage", echo).await,
+            1_000_000,
+        )
+        .await;
+    }
+    let rest = Duration::from_secs(30).saturating_sub(started.elapsed());
+    tokio::time::sleep(rest).await; // the outage itself, not a wait for a condition
+    set_database_reachable(&stack, true).await;
+
+    wait_for_usage(&stack, account, user, 10_001_000, 10_001_000).await;
+}
