@@ -73,7 +73,7 @@ const OPERATIONS: &[Operation] = &[
     (
         "get",
         "/v1/accounts/{id}/users",
-        "List an account's proxy users",
+        "List an account's proxy users (?limit=&after=, Link rel=next)",
         Auth::Account,
         None,
         200,
@@ -217,7 +217,7 @@ const OPERATIONS: &[Operation] = &[
     (
         "get",
         "/v1/exits",
-        "Exits with provenance, liveness and fleet health",
+        "Exits with provenance, liveness and fleet health (?limit=&after=, Link rel=next)",
         Auth::Operator,
         None,
         200,

@@ -1,6 +1,7 @@
 //! Exits as the operator sees them: provenance, egress IPs, liveness.
 
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
+use axum::http::HeaderMap;
 use axum::Json;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -9,6 +10,7 @@ use uuid::Uuid;
 use crate::auth::Operator;
 use crate::error::ApiError;
 use crate::projector::FleetHealth;
+use crate::routes::page::{finish, PageQuery};
 use crate::{audit, AppState};
 
 #[derive(Serialize, sqlx::FromRow)]
@@ -46,16 +48,29 @@ const COLUMNS: &str =
     "id, name, source_type, owner, country, egress_ips, city, asn, hostname, agent_version, \
      draining, admin_draining, disabled, enrolled_at, last_heartbeat_at";
 
+/// `GET /v1/exits?limit=&after=EXIT_ID`, by exit id.
 pub async fn list(
     _: Operator,
     State(state): State<AppState>,
-) -> Result<Json<Vec<ExitView>>, ApiError> {
+    Query(page): Query<PageQuery>,
+) -> Result<(HeaderMap, Json<Vec<ExitView>>), ApiError> {
+    let limit = page.limit()?;
+    let after: Option<Uuid> = match &page.after {
+        Some(a) => Some(
+            a.parse()
+                .map_err(|_| ApiError::BadRequest("after: an exit id".into()))?,
+        ),
+        None => None,
+    };
     let rows: Vec<ExitRow> = sqlx::query_as(&format!(
-        "SELECT {COLUMNS} FROM exits ORDER BY enrolled_at LIMIT 10000"
+        "SELECT {COLUMNS} FROM exits WHERE ($1::uuid IS NULL OR id > $1) ORDER BY id LIMIT $2"
     ))
+    .bind(after)
+    .bind(limit + 1)
     .fetch_all(&state.db)
     .await?;
-    views(&state, rows).await.map(Json)
+    let (headers, rows) = finish(rows, limit, "/v1/exits", |r| r.id.to_string());
+    Ok((headers, Json(views(&state, rows).await?)))
 }
 
 pub async fn get_one(

@@ -11,6 +11,7 @@ mod api_keys;
 mod billing;
 mod exits;
 mod health;
+pub mod page;
 mod sessions;
 mod usage;
 pub mod users;

@@ -4,7 +4,8 @@
 //! superproxies see revocations and password rotations without waiting for a
 //! cache to expire.
 
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
+use axum::http::HeaderMap;
 use axum::http::StatusCode;
 use axum::Json;
 use chrono::{DateTime, Utc};
@@ -15,6 +16,7 @@ use uuid::Uuid;
 use crate::auth::Caller;
 use crate::error::{conflict_on_unique, ApiError};
 use crate::passwords::{validate_password, validate_username};
+use crate::routes::page::{finish, PageQuery};
 use crate::{audit, AppState};
 
 #[derive(Deserialize)]
@@ -126,20 +128,32 @@ pub async fn create(
     Ok((StatusCode::CREATED, Json(user)))
 }
 
+/// `GET /v1/accounts/{id}/users?limit=&after=USERNAME`, by username.
 pub async fn list(
     caller: Caller,
     State(state): State<AppState>,
     Path(account_id): Path<Uuid>,
-) -> Result<Json<Vec<User>>, ApiError> {
+    Query(page): Query<PageQuery>,
+) -> Result<(HeaderMap, Json<Vec<User>>), ApiError> {
     caller.check_account(account_id)?;
-    let users = sqlx::query_as(&format!(
+    let limit = page.limit()?;
+    let users: Vec<User> = sqlx::query_as(&format!(
         "SELECT {USER_COLUMNS} FROM proxy_users
-          WHERE account_id = $1 AND deleted_at IS NULL ORDER BY username LIMIT 1000"
+          WHERE account_id = $1 AND deleted_at IS NULL AND ($2::text IS NULL OR username > $2)
+          ORDER BY username LIMIT $3"
     ))
     .bind(account_id)
+    .bind(&page.after)
+    .bind(limit + 1)
     .fetch_all(&state.db)
     .await?;
-    Ok(Json(users))
+    let (headers, users) = finish(
+        users,
+        limit,
+        &format!("/v1/accounts/{account_id}/users"),
+        |u| u.username.clone(),
+    );
+    Ok((headers, Json(users)))
 }
 
 pub async fn get_one(

@@ -223,3 +223,60 @@ async fn an_account_key_cannot_read_or_change_another_account() {
         401
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lists_page_by_key_with_link_headers() {
+    let stack = Stack::start_with(StackOptions {
+        egress_ips: vec![],
+        ..Default::default()
+    })
+    .await;
+    let account = stack.create_account("paged").await;
+    for i in 0..5 {
+        stack
+            .create_user(account, &format!("user{i}"), "paged-password")
+            .await;
+    }
+    let mut next = Some(format!("/v1/accounts/{account}/users?limit=2"));
+    let mut seen = Vec::new();
+    let mut pages = 0;
+    while let Some(path) = next.take() {
+        let r = stack
+            .http
+            .get(stack.api(&path))
+            .bearer_auth(ADMIN_TOKEN)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        next = r
+            .headers()
+            .get("link")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|l| l.strip_prefix('<'))
+            .and_then(|l| l.split_once('>'))
+            .map(|(url, _)| url.to_owned());
+        let users: Vec<serde_json::Value> = r.json().await.unwrap();
+        assert!(users.len() <= 2);
+        seen.extend(
+            users
+                .iter()
+                .map(|u| u["username"].as_str().unwrap().to_owned()),
+        );
+        pages += 1;
+        assert!(pages <= 5, "pagination does not end");
+    }
+    assert_eq!(seen, ["user0", "user1", "user2", "user3", "user4"]);
+    assert_eq!(pages, 3);
+    assert_eq!(
+        call(
+            &stack,
+            ADMIN_TOKEN,
+            Method::GET,
+            &format!("/v1/accounts/{account}/users?limit=0"),
+            None
+        )
+        .await,
+        400
+    );
+}
