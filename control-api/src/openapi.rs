@@ -276,7 +276,8 @@ fn schemas() -> Value {
             "max_concurrent_tunnels": {"type": ["integer", "null"], "minimum": 1},
             "max_new_tunnels_per_second": {"type": ["integer", "null"], "minimum": 1},
             "bandwidth_bytes": {"type": ["integer", "null"], "minimum": 1},
-            "period": {"type": ["string", "null"], "enum": ["daily", "monthly", null]}
+            "period": {"type": ["string", "null"], "enum": ["daily", "monthly", null]},
+            "warn_percent": {"type": ["integer", "null"], "minimum": 1, "maximum": 100}
         }
     });
     json!({

@@ -279,6 +279,10 @@ pub struct QuotaState {
     /// the ledger when Redis cannot say).
     used_bytes: i64,
     remaining_bytes: Option<i64>,
+    warn_percent: i32,
+    /// Used at least `warn_percent` of the quota (the soft threshold).
+    warning: bool,
+    /// Used the whole quota: new tunnels are refused, open ones cut.
     exhausted: bool,
 }
 
@@ -289,11 +293,12 @@ pub async fn quota(
     Path(user): Path<Uuid>,
 ) -> Result<Json<QuotaState>, ApiError> {
     fetch(&state, caller, user).await?;
-    let (bandwidth, period): (Option<i64>, String) =
-        sqlx::query_as("SELECT bandwidth_bytes, quota_period FROM proxy_users WHERE id = $1")
-            .bind(user)
-            .fetch_one(&state.db)
-            .await?;
+    let (bandwidth, period, warn_percent): (Option<i64>, String, i32) = sqlx::query_as(
+        "SELECT bandwidth_bytes, quota_period, quota_warn_percent FROM proxy_users WHERE id = $1",
+    )
+    .bind(user)
+    .fetch_one(&state.db)
+    .await?;
     let period = QuotaPeriod::parse(&period).unwrap_or_default();
     let (window, start, end) = period.window(Utc::now().timestamp());
     let mut redis = state.redis.clone();
@@ -327,6 +332,9 @@ pub async fn quota(
         period_end: at(end),
         used_bytes: used,
         remaining_bytes: bandwidth.map(|b| (b - used).max(0)),
+        warn_percent,
+        warning: bandwidth
+            .is_some_and(|b| i128::from(used) * 100 >= i128::from(b) * i128::from(warn_percent)),
         exhausted: bandwidth.is_some_and(|b| used >= b),
     }))
 }

@@ -38,6 +38,8 @@ pub struct Limits {
     bandwidth_bytes: Option<i64>,
     /// `daily` or `monthly` (UTC calendar); default monthly.
     period: Option<String>,
+    /// Soft warning threshold, percent of `bandwidth_bytes` (default 80).
+    warn_percent: Option<i32>,
 }
 
 impl Limits {
@@ -53,6 +55,21 @@ impl Limits {
                 return Err(ApiError::BadRequest(format!(
                     "{field}: must be a positive number"
                 )));
+            }
+        }
+        if self.bandwidth_bytes.is_some_and(|v| v <= 0) {
+            return Err(ApiError::BadRequest(
+                "limits.bandwidth_bytes: must be a positive number".into(),
+            ));
+        }
+        if self.warn_percent.is_some_and(|w| !(1..=100).contains(&w)) {
+            return Err(ApiError::BadRequest("limits.warn_percent: 1 to 100".into()));
+        }
+        if let Some(p) = &self.period {
+            if proxynet_protocol::store::QuotaPeriod::parse(p).is_none() {
+                return Err(ApiError::BadRequest(
+                    "limits.period: daily or monthly".into(),
+                ));
             }
         }
         Ok(())
@@ -79,12 +96,13 @@ pub struct User {
     max_new_tunnels_per_second: Option<i32>,
     bandwidth_bytes: Option<i64>,
     quota_period: String,
+    quota_warn_percent: i32,
     created_at: DateTime<Utc>,
     updated_at: DateTime<Utc>,
 }
 
 const USER_COLUMNS: &str = "id, account_id, username, enabled, version, max_concurrent_tunnels, \
-     max_new_tunnels_per_second, bandwidth_bytes, quota_period, created_at, updated_at";
+     max_new_tunnels_per_second, bandwidth_bytes, quota_period, quota_warn_percent, created_at, updated_at";
 
 pub async fn create(
     caller: Caller,
@@ -101,8 +119,8 @@ pub async fn create(
     let mut tx = state.db.begin().await?;
     let user: User = sqlx::query_as(&format!(
         "INSERT INTO proxy_users (id, account_id, username, password_hash, max_concurrent_tunnels,
-                                  max_new_tunnels_per_second, bandwidth_bytes, quota_period)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, COALESCE($8, 'monthly')) RETURNING {USER_COLUMNS}"
+                                  max_new_tunnels_per_second, bandwidth_bytes, quota_period, quota_warn_percent)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, COALESCE($8, 'monthly'), COALESCE($9, 80)) RETURNING {USER_COLUMNS}"
     ))
     .bind(Uuid::new_v4())
     .bind(account_id)
@@ -112,6 +130,7 @@ pub async fn create(
     .bind(body.limits.max_new_tunnels_per_second)
     .bind(body.limits.bandwidth_bytes)
     .bind(&body.limits.period)
+    .bind(body.limits.warn_percent)
     .fetch_one(&mut *tx)
     .await
     .map_err(|e| conflict_on_unique(e, "username: already taken"))?;
@@ -202,6 +221,7 @@ pub async fn update(
                 max_new_tunnels_per_second = CASE WHEN $4 THEN $6 ELSE max_new_tunnels_per_second END,
                 bandwidth_bytes = CASE WHEN $4 THEN $8 ELSE bandwidth_bytes END,
                 quota_period = CASE WHEN $4 THEN COALESCE($9, 'monthly') ELSE quota_period END,
+                quota_warn_percent = CASE WHEN $4 THEN COALESCE($10, 80) ELSE quota_warn_percent END,
                 version = version + 1,
                 updated_at = now()
           WHERE id = $1 AND deleted_at IS NULL AND ($7::uuid IS NULL OR account_id = $7)
@@ -216,6 +236,7 @@ pub async fn update(
     .bind(caller.scope())
     .bind(body.limits.as_ref().and_then(|l| l.bandwidth_bytes))
     .bind(body.limits.as_ref().and_then(|l| l.period.clone()))
+    .bind(body.limits.as_ref().and_then(|l| l.warn_percent))
     .fetch_optional(&mut *tx)
     .await?
     .ok_or(ApiError::NotFound("user"))?;

@@ -33,7 +33,7 @@ async fn download_server(size: usize) -> SocketAddr {
     addr
 }
 
-async fn quota_user(stack: &Stack, name: &str) {
+async fn quota_user(stack: &Stack, name: &str) -> String {
     let account = stack.create_account(name).await;
     let r = stack
         .http
@@ -44,6 +44,10 @@ async fn quota_user(stack: &Stack, name: &str) {
         .await
         .unwrap();
     assert_eq!(r.status(), 201);
+    r.json::<serde_json::Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned()
 }
 
 /// CONNECT and read until the tunnel ends; returns (response head, bytes received).
@@ -65,7 +69,7 @@ async fn download(proxy: SocketAddr, user: &str, target: SocketAddr) -> (String,
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_over_quota_is_cut_and_the_next_tunnel_refused() {
     let stack = Stack::start().await;
-    quota_user(&stack, "metered1").await;
+    let user = quota_user(&stack, "metered1").await;
     let target = download_server(50_000_000).await;
     let (head, received) = download(stack.proxy_addrs.proxy, "metered1", target).await;
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
@@ -83,12 +87,34 @@ async fn a_stream_over_quota_is_cut_and_the_next_tunnel_refused() {
             .contains("bandwidth quota exhausted"),
         "{refused}"
     );
+
+    let state = proxynet_tests::process::eventually(
+        "the quota state to show exhaustion",
+        std::time::Duration::from_secs(10),
+        || async {
+            let q: serde_json::Value = stack
+                .http
+                .get(stack.api(&format!("/v1/users/{user}/quota")))
+                .bearer_auth(ADMIN_TOKEN)
+                .send()
+                .await
+                .ok()?
+                .json()
+                .await
+                .ok()?;
+            (q["exhausted"] == true).then_some(q)
+        },
+    )
+    .await;
+    assert_eq!(state["warning"], true);
+    assert_eq!(state["period"], "daily");
+    assert_eq!(state["remaining_bytes"], 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn parallel_tunnels_overshoot_a_quota_by_a_bounded_amount() {
     let stack = Stack::start().await;
-    quota_user(&stack, "metered100").await;
+    let _ = quota_user(&stack, "metered100").await;
     let target = download_server(5_000_000).await;
     let proxy = stack.proxy_addrs.proxy;
     let tasks: Vec<_> = (0..100)
