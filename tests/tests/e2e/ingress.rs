@@ -364,3 +364,84 @@ async fn tunnels_refused_before_dialling_are_retried_on_another_exit() {
         assert_eq!(seen.peer.ip().to_string(), "127.0.0.2");
     }
 }
+
+/// A loopback target that never completes a handshake: its accept queue is
+/// full, so further SYNs are dropped and connects time out.
+async fn blackhole_target() -> (
+    tokio::net::TcpListener,
+    Vec<tokio::net::TcpStream>,
+    std::net::SocketAddr,
+) {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let listener = socket.listen(1).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let mut fillers = Vec::new();
+    // Fill the accept queue (backlog + 1 on Linux) without accepting.
+    for _ in 0..4 {
+        if let Ok(Ok(s)) = tokio::time::timeout(
+            Duration::from_millis(200),
+            tokio::net::TcpStream::connect(addr),
+        )
+        .await
+        {
+            fillers.push(s);
+        }
+    }
+    (listener, fillers, addr)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_target_that_never_answers_gets_504_from_the_exit_within_the_budget() {
+    let stack = Stack::start_with(StackOptions {
+        superproxy_args: vec!["--connect-budget-ms".into(), "1500".into()],
+        ..Default::default()
+    })
+    .await;
+    let (_listener, _fillers, target) = blackhole_target().await;
+    let started = std::time::Instant::now();
+    let r = curl(&["-p", "-x", &stack.proxy_url(), &format!("http://{target}/")]).await;
+    let h = r.headers.to_ascii_lowercase();
+    assert!(h.contains(" 504"), "{h}");
+    assert!(h.contains("error=connection_timeout"), "{h}");
+    // The exit gave up first (budget minus its margin), not the client.
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "took {:?}",
+        started.elapsed()
+    );
+
+    let mut s = socks5::login(stack.proxy_addrs.socks, USERNAME, PASSWORD)
+        .await
+        .unwrap();
+    assert_eq!(
+        socks5::request(&mut s, 1, "127.0.0.1", target.port()).await,
+        6
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn socks_replies_for_no_exit_and_bad_address_types() {
+    let stack = Stack::start().await;
+    // No exit matches the targeting: network unreachable (3).
+    let mut s = socks5::login(
+        stack.proxy_addrs.socks,
+        &format!("{USERNAME}-type-res"),
+        PASSWORD,
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        socks5::request(&mut s, 1, "127.0.0.1", stack.whoami.port()).await,
+        3
+    );
+    // An address type RFC 1928 does not define: 8.
+    let mut s = socks5::login(stack.proxy_addrs.socks, USERNAME, PASSWORD)
+        .await
+        .unwrap();
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    s.write_all(&[5, 1, 0, 9, 1, 2, 3, 4, 0, 80]).await.unwrap();
+    let mut reply = [0u8; 2];
+    s.read_exact(&mut reply).await.unwrap();
+    assert_eq!(reply, [5, 8]);
+}
