@@ -277,7 +277,9 @@ fn schemas() -> Value {
             "max_new_tunnels_per_second": {"type": ["integer", "null"], "minimum": 1},
             "bandwidth_bytes": {"type": ["integer", "null"], "minimum": 1},
             "period": {"type": ["string", "null"], "enum": ["daily", "monthly", null]},
-            "warn_percent": {"type": ["integer", "null"], "minimum": 1, "maximum": 100}
+            "warn_percent": {"type": ["integer", "null"], "minimum": 1, "maximum": 100},
+            "allowed_source_types": {"type": ["array", "null"], "items": {"enum": ["dc", "isp", "res", "mobile"]}},
+            "allowed_countries": {"type": ["array", "null"], "items": {"type": "string", "pattern": "^[A-Z]{2}$"}}
         }
     });
     json!({

@@ -38,6 +38,8 @@ struct UserRow {
     max_new_tunnels_per_second: Option<i32>,
     bandwidth_bytes: Option<i64>,
     quota_period: String,
+    allowed_source_types: Option<Vec<String>>,
+    allowed_countries: Option<Vec<String>>,
 }
 
 #[derive(sqlx::FromRow)]
@@ -100,7 +102,8 @@ impl Projector {
     async fn try_user(&self, username: &str) -> Result<(), ProjectionError> {
         let row: Option<UserRow> = sqlx::query_as(
             "SELECT id, account_id, username, password_hash, enabled, version,
-                    max_concurrent_tunnels, max_new_tunnels_per_second, bandwidth_bytes, quota_period
+                    max_concurrent_tunnels, max_new_tunnels_per_second, bandwidth_bytes, quota_period,
+                    allowed_source_types, allowed_countries
                FROM proxy_users WHERE username = $1 AND deleted_at IS NULL",
         )
         .bind(username)
@@ -212,7 +215,8 @@ impl Projector {
     pub async fn resync(&self) -> Result<(), ProjectionError> {
         let users: Vec<UserRow> = sqlx::query_as(
             "SELECT id, account_id, username, password_hash, enabled, version,
-                    max_concurrent_tunnels, max_new_tunnels_per_second, bandwidth_bytes, quota_period
+                    max_concurrent_tunnels, max_new_tunnels_per_second, bandwidth_bytes, quota_period,
+                    allowed_source_types, allowed_countries
                FROM proxy_users WHERE deleted_at IS NULL",
         )
         .fetch_all(&self.db)
@@ -408,6 +412,11 @@ fn user_record(row: &UserRow) -> UserRecord {
             .and_then(|v| u32::try_from(v).ok()),
         bandwidth_bytes: row.bandwidth_bytes.and_then(|v| u64::try_from(v).ok()),
         quota_period: QuotaPeriod::parse(&row.quota_period).unwrap_or_default(),
+        allowed_source_types: row
+            .allowed_source_types
+            .as_ref()
+            .map(|types| types.iter().filter_map(|t| SourceType::parse(t)).collect()),
+        allowed_countries: row.allowed_countries.clone(),
     }
 }
 

@@ -116,6 +116,12 @@ pub struct UserRecord {
     pub bandwidth_bytes: Option<u64>,
     #[serde(default)]
     pub quota_period: QuotaPeriod,
+    /// Source types this user may use (`None`: any).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allowed_source_types: Option<Vec<SourceType>>,
+    /// Countries (ISO 3166-1 alpha-2) this user may use (`None`: any).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allowed_countries: Option<Vec<String>>,
 }
 
 /// The window a bandwidth quota counts over (UTC calendar day or month).

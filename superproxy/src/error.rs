@@ -37,6 +37,8 @@ pub enum ErrorKind {
     TooManyRequests,
     /// The user's bandwidth quota for the current period is used up.
     QuotaExhausted,
+    /// The username asks for a source type or country the user may not use.
+    TargetingNotAllowed,
     /// This instance is at its client-connection limit.
     ConnectionLimit,
     /// The method is not something a forward proxy does (TRACE, origin-form).
@@ -68,12 +70,13 @@ pub enum ErrorKind {
 }
 
 impl ErrorKind {
-    pub const ALL: [ErrorKind; 19] = [
+    pub const ALL: [ErrorKind; 20] = [
         ErrorKind::AuthRequired,
         ErrorKind::BadRequest,
         ErrorKind::HeaderTooLarge,
         ErrorKind::TooManyRequests,
         ErrorKind::QuotaExhausted,
+        ErrorKind::TargetingNotAllowed,
         ErrorKind::ConnectionLimit,
         ErrorKind::MethodNotAllowed,
         ErrorKind::DestinationProhibited,
@@ -96,7 +99,7 @@ impl ErrorKind {
             ErrorKind::BadRequest => StatusCode::BAD_REQUEST,
             ErrorKind::HeaderTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             ErrorKind::TooManyRequests => StatusCode::TOO_MANY_REQUESTS,
-            ErrorKind::QuotaExhausted => StatusCode::FORBIDDEN,
+            ErrorKind::QuotaExhausted | ErrorKind::TargetingNotAllowed => StatusCode::FORBIDDEN,
             ErrorKind::ConnectionLimit => StatusCode::SERVICE_UNAVAILABLE,
             ErrorKind::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ErrorKind::DestinationProhibited => StatusCode::FORBIDDEN,
@@ -120,7 +123,8 @@ impl ErrorKind {
             ErrorKind::AuthRequired
             | ErrorKind::MethodNotAllowed
             | ErrorKind::TooManyRequests
-            | ErrorKind::QuotaExhausted => "http_request_denied",
+            | ErrorKind::QuotaExhausted
+            | ErrorKind::TargetingNotAllowed => "http_request_denied",
             ErrorKind::BadRequest | ErrorKind::HeaderTooLarge => "http_request_error",
             ErrorKind::ConnectionLimit => "connection_limit_reached",
             ErrorKind::BadResponse => "http_protocol_error",
@@ -143,7 +147,8 @@ impl ErrorKind {
             ErrorKind::DestinationProhibited
             | ErrorKind::AuthRequired
             | ErrorKind::TooManyRequests
-            | ErrorKind::QuotaExhausted => 0x02,
+            | ErrorKind::QuotaExhausted
+            | ErrorKind::TargetingNotAllowed => 0x02,
             ErrorKind::NoExit | ErrorKind::ExitUnavailable => 0x03,
             ErrorKind::DestinationUnreachable
             | ErrorKind::DnsError
@@ -168,6 +173,7 @@ impl ErrorKind {
             | ErrorKind::HeaderTooLarge
             | ErrorKind::TooManyRequests
             | ErrorKind::QuotaExhausted
+            | ErrorKind::TargetingNotAllowed
             | ErrorKind::MethodNotAllowed => Source::Client,
             ErrorKind::DestinationProhibited => Source::Policy,
             ErrorKind::ExitUnavailable | ErrorKind::ExitLinkLost | ErrorKind::SessionExitLost => {

@@ -103,7 +103,28 @@ impl Gateway {
         let request = username::parse(username).map_err(|e| {
             error::ProxyError::new(error::ErrorKind::BadRequest, format!("proxy username: {e}"))
         })?;
+        let mut request = request;
         let user = self.auth.authenticate(&request.user, password).await?;
+        // What the account allows this user bounds what the username may ask.
+        let targeting = &mut request.targeting;
+        if let (Some(asked), Some(allowed)) = (targeting.source_type, &user.allowed_source_types) {
+            if !allowed.contains(&asked) {
+                return Err(error::ProxyError::new(
+                    error::ErrorKind::TargetingNotAllowed,
+                    format!("this proxy user may not use type={}", asked.as_str()),
+                ));
+            }
+        }
+        if let (Some(asked), Some(allowed)) = (&targeting.country, &user.allowed_countries) {
+            if !allowed.contains(asked) {
+                return Err(error::ProxyError::new(
+                    error::ErrorKind::TargetingNotAllowed,
+                    format!("this proxy user may not use country={asked}"),
+                ));
+            }
+        }
+        targeting.allowed_types = user.allowed_source_types.clone();
+        targeting.allowed_countries = user.allowed_countries.clone();
         Ok(tunnel::Client {
             user_id: user.id,
             account_id: user.account_id,

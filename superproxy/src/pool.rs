@@ -148,6 +148,14 @@ pub fn matches(record: &ExitRecord, targeting: &Targeting) -> bool {
             .source_type
             .is_none_or(|t| record.source_type == t)
         && targeting.exit.is_none_or(|e| record.id == e)
+        && targeting
+            .allowed_types
+            .as_ref()
+            .is_none_or(|types| types.contains(&record.source_type))
+        && targeting
+            .allowed_countries
+            .as_ref()
+            .is_none_or(|countries| countries.contains(&record.country))
 }
 
 impl Pool {

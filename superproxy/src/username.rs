@@ -52,6 +52,10 @@ pub struct Targeting {
     pub asn: Option<u32>,
     pub source_type: Option<SourceType>,
     pub exit: Option<Uuid>,
+    /// Not from the username: the source types the account allows this user.
+    pub allowed_types: Option<Vec<SourceType>>,
+    /// Not from the username: the countries the account allows this user.
+    pub allowed_countries: Option<Vec<String>>,
 }
 
 impl Targeting {
@@ -78,6 +82,13 @@ impl fmt::Display for Targeting {
         }
         if let Some(e) = self.exit {
             parts.push(format!("exit={e}"));
+        }
+        if let Some(types) = &self.allowed_types {
+            let names: Vec<&str> = types.iter().map(|t| t.as_str()).collect();
+            parts.push(format!("allowed-types={}", names.join(",")));
+        }
+        if let Some(countries) = &self.allowed_countries {
+            parts.push(format!("allowed-countries={}", countries.join(",")));
         }
         f.write_str(&parts.join(" "))
     }

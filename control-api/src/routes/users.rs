@@ -40,6 +40,10 @@ pub struct Limits {
     period: Option<String>,
     /// Soft warning threshold, percent of `bandwidth_bytes` (default 80).
     warn_percent: Option<i32>,
+    /// Exit source types the user may use (default: any).
+    allowed_source_types: Option<Vec<String>>,
+    /// Exit countries (ISO 3166-1 alpha-2, upper case) the user may use (default: any).
+    allowed_countries: Option<Vec<String>>,
 }
 
 impl Limits {
@@ -64,6 +68,20 @@ impl Limits {
         }
         if self.warn_percent.is_some_and(|w| !(1..=100).contains(&w)) {
             return Err(ApiError::BadRequest("limits.warn_percent: 1 to 100".into()));
+        }
+        for t in self.allowed_source_types.iter().flatten() {
+            if proxynet_protocol::store::SourceType::parse(t).is_none() {
+                return Err(ApiError::BadRequest(format!(
+                    "limits.allowed_source_types: {t:?} is not dc, isp, res or mobile"
+                )));
+            }
+        }
+        for c in self.allowed_countries.iter().flatten() {
+            if c.len() != 2 || !c.bytes().all(|b| b.is_ascii_uppercase()) {
+                return Err(ApiError::BadRequest(format!(
+                    "limits.allowed_countries: {c:?} is not an upper-case alpha-2 code"
+                )));
+            }
         }
         if let Some(p) = &self.period {
             if proxynet_protocol::store::QuotaPeriod::parse(p).is_none() {
@@ -97,12 +115,15 @@ pub struct User {
     bandwidth_bytes: Option<i64>,
     quota_period: String,
     quota_warn_percent: i32,
+    allowed_source_types: Option<Vec<String>>,
+    allowed_countries: Option<Vec<String>>,
     created_at: DateTime<Utc>,
     updated_at: DateTime<Utc>,
 }
 
 const USER_COLUMNS: &str = "id, account_id, username, enabled, version, max_concurrent_tunnels, \
-     max_new_tunnels_per_second, bandwidth_bytes, quota_period, quota_warn_percent, created_at, updated_at";
+     max_new_tunnels_per_second, bandwidth_bytes, quota_period, quota_warn_percent, \
+     allowed_source_types, allowed_countries, created_at, updated_at";
 
 pub async fn create(
     caller: Caller,
@@ -119,8 +140,9 @@ pub async fn create(
     let mut tx = state.db.begin().await?;
     let user: User = sqlx::query_as(&format!(
         "INSERT INTO proxy_users (id, account_id, username, password_hash, max_concurrent_tunnels,
-                                  max_new_tunnels_per_second, bandwidth_bytes, quota_period, quota_warn_percent)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, COALESCE($8, 'monthly'), COALESCE($9, 80)) RETURNING {USER_COLUMNS}"
+                                  max_new_tunnels_per_second, bandwidth_bytes, quota_period, quota_warn_percent,
+                                  allowed_source_types, allowed_countries)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, COALESCE($8, 'monthly'), COALESCE($9, 80), $10, $11) RETURNING {USER_COLUMNS}"
     ))
     .bind(Uuid::new_v4())
     .bind(account_id)
@@ -131,6 +153,8 @@ pub async fn create(
     .bind(body.limits.bandwidth_bytes)
     .bind(&body.limits.period)
     .bind(body.limits.warn_percent)
+    .bind(&body.limits.allowed_source_types)
+    .bind(&body.limits.allowed_countries)
     .fetch_one(&mut *tx)
     .await
     .map_err(|e| conflict_on_unique(e, "username: already taken"))?;
@@ -222,6 +246,8 @@ pub async fn update(
                 bandwidth_bytes = CASE WHEN $4 THEN $8 ELSE bandwidth_bytes END,
                 quota_period = CASE WHEN $4 THEN COALESCE($9, 'monthly') ELSE quota_period END,
                 quota_warn_percent = CASE WHEN $4 THEN COALESCE($10, 80) ELSE quota_warn_percent END,
+                allowed_source_types = CASE WHEN $4 THEN $11 ELSE allowed_source_types END,
+                allowed_countries = CASE WHEN $4 THEN $12 ELSE allowed_countries END,
                 version = version + 1,
                 updated_at = now()
           WHERE id = $1 AND deleted_at IS NULL AND ($7::uuid IS NULL OR account_id = $7)
@@ -237,6 +263,8 @@ pub async fn update(
     .bind(body.limits.as_ref().and_then(|l| l.bandwidth_bytes))
     .bind(body.limits.as_ref().and_then(|l| l.period.clone()))
     .bind(body.limits.as_ref().and_then(|l| l.warn_percent))
+    .bind(body.limits.as_ref().and_then(|l| l.allowed_source_types.clone()))
+    .bind(body.limits.as_ref().and_then(|l| l.allowed_countries.clone()))
     .fetch_optional(&mut *tx)
     .await?
     .ok_or(ApiError::NotFound("user"))?;

@@ -148,3 +148,41 @@ async fn the_new_tunnel_rate_is_limited_and_limits_can_change() {
     )
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allowed_targeting_bounds_what_a_user_may_ask_for() {
+    let stack = Stack::start().await;
+    limited_user(
+        &stack,
+        "resonly",
+        json!({ "allowed_source_types": ["res"] }),
+    )
+    .await;
+    limited_user(&stack, "germany", json!({ "allowed_countries": ["DE"] })).await;
+    let via = |user: &str| format!("http://{user}:{PASS}@{}", stack.proxy_addrs.proxy);
+
+    // Only dc exits exist: a res-only user finds none, and may not ask for dc.
+    let none = curl(&["-p", "-x", &via("resonly"), &stack.whoami_url()]).await;
+    let h = none.headers.to_ascii_lowercase();
+    assert!(h.contains(" 503") && h.contains("allowed-types=res"), "{h}");
+    let denied = curl(&["-p", "-x", &via("resonly-type-dc"), &stack.whoami_url()]).await;
+    let h = denied.headers.to_ascii_lowercase();
+    assert!(
+        h.contains(" 403") && h.contains("may not use type=dc"),
+        "{h}"
+    );
+
+    // The demo exits are in DE: allowed; asking for another country is refused.
+    assert_eq!(
+        curl(&["-p", "-x", &via("germany"), &stack.whoami_url()])
+            .await
+            .status,
+        200
+    );
+    let fr = curl(&["-p", "-x", &via("germany-country-fr"), &stack.whoami_url()]).await;
+    assert!(
+        fr.headers.contains(" 403") && fr.headers.contains("country=FR"),
+        "{}",
+        fr.headers
+    );
+}
