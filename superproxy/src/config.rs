@@ -119,8 +119,9 @@ pub struct Config {
     #[arg(long, env = "PROXYNET_PANIC_THRESHOLD_PERCENT", default_value_t = 30)]
     pub panic_threshold_percent: u32,
 
-    /// Most tunnels this superproxy keeps open through one exit.
-    #[arg(long, env = "PROXYNET_EXIT_CAPACITY", default_value_t = 4_096)]
+    /// Most tunnels this superproxy keeps open through one exit (the agent's
+    /// own `max_tunnels` defaults to the same).
+    #[arg(long, env = "PROXYNET_EXIT_CAPACITY", default_value_t = 16_384)]
     pub exit_capacity: u32,
 
     /// Failed authentications one address (IPv4, or IPv6 /64) may make per

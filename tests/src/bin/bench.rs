@@ -309,7 +309,8 @@ async fn run_all(args: RunArgs) -> Report {
         let (rss0, pss0) = memory_kb(&args.pids);
         let mut idle = Vec::with_capacity(args.idle_tunnels);
         let deadline = Instant::now() + Duration::from_secs(120);
-        while idle.len() < args.idle_tunnels && Instant::now() < deadline {
+        let mut failed_batches = 0;
+        while idle.len() < args.idle_tunnels && Instant::now() < deadline && failed_batches < 10 {
             // Open in small concurrent batches; each tunnel proves itself with an echo.
             let batch = (args.idle_tunnels - idle.len()).min(32);
             let mut pending = Vec::with_capacity(batch);
@@ -323,6 +324,7 @@ async fn run_all(args: RunArgs) -> Report {
                     Ok::<_, std::io::Error>(s)
                 }));
             }
+            let before = idle.len();
             for p in pending {
                 match p.await.unwrap() {
                     Ok(s) => idle.push(s),
@@ -330,6 +332,10 @@ async fn run_all(args: RunArgs) -> Report {
                         errors.fetch_add(1, Ordering::Relaxed);
                     }
                 }
+            }
+            // A proxy that refuses whole batches is at a limit: stop, report what was held.
+            if idle.len() == before {
+                failed_batches += 1;
             }
         }
         opened = idle.len();
