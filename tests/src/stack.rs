@@ -131,6 +131,19 @@ impl Stack {
         format!("{}{path}", self.api_url)
     }
 
+    /// `GET path` on the control API with the admin token, as JSON.
+    pub async fn admin_get_json(&self, path: &str) -> serde_json::Value {
+        self.http
+            .get(self.api(path))
+            .bearer_auth(ADMIN_TOKEN)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+
     pub async fn create_account(&self, name: &str) -> Uuid {
         let r = self
             .http

@@ -172,15 +172,8 @@ async fn invoices_price_ledger_bytes_by_source_type_and_export_csv() {
     wait_for_usage(&stack, account, user, TEN_MB as u64, TEN_MB as u64).await;
 
     let invoice: serde_json::Value = stack
-        .http
-        .get(stack.api(&format!("/v1/accounts/{account}/invoices")))
-        .bearer_auth(ADMIN_TOKEN)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+        .admin_get_json(&format!("/v1/accounts/{account}/invoices"))
+        .await;
     let lines = invoice["lines"].as_array().unwrap();
     assert_eq!(lines.len(), 1, "{invoice}");
     assert_eq!(lines[0]["source_type"], "dc");
@@ -208,15 +201,8 @@ async fn invoices_price_ledger_bytes_by_source_type_and_export_csv() {
     assert!(rows[2].ends_with(",total,,,,5"), "{csv}");
 
     let quota: serde_json::Value = stack
-        .http
-        .get(stack.api(&format!("/v1/users/{user}/quota")))
-        .bearer_auth(ADMIN_TOKEN)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+        .admin_get_json(&format!("/v1/users/{user}/quota"))
+        .await;
     assert_eq!(quota["bandwidth_bytes"], serde_json::Value::Null);
     assert_eq!(quota["exhausted"], false);
 }
