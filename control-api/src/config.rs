@@ -38,6 +38,11 @@ pub struct Config {
     #[arg(long, env = "PROXYNET_HEARTBEAT_TTL_MS", default_value_t = 15_000)]
     pub heartbeat_ttl_ms: u64,
 
+    /// How often heartbeats are written to Postgres, in one batch, in
+    /// milliseconds. Liveness itself lives in Redis and never waits for it.
+    #[arg(long, env = "PROXYNET_HEARTBEAT_PERSIST_MS", default_value_t = 5_000)]
+    pub heartbeat_persist_ms: u64,
+
     /// Period of the full Postgres → Redis re-projection, in seconds. It repairs
     /// Redis after an outage or a lost write.
     #[arg(long, env = "PROXYNET_RESYNC_SECS", default_value_t = 30)]

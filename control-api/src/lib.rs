@@ -13,6 +13,7 @@ pub mod auth;
 pub mod config;
 pub mod error;
 pub mod ledger;
+pub mod liveness;
 pub mod openapi;
 pub mod passwords;
 pub mod projector;
@@ -42,6 +43,11 @@ pub struct AppState {
     pub hashing: PasswordHashing,
     pub admin_token: Secret,
     pub config: Arc<Config>,
+    /// Heartbeats waiting for their batched write to Postgres.
+    pub heartbeats: Arc<liveness::HeartbeatBook>,
+    /// This control plane's own service addresses (API, Redis, Postgres),
+    /// handed to agents so they never dial them.
+    pub protected: Arc<Vec<SocketAddr>>,
 }
 
 /// Why the control-api could not start.
@@ -99,6 +105,15 @@ impl ControlApi {
                     addr: config.listen,
                     source,
                 })?;
+        let bound = listener.local_addr().map_err(|source| StartError::Listen {
+            addr: config.listen,
+            source,
+        })?;
+        let protected = protected_addresses(
+            bound,
+            &[config.redis_url.expose(), config.database_url.expose()],
+        )
+        .await;
         Ok(Self {
             listener,
             ledger,
@@ -109,6 +124,8 @@ impl ControlApi {
                 hashing: PasswordHashing::default(),
                 admin_token,
                 config: Arc::new(config),
+                heartbeats: Arc::new(liveness::HeartbeatBook::default()),
+                protected: Arc::new(protected),
             },
         })
     }
@@ -128,12 +145,20 @@ impl ControlApi {
                 .run_resync_loop(Duration::from_secs(self.state.config.resync_secs.max(1))),
         );
         let ledger = tokio::spawn(self.ledger.run());
+        let heartbeats = tokio::spawn(self.state.heartbeats.clone().run(
+            self.state.db.clone(),
+            Duration::from_millis(self.state.config.heartbeat_persist_ms.max(100)),
+        ));
+        let (heartbook, db) = (self.state.heartbeats.clone(), self.state.db.clone());
         let app = routes::router(self.state);
         let result = axum::serve(self.listener, app)
             .with_graceful_shutdown(shutdown)
             .await;
         resync.abort();
         ledger.abort();
+        heartbeats.abort();
+        // The last beats reach Postgres before we go (best effort).
+        let _ = heartbook.persist(&db).await;
         result
     }
 }
@@ -148,4 +173,76 @@ async fn connect_postgres(url: &str) -> Result<PgPool, StoreUnavailable> {
             what: "Postgres",
             detail: format!("cannot connect to {}: {e}", redact_url(url)),
         })
+}
+
+/// The addresses of this control plane's services: the API listener (an
+/// unspecified bind expanded to this host's addresses) and the hosts of the
+/// store URLs, resolved now.
+async fn protected_addresses(api: SocketAddr, store_urls: &[&str]) -> Vec<SocketAddr> {
+    let mut out = Vec::new();
+    if api.ip().is_unspecified() {
+        out.extend(
+            proxynet_protocol::egress::host_interface_addresses()
+                .into_iter()
+                .map(|ip| SocketAddr::new(ip, api.port())),
+        );
+    } else {
+        out.push(api);
+    }
+    for url in store_urls {
+        let Some((host, port)) = url_host_port(url) else {
+            continue;
+        };
+        let resolved = tokio::net::lookup_host((host.as_str(), port)).await;
+        if let Ok(addrs) = resolved {
+            out.extend(addrs);
+        }
+    }
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
+/// `scheme://[user[:pass]@]host[:port][/...]` → (host, port), with the
+/// scheme's default port (Redis 6379, Postgres 5432).
+fn url_host_port(url: &str) -> Option<(String, u16)> {
+    let (scheme, rest) = url.split_once("://")?;
+    let authority = rest.split(['/', '?']).next()?;
+    let hostport = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let default = match scheme {
+        "redis" | "rediss" => 6379,
+        "postgres" | "postgresql" => 5432,
+        _ => return None,
+    };
+    if let Some(v6) = hostport.strip_prefix('[') {
+        let (host, port) = v6.split_once(']')?;
+        let port = port
+            .strip_prefix(':')
+            .map_or(Some(default), |p| p.parse().ok())?;
+        return Some((host.to_owned(), port));
+    }
+    match hostport.rsplit_once(':') {
+        Some((host, port)) => Some((host.to_owned(), port.parse().ok()?)),
+        None => Some((hostport.to_owned(), default)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn store_url_hosts() {
+        use super::url_host_port;
+        assert_eq!(
+            url_host_port("postgres://u:p@127.0.0.1:5433/db"),
+            Some(("127.0.0.1".into(), 5433))
+        );
+        assert_eq!(
+            url_host_port("redis://127.0.0.1/"),
+            Some(("127.0.0.1".into(), 6379))
+        );
+        assert_eq!(
+            url_host_port("redis://[::1]:7000"),
+            Some(("::1".into(), 7000))
+        );
+    }
 }

@@ -6,10 +6,18 @@
 //! including keys of users deleted while Redis was down. Postgres stays the
 //! truth: a failed projection is logged and retried by the next resync, never
 //! turned into a failed API call after the database change has committed.
+//!
+//! The projection is monotonic. Every projected row carries a version taken
+//! from one database sequence on each change, and Redis is written only
+//! through [`PUT_IF_NEWER_SCRIPT`]: a record never replaces a newer one, so a
+//! resync that read Postgres before a change and writes after it cannot undo
+//! it (no resurrected disabled user). A deleted user leaves a versioned
+//! tombstone for [`TOMBSTONE_TTL_SECS`] for the same reason.
 
 use proxynet_protocol::store::{
-    ExitRecord, Keys, QuotaPeriod, SourceType, SuperproxyRecord, UserRecord, LIVE_MEMBERS_SCRIPT,
-    TOUCH_LIVE_SCRIPT,
+    ExitRecord, Keys, QuotaPeriod, SourceType, SuperproxyRecord, Tombstone, UserRecord,
+    DEL_IF_NOT_NEWER_SCRIPT, HEARTBEAT_SCRIPT, LIVE_MEMBERS_SCRIPT, PUT_IF_NEWER_SCRIPT,
+    TOMBSTONE_TTL_SECS,
 };
 use redis::aio::ConnectionManager;
 use redis::AsyncCommands;
@@ -40,6 +48,7 @@ struct UserRow {
     quota_period: String,
     allowed_source_types: Option<Vec<String>>,
     allowed_countries: Option<Vec<String>>,
+    deleted: bool,
 }
 
 #[derive(sqlx::FromRow)]
@@ -56,6 +65,7 @@ pub struct ExitRow {
     /// Agent-reported or operator-set.
     pub draining: bool,
     pub disabled: bool,
+    pub version: i64,
 }
 
 impl ExitRow {
@@ -76,12 +86,19 @@ impl ExitRow {
             draining: self.draining,
             disabled: self.disabled,
             credential_sha256: self.credential_sha256.clone(),
+            version: self.version,
         }
     }
 }
 
+/// The projected `draining` is the operator's switch; the agent's own drain
+/// announcement reaches Redis with its heartbeat (`liveness.rs`).
 const EXIT_COLUMNS: &str = "id, name, source_type, owner, country, egress_ips, credential_sha256, \
-     city, asn, (draining OR admin_draining) AS draining, disabled";
+     city, asn, admin_draining AS draining, disabled, version";
+
+const USER_COLUMNS: &str = "id, account_id, username, password_hash, enabled, version, \
+     max_concurrent_tunnels, max_new_tunnels_per_second, bandwidth_bytes, quota_period, \
+     allowed_source_types, allowed_countries, deleted_at IS NOT NULL AS deleted";
 
 impl Projector {
     pub fn new(db: PgPool, redis: ConnectionManager, keys: Keys) -> Self {
@@ -100,24 +117,52 @@ impl Projector {
     }
 
     async fn try_user(&self, username: &str) -> Result<(), ProjectionError> {
-        let row: Option<UserRow> = sqlx::query_as(
-            "SELECT id, account_id, username, password_hash, enabled, version,
-                    max_concurrent_tunnels, max_new_tunnels_per_second, bandwidth_bytes, quota_period,
-                    allowed_source_types, allowed_countries
-               FROM proxy_users WHERE username = $1 AND deleted_at IS NULL",
-        )
+        self.project_user(username, None).await
+    }
+
+    /// Writes what Postgres says of `username` now: its live record, or the
+    /// tombstone of its latest deleted row, or — if it never existed — removes
+    /// the key, but only if the key holds nothing newer than `absent_bound`
+    /// (a user created meanwhile survives).
+    async fn project_user(
+        &self,
+        username: &str,
+        absent_bound: Option<i64>,
+    ) -> Result<(), ProjectionError> {
+        let row: Option<UserRow> = sqlx::query_as(&format!(
+            "SELECT {USER_COLUMNS} FROM proxy_users WHERE username = $1
+              ORDER BY (deleted_at IS NULL) DESC, version DESC LIMIT 1"
+        ))
         .bind(username)
         .fetch_optional(&self.db)
         .await?;
         let mut redis = self.redis.clone();
         let key = self.keys.user(username);
         match row {
-            Some(row) => {
+            Some(row) if !row.deleted => {
                 let json = serde_json::to_string(&user_record(&row))?;
-                let _: () = redis.set(&key, json).await?;
+                put_if_newer(&mut redis, &key, &json, row.version, None).await?;
+            }
+            Some(row) => {
+                let json = serde_json::to_string(&Tombstone {
+                    deleted: true,
+                    version: row.version,
+                })?;
+                put_if_newer(
+                    &mut redis,
+                    &key,
+                    &json,
+                    row.version,
+                    Some(TOMBSTONE_TTL_SECS),
+                )
+                .await?;
             }
             None => {
-                let _: () = redis.del(&key).await?;
+                let _: i64 = redis::Script::new(DEL_IF_NOT_NEWER_SCRIPT)
+                    .key(&key)
+                    .arg(absent_bound.unwrap_or(i64::MAX))
+                    .invoke_async(&mut redis)
+                    .await?;
             }
         }
         let _: () = redis
@@ -143,7 +188,7 @@ impl Projector {
         match row {
             Some(row) => {
                 let json = serde_json::to_string(&row.to_record())?;
-                let _: () = redis.set(self.keys.exit(id), json).await?;
+                put_if_newer(&mut redis, &self.keys.exit(id), &json, row.version, None).await?;
             }
             None => {
                 let _: () = redis.del(self.keys.exit(id)).await?;
@@ -162,13 +207,21 @@ impl Projector {
         Ok(json.and_then(|j| serde_json::from_str(&j).ok()))
     }
 
-    /// Marks an exit alive for `ttl` from now (Redis clock).
-    pub async fn touch_exit_live(&self, id: Uuid, ttl: Duration) -> Result<(), ProjectionError> {
+    /// One agent heartbeat: the exit is alive for `ttl` from now (Redis
+    /// clock) and its drain announcement is recorded.
+    pub async fn heartbeat(
+        &self,
+        id: Uuid,
+        draining: bool,
+        ttl: Duration,
+    ) -> Result<(), ProjectionError> {
         let mut redis = self.redis.clone();
-        let _: i64 = redis::Script::new(TOUCH_LIVE_SCRIPT)
+        let _: i64 = redis::Script::new(HEARTBEAT_SCRIPT)
             .key(self.keys.exits_live())
+            .key(self.keys.exits_draining())
             .arg(id.to_string())
             .arg(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX))
+            .arg(if draining { "1" } else { "0" })
             .invoke_async(&mut redis)
             .await?;
         Ok(())
@@ -213,12 +266,9 @@ impl Projector {
     /// Full re-projection of users and exits; removes user keys that no longer
     /// correspond to a live user.
     pub async fn resync(&self) -> Result<(), ProjectionError> {
-        let users: Vec<UserRow> = sqlx::query_as(
-            "SELECT id, account_id, username, password_hash, enabled, version,
-                    max_concurrent_tunnels, max_new_tunnels_per_second, bandwidth_bytes, quota_period,
-                    allowed_source_types, allowed_countries
-               FROM proxy_users WHERE deleted_at IS NULL",
-        )
+        let users: Vec<UserRow> = sqlx::query_as(&format!(
+            "SELECT {USER_COLUMNS} FROM proxy_users WHERE deleted_at IS NULL"
+        ))
         .fetch_all(&self.db)
         .await?;
         let mut redis = self.redis.clone();
@@ -228,11 +278,20 @@ impl Projector {
             for row in chunk {
                 let key = self.keys.user(&row.username);
                 wanted.insert(key.clone());
-                pipe.set(key, serde_json::to_string(&user_record(row))?)
+                pipe.cmd("EVAL")
+                    .arg(PUT_IF_NEWER_SCRIPT)
+                    .arg(1)
+                    .arg(key)
+                    .arg(serde_json::to_string(&user_record(row))?)
+                    .arg(row.version)
+                    .arg("")
                     .ignore();
             }
             let _: () = pipe.query_async(&mut redis).await?;
         }
+        // Keys of users this snapshot does not have: deleted while Redis was
+        // away, or created after the snapshot. Each is re-checked on its own,
+        // guarded by the version the key holds now.
         let pattern = format!("{}user:*", self.keys.prefix());
         let mut stale = Vec::new();
         {
@@ -250,9 +309,19 @@ impl Projector {
                 .and_then(|(_, rest)| rest.strip_suffix('}'))
                 .unwrap_or_default()
                 .to_owned();
-            let _: () = redis.del(&key).await?;
-            let _: () = redis
-                .publish(self.keys.events(), format!("user:{username}"))
+            let held: Option<String> = redis.get(&key).await?;
+            let version = held
+                .as_deref()
+                .and_then(|j| serde_json::from_str::<serde_json::Value>(j).ok())
+                .and_then(|v| v["version"].as_i64());
+            if held
+                .as_deref()
+                .and_then(|j| serde_json::from_str::<Tombstone>(j).ok())
+                .is_some_and(|t| t.deleted)
+            {
+                continue; // a tombstone expires on its own
+            }
+            self.project_user(&username, Some(version.unwrap_or(0)))
                 .await?;
         }
 
@@ -264,11 +333,14 @@ impl Projector {
         for chunk in exits.chunks(500) {
             let mut pipe = redis::pipe();
             for row in chunk {
-                pipe.set(
-                    self.keys.exit(row.id),
-                    serde_json::to_string(&row.to_record())?,
-                )
-                .ignore();
+                pipe.cmd("EVAL")
+                    .arg(PUT_IF_NEWER_SCRIPT)
+                    .arg(1)
+                    .arg(self.keys.exit(row.id))
+                    .arg(serde_json::to_string(&row.to_record())?)
+                    .arg(row.version)
+                    .arg("")
+                    .ignore();
             }
             let _: () = pipe.query_async(&mut redis).await?;
         }
@@ -394,6 +466,24 @@ pub struct FleetHealth {
     pub score: Option<f64>,
     /// Tunnels open through the exit, summed over superproxies.
     pub in_flight: u64,
+}
+
+/// Writes `json` (carrying `version`) unless Redis holds a newer record.
+async fn put_if_newer(
+    redis: &mut ConnectionManager,
+    key: &str,
+    json: &str,
+    version: i64,
+    ttl_secs: Option<u64>,
+) -> Result<bool, redis::RedisError> {
+    let written: i64 = redis::Script::new(PUT_IF_NEWER_SCRIPT)
+        .key(key)
+        .arg(json)
+        .arg(version)
+        .arg(ttl_secs.map(|t| t.to_string()).unwrap_or_default())
+        .invoke_async(redis)
+        .await?;
+    Ok(written == 1)
 }
 
 fn user_record(row: &UserRow) -> UserRecord {

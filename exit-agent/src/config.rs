@@ -57,6 +57,15 @@ pub struct Config {
     #[arg(long, env = "PROXYNET_DNS_TIMEOUT_MS", default_value_t = 3_000)]
     pub dns_timeout_ms: u64,
 
+    /// Most name lookups in flight at once; more wait (within their timeout).
+    #[arg(long, env = "PROXYNET_DNS_MAX_IN_FLIGHT", default_value_t = 256)]
+    pub dns_max_in_flight: usize,
+
+    /// Accept a plain-http control-api URL (the agent's credential then
+    /// crosses the network in clear text): for a local test stack only.
+    #[arg(long, env = "PROXYNET_ALLOW_INSECURE_CONTROL_API")]
+    pub allow_insecure_control_api: bool,
+
     /// Most tunnels served at once; beyond it new tunnels are refused as
     /// `capacity` (the superproxy retries them elsewhere).
     #[arg(long, env = "PROXYNET_MAX_TUNNELS", default_value_t = 16_384)]

@@ -47,6 +47,10 @@ struct HeartbeatRequest {
 pub struct HeartbeatReply {
     pub heartbeat_interval_ms: u64,
     pub superproxies: Vec<SuperproxyRecord>,
+    /// The control plane's own service addresses (API, Redis, Postgres): never
+    /// tunnel targets.
+    #[serde(default)]
+    pub protected: Vec<std::net::SocketAddr>,
 }
 
 #[derive(Deserialize)]

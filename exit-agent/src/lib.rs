@@ -12,11 +12,12 @@
 pub mod admin;
 pub mod config;
 pub mod control;
+pub mod dns;
 pub mod link;
+pub mod policy;
 pub mod state;
 pub mod tunnel;
 
-use proxynet_protocol::egress::EgressPolicy;
 use proxynet_protocol::store::SuperproxyRecord;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -27,6 +28,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 pub use config::Config;
@@ -44,6 +46,8 @@ pub struct Addresses {
 pub enum StartError {
     #[error("not enrolled: no state file at {0} and no --enroll-token given")]
     NotEnrolled(String),
+    #[error("the control-api URL {0} is not https: its credential would cross the network in clear text (pass --allow-insecure-control-api for a local test stack)")]
+    InsecureControlApi(String),
     #[error(transparent)]
     Control(#[from] ControlError),
     #[error(transparent)]
@@ -64,6 +68,9 @@ pub struct ExitAgent {
 
 impl ExitAgent {
     pub async fn bind(config: Config) -> Result<Self, StartError> {
+        if !config.control_api.starts_with("https://") && !config.allow_insecure_control_api {
+            return Err(StartError::InsecureControlApi(config.control_api.clone()));
+        }
         let control = ControlClient::new(&config.control_api)?;
         let identity = match AgentState::load(&config.state_file)? {
             Some(state) => {
@@ -94,7 +101,8 @@ impl ExitAgent {
         })?;
         let mut own = vec![admin_addr];
         own.extend(control_api_addr(&config.control_api));
-        let policy = EgressPolicy::new(config.egress.policy(&own));
+        let policy = policy::LivePolicy::new(config.egress.policy(&own));
+        let dns = dns::Dns::new(config.dns_max_in_flight, config.dns_timeout());
         let addresses = Addresses {
             admin: admin_addr,
             exit_id: identity.exit_id,
@@ -103,6 +111,7 @@ impl ExitAgent {
             config,
             identity,
             policy,
+            dns,
             active: AtomicUsize::new(0),
             links_up: AtomicUsize::new(0),
             draining: AtomicBool::new(false),
@@ -171,7 +180,7 @@ fn control_api_addr(url: &str) -> Option<SocketAddr> {
 /// Heartbeats on the interval the control-api asks for and keeps one link
 /// supervisor per announced superproxy.
 async fn heartbeat_loop(control: ControlClient, ctx: Arc<TunnelContext>) {
-    let mut links: HashMap<Uuid, (SuperproxyRecord, JoinHandle<()>)> = HashMap::new();
+    let mut links: HashMap<Uuid, LinkTask> = HashMap::new();
     let mut interval = Duration::from_secs(5);
     let mut failures: u32 = 0;
     loop {
@@ -183,6 +192,11 @@ async fn heartbeat_loop(control: ControlClient, ctx: Arc<TunnelContext>) {
             Ok(reply) => {
                 failures = 0;
                 interval = Duration::from_millis(reply.heartbeat_interval_ms.clamp(100, 60_000));
+                ctx.policy.learn(reply.protected.iter().copied().chain(
+                    reply.superproxies.iter().flat_map(|s| {
+                        std::iter::once(s.link_addr).chain(s.service_addrs.iter().copied())
+                    }),
+                ));
                 reconcile(&mut links, reply.superproxies, &ctx);
             }
             Err(e) => {
@@ -201,24 +215,40 @@ async fn heartbeat_loop(control: ControlClient, ctx: Arc<TunnelContext>) {
     }
 }
 
+/// One superproxy's link supervisor and the switch that winds it down.
+struct LinkTask {
+    record: SuperproxyRecord,
+    stop: CancellationToken,
+    _task: JoinHandle<()>,
+}
+
 fn reconcile(
-    links: &mut HashMap<Uuid, (SuperproxyRecord, JoinHandle<()>)>,
+    links: &mut HashMap<Uuid, LinkTask>,
     wanted: Vec<SuperproxyRecord>,
     ctx: &Arc<TunnelContext>,
 ) {
     let wanted: HashMap<Uuid, SuperproxyRecord> = wanted.into_iter().map(|s| (s.id, s)).collect();
-    links.retain(|id, (record, task)| {
-        let keep = wanted.get(id).is_some_and(|w| w == record);
+    links.retain(|id, link| {
+        let keep = wanted
+            .get(id)
+            .is_some_and(|w| w.link_addr == link.record.link_addr && w.cert_sha256 == link.record.cert_sha256);
         if !keep {
-            tracing::info!(superproxy = %id, "superproxy withdrawn or changed; closing its link");
-            task.abort();
+            // Graceful: no new streams (GOAWAY), open tunnels finish. A
+            // draining superproxy withdraws itself while its tunnels still run.
+            tracing::info!(superproxy = %id, "superproxy withdrawn or changed; winding its link down");
+            link.stop.cancel();
         }
         keep
     });
     for (id, record) in wanted {
         links.entry(id).or_insert_with(|| {
-            let task = tokio::spawn(link::supervise(record.clone(), ctx.clone()));
-            (record, task)
+            let stop = CancellationToken::new();
+            let task = tokio::spawn(link::supervise(record.clone(), ctx.clone(), stop.clone()));
+            LinkTask {
+                record,
+                stop,
+                _task: task,
+            }
         });
     }
 }

@@ -19,6 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
+use tokio_util::sync::CancellationToken;
 
 use crate::tunnel::{self, TunnelContext};
 
@@ -27,16 +28,25 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const MIN_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
-/// Keeps one link to `superproxy` up until the task is aborted.
-pub async fn supervise(superproxy: SuperproxyRecord, ctx: Arc<TunnelContext>) {
+/// Keeps one link to `superproxy` up until `stop`; then lets the open
+/// tunnels on it finish (GOAWAY: no new streams) and returns.
+pub async fn supervise(
+    superproxy: SuperproxyRecord,
+    ctx: Arc<TunnelContext>,
+    stop: CancellationToken,
+) {
     let mut backoff = MIN_BACKOFF;
-    loop {
-        match connect(&superproxy, &ctx).await {
+    while !stop.is_cancelled() {
+        let connected = tokio::select! {
+            connected = connect(&superproxy, &ctx) => connected,
+            () = stop.cancelled() => return,
+        };
+        match connected {
             Ok(tls) => {
                 backoff = MIN_BACKOFF;
                 ctx.links_up.fetch_add(1, Ordering::Relaxed);
                 tracing::info!(superproxy = %superproxy.id, addr = %superproxy.link_addr, "link up");
-                let result = serve(tls, ctx.clone()).await;
+                let result = serve(tls, ctx.clone(), &stop).await;
                 ctx.links_up.fetch_sub(1, Ordering::Relaxed);
                 match result {
                     Ok(()) => tracing::info!(superproxy = %superproxy.id, "link closed"),
@@ -49,7 +59,10 @@ pub async fn supervise(superproxy: SuperproxyRecord, ctx: Arc<TunnelContext>) {
         }
         // Full jitter, so agents that lost the same superproxy do not return in step.
         let wait = rand::thread_rng().gen_range(Duration::ZERO..=backoff);
-        tokio::time::sleep(wait).await;
+        tokio::select! {
+            () = tokio::time::sleep(wait) => {}
+            () = stop.cancelled() => return,
+        }
         backoff = (backoff * 2).min(MAX_BACKOFF);
     }
 }
@@ -89,12 +102,16 @@ async fn connect(superproxy: &SuperproxyRecord, ctx: &TunnelContext) -> Result<L
     Ok(tls)
 }
 
-async fn serve(tls: LinkStream, ctx: Arc<TunnelContext>) -> Result<(), hyper::Error> {
+async fn serve(
+    tls: LinkStream,
+    ctx: Arc<TunnelContext>,
+    stop: &CancellationToken,
+) -> Result<(), hyper::Error> {
     let service = {
         let ctx = ctx.clone();
         service_fn(move |req| tunnel::handle(ctx.clone(), req))
     };
-    hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+    let connection = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
         .timer(TokioTimer::new())
         .initial_stream_window_size(1 << 20)
         .initial_connection_window_size(64 << 20)
@@ -102,8 +119,13 @@ async fn serve(tls: LinkStream, ctx: Arc<TunnelContext>) -> Result<(), hyper::Er
         .max_concurrent_streams(u32::try_from(ctx.config.max_tunnels).unwrap_or(u32::MAX))
         .keep_alive_interval(Duration::from_secs(10))
         .keep_alive_timeout(Duration::from_secs(5))
-        .serve_connection(TokioIo::new(tls), service)
-        .await
+        .serve_connection(TokioIo::new(tls), service);
+    tokio::pin!(connection);
+    tokio::select! {
+        result = connection.as_mut() => return result,
+        () = stop.cancelled() => connection.as_mut().graceful_shutdown(),
+    }
+    connection.await
 }
 
 fn pinned_client_config(cert_sha256: &str) -> Result<Arc<ClientConfig>, String> {

@@ -11,7 +11,7 @@ use http::{Method, Request, Response};
 use http_body_util::Empty;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
-use proxynet_protocol::egress::{parse_ip_literal, EgressPolicy};
+use proxynet_protocol::egress::parse_ip_literal;
 use proxynet_protocol::link::{
     Outcome, HEADER_CONNECT_BUDGET_MS, HEADER_EGRESS_IP, HEADER_OUTCOME, HEADER_VERSION,
     LINK_VERSION, PROBE_PATH,
@@ -26,6 +26,8 @@ use tokio::net::{TcpSocket, TcpStream};
 use tokio::time::Instant;
 
 use crate::config::Config;
+use crate::dns::{Dns, DnsFailure};
+use crate::policy::LivePolicy;
 use crate::state::AgentState;
 
 /// Left for the superproxy to relay our answer before its own budget ends.
@@ -34,7 +36,8 @@ const BUDGET_MARGIN: Duration = Duration::from_millis(200);
 pub struct TunnelContext {
     pub config: Config,
     pub identity: AgentState,
-    pub policy: EgressPolicy,
+    pub policy: LivePolicy,
+    pub dns: Dns,
     pub active: AtomicUsize,
     pub links_up: AtomicUsize,
     /// Announced to the control plane: superproxies stop choosing us.
@@ -136,18 +139,13 @@ async fn open(ctx: &TunnelContext, req: &Request<Incoming>) -> Result<TcpStream,
             .min(ctx.config.target_connect_timeout());
 
     let candidates = resolve(ctx, host, port, deadline).await?;
-    // Same address family as the egress IP: an IPv4 source cannot reach an IPv6 target.
-    let same_family: Vec<SocketAddr> = candidates
-        .into_iter()
-        .filter(|a| a.is_ipv4() == egress_ip.is_ipv4())
-        .collect();
-    if same_family.is_empty() {
-        return Err(Outcome::Unreachable);
-    }
+    // Policy first, on every resolved address: a denied target is denied,
+    // whatever family it has (`[64:ff9b::7f00:1]` is loopback to us too).
+    let policy = ctx.policy.current();
     let mut denied = None;
-    let vetted: Vec<SocketAddr> = same_family
+    let vetted: Vec<SocketAddr> = candidates
         .into_iter()
-        .filter(|addr| match ctx.policy.check(*addr) {
+        .filter(|addr| match policy.check(*addr) {
             Ok(()) => true,
             Err(d) => {
                 denied = Some(d);
@@ -160,6 +158,14 @@ async fn open(ctx: &TunnelContext, req: &Request<Incoming>) -> Result<TcpStream,
             tracing::info!(target = %host, port, reason = %d, "egress policy denied target");
         }
         return Err(Outcome::PolicyDenied);
+    }
+    // Same address family as the egress IP: an IPv4 source cannot reach an IPv6 target.
+    let vetted: Vec<SocketAddr> = vetted
+        .into_iter()
+        .filter(|a| a.is_ipv4() == egress_ip.is_ipv4())
+        .collect();
+    if vetted.is_empty() {
+        return Err(Outcome::Unreachable);
     }
     let mut last = Outcome::Unreachable;
     for addr in vetted.into_iter().take(2) {
@@ -184,19 +190,13 @@ async fn resolve(
     if let Some(ip) = parse_ip_literal(host) {
         return Ok(vec![SocketAddr::new(ip, port)]);
     }
-    let dns_deadline = deadline.min(Instant::now() + ctx.config.dns_timeout());
-    match tokio::time::timeout_at(dns_deadline, tokio::net::lookup_host((host, port))).await {
-        Err(_) => Err(Outcome::TimedOut),
-        Ok(Err(_)) => Err(Outcome::DnsError),
-        Ok(Ok(addrs)) => {
-            let addrs: Vec<SocketAddr> = addrs.collect();
-            if addrs.is_empty() {
-                Err(Outcome::DnsError)
-            } else {
-                Ok(addrs)
-            }
-        }
-    }
+    ctx.dns
+        .resolve(host, port, deadline)
+        .await
+        .map_err(|failure| match failure {
+            DnsFailure::TimedOut => Outcome::TimedOut,
+            DnsFailure::NoAddress => Outcome::DnsError,
+        })
 }
 
 /// Binds the egress IP, then connects: the source address is ours to choose.

@@ -252,11 +252,24 @@ impl EgressArgs {
 #[derive(Debug, Clone, Default)]
 pub struct EgressPolicy {
     config: EgressPolicyConfig,
+    /// This host's own interface addresses: what a protected service bound to
+    /// the unspecified address (`0.0.0.0`, `[::]`) answers on besides loopback.
+    host_addresses: Vec<IpAddr>,
 }
 
 impl EgressPolicy {
+    /// Compiles `config`, reading this host's interface addresses once.
     pub fn new(config: EgressPolicyConfig) -> Self {
-        Self { config }
+        Self::with_host_addresses(config, host_interface_addresses())
+    }
+
+    /// Compiles `config` with an explicit list of this host's addresses.
+    pub fn with_host_addresses(config: EgressPolicyConfig, host_addresses: Vec<IpAddr>) -> Self {
+        let host_addresses = host_addresses.into_iter().map(canonical).collect();
+        Self {
+            config,
+            host_addresses,
+        }
     }
 
     pub fn config(&self) -> &EgressPolicyConfig {
@@ -266,23 +279,24 @@ impl EgressPolicy {
     /// Decides whether `addr` may be dialled.
     pub fn check(&self, addr: SocketAddr) -> Result<(), Denial> {
         let ip = canonical(addr.ip());
-        if self
-            .config
-            .protected
-            .iter()
-            .any(|p| p.port() == addr.port() && same_host(canonical(p.ip()), ip))
-        {
+        // Every host the address reaches, IPv4 forms embedded in IPv6 included:
+        // `[64:ff9b::7f00:1]:6379` is Redis on loopback as much as `127.0.0.1:6379`.
+        let hosts = denoted_hosts(ip);
+        if self.config.protected.iter().any(|p| {
+            p.port() == addr.port()
+                && hosts
+                    .iter()
+                    .flatten()
+                    .any(|h| self.same_host(canonical(p.ip()), *h))
+        }) {
             return Err(Denial::ProtectedService);
         }
         if self.config.denied_ports.contains(&addr.port()) {
             return Err(Denial::Port(addr.port()));
         }
-        self.check_ip(ip)?;
         // An IPv6 address carrying an IPv4 one is judged by both.
-        if let IpAddr::V6(v6) = ip {
-            if let Some(embedded) = embedded_ipv4(v6) {
-                self.check_ip(IpAddr::V4(embedded))?;
-            }
+        for host in hosts.iter().flatten() {
+            self.check_ip(*host)?;
         }
         Ok(())
     }
@@ -299,12 +313,40 @@ impl EgressPolicy {
             None => Ok(()),
         }
     }
+
+    /// Whether a connection to `ip` reaches a service bound to `protected`.
+    /// A service bound to the unspecified address answers on loopback, on the
+    /// unspecified address itself (Linux connects `0.0.0.0` to the local host)
+    /// and on this host's interface addresses — not on every address: a
+    /// superproxy on `0.0.0.0:8080` must not deny `1.1.1.1:8080`.
+    fn same_host(&self, protected: IpAddr, ip: IpAddr) -> bool {
+        protected == ip
+            || (protected.is_loopback() && ip.is_loopback())
+            || (protected.is_unspecified()
+                && (ip.is_loopback() || ip.is_unspecified() || self.host_addresses.contains(&ip)))
+    }
 }
 
-/// Two hosts are the same if equal, or if either is the unspecified address
-/// (a service bound to `0.0.0.0` answers on every local address).
-fn same_host(protected: IpAddr, ip: IpAddr) -> bool {
-    protected == ip || protected.is_unspecified() || (protected.is_loopback() && ip.is_loopback())
+/// This host's interface addresses (empty if they cannot be read).
+pub fn host_interface_addresses() -> Vec<IpAddr> {
+    match if_addrs::get_if_addrs() {
+        Ok(interfaces) => interfaces.into_iter().map(|i| i.ip()).collect(),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot list this host's addresses; protected services bound to 0.0.0.0 are matched on loopback only");
+            Vec::new()
+        }
+    }
+}
+
+/// The address itself and every IPv4 address it embeds (at most three).
+fn denoted_hosts(ip: IpAddr) -> [Option<IpAddr>; 3] {
+    let mut hosts = [Some(ip), None, None];
+    if let IpAddr::V6(v6) = ip {
+        let [a, b] = embedded_ipv4(v6);
+        hosts[1] = a.map(IpAddr::V4);
+        hosts[2] = b.map(IpAddr::V4);
+    }
+    hosts
 }
 
 /// IPv4-mapped IPv6 addresses are the IPv4 host they map.
@@ -318,31 +360,32 @@ fn canonical(ip: IpAddr) -> IpAddr {
     }
 }
 
-/// The IPv4 address embedded in an IPv4-compatible (`::a.b.c.d`), NAT64
-/// (`64:ff9b::/96`) or 6to4 (`2002:AABB:CCDD::/48`) address.
-fn embedded_ipv4(v6: Ipv6Addr) -> Option<Ipv4Addr> {
+fn v4_from_segments(hi: u16, lo: u16) -> Ipv4Addr {
+    Ipv4Addr::from((u32::from(hi) << 16) | u32::from(lo))
+}
+
+/// The IPv4 addresses embedded in an IPv4-compatible (`::a.b.c.d`), NAT64
+/// (`64:ff9b::/96`, RFC 6052), 6to4 (`2002:AABB:CCDD::/48`, RFC 3056) or
+/// Teredo (`2001:0::/32`, RFC 4380: server in bits 32–63, client obfuscated
+/// in the last 32 bits) address. Teredo yields both server and client.
+fn embedded_ipv4(v6: Ipv6Addr) -> [Option<Ipv4Addr>; 2] {
     let s = v6.segments();
-    let low = Ipv4Addr::new(
-        (s[6] >> 8) as u8,
-        (s[6] & 0xff) as u8,
-        (s[7] >> 8) as u8,
-        (s[7] & 0xff) as u8,
-    );
+    let low = v4_from_segments(s[6], s[7]);
     if s[..6] == [0, 0, 0, 0, 0, 0] && u32::from(low) > 1 {
-        return Some(low); // IPv4-compatible (deprecated), excluding :: and ::1
+        return [Some(low), None]; // IPv4-compatible (deprecated), excluding :: and ::1
     }
     if s[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
-        return Some(low);
+        return [Some(low), None];
     }
     if s[0] == 0x2002 {
-        return Some(Ipv4Addr::new(
-            (s[1] >> 8) as u8,
-            (s[1] & 0xff) as u8,
-            (s[2] >> 8) as u8,
-            (s[2] & 0xff) as u8,
-        ));
+        return [Some(v4_from_segments(s[1], s[2])), None];
     }
-    None
+    if s[0] == 0x2001 && s[1] == 0 {
+        let server = v4_from_segments(s[2], s[3]);
+        let client = Ipv4Addr::from(!u32::from(low));
+        return [Some(server), Some(client)];
+    }
+    [None, None]
 }
 
 /// Parses a host as an IP literal in any spelling a resolver would accept:
@@ -505,6 +548,62 @@ mod tests {
         );
         assert_eq!(p.check(sa("127.0.0.1:5432")), Err(Denial::ProtectedService));
         assert!(p.check(sa("10.0.0.1:80")).is_err());
+    }
+
+    #[test]
+    fn protected_services_are_denied_in_every_ipv6_spelling() {
+        let p = EgressPolicy::with_host_addresses(
+            EgressPolicyConfig {
+                allow: vec!["127.0.0.0/8".parse().unwrap()],
+                protected: vec![sa("127.0.0.1:6379")],
+                ..Default::default()
+            },
+            Vec::new(),
+        );
+        for spelling in [
+            "[::ffff:127.0.0.1]:6379",
+            "[64:ff9b::7f00:1]:6379",
+            "[2002:7f00:1::]:6379",
+            "[::127.0.0.1]:6379",
+            // Teredo: client 127.0.0.1 obfuscated in the last 32 bits.
+            "[2001:0:4136:e378:8000:63bf:80ff:fffe]:6379",
+        ] {
+            assert_eq!(
+                p.check(sa(spelling)),
+                Err(Denial::ProtectedService),
+                "{spelling}"
+            );
+        }
+        // The same spellings on another port are judged by the ranges alone.
+        assert_eq!(p.check(sa("[64:ff9b::7f00:1]:8000")), Ok(()));
+    }
+
+    #[test]
+    fn unspecified_binds_protect_this_host_only() {
+        let p = EgressPolicy::with_host_addresses(
+            EgressPolicyConfig {
+                allow: vec!["0.0.0.0/0".parse().unwrap()],
+                protected: vec![sa("0.0.0.0:8080"), sa("[::]:9090")],
+                ..Default::default()
+            },
+            vec!["10.0.0.5".parse().unwrap(), "2001:db8::5".parse().unwrap()],
+        );
+        assert_eq!(p.check(sa("1.1.1.1:8080")), Ok(()), "not over-blocking");
+        for denied in [
+            "10.0.0.5:8080",
+            "127.0.0.1:8080",
+            "127.0.0.7:8080",
+            "0.0.0.0:8080",
+            "[::ffff:10.0.0.5]:8080",
+            "10.0.0.5:9090",
+            "127.0.0.1:9090",
+        ] {
+            assert_eq!(
+                p.check(sa(denied)),
+                Err(Denial::ProtectedService),
+                "{denied}"
+            );
+        }
     }
 
     #[test]

@@ -56,6 +56,8 @@ pub enum End {
     Closed,
     Idle,
     Lifetime,
+    /// Ended from outside: a revocation or a drain deadline.
+    Cut,
     Error(io::ErrorKind),
 }
 
@@ -151,10 +153,26 @@ impl Direction {
 }
 
 /// Splices `client` and `exit` until the tunnel ends; never fails, reports why it ended.
-pub async fn splice<C, E>(mut client: C, mut exit: E, limits: TunnelLimits) -> SpliceOutcome
+pub async fn splice<C, E>(client: C, exit: E, limits: TunnelLimits) -> SpliceOutcome
 where
     C: AsyncRead + AsyncWrite + Unpin,
     E: AsyncRead + AsyncWrite + Unpin,
+{
+    splice_until(client, exit, limits, std::future::pending::<()>()).await
+}
+
+/// [`splice`], also ending ([`End::Cut`]) as soon as `stop` resolves, with the
+/// byte counts so far.
+pub async fn splice_until<C, E, S>(
+    mut client: C,
+    mut exit: E,
+    limits: TunnelLimits,
+    stop: S,
+) -> SpliceOutcome
+where
+    C: AsyncRead + AsyncWrite + Unpin,
+    E: AsyncRead + AsyncWrite + Unpin,
+    S: Future<Output = ()>,
 {
     let start = Instant::now();
     let lifetime_end = start + limits.max_lifetime;
@@ -163,9 +181,12 @@ where
     let mut down = Direction::default();
     let idle = sleep_until(start + limits.idle_timeout);
     let lifetime = sleep_until(lifetime_end);
-    tokio::pin!(idle, lifetime);
+    tokio::pin!(idle, lifetime, stop);
 
     let end = poll_fn(|cx| {
+        if stop.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(End::Cut);
+        }
         let mut moved = false;
         let up_result = up.poll_copy(cx, Pin::new(&mut client), Pin::new(&mut exit), &mut moved);
         let down_result =

@@ -43,9 +43,16 @@ impl Keys {
         format!("{}exit:{{{id}}}", self.prefix)
     }
 
-    /// Sorted set: exit id → heartbeat expiry (ms, Redis clock).
+    /// Sorted set: exit id → heartbeat expiry (ms, Redis clock). Shares the
+    /// `{exits}` hash tag with [`Self::exits_draining`]: one heartbeat script
+    /// writes both.
     pub fn exits_live(&self) -> String {
-        format!("{}exits:live", self.prefix)
+        format!("{}{{exits}}:live", self.prefix)
+    }
+
+    /// Set of exits whose agent announced it is draining (heartbeats own it).
+    pub fn exits_draining(&self) -> String {
+        format!("{}{{exits}}:draining", self.prefix)
     }
 
     /// `SuperproxyRecord` JSON.
@@ -123,6 +130,75 @@ pub struct UserRecord {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allowed_countries: Option<Vec<String>>,
 }
+
+/// What the user key holds: a live user, the tombstone of a deleted one, or
+/// nothing (never projected, or Redis lost it — which is not a revocation).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UserEntry {
+    Present(UserRecord),
+    Deleted,
+    Absent,
+}
+
+/// The JSON a deleted user's key holds for a while, so that an older write
+/// (a slow resync) cannot bring the user back.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Tombstone {
+    pub deleted: bool,
+    pub version: i64,
+}
+
+impl UserEntry {
+    pub fn parse(json: Option<&str>) -> Self {
+        let Some(json) = json else {
+            return UserEntry::Absent;
+        };
+        if let Ok(record) = serde_json::from_str::<UserRecord>(json) {
+            return UserEntry::Present(record);
+        }
+        match serde_json::from_str::<Tombstone>(json) {
+            Ok(t) if t.deleted => UserEntry::Deleted,
+            // Unreadable: treat as absent (never as a live user).
+            _ => UserEntry::Absent,
+        }
+    }
+}
+
+/// How long a deleted user's tombstone stays, seconds: far longer than any
+/// resync that could still carry the user's older record.
+pub const TOMBSTONE_TTL_SECS: u64 = 86_400;
+
+/// `KEYS[1]` record key, `ARGV[1]` JSON, `ARGV[2]` its version, `ARGV[3]`
+/// TTL in seconds or ''. Writes only if no record with this version or a
+/// newer one is there (1 written, 0 kept): the projection is monotonic.
+pub const PUT_IF_NEWER_SCRIPT: &str = r"
+local cur = redis.call('GET', KEYS[1])
+if cur then
+  local ok, rec = pcall(cjson.decode, cur)
+  if ok and type(rec) == 'table' and tonumber(rec['version']) and tonumber(rec['version']) >= tonumber(ARGV[2]) then
+    return 0
+  end
+end
+if ARGV[3] ~= '' then
+  redis.call('SET', KEYS[1], ARGV[1], 'EX', tonumber(ARGV[3]))
+else
+  redis.call('SET', KEYS[1], ARGV[1])
+end
+return 1
+";
+
+/// `KEYS[1]` record key, `ARGV[1]` version: deletes the key only if what it
+/// holds is not newer than that version.
+pub const DEL_IF_NOT_NEWER_SCRIPT: &str = r"
+local cur = redis.call('GET', KEYS[1])
+if not cur then return 0 end
+local ok, rec = pcall(cjson.decode, cur)
+if ok and type(rec) == 'table' and tonumber(rec['version']) and tonumber(rec['version']) > tonumber(ARGV[1]) then
+  return 0
+end
+redis.call('DEL', KEYS[1])
+return 1
+";
 
 /// The window a bandwidth quota counts over (UTC calendar day or month).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -245,12 +321,16 @@ pub struct ExitRecord {
     /// Autonomous system the egress IPs are announced from, when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub asn: Option<u32>,
-    /// The agent announced it is draining, or an operator drained it: no new tunnels.
+    /// An operator drained it: no new tunnels. (An agent's own drain
+    /// announcement is in the [`Keys::exits_draining`] set, owned by heartbeats.)
     pub draining: bool,
     /// An operator disabled the exit.
     pub disabled: bool,
     /// SHA-256 (hex) of the agent's link credential.
     pub credential_sha256: String,
+    /// Projection version (newer always wins in Redis).
+    #[serde(default)]
+    pub version: i64,
 }
 
 /// A superproxy's announcement: where agents should dial and which certificate to pin.
@@ -260,6 +340,11 @@ pub struct SuperproxyRecord {
     pub link_addr: SocketAddr,
     /// SHA-256 (hex) of the DER certificate the link listener presents.
     pub cert_sha256: String,
+    /// Every address this superproxy's listeners answer on (proxy, SOCKS,
+    /// admin, link), unspecified binds expanded to its host's addresses:
+    /// agents deny them as tunnel targets, however the target is spelled.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub service_addrs: Vec<SocketAddr>,
 }
 
 /// Bytes one user moved through one exit in one minute (a ledger row).
@@ -292,6 +377,28 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - 3600000)
 return now
+";
+
+/// `KEYS[1]` live set, `KEYS[2]` draining set, `ARGV[1]` exit id, `ARGV[2]`
+/// ttl in ms, `ARGV[3]` `1` if the agent is draining: one agent heartbeat.
+pub const HEARTBEAT_SCRIPT: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - 3600000)
+if ARGV[3] == '1' then
+  redis.call('SADD', KEYS[2], ARGV[1])
+else
+  redis.call('SREM', KEYS[2], ARGV[1])
+end
+return now
+";
+
+/// `KEYS[1]` live set, `KEYS[2]` draining set: `{live members, draining members}`.
+pub const LIVE_AND_DRAINING_SCRIPT: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+return {redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf'), redis.call('SMEMBERS', KEYS[2])}
 ";
 
 /// `KEYS[1]` live set: members whose expiry is still in the future by Redis' clock.

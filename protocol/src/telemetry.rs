@@ -1,24 +1,49 @@
 //! Logging set-up shared by the binaries.
 //!
 //! Logs go to standard error (standard output carries only the ready line).
-//! `fast_socks5` logs SOCKS passwords at debug level, so it is capped at `warn`
-//! whatever `RUST_LOG` says: no filter a user writes can turn that leak back on.
+//! `fast_socks5` logs SOCKS passwords at debug level, so everything it logs
+//! below `warn` is dropped by a filter fixed in code, which no `RUST_LOG`
+//! directive (however specific: `fast_socks5::server=trace`) can override.
 
-use tracing_subscriber::EnvFilter;
+use tracing::Level;
+use tracing_subscriber::filter::{filter_fn, EnvFilter};
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::Layer;
+
+/// Whether an event from `target` at `level` may be logged at all.
+pub fn never_secret(target: &str, level: &Level) -> bool {
+    !(target.starts_with("fast_socks5") && *level > Level::WARN)
+}
 
 /// Quiet defaults for the libraries under us; `RUST_LOG` replaces them.
 pub const DEFAULT_FILTER: &str = "info,h2=warn,hyper=warn,rustls=warn,sqlx=warn";
 
 pub fn init(default_filter: &str) {
     let base = std::env::var("RUST_LOG").unwrap_or_else(|_| default_filter.to_owned());
-    let mut filter = EnvFilter::try_new(&base).unwrap_or_else(|_| EnvFilter::new("info"));
-    if let Ok(directive) = "fast_socks5=warn".parse() {
-        filter = filter.add_directive(directive);
-    }
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_target(true)
-        .compact()
+    let filter = EnvFilter::try_new(&base).unwrap_or_else(|_| EnvFilter::new("info"));
+    let guard = filter_fn(|meta| never_secret(meta.target(), meta.level()));
+    let _ = tracing_subscriber::registry()
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_target(true)
+                .compact()
+                .with_filter(filter)
+                .with_filter(guard),
+        )
         .try_init();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn socks_library_debug_is_never_logged() {
+        assert!(!never_secret("fast_socks5::server", &Level::DEBUG));
+        assert!(!never_secret("fast_socks5", &Level::TRACE));
+        assert!(never_secret("fast_socks5::server", &Level::WARN));
+        assert!(never_secret("superproxy::ingress", &Level::DEBUG));
+    }
 }

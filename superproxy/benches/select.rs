@@ -68,6 +68,7 @@ fn view(n: usize, link: &Link) -> PoolView {
                 draining: false,
                 disabled: false,
                 credential_sha256: String::new(),
+                version: 0,
             }),
             link: link.clone(),
         })

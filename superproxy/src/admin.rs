@@ -11,9 +11,25 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 
-use crate::Gateway;
+use crate::link::registry::LinkRegistry;
+use crate::pool::Pool;
 
-pub async fn run(listener: TcpListener, gateway: Arc<Gateway>) {
+/// What the admin endpoints report on.
+pub struct AdminState {
+    pub superproxy_id: uuid::Uuid,
+    pub pool: Arc<Pool>,
+    pub links: Arc<LinkRegistry>,
+    /// Set at SIGTERM: readiness goes red while the instance still serves.
+    pub draining: std::sync::atomic::AtomicBool,
+}
+
+impl AdminState {
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+pub async fn run(listener: TcpListener, gateway: Arc<AdminState>) {
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -34,7 +50,7 @@ pub async fn run(listener: TcpListener, gateway: Arc<Gateway>) {
     }
 }
 
-fn respond(gateway: &Gateway, req: &Request<Incoming>) -> Response<Full<Bytes>> {
+fn respond(gateway: &AdminState, req: &Request<Incoming>) -> Response<Full<Bytes>> {
     if req.method() != Method::GET {
         return text(StatusCode::METHOD_NOT_ALLOWED, "GET only\n".into());
     }
@@ -76,10 +92,10 @@ fn respond(gateway: &Gateway, req: &Request<Incoming>) -> Response<Full<Bytes>> 
                 })
                 .collect();
             let body = serde_json::json!({
-                "superproxy_id": gateway.id,
+                "superproxy_id": gateway.superproxy_id,
                 "eligible": eligible,
                 "live": view.live,
-                "links": gateway.registry.len(),
+                "links": gateway.links.len(),
                 "degraded": view.degraded,
                 "panic": gateway.pool.health().in_panic(),
             });

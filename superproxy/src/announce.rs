@@ -3,9 +3,11 @@
 //! Agents learn the list from their heartbeat replies, so adding a superproxy
 //! needs no change on any exit host.
 
+use proxynet_protocol::egress::host_interface_addresses;
 use proxynet_protocol::store::{Keys, SuperproxyRecord, TOUCH_LIVE_SCRIPT};
 use redis::aio::ConnectionManager;
 use redis::AsyncCommands;
+use std::net::SocketAddr;
 use std::time::Duration;
 
 #[derive(Clone)]
@@ -56,4 +58,23 @@ impl Announcer {
             .await;
         let _: Result<(), _> = redis.del(self.keys.superproxy(self.record.id)).await;
     }
+}
+
+/// Every address the listeners in `bound` answer on, for agents to protect: a
+/// specific bind as is, an unspecified one (`0.0.0.0`, `[::]`) as every
+/// address of this host (loopback included) and the advertised link address.
+pub fn service_addresses(bound: &crate::Addresses, advertised: SocketAddr) -> Vec<SocketAddr> {
+    let host = host_interface_addresses();
+    let mut out = vec![advertised];
+    for addr in [bound.proxy, bound.socks, bound.admin, bound.link] {
+        if addr.ip().is_unspecified() {
+            out.extend(host.iter().map(|ip| SocketAddr::new(*ip, addr.port())));
+            out.push(SocketAddr::new(advertised.ip(), addr.port()));
+        } else {
+            out.push(addr);
+        }
+    }
+    out.sort_unstable();
+    out.dedup();
+    out
 }

@@ -2,11 +2,13 @@
 //!
 //! The user's record (argon2id hash, enabled flag) comes from Redis and is
 //! cached briefly. A password check is remembered under a keyed hash (HMAC with
-//! a per-process random key) of the presented username and password, together
-//! with a digest of the stored hash it was checked against: a password rotation
-//! changes the stored hash and so misses the cache, a disable is seen on the
-//! record itself. Misses run argon2 on the blocking pool, bounded by a
-//! semaphore, and concurrent misses for one credential share a single run.
+//! a per-process random key) of the presented username and password *and the
+//! stored hash it was checked against*: a password rotation changes the stored
+//! hash and so misses the cache, and a check against the old hash can never be
+//! reused for the new one, however the two race. Misses run argon2 in a
+//! detached task that owns its permit of the bounded verification pool, so a
+//! client that disconnects mid-login neither frees a permit early nor leaves a
+//! half-done entry behind; concurrent misses for one credential share one run.
 //! Unknown users are checked against a dummy hash so they cost the same time
 //! as a wrong password and get the same answer.
 
@@ -15,14 +17,14 @@ use argon2::password_hash::{
 };
 use argon2::Argon2;
 use hmac::{Hmac, Mac};
-use proxynet_protocol::store::{Keys, UserRecord};
+use proxynet_protocol::store::{Keys, UserEntry, UserRecord};
 use redis::aio::ConnectionManager;
 use redis::AsyncCommands;
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tokio::sync::{OnceCell, Semaphore};
+use tokio::sync::{watch, Semaphore};
 
 use crate::error::{ErrorKind, ProxyError};
 
@@ -36,7 +38,6 @@ const FAILURE_TTL: Duration = Duration::from_secs(30);
 
 #[derive(Clone, Copy)]
 struct Verification {
-    stored_hash_digest: [u8; 32],
     ok: bool,
     at: Instant,
 }
@@ -46,7 +47,21 @@ struct CachedRecord {
     fetched: Instant,
 }
 
+/// A user whose password was verified, and the hash it was verified against.
+#[derive(Clone)]
+pub struct Verified {
+    pub record: Arc<UserRecord>,
+    /// SHA-256 of the stored password hash: a tunnel authenticated with it is
+    /// revoked when the stored hash changes.
+    pub credential_digest: [u8; 32],
+}
+
+#[derive(Clone)]
 pub struct Authenticator {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
     redis: ConnectionManager,
     keys: Keys,
     record_ttl: Duration,
@@ -55,8 +70,8 @@ pub struct Authenticator {
     dummy_hash: String,
     records: Mutex<HashMap<String, CachedRecord>>,
     verified: Mutex<HashMap<CredentialKey, Verification>>,
-    in_flight: Mutex<HashMap<CredentialKey, Arc<OnceCell<bool>>>>,
-    argon_permits: Semaphore,
+    in_flight: Mutex<HashMap<CredentialKey, watch::Receiver<Option<bool>>>>,
+    argon_permits: Arc<Semaphore>,
 }
 
 impl Authenticator {
@@ -77,77 +92,98 @@ impl Authenticator {
             .to_string();
         let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
         Ok(Self {
-            redis,
-            keys,
-            record_ttl,
-            success_ttl,
-            hmac_key,
-            dummy_hash,
-            records: Mutex::new(HashMap::new()),
-            verified: Mutex::new(HashMap::new()),
-            in_flight: Mutex::new(HashMap::new()),
-            argon_permits: Semaphore::new(cpus),
+            inner: Arc::new(Inner {
+                redis,
+                keys,
+                record_ttl,
+                success_ttl,
+                hmac_key,
+                dummy_hash,
+                records: Mutex::new(HashMap::new()),
+                verified: Mutex::new(HashMap::new()),
+                in_flight: Mutex::new(HashMap::new()),
+                argon_permits: Arc::new(Semaphore::new(cpus)),
+            }),
         })
     }
 
-    /// Returns the user if `username`/`password` are right and the user is enabled.
-    /// Every failure is the same [`ErrorKind::AuthRequired`].
+    /// Returns the user if `username`/`password` are right and the user is
+    /// enabled. Every failure is the same [`ErrorKind::AuthRequired`].
+    /// `charge` runs for every attempt that is not a remembered success: when
+    /// an argon2 verification is about to start (so it counts when it starts,
+    /// whatever happens to the client afterwards) and for a remembered
+    /// failure. The failed-auth limiter charges the source address there.
     pub async fn authenticate(
         &self,
         username: &str,
         password: &str,
-    ) -> Result<Arc<UserRecord>, ProxyError> {
+        charge: impl FnOnce() -> Result<(), ProxyError>,
+    ) -> Result<Verified, ProxyError> {
         if !valid_username(username) || password.is_empty() || password.len() > 255 {
             return Err(ProxyError::auth_required());
         }
         let record = self.record(username).await?;
         let stored_hash = record
             .as_ref()
-            .map_or(self.dummy_hash.as_str(), |r| r.password_hash.as_str());
-        let ok = self.verify(username, password, stored_hash).await?;
+            .map_or(self.inner.dummy_hash.as_str(), |r| r.password_hash.as_str());
+        let ok = self.verify(username, password, stored_hash, charge).await?;
         match record {
-            Some(r) if ok && r.enabled => Ok(r),
+            Some(r) if ok && r.enabled => Ok(Verified {
+                credential_digest: Sha256::digest(r.password_hash.as_bytes()).into(),
+                record: r,
+            }),
             _ => Err(ProxyError::auth_required()),
         }
     }
 
     /// Forgets the cached record of `username` (called on a change event).
     pub fn invalidate(&self, username: &str) {
-        if let Ok(mut records) = self.records.lock() {
+        if let Ok(mut records) = self.inner.records.lock() {
             records.remove(username);
         }
     }
 
+    /// What Redis holds for the user now (bypassing the cache, which it
+    /// refreshes). `Err` when Redis cannot say.
+    pub async fn fresh_entry(&self, username: &str) -> Result<UserEntry, redis::RedisError> {
+        let mut redis = self.inner.redis.clone();
+        let json: Option<String> = redis.get(self.inner.keys.user(username)).await?;
+        let entry = UserEntry::parse(json.as_deref());
+        // A tombstone (a deleted user) or nothing at all is no user to log in as.
+        let record = match &entry {
+            UserEntry::Present(r) => Some(Arc::new(r.clone())),
+            UserEntry::Deleted | UserEntry::Absent => None,
+        };
+        if let Ok(mut records) = self.inner.records.lock() {
+            if records.len() >= MAX_VERIFICATIONS {
+                records.retain(|_, c| c.fetched.elapsed() < self.inner.record_ttl);
+            }
+            records.insert(
+                username.to_owned(),
+                CachedRecord {
+                    record,
+                    fetched: Instant::now(),
+                },
+            );
+        }
+        Ok(entry)
+    }
+
     async fn record(&self, username: &str) -> Result<Option<Arc<UserRecord>>, ProxyError> {
-        let cached = self.records.lock().ok().and_then(|records| {
-            records
-                .get(username)
-                .map(|c| (c.record.clone(), c.fetched.elapsed() < self.record_ttl))
+        let cached = self.inner.records.lock().ok().and_then(|records| {
+            records.get(username).map(|c| {
+                (
+                    c.record.clone(),
+                    c.fetched.elapsed() < self.inner.record_ttl,
+                )
+            })
         });
         if let Some((record, true)) = &cached {
             return Ok(record.clone());
         }
-        let mut redis = self.redis.clone();
-        let fetched: Result<Option<String>, _> = redis.get(self.keys.user(username)).await;
-        match fetched {
-            Ok(json) => {
-                let record = json
-                    .and_then(|j| serde_json::from_str::<UserRecord>(&j).ok())
-                    .map(Arc::new);
-                if let Ok(mut records) = self.records.lock() {
-                    if records.len() >= MAX_VERIFICATIONS {
-                        records.retain(|_, c| c.fetched.elapsed() < self.record_ttl);
-                    }
-                    records.insert(
-                        username.to_owned(),
-                        CachedRecord {
-                            record: record.clone(),
-                            fetched: Instant::now(),
-                        },
-                    );
-                }
-                Ok(record)
-            }
+        match self.fresh_entry(username).await {
+            Ok(UserEntry::Present(record)) => Ok(Some(Arc::new(record))),
+            Ok(UserEntry::Deleted | UserEntry::Absent) => Ok(None),
             // Redis is down: a user we have seen keeps working on the last known
             // record; one we have never seen cannot be verified.
             Err(e) => match cached {
@@ -168,26 +204,98 @@ impl Authenticator {
         username: &str,
         password: &str,
         stored_hash: &str,
+        charge: impl FnOnce() -> Result<(), ProxyError>,
     ) -> Result<bool, ProxyError> {
-        let key = self.credential_key(username, password);
-        let stored_hash_digest: [u8; 32] = Sha256::digest(stored_hash.as_bytes()).into();
-        if let Some(v) = self.verified.lock().ok().and_then(|m| m.get(&key).copied()) {
-            let ttl = if v.ok { self.success_ttl } else { FAILURE_TTL };
-            if v.stored_hash_digest == stored_hash_digest && v.at.elapsed() < ttl {
+        let key = self.credential_key(username, password, stored_hash);
+        if let Some(v) = self
+            .inner
+            .verified
+            .lock()
+            .ok()
+            .and_then(|m| m.get(&key).copied())
+        {
+            let ttl = if v.ok {
+                self.inner.success_ttl
+            } else {
+                FAILURE_TTL
+            };
+            if v.at.elapsed() < ttl {
+                if !v.ok {
+                    charge()?;
+                }
                 return Ok(v.ok);
             }
         }
-        // Single flight: the first miss computes, concurrent ones wait for it.
-        let cell = {
+        // Single flight: the first miss starts the verification, concurrent
+        // ones wait for its answer.
+        let mut answer = {
             let mut in_flight = self
+                .inner
                 .in_flight
                 .lock()
                 .map_err(|_| ProxyError::new(ErrorKind::Internal, "auth state poisoned"))?;
-            in_flight.entry(key).or_default().clone()
+            match in_flight.get(&key) {
+                Some(running) => running.clone(),
+                None => {
+                    charge()?;
+                    let (tx, rx) = watch::channel(None);
+                    in_flight.insert(key, rx.clone());
+                    tokio::spawn(self.inner.clone().run_verification(
+                        key,
+                        password.to_owned(),
+                        stored_hash.to_owned(),
+                        tx,
+                    ));
+                    rx
+                }
+            }
         };
-        let ok = *cell
-            .get_or_try_init(|| self.run_argon2(password.to_owned(), stored_hash.to_owned()))
-            .await?;
+        let ok = answer
+            .wait_for(Option::is_some)
+            .await
+            .map_err(|_| ProxyError::new(ErrorKind::Internal, "verification task ended"))?
+            .unwrap_or(false);
+        Ok(ok)
+    }
+
+    fn credential_key(&self, username: &str, password: &str, stored_hash: &str) -> CredentialKey {
+        let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(&self.inner.hmac_key)
+            .unwrap_or_else(|_| unreachable_hmac());
+        mac.update(username.as_bytes());
+        mac.update(&[0]);
+        mac.update(password.as_bytes());
+        mac.update(&[0]);
+        mac.update(stored_hash.as_bytes());
+        mac.finalize().into_bytes().into()
+    }
+}
+
+impl Inner {
+    /// One argon2 verification, detached from whoever asked: it holds its
+    /// permit for exactly as long as the hash runs, records the answer, and
+    /// always removes its in-flight entry.
+    async fn run_verification(
+        self: Arc<Self>,
+        key: CredentialKey,
+        password: String,
+        stored_hash: String,
+        answer: watch::Sender<Option<bool>>,
+    ) {
+        let ok = match self.argon_permits.clone().acquire_owned().await {
+            Ok(permit) => tokio::task::spawn_blocking(move || {
+                let _permit = permit;
+                PasswordHash::new(&stored_hash)
+                    .map(|parsed| {
+                        Argon2::default()
+                            .verify_password(password.as_bytes(), &parsed)
+                            .is_ok()
+                    })
+                    .unwrap_or(false)
+            })
+            .await
+            .unwrap_or(false),
+            Err(_) => false,
+        };
         if let Ok(mut verified) = self.verified.lock() {
             if verified.len() >= MAX_VERIFICATIONS {
                 let success_ttl = self.success_ttl;
@@ -200,7 +308,6 @@ impl Authenticator {
             verified.insert(
                 key,
                 Verification {
-                    stored_hash_digest,
                     ok,
                     at: Instant::now(),
                 },
@@ -210,35 +317,19 @@ impl Authenticator {
         if let Ok(mut in_flight) = self.in_flight.lock() {
             in_flight.remove(&key);
         }
-        Ok(ok)
+        let _ = answer.send(Some(ok));
     }
 
-    async fn run_argon2(&self, password: String, stored_hash: String) -> Result<bool, ProxyError> {
-        let _permit = self
-            .argon_permits
-            .acquire()
-            .await
-            .map_err(|_| ProxyError::new(ErrorKind::Internal, "verification pool closed"))?;
-        tokio::task::spawn_blocking(move || {
-            PasswordHash::new(&stored_hash)
-                .map(|parsed| {
-                    Argon2::default()
-                        .verify_password(password.as_bytes(), &parsed)
-                        .is_ok()
-                })
-                .unwrap_or(false)
-        })
-        .await
-        .map_err(|e| ProxyError::new(ErrorKind::Internal, format!("verification task: {e}")))
+    /// Verifications running or waiting for a permit (for tests and metrics).
+    fn in_flight(&self) -> usize {
+        self.in_flight.lock().map(|m| m.len()).unwrap_or(0)
     }
+}
 
-    fn credential_key(&self, username: &str, password: &str) -> CredentialKey {
-        let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(&self.hmac_key)
-            .unwrap_or_else(|_| unreachable_hmac());
-        mac.update(username.as_bytes());
-        mac.update(&[0]);
-        mac.update(password.as_bytes());
-        mac.finalize().into_bytes().into()
+impl Authenticator {
+    /// Password verifications running or queued right now.
+    pub fn verifications_in_flight(&self) -> usize {
+        self.inner.in_flight()
     }
 }
 

@@ -158,6 +158,34 @@ pub struct Config {
     #[arg(long, env = "PROXYNET_AUTH_CACHE_TTL_SECS", default_value_t = 300)]
     pub auth_cache_ttl_secs: u64,
 
+    /// After SIGTERM: how long readiness reports `draining` while this
+    /// instance still serves, so load balancers move new connections away
+    /// before the listeners close, ms.
+    #[arg(long, env = "PROXYNET_DRAIN_DELAY_MS", default_value_t = 5_000)]
+    pub drain_delay_ms: u64,
+
+    /// After the listeners close: how long open tunnels may take to finish
+    /// before they are cut, ms.
+    #[arg(long, env = "PROXYNET_DRAIN_TIMEOUT_MS", default_value_t = 30_000)]
+    pub drain_timeout_ms: u64,
+
+    /// Retries on another exit may add at most this share of tunnel opens, %
+    /// (plus a burst of ten), so retries cannot amplify an outage.
+    #[arg(long, env = "PROXYNET_RETRY_BUDGET_PERCENT", default_value_t = 20)]
+    pub retry_budget_percent: u32,
+
+    /// How often every user with a tunnel open here is re-checked, so a
+    /// revocation whose change event was lost still cuts within it, ms.
+    #[arg(long, env = "PROXYNET_REVOCATION_SWEEP_MS", default_value_t = 2_000)]
+    pub revocation_sweep_ms: u64,
+
+    /// Directory where usage batches are spilled when Redis is unreachable
+    /// for longer than memory holds them, and replayed from when it returns
+    /// (also at start). Without it, batches beyond the in-memory bound are
+    /// dropped with an error in the log.
+    #[arg(long, env = "PROXYNET_USAGE_SPILL_DIR")]
+    pub usage_spill_dir: Option<PathBuf>,
+
     #[command(flatten)]
     pub egress: EgressArgs,
 }
@@ -194,6 +222,15 @@ impl Config {
     }
     pub fn pool_refresh(&self) -> Duration {
         Duration::from_millis(self.pool_refresh_ms.max(50))
+    }
+    pub fn drain_delay(&self) -> Duration {
+        Duration::from_millis(self.drain_delay_ms)
+    }
+    pub fn drain_timeout(&self) -> Duration {
+        Duration::from_millis(self.drain_timeout_ms)
+    }
+    pub fn revocation_sweep(&self) -> Duration {
+        Duration::from_millis(self.revocation_sweep_ms.max(100))
     }
     pub fn announce_interval(&self) -> Duration {
         Duration::from_millis(self.announce_interval_ms.max(50))

@@ -205,10 +205,12 @@ impl ErrorKind {
             Outcome::Unreachable => ErrorKind::DestinationUnreachable,
             Outcome::DnsError => ErrorKind::DnsError,
             Outcome::PolicyDenied => ErrorKind::DestinationProhibited,
-            Outcome::EgressUnavailable | Outcome::Draining | Outcome::Capacity => {
-                ErrorKind::ExitUnavailable
-            }
-            Outcome::BadRequest => ErrorKind::Internal,
+            // The agent refused before dialling (a version it does not speak
+            // counts): another exit may take the same tunnel.
+            Outcome::EgressUnavailable
+            | Outcome::Draining
+            | Outcome::Capacity
+            | Outcome::BadRequest => ErrorKind::ExitUnavailable,
         }
     }
 }
@@ -231,9 +233,11 @@ impl std::error::Error for ProxyError {}
 
 impl ProxyError {
     pub fn new(kind: ErrorKind, detail: impl Into<Cow<'static, str>>) -> Self {
+        // Every 503 and 429 tells the client when to come back (429s that know
+        // better set their own value).
         let retry_after = matches!(
-            kind,
-            ErrorKind::NoExit | ErrorKind::ExitUnavailable | ErrorKind::StoreUnavailable
+            kind.status(),
+            StatusCode::SERVICE_UNAVAILABLE | StatusCode::TOO_MANY_REQUESTS
         )
         .then_some(1);
         Self {
@@ -279,6 +283,35 @@ impl ProxyError {
         }
         response
     }
+
+    /// The same answer as [`Self::to_response`], serialised for a connection
+    /// hyper does not own (the head guard, the connection limit). It closes
+    /// the connection, as nothing more will be read from it.
+    pub fn to_wire(&self) -> Vec<u8> {
+        let response = self.to_response();
+        let status = response.status();
+        let mut out = format!(
+            "HTTP/1.1 {} {}\r\n",
+            status.as_u16(),
+            status.canonical_reason().unwrap_or("")
+        )
+        .into_bytes();
+        for (name, value) in response.headers() {
+            out.extend_from_slice(name.as_str().as_bytes());
+            out.extend_from_slice(b": ");
+            out.extend_from_slice(value.as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+        let body = format!("{}\n", self.detail);
+        out.extend_from_slice(
+            format!(
+                "content-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            )
+            .as_bytes(),
+        );
+        out
+    }
 }
 
 /// Escapes text for an RFC 8941 sf-string: printable ASCII only, `"` and `\` escaped.
@@ -319,12 +352,36 @@ mod tests {
     }
 
     #[test]
-    fn only_untouched_targets_are_retry_safe() {
-        for o in Outcome::ALL {
-            let kind = ErrorKind::from_outcome(o);
-            if kind.retry_safe() {
-                assert!(o.target_untouched(), "{o:?}");
+    fn retry_safety_is_one_rule() {
+        // An agent outcome is retried exactly when the target was not touched.
+        for o in Outcome::ALL
+            .into_iter()
+            .filter(|o| *o != Outcome::Connected)
+        {
+            assert_eq!(
+                ErrorKind::from_outcome(o).retry_safe(),
+                o.target_untouched(),
+                "{o:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn every_503_and_429_carries_retry_after() {
+        for kind in ErrorKind::ALL {
+            let r = ProxyError::new(kind, "x").to_response();
+            if matches!(r.status().as_u16(), 503 | 429) {
+                assert!(r.headers().contains_key(header::RETRY_AFTER), "{kind:?}");
             }
         }
+    }
+
+    #[test]
+    fn wire_form_matches_the_response() {
+        let wire = String::from_utf8(ProxyError::auth_required().to_wire()).unwrap();
+        assert!(wire.starts_with("HTTP/1.1 407 Proxy Authentication Required\r\n"));
+        assert!(wire.contains("proxy-authenticate: Basic"), "{wire}");
+        assert!(wire.contains("proxy-status: proxynet; error=http_request_denied"));
+        assert!(wire.ends_with("\r\n\r\nproxy authentication required\n"));
     }
 }

@@ -6,9 +6,10 @@ use futures_util::StreamExt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::Gateway;
+use crate::pool::Pool;
+use crate::revocation::Revoker;
 
-pub async fn run(client: redis::Client, channel: String, gateway: Arc<Gateway>) {
+pub async fn run(client: redis::Client, channel: String, revoker: Arc<Revoker>, pool: Arc<Pool>) {
     let mut backoff = Duration::from_millis(100);
     loop {
         match client.get_async_pubsub().await {
@@ -21,9 +22,9 @@ pub async fn run(client: redis::Client, channel: String, gateway: Arc<Gateway>) 
                             continue;
                         };
                         if let Some(username) = payload.strip_prefix("user:") {
-                            gateway.auth.invalidate(username);
+                            revoker.user_changed(username).await;
                         } else if payload.starts_with("exit:") {
-                            gateway.pool.refresh().await;
+                            pool.refresh().await;
                         }
                     }
                 }

@@ -1,20 +1,28 @@
 //! proxynet superproxy: the data plane.
 //!
-//! Stages of a tunnel, one module each:
-//! [`ingress`] (accept and speak the client's protocol) →
-//! [`authenticate`] (proxy credentials, argon2 off the hot path) →
-//! [`target`] (validate and normalise the destination) →
-//! [`tunnel`] (early egress check, pick an exit from the [`pool`], safe retry) →
-//! [`link`] (the agents' links and one HTTP/2 stream per tunnel) →
-//! splice (bytes both ways, `proxynet_protocol::splice`, shared with the agent).
-//! Absolute-form requests pass [`hygiene`] (hop-by-hop headers) on the way.
-//! Around them: [`announce`] (tell agents where to dial), [`events`] (cache
-//! invalidation), [`admin`] (health and pool endpoints), [`error`] (the one
-//! error type every ingress answers with).
+//! A tunnel passes these stages, one module each, always in this order
+//! ([`pipeline`] runs them for every ingress):
+//! [`accept`] (connection limit, drain guard) → [`ingress`] (speak the
+//! client's protocol: HTTP CONNECT, absolute-form, SOCKS5) →
+//! [`authenticate`] (credentials, argon2 off the hot path; [`limits`] charges
+//! attempts) → [`target`] (validate and normalise the destination) →
+//! [`admission`] (per-user limits and quota) → [`tunnel`] (pick an exit from
+//! the [`pool`], egress IP, safe retry) → [`link`] (the agents' links, one
+//! HTTP/2 stream per tunnel) → [`usage`] (meter) → splice (bytes both ways,
+//! `proxynet_protocol::splice`, shared with the agent).
+//! Around them: [`open_tunnels`] and [`revocation`] (cut what a revocation
+//! no longer allows), [`announce`] (tell agents where to dial), [`events`]
+//! (change events), [`health`] and [`probe`] (exit health), [`admin`]
+//! (health and pool endpoints), [`error`] (the one error type every ingress
+//! answers with).
 //!
 //! [`Superproxy::bind`] binds every listener (port 0 is fine) and reports the
-//! addresses; [`Superproxy::serve`] runs until its shutdown future resolves.
+//! addresses; [`Superproxy::serve`] runs until its shutdown future resolves,
+//! then drains (seed 000 §5.9): readiness red while still serving for
+//! `drain_delay`, listeners closed, open tunnels given `drain_timeout`, the
+//! rest cut, usage flushed.
 
+pub mod accept;
 pub mod admin;
 pub mod admission;
 pub mod announce;
@@ -23,12 +31,14 @@ pub mod config;
 pub mod error;
 pub mod events;
 pub mod health;
-pub mod hygiene;
 pub mod ingress;
 pub mod limits;
 pub mod link;
+pub mod open_tunnels;
+pub mod pipeline;
 pub mod pool;
 pub mod probe;
+pub mod revocation;
 pub mod session;
 pub mod target;
 pub mod tunnel;
@@ -43,131 +53,19 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
-use tokio::sync::{mpsc, Semaphore};
 use uuid::Uuid;
 
+use accept::{Gate, Listeners};
+use admin::AdminState;
 use authenticate::Authenticator;
 pub use config::Config;
 use link::registry::LinkRegistry;
 use link::tls::LinkIdentity;
+use pipeline::Pipeline;
 use pool::Pool;
-use tunnel::TunnelOpener;
-
-/// How long in-flight tunnels may take to finish after a stop signal.
-const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// State shared by every connection.
-pub struct Gateway {
-    pub id: Uuid,
-    pub config: Arc<Config>,
-    pub auth: Authenticator,
-    pub pool: Arc<Pool>,
-    pub registry: Arc<LinkRegistry>,
-    pub tunnels: TunnelOpener,
-    pub usage: Arc<usage::UsageRecorder>,
-    pub auth_failures: Arc<limits::AuthFailureLimiter>,
-    pub admission: Arc<admission::Admission>,
-    draining: AtomicBool,
-}
-
-impl Gateway {
-    /// Parses the username grammar, then checks the base user's password.
-    /// A grammar error is a 400 naming the problem; any credential failure is
-    /// the one indistinguishable 407.
-    pub async fn authenticate(
-        &self,
-        username: &str,
-        password: &str,
-        peer: std::net::IpAddr,
-    ) -> Result<tunnel::Client, error::ProxyError> {
-        self.auth_failures.check(peer)?;
-        let result = self.verify_credentials(username, password).await;
-        if let Err(e) = &result {
-            if matches!(
-                e.kind,
-                error::ErrorKind::AuthRequired | error::ErrorKind::BadRequest
-            ) {
-                self.auth_failures.record_failure(peer);
-            }
-        }
-        result
-    }
-
-    async fn verify_credentials(
-        &self,
-        username: &str,
-        password: &str,
-    ) -> Result<tunnel::Client, error::ProxyError> {
-        let request = username::parse(username).map_err(|e| {
-            error::ProxyError::new(error::ErrorKind::BadRequest, format!("proxy username: {e}"))
-        })?;
-        let mut request = request;
-        let user = self.auth.authenticate(&request.user, password).await?;
-        // What the account allows this user bounds what the username may ask.
-        let targeting = &mut request.targeting;
-        if let (Some(asked), Some(allowed)) = (targeting.source_type, &user.allowed_source_types) {
-            if !allowed.contains(&asked) {
-                return Err(error::ProxyError::new(
-                    error::ErrorKind::TargetingNotAllowed,
-                    format!("this proxy user may not use type={}", asked.as_str()),
-                ));
-            }
-        }
-        if let (Some(asked), Some(allowed)) = (&targeting.country, &user.allowed_countries) {
-            if !allowed.contains(asked) {
-                return Err(error::ProxyError::new(
-                    error::ErrorKind::TargetingNotAllowed,
-                    format!("this proxy user may not use country={asked}"),
-                ));
-            }
-        }
-        targeting.allowed_types = user.allowed_source_types.clone();
-        targeting.allowed_countries = user.allowed_countries.clone();
-        Ok(tunnel::Client {
-            user_id: user.id,
-            account_id: user.account_id,
-            limits: admission::UserLimits {
-                max_concurrent_tunnels: user.max_concurrent_tunnels,
-                max_new_tunnels_per_second: user.max_new_tunnels_per_second,
-                bandwidth: user.bandwidth_bytes.map(|b| (b, user.quota_period)),
-            },
-            request,
-        })
-    }
-
-    /// Applies the user's tunnel limits; the lease (if any) must live as long
-    /// as the tunnel.
-    pub async fn admit(
-        &self,
-        client: &tunnel::Client,
-    ) -> Result<Option<admission::Lease>, error::ProxyError> {
-        if let Some((quota, period)) = client.limits.bandwidth {
-            // Redis away: judge by this instance's budget alone.
-            let used = self
-                .admission
-                .quota_used(client.user_id, period)
-                .await
-                .unwrap_or(0);
-            let left = self.usage.budget_left(client.user_id, quota, used);
-            if used >= quota || left <= 0 {
-                return Err(error::ProxyError::new(
-                    error::ErrorKind::QuotaExhausted,
-                    format!(
-                        "bandwidth quota exhausted: {quota} bytes per {} period",
-                        period.as_str()
-                    ),
-                ));
-            }
-        }
-        self.admission.admit(client.user_id, client.limits).await
-    }
-
-    pub fn is_draining(&self) -> bool {
-        self.draining.load(Ordering::Relaxed)
-    }
-}
+use revocation::Revoker;
+use tunnel::{RetryBudget, TunnelOpener};
 
 /// The addresses a running superproxy bound.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize)]
@@ -196,10 +94,10 @@ pub enum StartError {
 }
 
 pub struct Superproxy {
-    gateway: Arc<Gateway>,
+    pipeline: Arc<Pipeline>,
+    admin_state: Arc<AdminState>,
     addresses: Addresses,
-    proxy: TcpListener,
-    socks: TcpListener,
+    listeners: Listeners,
     admin: TcpListener,
     link: TcpListener,
     identity: LinkIdentity,
@@ -264,18 +162,24 @@ impl Superproxy {
                 .egress
                 .policy(&[proxy_addr, socks_addr, admin_addr, link_addr]),
         );
-        let tunnels = TunnelOpener {
+        let opener = TunnelOpener {
             pool: pool.clone(),
             sessions: session::Sessions::new(redis.clone(), keys.clone()),
             policy,
             connect_budget: config.connect_budget(),
+            retry_budget: RetryBudget::new(config.retry_budget_percent),
         };
         let id = Uuid::new_v4();
-        let usage = Arc::new(usage::UsageRecorder::new(id, redis.clone(), keys.clone()));
-        let gateway = Arc::new(Gateway {
+        let usage = Arc::new(usage::UsageRecorder::new(
+            id,
+            redis.clone(),
+            keys.clone(),
+            config.usage_spill_dir.clone(),
+        ));
+        let pipeline = Arc::new(Pipeline {
             id,
             usage,
-            auth_failures: Arc::new(limits::AuthFailureLimiter::new(
+            auth_limiter: Arc::new(limits::AuthFailureLimiter::new(
                 config.auth_failures_per_minute,
             )),
             admission: Arc::new(admission::Admission::new(
@@ -286,16 +190,20 @@ impl Superproxy {
             )),
             config: Arc::new(config),
             auth,
+            opener,
+            open_tunnels: Arc::new(open_tunnels::OpenTunnels::default()),
+        });
+        let admin_state = Arc::new(AdminState {
+            superproxy_id: id,
             pool,
-            registry,
-            tunnels,
+            links: registry,
             draining: AtomicBool::new(false),
         });
         Ok(Self {
-            gateway,
+            pipeline,
+            admin_state,
             addresses,
-            proxy,
-            socks,
+            listeners: Listeners { proxy, socks },
             admin,
             link,
             identity,
@@ -309,32 +217,40 @@ impl Superproxy {
         self.addresses
     }
 
-    pub fn gateway(&self) -> Arc<Gateway> {
-        self.gateway.clone()
+    pub fn pipeline(&self) -> Arc<Pipeline> {
+        self.pipeline.clone()
     }
 
     pub async fn serve(self, shutdown: impl Future<Output = ()> + Send + 'static) {
-        let gateway = self.gateway;
-        let config = gateway.config.clone();
+        let pipeline = self.pipeline;
+        let admin_state = self.admin_state;
+        let pool = admin_state.pool.clone();
+        let config = pipeline.config.clone();
         let advertise = config.link_advertise.unwrap_or(self.addresses.link);
         let announcer = announce::Announcer {
             redis: self.redis.clone(),
             keys: self.keys.clone(),
             record: SuperproxyRecord {
-                id: gateway.id,
+                id: pipeline.id,
                 link_addr: advertise,
                 cert_sha256: self.identity.cert_sha256.clone(),
+                service_addrs: announce::service_addresses(&self.addresses, advertise),
             },
             interval: config.announce_interval(),
         };
-        gateway.pool.refresh().await;
-        let mut background = vec![
-            tokio::spawn(gateway.pool.clone().run(config.pool_refresh())),
+        let revoker = Arc::new(Revoker {
+            auth: pipeline.auth.clone(),
+            open_tunnels: pipeline.open_tunnels.clone(),
+        });
+        pool.refresh().await;
+        let usage_flusher = tokio::spawn(pipeline.usage.clone().run(config.usage_flush()));
+        let background = vec![
+            tokio::spawn(pool.clone().run(config.pool_refresh())),
             tokio::spawn(
                 link::listener::LinkListener {
                     listener: self.link,
                     acceptor: tokio_rustls::TlsAcceptor::from(self.identity.server_config.clone()),
-                    registry: gateway.registry.clone(),
+                    registry: admin_state.links.clone(),
                     redis: self.redis.clone(),
                     keys: self.keys.clone(),
                 }
@@ -343,17 +259,18 @@ impl Superproxy {
             tokio::spawn(events::run(
                 self.redis_client,
                 self.keys.events(),
-                gateway.clone(),
+                revoker.clone(),
+                pool.clone(),
             )),
-            tokio::spawn(admin::run(self.admin, gateway.clone())),
-            tokio::spawn(gateway.usage.clone().run(config.usage_flush())),
-            tokio::spawn(gateway.auth_failures.clone().run_housekeeping()),
-            tokio::spawn(gateway.admission.clone().run_renewals()),
+            tokio::spawn(admin::run(self.admin, admin_state.clone())),
+            tokio::spawn(pipeline.auth_limiter.clone().run_housekeeping()),
+            tokio::spawn(pipeline.admission.clone().run_renewals()),
+            tokio::spawn(revoker.run_sweep(config.revocation_sweep())),
             tokio::spawn(
                 probe::Prober {
-                    superproxy_id: gateway.id,
-                    registry: gateway.registry.clone(),
-                    health: gateway.pool.health().clone(),
+                    superproxy_id: pipeline.id,
+                    registry: admin_state.links.clone(),
+                    health: pool.health().clone(),
                     redis: self.redis.clone(),
                     keys: self.keys.clone(),
                 }
@@ -363,78 +280,49 @@ impl Superproxy {
         if let Err(e) = announcer.announce_once().await {
             tracing::warn!(error = %e, "first announcement failed; retrying in the background");
         }
-        background.push(tokio::spawn(announcer.clone().run()));
+        let announcing = tokio::spawn(announcer.clone().run());
 
-        // Every connection task holds a clone of `alive`; when all are gone the
-        // receiver sees the channel close, which is how shutdown waits for them.
-        let (alive, mut all_done) = mpsc::channel::<()>(1);
-        let permits = Arc::new(Semaphore::new(config.max_connections.max(1)));
-        tokio::pin!(shutdown);
-        loop {
-            let (accepted, socks_only) = tokio::select! {
-                () = &mut shutdown => break,
-                accepted = self.proxy.accept() => (accepted, false),
-                accepted = self.socks.accept() => (accepted, true),
-            };
-            let (stream, peer) = match accepted {
-                Ok(conn) => conn,
-                Err(e) => {
-                    // Usually EMFILE: back off instead of spinning.
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                    continue;
-                }
-            };
-            let Ok(permit) = permits.clone().try_acquire_owned() else {
-                tokio::spawn(refuse_over_limit(stream, socks_only));
-                continue;
-            };
-            let gateway = gateway.clone();
-            let alive = alive.clone();
-            tokio::spawn(async move {
-                if socks_only {
-                    ingress::socks5::serve_connection(gateway, stream, peer).await;
-                } else {
-                    ingress::serve_any(gateway, stream, peer).await;
-                }
-                drop(permit);
-                drop(alive);
-            });
-        }
-
-        tracing::info!("stopping: withdrawing announcement and draining connections");
-        gateway.draining.store(true, Ordering::Relaxed);
+        // Drain in the order that loses nothing (seed 000 §5.9): readiness
+        // red first while still serving, then close the listeners, then let
+        // open tunnels finish, then cut the rest, then flush usage.
+        let mut gate = Gate::new(config.max_connections);
+        let stop = {
+            let admin_state = admin_state.clone();
+            let delay = config.drain_delay();
+            async move {
+                shutdown.await;
+                admin_state.draining.store(true, Ordering::Relaxed);
+                tracing::info!(
+                    delay_ms = delay.as_millis() as u64,
+                    "draining: readiness is red; still serving"
+                );
+                tokio::time::sleep(delay).await;
+            }
+        };
+        accept::run(self.listeners, pipeline.clone(), &gate, stop).await;
+        tracing::info!(
+            open = gate.open(config.max_connections),
+            "listeners closed; waiting for open tunnels"
+        );
+        // Agents keep the links of a withdrawn superproxy open for their
+        // tunnels (they stop new streams with GOAWAY), so withdrawing now
+        // only stops new links.
+        announcing.abort();
         announcer.withdraw().await;
-        drop(alive);
-        if tokio::time::timeout(DRAIN_TIMEOUT, all_done.recv())
-            .await
-            .is_err()
-        {
-            tracing::warn!("drain timeout reached; closing remaining connections");
+        if !gate.wait_idle(config.drain_timeout()).await {
+            tracing::warn!(
+                open = gate.open(config.max_connections),
+                "drain timeout reached; cutting the remaining tunnels"
+            );
+            gate.cut_all();
+            let _ = gate.wait_idle(Duration::from_secs(5)).await;
         }
         for task in background {
             task.abort();
         }
-        // Bytes of tunnels that ended during the drain reach the ledger too.
-        gateway.usage.flush().await;
+        // Every tunnel has ended: its bytes reach the ledger (or the spill file).
+        usage_flusher.abort();
+        pipeline.usage.flush_for_shutdown().await;
+        tracing::info!("stopped");
     }
-}
-
-/// Answers a connection over the limit: an HTTP 503 with `Proxy-Status`
-/// (SOCKS clients, which speak first with 0x05, are simply closed).
-async fn refuse_over_limit(mut stream: tokio::net::TcpStream, socks_only: bool) {
-    if !socks_only {
-        let mut first = [0u8; 1];
-        let peeked = tokio::time::timeout(Duration::from_secs(1), stream.peek(&mut first)).await;
-        if matches!(peeked, Ok(Ok(1))) && first[0] != 0x05 {
-            let error = error::ProxyError::new(
-                error::ErrorKind::ConnectionLimit,
-                "too many connections; try again shortly",
-            );
-            let _ = stream
-                .write_all(&ingress::head_guard::error_response(&error))
-                .await;
-        }
-    }
-    let _ = stream.shutdown().await;
 }

@@ -1,10 +1,16 @@
 //! Per-client limits enforced before any expensive work.
 //!
-//! [`AuthFailureLimiter`]: a source address that keeps presenting wrong
-//! credentials is answered `429` with `Retry-After` — without an argon2
-//! verification — once it exceeds `auth_failures_per_minute`. This bounds both
-//! password guessing and the CPU an attacker can make us spend. IPv6 clients
-//! are limited per /64, the block a single host usually controls.
+//! [`AuthFailureLimiter`]: every password check that is not answered from the
+//! verification cache is charged to its source address (IPv4, or IPv6 per
+//! /64, the block one host usually controls) *when it starts*, at most
+//! `auth_failures_per_minute` per minute. An address over budget is answered
+//! `429` with `Retry-After` — without an argon2 verification — and blocked
+//! for a time that doubles with each further offence (1 minute, 2, 4, … up to
+//! an hour; forgotten after an hour of good behaviour). Charging at the start
+//! means 50 simultaneous wrong passwords are limited like 50 sequential ones,
+//! and a client that hangs up mid-check has still spent its attempt.
+//! Successful checks are cached for `auth_cache_ttl_secs`, so a client with a
+//! right password spends one attempt per credential per cache lifetime.
 
 use governor::clock::{Clock, DefaultClock};
 use governor::{DefaultKeyedRateLimiter, Quota};
@@ -16,10 +22,24 @@ use std::time::{Duration, Instant};
 
 use crate::error::{ErrorKind, ProxyError};
 
+/// The first block; each further offence doubles it.
+const FIRST_BLOCK: Duration = Duration::from_secs(60);
+/// The longest block.
+const MAX_BLOCK: Duration = Duration::from_secs(3600);
+/// Offences are forgotten after this long without one.
+const STRIKE_MEMORY: Duration = Duration::from_secs(3600);
+
 pub struct AuthFailureLimiter {
     limiter: DefaultKeyedRateLimiter<IpAddr>,
     clock: DefaultClock,
-    blocked: Mutex<HashMap<IpAddr, Instant>>,
+    blocks: Mutex<HashMap<IpAddr, Block>>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Block {
+    until: Instant,
+    strikes: u32,
+    last_strike: Instant,
 }
 
 /// The address a limit applies to: IPv4 as is, IPv6 by its /64.
@@ -36,55 +56,78 @@ fn limit_key(ip: IpAddr) -> IpAddr {
     }
 }
 
+fn refusal(until: Instant) -> ProxyError {
+    let secs = until
+        .saturating_duration_since(Instant::now())
+        .as_secs()
+        .max(1);
+    let mut e = ProxyError::new(
+        ErrorKind::TooManyRequests,
+        "too many failed authentications from this address",
+    );
+    e.retry_after = Some(u32::try_from(secs).unwrap_or(u32::MAX));
+    e
+}
+
 impl AuthFailureLimiter {
     pub fn new(failures_per_minute: u32) -> Self {
         let per_minute = NonZeroU32::new(failures_per_minute.max(1)).unwrap_or(NonZeroU32::MIN);
         Self {
             limiter: DefaultKeyedRateLimiter::keyed(Quota::per_minute(per_minute)),
             clock: DefaultClock::default(),
-            blocked: Mutex::new(HashMap::new()),
+            blocks: Mutex::new(HashMap::new()),
         }
     }
 
-    /// Refuses a client that is over its failure budget.
+    /// Refuses a client that is blocked.
     pub fn check(&self, ip: IpAddr) -> Result<(), ProxyError> {
         let key = limit_key(ip);
-        let until = self.blocked.lock().ok().and_then(|b| b.get(&key).copied());
-        match until {
-            Some(until) if until > Instant::now() => {
-                let secs = until
-                    .saturating_duration_since(Instant::now())
-                    .as_secs()
-                    .max(1);
-                let mut e = ProxyError::new(
-                    ErrorKind::TooManyRequests,
-                    "too many failed authentications from this address",
-                );
-                e.retry_after = Some(u32::try_from(secs).unwrap_or(u32::MAX));
-                Err(e)
-            }
+        let block = self.blocks.lock().ok().and_then(|b| b.get(&key).copied());
+        match block {
+            Some(block) if block.until > Instant::now() => Err(refusal(block.until)),
             _ => Ok(()),
         }
     }
 
-    /// Counts a failed authentication; over budget, the address is blocked
-    /// until the budget refills.
-    pub fn record_failure(&self, ip: IpAddr) {
+    /// Charges one attempt (a password check about to run, or a malformed
+    /// login); over budget, the address is blocked and the attempt refused.
+    pub fn charge(&self, ip: IpAddr) -> Result<(), ProxyError> {
+        self.check(ip)?;
         let key = limit_key(ip);
-        if let Err(not_until) = self.limiter.check_key(&key) {
-            let wait = not_until.wait_time_from(self.clock.now());
-            if let Ok(mut blocked) = self.blocked.lock() {
-                blocked.insert(key, Instant::now() + wait);
-            }
-        }
+        let Err(not_until) = self.limiter.check_key(&key) else {
+            return Ok(());
+        };
+        let refill = not_until.wait_time_from(self.clock.now());
+        let now = Instant::now();
+        let Ok(mut blocks) = self.blocks.lock() else {
+            return Err(refusal(now + refill));
+        };
+        let previous = blocks
+            .get(&key)
+            .filter(|b| now.duration_since(b.last_strike) < STRIKE_MEMORY);
+        let strikes = previous.map_or(1, |b| b.strikes.saturating_add(1));
+        let growing = FIRST_BLOCK
+            .saturating_mul(1u32 << (strikes - 1).min(6))
+            .min(MAX_BLOCK);
+        let until = now + growing.max(refill);
+        blocks.insert(
+            key,
+            Block {
+                until,
+                strikes,
+                last_strike: now,
+            },
+        );
+        Err(refusal(until))
     }
 
     /// Drops state of addresses that are quiet again (bounded memory).
     pub fn housekeeping(&self) {
         self.limiter.retain_recent();
         let now = Instant::now();
-        if let Ok(mut blocked) = self.blocked.lock() {
-            blocked.retain(|_, until| *until > now);
+        if let Ok(mut blocks) = self.blocks.lock() {
+            blocks
+                .retain(|_, b| b.until > now || now.duration_since(b.last_strike) < STRIKE_MEMORY);
         }
     }
 
@@ -102,20 +145,33 @@ mod tests {
     use super::*;
 
     #[test]
-    fn failures_over_budget_block_the_address_only() {
+    fn attempts_over_budget_block_the_address_only() {
         let limiter = AuthFailureLimiter::new(3);
         let bad: IpAddr = "198.51.100.7".parse().unwrap();
         let good: IpAddr = "198.51.100.8".parse().unwrap();
         for _ in 0..3 {
-            assert!(limiter.check(bad).is_ok());
-            limiter.record_failure(bad);
+            assert!(limiter.charge(bad).is_ok());
         }
-        assert!(limiter.check(bad).is_ok(), "the budget is three failures");
-        limiter.record_failure(bad);
-        let refused = limiter.check(bad).unwrap_err();
+        assert!(limiter.check(bad).is_ok(), "the budget is three attempts");
+        let refused = limiter.charge(bad).unwrap_err();
         assert_eq!(refused.kind, ErrorKind::TooManyRequests);
-        assert!(refused.retry_after.unwrap() >= 1);
+        assert!(refused.retry_after.unwrap() >= 59, "{refused:?}");
+        assert!(limiter.check(bad).is_err());
         assert!(limiter.check(good).is_ok());
+    }
+
+    #[test]
+    fn blocks_grow_with_each_offence() {
+        let limiter = AuthFailureLimiter::new(1);
+        let bad: IpAddr = "198.51.100.9".parse().unwrap();
+        assert!(limiter.charge(bad).is_ok());
+        let first = limiter.charge(bad).unwrap_err().retry_after.unwrap();
+        // Pretend the block ran out: the next offence doubles it.
+        if let Ok(mut blocks) = limiter.blocks.lock() {
+            blocks.get_mut(&bad).unwrap().until = Instant::now();
+        }
+        let second = limiter.charge(bad).unwrap_err().retry_after.unwrap();
+        assert!(second >= 2 * first - 1, "{first} then {second}");
     }
 
     #[test]

@@ -1,12 +1,13 @@
 //! The pool of exits this superproxy can route through, and the choice among them.
 //!
 //! An exit is eligible when its agent heartbeats (Redis live set), it is neither
-//! draining nor disabled, and it has a link to this superproxy. The view is
+//! draining (its agent said so, or an operator) nor disabled, and it has a
+//! link to this superproxy. The view is
 //! rebuilt on a timer and whenever a link comes or goes, and published as an
 //! immutable snapshot, so picking an exit takes no lock beyond one `Arc` clone.
 //! When Redis is unreachable the last known view stays in use (degraded).
 
-use proxynet_protocol::store::{ExitRecord, Keys, LIVE_MEMBERS_SCRIPT};
+use proxynet_protocol::store::{ExitRecord, Keys, LIVE_AND_DRAINING_SCRIPT};
 use rand::Rng;
 use redis::aio::ConnectionManager;
 use std::collections::{HashMap, HashSet};
@@ -61,6 +62,8 @@ pub struct Pool {
 #[derive(Default)]
 struct Known {
     live: HashSet<Uuid>,
+    /// Exits whose agent announced it is draining.
+    agent_draining: HashSet<Uuid>,
     records: HashMap<Uuid, Arc<ExitRecord>>,
     last_success: Option<Instant>,
     degraded: bool,
@@ -217,9 +220,10 @@ impl Pool {
     /// Re-reads liveness and records from Redis, then rebuilds the view.
     pub async fn refresh(&self) {
         match self.fetch().await {
-            Ok((live, records)) => {
+            Ok((live, agent_draining, records)) => {
                 if let Ok(mut known) = self.known.write() {
                     known.live = live;
+                    known.agent_draining = agent_draining;
                     known.records = records;
                     known.last_success = Some(Instant::now());
                     known.degraded = false;
@@ -236,15 +240,21 @@ impl Pool {
         }
     }
 
+    #[allow(clippy::type_complexity)]
     async fn fetch(
         &self,
-    ) -> Result<(HashSet<Uuid>, HashMap<Uuid, Arc<ExitRecord>>), redis::RedisError> {
+    ) -> Result<(HashSet<Uuid>, HashSet<Uuid>, HashMap<Uuid, Arc<ExitRecord>>), redis::RedisError>
+    {
         let mut redis = self.redis.clone();
-        let ids: Vec<String> = redis::Script::new(LIVE_MEMBERS_SCRIPT)
-            .key(self.keys.exits_live())
-            .invoke_async(&mut redis)
-            .await?;
+        let (ids, draining): (Vec<String>, Vec<String>) =
+            redis::Script::new(LIVE_AND_DRAINING_SCRIPT)
+                .key(self.keys.exits_live())
+                .key(self.keys.exits_draining())
+                .invoke_async(&mut redis)
+                .await?;
         let live: HashSet<Uuid> = ids.iter().filter_map(|s| s.parse().ok()).collect();
+        let agent_draining: HashSet<Uuid> =
+            draining.iter().filter_map(|s| s.parse().ok()).collect();
         let mut records = HashMap::with_capacity(live.len());
         let ids: Vec<Uuid> = live.iter().copied().collect();
         for chunk in ids.chunks(1000) {
@@ -259,7 +269,7 @@ impl Pool {
                 }
             }
         }
-        Ok((live, records))
+        Ok((live, agent_draining, records))
     }
 
     fn rebuild(&self) {
@@ -272,11 +282,14 @@ impl Pool {
                     .filter_map(|id| {
                         let record = known.records.get(id)?;
                         let link = links.get(id)?;
-                        (!record.draining && !record.disabled && !record.egress_ips.is_empty())
-                            .then(|| Candidate {
-                                record: record.clone(),
-                                link: link.clone(),
-                            })
+                        (!record.draining
+                            && !known.agent_draining.contains(id)
+                            && !record.disabled
+                            && !record.egress_ips.is_empty())
+                        .then(|| Candidate {
+                            record: record.clone(),
+                            link: link.clone(),
+                        })
                     })
                     .collect();
                 (eligible, known.live.len(), known.degraded)

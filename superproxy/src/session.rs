@@ -1,4 +1,5 @@
-//! Sticky sessions: the (user, session) → exit pin, shared by every superproxy.
+//! Sticky sessions: the (user, session) → (exit, egress IP) pin, shared by
+//! every superproxy. The value is `EXIT_ID` or `EXIT_ID EGRESS_IP`.
 //!
 //! A pin lives in Redis with the session's TTL, set with compare-and-set so
 //! two superproxies choosing at once agree on one exit: whoever loses the race
@@ -9,6 +10,7 @@
 use proxynet_protocol::store::Keys;
 use redis::aio::ConnectionManager;
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use uuid::Uuid;
@@ -38,7 +40,19 @@ const MAX_LOCAL_PINS: usize = 100_000;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Pin {
     pub exit: Uuid,
+    /// The egress IP the session leaves from (absent in pins written before
+    /// sessions kept their IP; the next tunnel records one).
+    pub egress_ip: Option<IpAddr>,
     pub expires: Instant,
+}
+
+impl Pin {
+    fn value(exit: Uuid, egress_ip: Option<IpAddr>) -> String {
+        match egress_ip {
+            Some(ip) => format!("{exit} {ip}"),
+            None => exit.to_string(),
+        }
+    }
 }
 
 impl Pin {
@@ -87,22 +101,36 @@ impl Sessions {
         }
     }
 
-    /// Pins `exit` if the pin is still `expected`; returns the pin in force.
+    /// Pins `exit` (and `egress_ip`) if the pin is still `expected`; returns
+    /// the pin in force. Re-pinning keeps the expected pin's expiry: the
+    /// session's lifetime is fixed when it starts.
     pub async fn set(
         &self,
         user: Uuid,
         session: &str,
-        expected: Option<Uuid>,
+        expected: Option<Pin>,
         exit: Uuid,
+        egress_ip: Option<IpAddr>,
         ttl: Duration,
     ) -> Pin {
+        let ttl = match expected {
+            Some(p) if p.exit == exit => p
+                .expires
+                .saturating_duration_since(Instant::now())
+                .max(Duration::from_millis(1)),
+            _ => ttl,
+        };
         let key = self.keys.session(user, session);
         let mut redis = self.redis.clone();
         let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1);
         let answer: Result<(String, i64), _> = redis::Script::new(SET_PIN)
             .key(&key)
-            .arg(expected.map(|e| e.to_string()).unwrap_or_default())
-            .arg(exit.to_string())
+            .arg(
+                expected
+                    .map(|p| Pin::value(p.exit, p.egress_ip))
+                    .unwrap_or_default(),
+            )
+            .arg(Pin::value(exit, egress_ip))
             .arg(ttl_ms)
             .invoke_async(&mut redis)
             .await;
@@ -115,6 +143,7 @@ impl Sessions {
         }
         .unwrap_or(Pin {
             exit,
+            egress_ip,
             expires: Instant::now() + ttl,
         });
         self.remember(&key, Some(pin));
@@ -151,11 +180,16 @@ impl Sessions {
     }
 }
 
-fn to_pin(exit: &str, pttl_ms: i64) -> Option<Pin> {
+fn to_pin(value: &str, pttl_ms: i64) -> Option<Pin> {
+    let (exit, egress_ip) = match value.split_once(' ') {
+        Some((exit, ip)) => (exit, ip.parse().ok()),
+        None => (value, None),
+    };
     let exit = exit.parse().ok()?;
     let left = Duration::from_millis(u64::try_from(pttl_ms).ok().filter(|t| *t > 0)?);
     Some(Pin {
         exit,
+        egress_ip,
         expires: Instant::now() + left,
     })
 }

@@ -51,6 +51,39 @@ impl Target {
         Self::new(&host, port)
     }
 
+    /// Parses an absolute-form URL's authority (`host`, `host:port`, `[v6]`,
+    /// `[v6]:port`). Only a port that is absent takes `default_port`: an empty,
+    /// zero, non-numeric or out-of-range one is an error, never a default —
+    /// the client must get the target it asked for or none.
+    pub fn parse_url_authority(authority: &str, default_port: u16) -> Result<Self, TargetError> {
+        if authority.contains('@') {
+            return Err(TargetError::BadHost);
+        }
+        let (host, port) = if let Some(rest) = authority.strip_prefix('[') {
+            let (h, p) = rest.split_once(']').ok_or(TargetError::BadHost)?;
+            let port = match p {
+                "" => None,
+                p => Some(p.strip_prefix(':').ok_or(TargetError::BadHost)?),
+            };
+            (format!("[{h}]"), port)
+        } else {
+            match authority.rsplit_once(':') {
+                Some((h, p)) => {
+                    if h.contains(':') {
+                        return Err(TargetError::BadHost);
+                    }
+                    (h.to_owned(), Some(p))
+                }
+                None => (authority.to_owned(), None),
+            }
+        };
+        let port = match port {
+            Some(p) => parse_port(p)?,
+            None => default_port,
+        };
+        Self::new(&host, port)
+    }
+
     pub fn new(host: &str, port: u16) -> Result<Self, TargetError> {
         if port == 0 {
             return Err(TargetError::BadPort);
@@ -160,6 +193,31 @@ mod tests {
         );
         assert_eq!(Target::parse_authority("::1:80"), Err(TargetError::BadHost));
         assert_eq!(Target::parse_authority(":80"), Err(TargetError::BadHost));
+    }
+
+    #[test]
+    fn url_authorities_default_only_an_absent_port() {
+        let t = |a: &str| Target::parse_url_authority(a, 80);
+        assert_eq!(t("example.com").unwrap().authority(), "example.com:80");
+        assert_eq!(
+            t("example.com:8080").unwrap().authority(),
+            "example.com:8080"
+        );
+        assert_eq!(t("[::1]").unwrap().authority(), "[::1]:80");
+        assert_eq!(t("[::1]:81").unwrap().authority(), "[::1]:81");
+        for bad in [
+            "127.0.0.1:99999",
+            "127.0.0.1:65536",
+            "127.0.0.1:0",
+            "127.0.0.1:",
+            "127.0.0.1:8o",
+            "[::1]:",
+            "[::1]x",
+            "[::1]:70000",
+            "u@h:80",
+        ] {
+            assert!(t(bad).is_err(), "{bad}");
+        }
     }
 }
 

@@ -1,5 +1,6 @@
-//! Opening a tunnel: early egress check, exit choice (rotating or sticky,
-//! filtered by targeting), dial, safe retry.
+//! Opening a tunnel: exit choice (rotating or sticky, filtered by targeting),
+//! egress IP choice (the target's family; a session keeps its IP), dial,
+//! safe retry within a retry budget.
 //!
 //! The connect budget covers every attempt. An attempt that provably did not
 //! reach the target (link not ready, stream refused, exit draining or full) is
@@ -10,7 +11,8 @@
 
 use hyper::upgrade::Upgraded;
 use proxynet_protocol::egress::EgressPolicy;
-use std::sync::Arc;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::time::Instant;
 use uuid::Uuid;
@@ -18,17 +20,20 @@ use uuid::Uuid;
 use crate::error::{ErrorKind, ProxyError};
 use crate::health::InFlight;
 use crate::link::dial;
+use crate::pipeline::Client;
 use crate::pool::{matches, Candidate, Pool};
 use crate::session::{Pin, Sessions};
-use crate::target::Target;
-use crate::username::{ParsedUsername, SessionMode};
+use crate::target::{Host, Target};
+use crate::username::SessionMode;
 
 /// Exits tried for one tunnel before giving up.
 pub const MAX_ATTEMPTS: usize = 3;
 
-pub struct OpenTunnel {
+/// A tunnel stream the exit answered `connected` on.
+pub struct Opened {
     pub io: Upgraded,
-    pub exit: Candidate,
+    pub exit_id: Uuid,
+    pub egress_ip: IpAddr,
     /// Set for sticky sessions.
     pub pin: Option<Pin>,
     /// Counts this tunnel against its exit's load until dropped: keep it for
@@ -36,12 +41,39 @@ pub struct OpenTunnel {
     pub in_flight: InFlight,
 }
 
-/// Who is asking: the authenticated user and what their username asked for.
-pub struct Client {
-    pub user_id: Uuid,
-    pub account_id: Uuid,
-    pub limits: crate::admission::UserLimits,
-    pub request: ParsedUsername,
+/// Retries may add at most `ratio` of first attempts (plus a small burst), so
+/// an outage that makes every exit refuse cannot triple the load it sees.
+pub struct RetryBudget {
+    ratio: f64,
+    burst: f64,
+    tokens: Mutex<f64>,
+}
+
+impl RetryBudget {
+    pub fn new(percent: u32) -> Self {
+        let burst = 10.0;
+        Self {
+            ratio: f64::from(percent.min(100)) / 100.0,
+            burst,
+            tokens: Mutex::new(burst),
+        }
+    }
+
+    fn deposit(&self) {
+        if let Ok(mut t) = self.tokens.lock() {
+            *t = (*t + self.ratio).min(self.burst.max(1.0));
+        }
+    }
+
+    fn withdraw(&self) -> bool {
+        match self.tokens.lock() {
+            Ok(mut t) if *t >= 1.0 => {
+                *t -= 1.0;
+                true
+            }
+            _ => false,
+        }
+    }
 }
 
 pub struct TunnelOpener {
@@ -49,6 +81,35 @@ pub struct TunnelOpener {
     pub sessions: Sessions,
     pub policy: EgressPolicy,
     pub connect_budget: Duration,
+    pub retry_budget: RetryBudget,
+}
+
+/// An egress IP of `candidate` that can reach `target`: of the target's
+/// family for IP literals, IPv4 first for names (the agent resolves them and
+/// dials the family of the egress IP). `preferred` (a session's pinned IP)
+/// wins when it still fits.
+pub fn egress_ip_for(
+    candidate: &Candidate,
+    target: &Target,
+    preferred: Option<IpAddr>,
+) -> Option<IpAddr> {
+    use rand::Rng;
+    let ips = &candidate.record.egress_ips;
+    let fits = |ip: &IpAddr| match &target.host {
+        Host::Ip(t) => t.is_ipv4() == ip.is_ipv4(),
+        Host::Name(_) => true,
+    };
+    if let Some(p) = preferred.filter(|p| ips.contains(p) && fits(p)) {
+        return Some(p);
+    }
+    let mut usable: Vec<IpAddr> = ips.iter().copied().filter(fits).collect();
+    if matches!(target.host, Host::Name(_)) && usable.iter().any(IpAddr::is_ipv4) {
+        usable.retain(IpAddr::is_ipv4);
+    }
+    if usable.is_empty() {
+        return None;
+    }
+    Some(usable[rand::thread_rng().gen_range(0..usable.len())])
 }
 
 impl TunnelOpener {
@@ -65,17 +126,22 @@ impl TunnelOpener {
         }
     }
 
-    pub async fn open(&self, target: &Target, client: &Client) -> Result<OpenTunnel, ProxyError> {
-        self.check_literal(target)?;
+    pub async fn open(&self, target: &Target, client: &Client) -> Result<Opened, ProxyError> {
         let deadline = Instant::now() + self.connect_budget;
         let targeting = &client.request.targeting;
         let mut tried: Vec<Uuid> = Vec::with_capacity(MAX_ATTEMPTS);
         let mut last_error = None;
+        let mut no_family = false;
         let mut pin = match &client.request.session {
             Some(s) => self.sessions.get(client.user_id, &s.id).await,
             None => None,
         };
+        self.retry_budget.deposit();
         while tried.len() < MAX_ATTEMPTS {
+            if last_error.is_some() && !self.retry_budget.withdraw() {
+                tracing::debug!("retry budget spent; not retrying on another exit");
+                break;
+            }
             let exit = match (&client.request.session, pin) {
                 (None, _) => self.pool.pick(&tried, targeting),
                 (Some(session), Some(current)) => {
@@ -91,34 +157,41 @@ impl TunnelOpener {
                                 "the session's exit is no longer available (sessmode=hard)",
                             ))
                         }
-                        (None, SessionMode::Soft) => {
-                            let replacement = self.pool.pick(&tried, targeting);
-                            match replacement {
-                                Some(c) => {
-                                    let new_pin = self
-                                        .sessions
-                                        .set(
-                                            client.user_id,
-                                            &session.id,
-                                            Some(current.exit),
-                                            c.record.id,
-                                            session.ttl,
-                                        )
-                                        .await;
-                                    pin = Some(new_pin);
-                                    // Another superproxy may have re-pinned first: follow it.
-                                    self.pool.eligible(&new_pin.exit).or(Some(c))
-                                }
-                                None => None,
+                        (None, SessionMode::Soft) => match self.pool.pick(&tried, targeting) {
+                            Some(c) => {
+                                let ip = egress_ip_for(&c, target, None);
+                                let new_pin = self
+                                    .sessions
+                                    .set(
+                                        client.user_id,
+                                        &session.id,
+                                        Some(current),
+                                        c.record.id,
+                                        ip,
+                                        session.ttl,
+                                    )
+                                    .await;
+                                pin = Some(new_pin);
+                                // Another superproxy may have re-pinned first: follow it.
+                                self.pool.eligible(&new_pin.exit).or(Some(c))
                             }
-                        }
+                            None => None,
+                        },
                     }
                 }
                 (Some(session), None) => match self.pool.pick(&tried, targeting) {
                     Some(c) => {
+                        let ip = egress_ip_for(&c, target, None);
                         let new_pin = self
                             .sessions
-                            .set(client.user_id, &session.id, None, c.record.id, session.ttl)
+                            .set(
+                                client.user_id,
+                                &session.id,
+                                None,
+                                c.record.id,
+                                ip,
+                                session.ttl,
+                            )
                             .await;
                         pin = Some(new_pin);
                         self.pool.eligible(&new_pin.exit).or(Some(c))
@@ -135,9 +208,30 @@ impl TunnelOpener {
                     "connect budget exhausted",
                 ));
             }
-            let Some(egress_ip) = exit.egress_ip() else {
+            let preferred = pin
+                .filter(|p| p.exit == exit.record.id)
+                .and_then(|p| p.egress_ip);
+            let Some(egress_ip) = egress_ip_for(&exit, target, preferred) else {
+                no_family = true;
                 continue;
             };
+            // A session keeps its egress IP too: record the one now in use.
+            if let (Some(session), Some(current)) = (&client.request.session, pin) {
+                if current.exit == exit.record.id && current.egress_ip != Some(egress_ip) {
+                    pin = Some(
+                        self.sessions
+                            .set(
+                                client.user_id,
+                                &session.id,
+                                Some(current),
+                                exit.record.id,
+                                Some(egress_ip),
+                                session.ttl,
+                            )
+                            .await,
+                    );
+                }
+            }
             let started = std::time::Instant::now();
             let result = dial::open_tunnel(&exit.link, target, egress_ip, remaining).await;
             let health = self.pool.health();
@@ -155,9 +249,10 @@ impl TunnelOpener {
             match result {
                 Ok(io) => {
                     let in_flight = health.start_tunnel(exit.record.id);
-                    return Ok(OpenTunnel {
+                    return Ok(Opened {
                         io,
-                        exit,
+                        exit_id: exit.record.id,
+                        egress_ip,
                         pin,
                         in_flight,
                     });
@@ -170,6 +265,12 @@ impl TunnelOpener {
             }
         }
         Err(last_error.unwrap_or_else(|| {
+            if no_family {
+                return ProxyError::new(
+                    ErrorKind::DestinationUnreachable,
+                    "no eligible exit has an egress address of the target's IP family",
+                );
+            }
             let detail = if targeting.is_empty() {
                 "no exit is available right now".to_owned()
             } else {

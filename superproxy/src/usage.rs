@@ -10,13 +10,24 @@
 //! (account, user, exit, minute) and appends one batch with a fresh id to the
 //! Redis usage stream; meters of finished tunnels are flushed one last time and
 //! dropped. If Redis is unreachable the batch is kept and retried (the same
-//! batch id, so the ledger cannot count it twice). A clean shutdown flushes;
-//! `kill -9` loses at most one flush interval.
+//! batch id, so the ledger cannot count it twice); beyond
+//! `MAX_PENDING_BATCHES` in memory, batches go to an append-only spill file
+//! (`usage_spill_dir`) and are replayed, oldest first, when Redis answers
+//! again — also by the next superproxy started on the same directory.
+//!
+//! Each batch also advances the shared quota counters of its users. That
+//! update is idempotent too: every batch carries this instance's sequence
+//! number, and a counter moves only for a sequence number above the last one
+//! it applied from this instance, so a batch re-sent after a lost reply never
+//! counts twice. A clean shutdown flushes (or spills); `kill -9` loses at
+//! most one flush interval.
 
 use proxynet_protocol::store::{Keys, QuotaPeriod, UsageBatch, UsageRow};
 use redis::aio::ConnectionManager;
+use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::io;
+use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -25,8 +36,24 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use uuid::Uuid;
 
-/// Most unsent batches kept while Redis is away (about 5 minutes of flushes).
+/// Most unsent batches kept in memory while Redis is away (about 5 minutes
+/// of flushes); older ones go to the spill file.
 const MAX_PENDING_BATCHES: usize = 300;
+
+/// `KEYS[1]` quota counter, `KEYS[2]` its applied-sequence hash; `ARGV[1]`
+/// bytes, `ARGV[2]` expiry (Unix s), `ARGV[3]` superproxy id, `ARGV[4]` batch
+/// sequence. Adds the bytes once per (superproxy, sequence); returns the total.
+const ADD_ONCE_SCRIPT: &str = r"
+local last = tonumber(redis.call('HGET', KEYS[2], ARGV[3]) or '0')
+if tonumber(ARGV[4]) > last then
+  redis.call('HSET', KEYS[2], ARGV[3], ARGV[4])
+  redis.call('EXPIREAT', KEYS[2], ARGV[2])
+  local total = redis.call('INCRBY', KEYS[1], ARGV[1])
+  redis.call('EXPIREAT', KEYS[1], ARGV[2])
+  return total
+end
+return tonumber(redis.call('GET', KEYS[1]) or '0')
+";
 
 /// Counters of one tunnel (or one forwarded request's upstream connection).
 #[derive(Debug)]
@@ -143,11 +170,24 @@ struct Tracked {
     sent_down: u64,
 }
 
-/// A batch and the quota counters it advances, sent together atomically.
+/// One user's share of a batch, for their quota counter.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct QuotaDelta {
+    user: Uuid,
+    counter: String,
+    bytes: u64,
+    limit: u64,
+    /// Counter expiry, Unix seconds.
+    expire_at: i64,
+}
+
+/// A batch, the quota counters it advances and its place in this instance's
+/// sequence; also the line format of the spill file.
+#[derive(Debug, Clone, Serialize, Deserialize)]
 struct Pending {
     batch: UsageBatch,
-    /// (user, counter key, bytes, quota, counter expiry as Unix seconds)
-    quota: Vec<(Uuid, String, u64, u64, i64)>,
+    seq: u64,
+    quota: Vec<QuotaDelta>,
 }
 
 pub struct UsageRecorder {
@@ -156,18 +196,27 @@ pub struct UsageRecorder {
     keys: Keys,
     meters: Mutex<Vec<Tracked>>,
     pending: tokio::sync::Mutex<Vec<Pending>>,
+    next_seq: AtomicU64,
+    spill: Option<Spill>,
     /// Per-user byte budgets of users with quotas and tunnels here.
     budgets: Mutex<HashMap<Uuid, Arc<AtomicI64>>>,
 }
 
 impl UsageRecorder {
-    pub fn new(superproxy_id: Uuid, redis: ConnectionManager, keys: Keys) -> Self {
+    pub fn new(
+        superproxy_id: Uuid,
+        redis: ConnectionManager,
+        keys: Keys,
+        spill_dir: Option<PathBuf>,
+    ) -> Self {
         Self {
             superproxy_id,
             redis,
             keys,
             meters: Mutex::new(Vec::new()),
             pending: tokio::sync::Mutex::new(Vec::new()),
+            next_seq: AtomicU64::new(1),
+            spill: spill_dir.map(|dir| Spill { dir }),
             budgets: Mutex::new(HashMap::new()),
         }
     }
@@ -279,9 +328,16 @@ impl UsageRecorder {
                 superproxy_id: self.superproxy_id,
                 rows,
             },
+            seq: self.next_seq.fetch_add(1, Ordering::Relaxed),
             quota: quota
                 .into_iter()
-                .map(|((user, key), (bytes, limit, end))| (user, key, bytes, limit, end))
+                .map(|((user, counter), (bytes, limit, end))| QuotaDelta {
+                    user,
+                    counter,
+                    bytes,
+                    limit,
+                    expire_at: end + 7 * 86_400,
+                })
                 .collect(),
         })
     }
@@ -295,47 +351,67 @@ impl UsageRecorder {
         }
     }
 
-    /// Collects and sends everything not yet in the stream.
+    /// Sends one batch: the stream entry, then each user's quota counter
+    /// (both idempotent, so a retry after a lost reply counts nothing twice).
+    async fn send(&self, next: &Pending) -> Result<(), redis::RedisError> {
+        let json = serde_json::to_string(&next.batch).map_err(|e| {
+            redis::RedisError::from((redis::ErrorKind::Client, "encoding", e.to_string()))
+        })?;
+        let mut pipe = redis::pipe();
+        pipe.cmd("XADD")
+            .arg(self.keys.usage_stream())
+            .arg("*")
+            .arg("batch")
+            .arg(json)
+            .ignore();
+        for delta in &next.quota {
+            pipe.cmd("EVAL")
+                .arg(ADD_ONCE_SCRIPT)
+                .arg(2)
+                .arg(&delta.counter)
+                .arg(format!("{}:applied", delta.counter))
+                .arg(delta.bytes)
+                .arg(delta.expire_at)
+                .arg(next.batch.superproxy_id.to_string())
+                .arg(next.seq);
+        }
+        let mut redis = self.redis.clone();
+        let totals: Vec<u64> = pipe.query_async(&mut redis).await?;
+        for (delta, total) in next.quota.iter().zip(totals) {
+            // The shared counter is the truth: it includes other instances.
+            if let Some(budget) = self
+                .budgets
+                .lock()
+                .ok()
+                .and_then(|b| b.get(&delta.user).cloned())
+            {
+                budget.store(delta.limit as i64 - total as i64, Ordering::Relaxed);
+            }
+            if total >= delta.limit {
+                tracing::info!(user = %delta.user, total, limit = delta.limit, "bandwidth quota exhausted; cutting the user's tunnels");
+                self.cut_user(delta.user);
+            }
+        }
+        Ok(())
+    }
+
+    /// Collects and sends everything not yet in the stream: spilled batches
+    /// first (they are older), then those in memory.
     pub async fn flush(&self) {
         let mut pending = self.pending.lock().await;
         if let Some(batch) = self.collect() {
             pending.push(batch);
         }
-        while let Some(next) = pending.first() {
-            let Ok(json) = serde_json::to_string(&next.batch) else {
-                pending.remove(0);
-                continue;
-            };
-            // The batch and the quota counters it advances go in one MULTI, so
-            // a retried batch never advances a counter twice.
-            let mut pipe = redis::pipe();
-            pipe.atomic();
-            pipe.cmd("XADD")
-                .arg(self.keys.usage_stream())
-                .arg("*")
-                .arg("batch")
-                .arg(json)
-                .ignore();
-            for (_, key, bytes, _, end) in &next.quota {
-                pipe.incr(key, *bytes);
-                pipe.expire_at(key, end + 7 * 86_400).ignore();
+        if let Some(spill) = &self.spill {
+            if let Err(e) = self.replay(spill).await {
+                tracing::warn!(error = %e, "replaying spilled usage failed; keeping it for the next try");
+                self.spill_overflow(&mut pending).await;
+                return;
             }
-            let mut redis = self.redis.clone();
-            let sent: Result<Vec<u64>, _> = pipe.query_async(&mut redis).await;
-            match sent {
-                Ok(totals) => {
-                    for ((user, _, _, limit, _), total) in next.quota.iter().zip(totals) {
-                        // The shared counter is the truth: it includes other instances.
-                        if let Some(budget) =
-                            self.budgets.lock().ok().and_then(|b| b.get(user).cloned())
-                        {
-                            budget.store(*limit as i64 - total as i64, Ordering::Relaxed);
-                        }
-                        if total >= *limit {
-                            tracing::info!(user = %user, total, limit, "bandwidth quota exhausted; cutting the user's tunnels");
-                            self.cut_user(*user);
-                        }
-                    }
+        }
+        while let Some(next) = pending.first() {
+            match self.send(next).await {
+                Ok(()) => {
                     pending.remove(0);
                 }
                 Err(e) => {
@@ -356,11 +432,74 @@ impl UsageRecorder {
                 budgets.retain(|user, _| active.contains(user));
             }
         }
-        if pending.len() > MAX_PENDING_BATCHES {
-            let dropped = pending.len() - MAX_PENDING_BATCHES;
-            pending.drain(..dropped);
-            tracing::error!(dropped, "usage batches dropped after a long Redis outage");
+        self.spill_overflow(&mut pending).await;
+    }
+
+    /// Moves batches beyond the in-memory bound to the spill file (or, with
+    /// no spill directory, drops them with an error).
+    async fn spill_overflow(&self, pending: &mut Vec<Pending>) {
+        if pending.len() <= MAX_PENDING_BATCHES {
+            return;
         }
+        let overflow: Vec<Pending> = pending
+            .drain(..pending.len() - MAX_PENDING_BATCHES)
+            .collect();
+        self.spill_or_drop(overflow).await;
+    }
+
+    async fn spill_or_drop(&self, batches: Vec<Pending>) {
+        if batches.is_empty() {
+            return;
+        }
+        match &self.spill {
+            Some(spill) => match spill.append(self.superproxy_id, &batches).await {
+                Ok(()) => tracing::warn!(batches = batches.len(), dir = %spill.dir.display(), "usage spilled to disk until Redis returns"),
+                Err(e) => tracing::error!(error = %e, dropped = batches.len(), "usage batches lost: cannot write the spill file"),
+            },
+            None => tracing::error!(
+                dropped = batches.len(),
+                "usage batches dropped after a long Redis outage (set --usage-spill-dir to keep them)"
+            ),
+        }
+    }
+
+    /// Sends every spilled batch, file by file, deleting a file once all of
+    /// its batches are in. Re-sending a batch after a crash is harmless.
+    async fn replay(&self, spill: &Spill) -> Result<(), String> {
+        for file in spill.files().await.map_err(|e| e.to_string())? {
+            let text = tokio::fs::read_to_string(&file)
+                .await
+                .map_err(|e| format!("{}: {e}", file.display()))?;
+            let mut sent = 0usize;
+            for line in text.lines().filter(|l| !l.trim().is_empty()) {
+                let Ok(batch) = serde_json::from_str::<Pending>(line) else {
+                    tracing::error!(file = %file.display(), "skipping an unreadable spilled usage line");
+                    continue;
+                };
+                self.send(&batch).await.map_err(|e| e.to_string())?;
+                sent += 1;
+            }
+            tokio::fs::remove_file(&file)
+                .await
+                .map_err(|e| format!("{}: {e}", file.display()))?;
+            tracing::info!(file = %file.display(), batches = sent, "spilled usage replayed");
+        }
+        Ok(())
+    }
+
+    /// The last flush of a stopping instance: everything in memory reaches
+    /// Redis, or the spill file if Redis does not answer within a few tries.
+    pub async fn flush_for_shutdown(&self) {
+        for _ in 0..5 {
+            self.flush().await;
+            if self.pending.lock().await.is_empty() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        let mut pending = self.pending.lock().await;
+        let left = std::mem::take(&mut *pending);
+        self.spill_or_drop(left).await;
     }
 
     pub async fn run(self: Arc<Self>, every: Duration) {
@@ -370,6 +509,49 @@ impl UsageRecorder {
             tick.tick().await;
             self.flush().await;
         }
+    }
+}
+
+/// The spill directory: one append-only JSON-lines file per superproxy
+/// instance (`usage-<id>.jsonl`), each line a [`Pending`] batch.
+struct Spill {
+    dir: PathBuf,
+}
+
+impl Spill {
+    async fn append(&self, superproxy: Uuid, batches: &[Pending]) -> std::io::Result<()> {
+        use tokio::io::AsyncWriteExt;
+        tokio::fs::create_dir_all(&self.dir).await?;
+        let mut text = String::new();
+        for b in batches {
+            text.push_str(&serde_json::to_string(b).map_err(std::io::Error::other)?);
+            text.push('\n');
+        }
+        let mut file = tokio::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join(format!("usage-{superproxy}.jsonl")))
+            .await?;
+        file.write_all(text.as_bytes()).await?;
+        file.sync_data().await
+    }
+
+    async fn files(&self) -> std::io::Result<Vec<PathBuf>> {
+        let mut out = Vec::new();
+        let mut entries = match tokio::fs::read_dir(&self.dir).await {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
+            Err(e) => return Err(e),
+        };
+        while let Some(entry) = entries.next_entry().await? {
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            if name.starts_with("usage-") && name.ends_with(".jsonl") {
+                out.push(entry.path());
+            }
+        }
+        out.sort();
+        Ok(out)
     }
 }
 

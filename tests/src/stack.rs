@@ -209,6 +209,8 @@ impl Stack {
             "127.0.0.0/8".into(),
             "--drain-announce-ms".into(),
             "500".into(),
+            // The test control-api speaks plain http on loopback.
+            "--allow-insecure-control-api".into(),
         ]
         .into_iter()
         .chain(

@@ -242,8 +242,12 @@ pub struct HeartbeatReply {
     heartbeat_interval_ms: u64,
     heartbeat_ttl_ms: u64,
     superproxies: Vec<SuperproxyRecord>,
+    /// The control plane's own service addresses: agents never dial them.
+    protected: Vec<std::net::SocketAddr>,
 }
 
+/// Answers from Redis alone (liveness must not wait for Postgres, see
+/// `liveness.rs`); Postgres hears of the beat in the next batch.
 pub async fn heartbeat(
     State(state): State<AppState>,
     Path(exit_id): Path<Uuid>,
@@ -251,53 +255,42 @@ pub async fn heartbeat(
     Json(body): Json<Heartbeat>,
 ) -> Result<Json<HeartbeatReply>, ApiError> {
     let presented = bearer(&parts).ok_or(ApiError::Unauthorized)?;
-    let row: Result<Option<(String, bool)>, sqlx::Error> =
-        sqlx::query_as("SELECT credential_sha256, draining FROM exits WHERE id = $1")
-            .bind(exit_id)
-            .fetch_optional(&state.db)
-            .await;
-    match row {
-        Ok(row) => {
-            // Unknown exit and wrong credential answer the same.
-            let (stored, was_draining) = row.ok_or(ApiError::Unauthorized)?;
-            if !constant_time_eq(sha256_hex(presented).as_bytes(), stored.as_bytes()) {
-                return Err(ApiError::Unauthorized);
-            }
-            sqlx::query("UPDATE exits SET last_heartbeat_at = now(), draining = $2 WHERE id = $1")
-                .bind(exit_id)
-                .bind(body.draining)
-                .execute(&state.db)
-                .await?;
-            if was_draining != body.draining {
-                state.projector.exit(exit_id).await;
-            }
-        }
-        // Postgres is away: liveness must not depend on it, or a control-plane
-        // database outage would empty the data plane's pool. Check the
-        // credential against the projected exit record instead; the heartbeat
-        // time and drain flag reach Postgres with the next beat after it returns.
+    let stored = match state.projector.exit_record(exit_id).await {
+        Ok(Some(record)) => record.credential_sha256,
+        // Liveness lives in Redis: without it there is nothing to record.
         Err(e) => {
-            tracing::warn!(error = %e, exit = %exit_id, "heartbeat without Postgres; verified against Redis");
-            let record = state
-                .projector
-                .exit_record(exit_id)
-                .await
-                .ok()
-                .flatten()
-                .ok_or(ApiError::Unauthorized)?;
-            if !constant_time_eq(
-                sha256_hex(presented).as_bytes(),
-                record.credential_sha256.as_bytes(),
-            ) {
-                return Err(ApiError::Unauthorized);
-            }
+            return Err(ApiError::Unavailable(format!(
+                "cannot record liveness: {e}"
+            )))
         }
+        // Redis has no record (restarted empty, not yet re-projected):
+        // Postgres decides, briefly, and the record is projected again.
+        Ok(None) => {
+            let row: Option<(String,)> = tokio::time::timeout(
+                std::time::Duration::from_secs(2),
+                sqlx::query_as("SELECT credential_sha256 FROM exits WHERE id = $1")
+                    .bind(exit_id)
+                    .fetch_optional(&state.db),
+            )
+            .await
+            .map_err(|_| ApiError::Unavailable("cannot verify the exit right now".into()))??;
+            let (stored,) = row.ok_or(ApiError::Unauthorized)?;
+            state.projector.exit(exit_id).await;
+            stored
+        }
+    };
+    // Unknown exit and wrong credential answer the same.
+    if !constant_time_eq(sha256_hex(presented).as_bytes(), stored.as_bytes()) {
+        return Err(ApiError::Unauthorized);
     }
     state
         .projector
-        .touch_exit_live(exit_id, state.config.heartbeat_ttl())
+        .heartbeat(exit_id, body.draining, state.config.heartbeat_ttl())
         .await
         .map_err(|e| ApiError::Unavailable(format!("cannot record liveness: {e}")))?;
+    state
+        .heartbeats
+        .beat(exit_id, body.draining, body.active_tunnels);
     let superproxies = state
         .projector
         .live_superproxies()
@@ -308,5 +301,6 @@ pub async fn heartbeat(
         heartbeat_interval_ms: state.config.heartbeat_interval_ms,
         heartbeat_ttl_ms: state.config.heartbeat_ttl_ms,
         superproxies,
+        protected: state.protected.as_ref().clone(),
     }))
 }

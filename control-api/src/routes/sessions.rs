@@ -18,6 +18,9 @@ use crate::AppState;
 pub struct SessionView {
     session: String,
     exit_id: Uuid,
+    /// The egress IP the session leaves from, once a tunnel has used it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    egress_ip: Option<std::net::IpAddr>,
     /// Milliseconds until the pin expires.
     expires_in_ms: i64,
 }
@@ -51,14 +54,18 @@ async fn read(
         .query_async(&mut redis)
         .await
         .map_err(|e| ApiError::Unavailable(format!("sessions unavailable: {e}")))?;
-    Ok(exit
-        .and_then(|e| e.parse().ok())
-        .filter(|_| ttl > 0)
-        .map(|exit_id| SessionView {
+    // The pin is `EXIT_ID` or `EXIT_ID EGRESS_IP` (superproxy/src/session.rs).
+    Ok(exit.filter(|_| ttl > 0).and_then(|value| {
+        let mut parts = value.split(' ');
+        let exit_id = parts.next()?.parse().ok()?;
+        let egress_ip = parts.next().and_then(|ip| ip.parse().ok());
+        Some(SessionView {
             session,
             exit_id,
+            egress_ip,
             expires_in_ms: ttl,
-        }))
+        })
+    }))
 }
 
 pub async fn list(

@@ -1,6 +1,7 @@
 //! Proxy users: the credentials customers put in `curl -x`.
 //!
-//! Every change bumps the user's `version` and is projected to Redis at once, so
+//! Every change bumps the user's `version` (a database trigger takes the next
+//! number of the projection sequence) and is projected to Redis at once, so
 //! superproxies see revocations and password rotations without waiting for a
 //! cache to expire.
 
@@ -248,7 +249,6 @@ pub async fn update(
                 quota_warn_percent = CASE WHEN $4 THEN COALESCE($10, 80) ELSE quota_warn_percent END,
                 allowed_source_types = CASE WHEN $4 THEN $11 ELSE allowed_source_types END,
                 allowed_countries = CASE WHEN $4 THEN $12 ELSE allowed_countries END,
-                version = version + 1,
                 updated_at = now()
           WHERE id = $1 AND deleted_at IS NULL AND ($7::uuid IS NULL OR account_id = $7)
         RETURNING {USER_COLUMNS}"
@@ -293,7 +293,7 @@ pub async fn delete(
 ) -> Result<StatusCode, ApiError> {
     let mut tx = state.db.begin().await?;
     let row: Option<(String,)> = sqlx::query_as(
-        "UPDATE proxy_users SET deleted_at = now(), enabled = false, version = version + 1, updated_at = now()
+        "UPDATE proxy_users SET deleted_at = now(), enabled = false, updated_at = now()
           WHERE id = $1 AND deleted_at IS NULL AND ($2::uuid IS NULL OR account_id = $2) RETURNING username",
     )
     .bind(id)

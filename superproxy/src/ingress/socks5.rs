@@ -10,23 +10,30 @@
 use fast_socks5::server::{PasswordAuthentication, Socks5ServerProtocol};
 use fast_socks5::util::target_addr::TargetAddr;
 use fast_socks5::{ReplyError, Socks5Command};
+use proxynet_protocol::secret::Secret;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Instant;
 use tokio::net::TcpStream;
 
-use crate::error::ErrorKind;
+use crate::accept::ConnectionTicket;
+use crate::error::{ErrorKind, ProxyError};
+use crate::pipeline::{Client, Credentials, Ingress, Pipeline, TargetSpec};
 use crate::target::Target;
-use crate::tunnel::Client;
-use crate::Gateway;
-use proxynet_protocol::splice::splice;
 
 type CommandRead = Socks5ServerProtocol<TcpStream, fast_socks5::server::states::CommandRead>;
 
-pub async fn serve_connection(gateway: Arc<Gateway>, stream: TcpStream, peer: SocketAddr) {
+pub async fn serve_connection(
+    pipeline: Arc<Pipeline>,
+    stream: TcpStream,
+    ticket: ConnectionTicket,
+) {
     let _ = stream.set_nodelay(true);
+    let started = Instant::now();
+    let peer = ticket.peer();
     let handshake = tokio::time::timeout(
-        gateway.config.header_read_timeout(),
-        handshake(&gateway, stream, peer),
+        pipeline.config.header_read_timeout(),
+        handshake(&pipeline, stream, peer),
     )
     .await;
     let (proto, target, client) = match handshake {
@@ -41,15 +48,16 @@ pub async fn serve_connection(gateway: Arc<Gateway>, stream: TcpStream, peer: So
         Ok(Ok(None)) => return,
         Ok(Ok(Some(request))) => request,
     };
-    let _lease = match gateway.admit(&client).await {
-        Ok(lease) => lease,
-        Err(e) => {
-            tracing::debug!(%peer, error = %e, "SOCKS tunnel over the user's limits");
-            let _ = proto.reply_error(&reply_for(e.kind)).await;
-            return;
-        }
-    };
-    let tunnel = match gateway.tunnels.open(&target, &client).await {
+    let tunnel = match pipeline
+        .open_as(
+            client,
+            Ingress::Socks5,
+            TargetSpec::Parsed(target),
+            &ticket,
+            started,
+        )
+        .await
+    {
         Ok(tunnel) => tunnel,
         Err(e) => {
             tracing::debug!(%peer, error = %e, "SOCKS tunnel refused");
@@ -59,13 +67,6 @@ pub async fn serve_connection(gateway: Arc<Gateway>, stream: TcpStream, peer: So
     };
     // The bound address is the exit's, which the client has no use for and
     // we do not disclose; RFC 1928 allows zeros.
-    let exit_id = tunnel.exit.record.id;
-    let meter = gateway.usage.meter(
-        client.account_id,
-        client.user_id,
-        exit_id,
-        client.limits.bandwidth,
-    );
     let client = match proto
         .reply_success(SocketAddr::from(([0, 0, 0, 0], 0)))
         .await
@@ -76,20 +77,15 @@ pub async fn serve_connection(gateway: Arc<Gateway>, stream: TcpStream, peer: So
             return;
         }
     };
-    let _in_flight = tunnel.in_flight;
-    let outcome = splice(
-        client,
-        crate::usage::Metered::new(hyper_util::rt::TokioIo::new(tunnel.io), meter),
-        gateway.config.tunnel_limits(),
-    )
-    .await;
-    tracing::debug!(exit = %exit_id, up = outcome.up, down = outcome.down, end = ?outcome.end, "SOCKS tunnel closed");
+    let outcome = tunnel.splice(client, pipeline.config.tunnel_limits()).await;
+    tracing::debug!(up = outcome.up, down = outcome.down, end = ?outcome.end, "SOCKS tunnel closed");
 }
 
-/// Authenticates and reads the command. `Ok(None)`: the client was answered
-/// (auth failure or unsupported command) and the connection is done.
+/// Authenticates (answering the RFC 1929 sub-negotiation) and reads the
+/// command. `Ok(None)`: the client was answered (auth failure, unsupported
+/// command or address) and the connection is done.
 async fn handshake(
-    gateway: &Gateway,
+    pipeline: &Pipeline,
     stream: TcpStream,
     peer: SocketAddr,
 ) -> Result<Option<(CommandRead, Target, Client)>, String> {
@@ -101,9 +97,14 @@ async fn handshake(
         .read_username_password()
         .await
         .map_err(|e| e.to_string())?;
-    let (accepted, client) = match gateway.authenticate(&username, &password, peer.ip()).await {
+    let credentials = Credentials {
+        username,
+        password: Secret::new(password),
+    };
+    let (accepted, client) = match pipeline.authenticate(Some(credentials), peer.ip()).await {
         Ok(client) => (pending.accept().await.map_err(|e| e.to_string())?, client),
-        Err(_) => {
+        Err(e) => {
+            tracing::debug!(%peer, error = %e, "SOCKS login refused");
             let _ = pending.reject().await;
             return Ok(None);
         }
@@ -120,8 +121,9 @@ async fn handshake(
     };
     match parsed {
         Ok(target) => Ok(Some((proto, target, client))),
-        Err(_) => {
-            let _ = proto.reply_error(&ReplyError::GeneralFailure).await;
+        Err(e) => {
+            let error = ProxyError::new(ErrorKind::BadRequest, format!("bad target: {e}"));
+            let _ = proto.reply_error(&reply_for(error.kind)).await;
             Ok(None)
         }
     }

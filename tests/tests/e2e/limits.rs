@@ -141,10 +141,14 @@ async fn repeated_failed_logins_get_429_without_a_password_check() {
         "http://{USERNAME}:not-the-password@{}",
         stack.proxy_addrs.proxy
     );
-    for _ in 0..4 {
+    // Every failed attempt counts, repeated ones too: three are answered 407...
+    for _ in 0..3 {
         let r = curl(&["-p", "-x", &wrong, &stack.whoami_url()]).await;
         assert!(r.headers.contains(" 407"), "{}", r.headers);
     }
+    // ...and the fourth is over the budget.
+    let r = curl(&["-p", "-x", &wrong, &stack.whoami_url()]).await;
+    assert!(r.headers.contains(" 429"), "{}", r.headers);
     // Now even the right password is refused from this address until the budget refills.
     let right = format!(
         "http://{USERNAME}:{}@{}",

@@ -99,6 +99,13 @@ async fn exit_agent_names_an_unreachable_control_api() {
         "--enroll-token".into(),
         "pnenroll_x".into(),
     ];
+    // A plain-http control-api is refused unless explicitly allowed.
+    let (status, stderr) = run_to_exit("exit-agent", &args, &[], Duration::from_secs(30)).await;
+    assert!(!status.success());
+    assert!(stderr.contains("is not https"), "{stderr}");
+
+    let mut args = args;
+    args.push("--allow-insecure-control-api".into());
     let (status, stderr) = run_to_exit("exit-agent", &args, &[], Duration::from_secs(30)).await;
     assert!(!status.success());
     assert!(stderr.contains("control-api unreachable"), "{stderr}");

@@ -10,25 +10,22 @@
 use http::{header, HeaderValue, Method, Request, Response, Uri, Version};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
 use std::sync::Arc;
 
-use super::http::ProxyBody;
+use super::hygiene::end_to_end;
+use super::response::{empty_body, tunnel_headers, ProxyBody};
+use crate::accept::ConnectionTicket;
 use crate::error::{ErrorKind, ProxyError};
-use crate::hygiene::end_to_end;
-use crate::target::Target;
-use crate::tunnel::Client;
-use crate::usage::Metered;
-use crate::Gateway;
-use hyper_util::rt::TokioIo;
+use crate::pipeline::{Ingress, Pipeline, TargetSpec};
 
 /// Methods this proxy answers itself when `Max-Forwards` reaches zero.
 const ALLOW: &str = "GET, HEAD, POST, PUT, DELETE, OPTIONS, PATCH, CONNECT";
 
 pub async fn forward(
-    gateway: Arc<Gateway>,
+    pipeline: Arc<Pipeline>,
+    ticket: ConnectionTicket,
     req: Request<Incoming>,
-    client: Client,
-    lease: Option<crate::admission::Lease>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     if req.method() == Method::TRACE {
         // TRACE would echo our customers' credentials and cookies back through a cache.
@@ -53,14 +50,12 @@ pub async fn forward(
             "request target must not carry userinfo",
         ));
     }
-    let target = Target::new(authority.host(), authority.port_u16().unwrap_or(80))
-        .map_err(|e| ProxyError::new(ErrorKind::BadRequest, format!("bad request target: {e}")))?;
 
     let mut headers = end_to_end(req.headers());
     if req.method() == Method::OPTIONS {
         if let Some(max) = max_forwards(&headers)? {
             if max == 0 {
-                let mut response = Response::new(super::http::empty_body());
+                let mut response = Response::new(empty_body());
                 response
                     .headers_mut()
                     .insert(header::ALLOW, HeaderValue::from_static(ALLOW));
@@ -84,6 +79,8 @@ pub async fn forward(
     let origin_form: Uri = path
         .parse()
         .map_err(|_| ProxyError::new(ErrorKind::BadRequest, "request target path is invalid"))?;
+    let authority = authority.as_str().to_owned();
+    let credentials = super::credentials(&req);
     let (parts, body) = req.into_parts();
     let mut upstream = Request::new(body);
     *upstream.method_mut() = parts.method;
@@ -91,29 +88,39 @@ pub async fn forward(
     *upstream.version_mut() = Version::HTTP_11;
     *upstream.headers_mut() = headers;
 
-    let tunnel = gateway.tunnels.open(&target, &client).await?;
+    let tunnel = pipeline
+        .open(
+            Ingress::Forward,
+            credentials,
+            TargetSpec::UrlAuthority(&authority),
+            &ticket,
+        )
+        .await?;
     let mut tunnel_info = http::HeaderMap::new();
-    super::http::tunnel_headers(&mut tunnel_info, &tunnel);
-    let in_flight = tunnel.in_flight;
-    let meter = gateway.usage.meter(
-        client.account_id,
-        client.user_id,
-        tunnel.exit.record.id,
-        client.limits.bandwidth,
-    );
+    tunnel_headers(&mut tunnel_info, &tunnel);
+    let mut holds = tunnel.holds;
     let (mut sender, connection) = hyper::client::conn::http1::Builder::new()
         .preserve_header_case(true)
-        .handshake::<_, Incoming>(TokioIo::new(Metered::new(TokioIo::new(tunnel.io), meter)))
+        .handshake::<_, Incoming>(TokioIo::new(tunnel.io))
         .await
         .map_err(|e| {
             ProxyError::new(ErrorKind::ExitLinkLost, format!("exit stream failed: {e}"))
         })?;
     tokio::spawn(async move {
-        if let Err(e) = connection.await {
-            tracing::debug!(error = %e, "upstream connection ended with an error");
+        // The upstream connection outlives the response head: it holds the
+        // tunnel's lease, meter and ticket until it ends or is cut.
+        let cut = tokio::select! {
+            result = connection => {
+                if let Err(e) = result {
+                    tracing::debug!(error = %e, "upstream connection ended with an error");
+                }
+                false
+            }
+            () = holds.cut() => true,
+        };
+        if cut {
+            holds.ended(proxynet_protocol::splice::End::Cut);
         }
-        // The upstream connection outlives the response head: count it until it ends.
-        drop((in_flight, lease));
     });
     let response = sender.send_request(upstream).await.map_err(|e| {
         ProxyError::new(

@@ -1,0 +1,111 @@
+//! Agent heartbeats without Postgres on their path.
+//!
+//! A heartbeat is answered from Redis alone: the credential is checked against
+//! the exit record the projector keeps there, liveness and the agent's drain
+//! announcement are written by one script, and the reply lists the live
+//! superproxies. Postgres only learns about heartbeats afterwards: the
+//! [`HeartbeatBook`] keeps the latest beat of every exit and writes them all in
+//! one statement every `heartbeat_persist_ms`, so a database outage (or a slow
+//! database) never delays a beat, never empties the pool, and a fleet of
+//! 100,000 exits costs Postgres one batched write per interval instead of
+//! 20,000 single-row updates per second. Postgres is asked only when Redis
+//! has no record of the exit (a Redis that restarted empty, before the
+//! projector repopulated it).
+
+use chrono::{DateTime, Utc};
+use sqlx::PgPool;
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+use uuid::Uuid;
+
+/// The latest heartbeat of one exit, not yet in Postgres.
+#[derive(Debug, Clone, Copy)]
+struct Beat {
+    at: DateTime<Utc>,
+    draining: bool,
+    active_tunnels: u64,
+}
+
+#[derive(Default)]
+pub struct HeartbeatBook {
+    unsaved: Mutex<HashMap<Uuid, Beat>>,
+}
+
+impl HeartbeatBook {
+    /// Records a beat for the next batch (replacing an older unsaved one).
+    pub fn beat(&self, exit: Uuid, draining: bool, active_tunnels: u64) {
+        if let Ok(mut unsaved) = self.unsaved.lock() {
+            unsaved.insert(
+                exit,
+                Beat {
+                    at: Utc::now(),
+                    draining,
+                    active_tunnels,
+                },
+            );
+        }
+    }
+
+    /// Writes every unsaved beat in one statement; on failure they are kept
+    /// (newer beats that arrived meanwhile win) for the next round.
+    pub async fn persist(&self, db: &PgPool) -> Result<usize, sqlx::Error> {
+        let batch: HashMap<Uuid, Beat> = match self.unsaved.lock() {
+            Ok(mut unsaved) => std::mem::take(&mut *unsaved),
+            Err(_) => return Ok(0),
+        };
+        if batch.is_empty() {
+            return Ok(0);
+        }
+        let mut ids = Vec::with_capacity(batch.len());
+        let mut ats = Vec::with_capacity(batch.len());
+        let mut draining = Vec::with_capacity(batch.len());
+        let mut active = Vec::with_capacity(batch.len());
+        for (id, beat) in &batch {
+            ids.push(*id);
+            ats.push(beat.at);
+            draining.push(beat.draining);
+            active.push(i64::try_from(beat.active_tunnels).unwrap_or(i64::MAX));
+        }
+        let written = sqlx::query(
+            "UPDATE exits e SET last_heartbeat_at = GREATEST(e.last_heartbeat_at, b.at),
+                                draining = b.draining,
+                                active_tunnels = b.active
+               FROM unnest($1::uuid[], $2::timestamptz[], $3::bool[], $4::bigint[]) AS b(id, at, draining, active)
+              WHERE e.id = b.id",
+        )
+        .bind(&ids)
+        .bind(&ats)
+        .bind(&draining)
+        .bind(&active)
+        .execute(db)
+        .await;
+        match written {
+            Ok(done) => Ok(done.rows_affected() as usize),
+            Err(e) => {
+                if let Ok(mut unsaved) = self.unsaved.lock() {
+                    for (id, beat) in batch {
+                        unsaved.entry(id).or_insert(beat);
+                    }
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Persists on an interval until the task is dropped.
+    pub async fn run(self: std::sync::Arc<Self>, db: PgPool, every: Duration) {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            match self.persist(&db).await {
+                Ok(n) if n > 0 => tracing::debug!(exits = n, "heartbeats persisted"),
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "persisting heartbeats failed; keeping them for the next round")
+                }
+            }
+        }
+    }
+}

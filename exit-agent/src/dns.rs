@@ -1,0 +1,88 @@
+//! Name resolution at the exit: asynchronous (hickory), bounded in
+//! concurrency and in time, so a flood of slow names can neither exhaust
+//! blocking threads nor hold tunnels past their connect budget.
+//!
+//! Uses the host's resolver configuration (`/etc/resolv.conf`, `/etc/hosts`);
+//! if that cannot be read, falls back to the system resolver, still bounded.
+
+use hickory_resolver::TokioResolver;
+use std::net::SocketAddr;
+use std::time::Duration;
+use tokio::sync::Semaphore;
+use tokio::time::Instant;
+
+/// Why a name gave no address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DnsFailure {
+    /// No answer in time (or no free resolver slot in time).
+    TimedOut,
+    /// The name does not exist or has no address.
+    NoAddress,
+}
+
+pub struct Dns {
+    resolver: Option<TokioResolver>,
+    permits: Semaphore,
+    timeout: Duration,
+}
+
+impl Dns {
+    pub fn new(max_in_flight: usize, timeout: Duration) -> Self {
+        let resolver = match TokioResolver::builder_tokio().and_then(|mut builder| {
+            // Our own deadline bounds each lookup; one attempt per server keeps
+            // the resolver from outliving it.
+            builder.options_mut().timeout = timeout;
+            builder.options_mut().attempts = 1;
+            builder.build()
+        }) {
+            Ok(resolver) => Some(resolver),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the resolver configuration; using the system resolver");
+                None
+            }
+        };
+        Self {
+            resolver,
+            permits: Semaphore::new(max_in_flight.max(1)),
+            timeout,
+        }
+    }
+
+    /// Every address of `host`, at most until `deadline` (and our own timeout).
+    pub async fn resolve(
+        &self,
+        host: &str,
+        port: u16,
+        deadline: Instant,
+    ) -> Result<Vec<SocketAddr>, DnsFailure> {
+        let deadline = deadline.min(Instant::now() + self.timeout);
+        let lookup = async {
+            let _permit = self
+                .permits
+                .acquire()
+                .await
+                .map_err(|_| DnsFailure::TimedOut)?;
+            let addrs: Vec<SocketAddr> = match &self.resolver {
+                Some(resolver) => resolver
+                    .lookup_ip(host)
+                    .await
+                    .map_err(|_| DnsFailure::NoAddress)?
+                    .iter()
+                    .map(|ip| SocketAddr::new(ip, port))
+                    .collect(),
+                None => tokio::net::lookup_host((host, port))
+                    .await
+                    .map_err(|_| DnsFailure::NoAddress)?
+                    .collect(),
+            };
+            if addrs.is_empty() {
+                Err(DnsFailure::NoAddress)
+            } else {
+                Ok(addrs)
+            }
+        };
+        tokio::time::timeout_at(deadline, lookup)
+            .await
+            .unwrap_or(Err(DnsFailure::TimedOut))
+    }
+}

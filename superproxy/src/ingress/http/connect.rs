@@ -1,0 +1,56 @@
+//! `CONNECT host:port`: a tunnel through an exit for any TCP protocol.
+//!
+//! The tunnel is fully open before `200` is sent, so every failure still has a
+//! status and a `Proxy-Status`. From the `200` on, the client connection
+//! carries tunnel bytes; bytes the client pipelined behind its request head
+//! were held by the head guard and reach the tunnel first.
+
+use http::{Request, Response, StatusCode};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use std::sync::Arc;
+
+use super::head_guard::TunnelSwitch;
+use super::response::{empty_body, tunnel_headers, ProxyBody};
+use crate::accept::ConnectionTicket;
+use crate::error::{ErrorKind, ProxyError};
+use crate::pipeline::{Ingress, Pipeline, TargetSpec};
+
+pub async fn connect(
+    pipeline: Arc<Pipeline>,
+    switch: TunnelSwitch,
+    ticket: ConnectionTicket,
+    req: Request<Incoming>,
+) -> Result<Response<ProxyBody>, ProxyError> {
+    let authority = req
+        .uri()
+        .authority()
+        .ok_or_else(|| ProxyError::new(ErrorKind::BadRequest, "CONNECT needs host:port"))?
+        .as_str()
+        .to_owned();
+    let tunnel = pipeline
+        .open(
+            Ingress::Connect,
+            super::credentials(&req),
+            TargetSpec::Authority(&authority),
+            &ticket,
+        )
+        .await?;
+    let mut response = Response::new(empty_body());
+    tunnel_headers(response.headers_mut(), &tunnel);
+    *response.status_mut() = StatusCode::OK;
+
+    switch.engage();
+    let on_client_upgrade = hyper::upgrade::on(req);
+    let limits = pipeline.config.tunnel_limits();
+    tokio::spawn(async move {
+        match on_client_upgrade.await {
+            Ok(upgraded) => {
+                let outcome = tunnel.splice(TokioIo::new(upgraded), limits).await;
+                tracing::debug!(up = outcome.up, down = outcome.down, end = ?outcome.end, "tunnel closed");
+            }
+            Err(e) => tracing::debug!(error = %e, "client went away before the tunnel started"),
+        }
+    });
+    Ok(response)
+}

@@ -1,0 +1,133 @@
+//! HTTP/1.1 proxy ingress: `CONNECT` tunnels ([`connect`]) and absolute-form
+//! requests ([`forward`]).
+//!
+//! Every request head first passes the strict [`head_guard`]; hyper then
+//! parses it (bounded size, header-read timeout against slowloris). Both
+//! kinds of request run the one tunnel [`crate::pipeline`]; origin-form
+//! requests get 400 (this is a forward proxy, not a web server).
+//! `Proxy-Authorization` ends here.
+
+pub mod connect;
+pub mod forward;
+pub mod head_guard;
+pub mod hygiene;
+pub mod response;
+
+use http::{header, Method, Request, Response};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use proxynet_protocol::secret::Secret;
+use std::convert::Infallible;
+use std::sync::Arc;
+use tokio::net::TcpStream;
+
+use crate::accept::ConnectionTicket;
+use crate::authenticate::parse_basic;
+use crate::error::{ErrorKind, ProxyError};
+use crate::pipeline::{Credentials, Pipeline};
+use head_guard::{HeadGuard, HeadLimits, TunnelSwitch};
+use response::{error_response, ProxyBody};
+
+/// Largest request head accepted (431 beyond).
+pub const MAX_HEAD_BYTES: usize = 64 * 1024;
+/// Most header fields accepted in one request head (431 beyond).
+pub const MAX_HEADERS: usize = 100;
+
+pub async fn serve_connection(
+    pipeline: Arc<Pipeline>,
+    stream: TcpStream,
+    ticket: ConnectionTicket,
+) {
+    let _ = stream.set_nodelay(true);
+    let switch = TunnelSwitch::default();
+    let guarded = HeadGuard::new(
+        stream,
+        HeadLimits {
+            max_head_bytes: MAX_HEAD_BYTES,
+            max_fields: MAX_HEADERS,
+        },
+        switch.clone(),
+    );
+    let service = {
+        let (pipeline, ticket) = (pipeline.clone(), ticket.clone());
+        service_fn(move |req| handle(pipeline.clone(), switch.clone(), ticket.clone(), req))
+    };
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(pipeline.config.header_read_timeout())
+        .preserve_header_case(true)
+        .max_headers(MAX_HEADERS)
+        // The guard enforces the real limit with a proper 431; hyper's buffer
+        // only needs room for a head the guard already accepted.
+        .max_buf_size(MAX_HEAD_BYTES + 16 * 1024);
+    builder.auto_date_header(false);
+    let connection = builder
+        .serve_connection(TokioIo::new(guarded), service)
+        .with_upgrades();
+    tokio::select! {
+        result = connection => {
+            if let Err(e) = result {
+                tracing::debug!(peer = %ticket.peer(), error = %e, "client connection ended with an error");
+            }
+        }
+        () = ticket.cut().cancelled() => {
+            tracing::debug!(peer = %ticket.peer(), "client connection cut");
+        }
+    }
+}
+
+async fn handle(
+    pipeline: Arc<Pipeline>,
+    switch: TunnelSwitch,
+    ticket: ConnectionTicket,
+    req: Request<Incoming>,
+) -> Result<Response<ProxyBody>, Infallible> {
+    let is_connect = req.method() == Method::CONNECT;
+    let response = match route(pipeline, switch.clone(), ticket, req).await {
+        Ok(response) => response,
+        Err(e) => {
+            tracing::debug!(error = %e, "request refused");
+            error_response(&e)
+        }
+    };
+    if is_connect && !response.status().is_success() {
+        // The guard held the bytes after the CONNECT head: they are the next request.
+        switch.refuse();
+    }
+    Ok(response)
+}
+
+async fn route(
+    pipeline: Arc<Pipeline>,
+    switch: TunnelSwitch,
+    ticket: ConnectionTicket,
+    req: Request<Incoming>,
+) -> Result<Response<ProxyBody>, ProxyError> {
+    if req.method() == Method::CONNECT {
+        return connect::connect(pipeline, switch, ticket, req).await;
+    }
+    if req.uri().scheme().is_none() {
+        return Err(ProxyError::new(
+            ErrorKind::BadRequest,
+            "this is a forward proxy: send CONNECT or an absolute-form request",
+        ));
+    }
+    forward::forward(pipeline, ticket, req).await
+}
+
+/// The `Proxy-Authorization: Basic` credentials, if the client sent any. A
+/// header that does not decode still counts as presented (and fails).
+fn credentials<B>(req: &Request<B>) -> Option<Credentials> {
+    let header = req.headers().get(header::PROXY_AUTHORIZATION)?;
+    let (username, password) = header
+        .to_str()
+        .ok()
+        .and_then(parse_basic)
+        .unwrap_or_default();
+    Some(Credentials {
+        username,
+        password: Secret::new(password),
+    })
+}

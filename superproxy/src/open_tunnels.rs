@@ -1,0 +1,140 @@
+//! Every tunnel open on this superproxy, so a revocation can cut what is open
+//! and not only refuse what comes next.
+//!
+//! A tunnel registers the user it runs for (with a digest of the password
+//! hash it was authenticated against), its exit, and its connection's cut
+//! token; the [`Registration`] removes the entry when the tunnel ends.
+//! [`OpenTunnels::cut_user_if`] and [`OpenTunnels::cut_exit`] cancel the
+//! matching connections; their splices end at once and their bytes are
+//! metered as usual.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+/// What a tunnel was opened for, as far as revocation cares.
+#[derive(Debug, Clone)]
+pub struct Entry {
+    pub user_id: Uuid,
+    pub username: String,
+    /// SHA-256 of the password hash the user was verified against.
+    pub credential_digest: [u8; 32],
+    pub exit_id: Uuid,
+    cut: CancellationToken,
+}
+
+#[derive(Default)]
+pub struct OpenTunnels {
+    entries: Mutex<HashMap<u64, Entry>>,
+    next_id: AtomicU64,
+}
+
+/// Keeps a tunnel in the registry; dropping it removes the entry.
+pub struct Registration {
+    registry: Arc<OpenTunnels>,
+    id: u64,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        if let Ok(mut entries) = self.registry.entries.lock() {
+            entries.remove(&self.id);
+        }
+    }
+}
+
+impl OpenTunnels {
+    pub fn register(
+        self: &Arc<Self>,
+        user_id: Uuid,
+        username: &str,
+        credential_digest: [u8; 32],
+        exit_id: Uuid,
+        cut: CancellationToken,
+    ) -> Registration {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        if let Ok(mut entries) = self.entries.lock() {
+            entries.insert(
+                id,
+                Entry {
+                    user_id,
+                    username: username.to_owned(),
+                    credential_digest,
+                    exit_id,
+                    cut,
+                },
+            );
+        }
+        Registration {
+            registry: self.clone(),
+            id,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.lock().map(|e| e.len()).unwrap_or(0)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Distinct usernames with at least one open tunnel here.
+    pub fn usernames(&self) -> Vec<String> {
+        let Ok(entries) = self.entries.lock() else {
+            return Vec::new();
+        };
+        let mut names: Vec<String> = entries.values().map(|e| e.username.clone()).collect();
+        names.sort_unstable();
+        names.dedup();
+        names
+    }
+
+    /// Cuts the tunnels of `username` for which `revoked` says so; returns how many.
+    pub fn cut_user_if(&self, username: &str, revoked: impl Fn(&Entry) -> bool) -> usize {
+        self.cut_where(|e| e.username == username && revoked(e))
+    }
+
+    /// Cuts every tunnel through `exit_id`; returns how many.
+    pub fn cut_exit(&self, exit_id: Uuid) -> usize {
+        self.cut_where(|e| e.exit_id == exit_id)
+    }
+
+    fn cut_where(&self, matches: impl Fn(&Entry) -> bool) -> usize {
+        let Ok(entries) = self.entries.lock() else {
+            return 0;
+        };
+        let mut cut = 0;
+        for entry in entries.values().filter(|e| matches(e)) {
+            entry.cut.cancel();
+            cut += 1;
+        }
+        cut
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cuts_only_what_matches_and_forgets_ended_tunnels() {
+        let registry = Arc::new(OpenTunnels::default());
+        let (alice, bob, exit) = (Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4());
+        let (a, b) = (CancellationToken::new(), CancellationToken::new());
+        let ra = registry.register(alice, "alice", [1; 32], exit, a.clone());
+        let _rb = registry.register(bob, "bob", [2; 32], Uuid::new_v4(), b.clone());
+        assert_eq!(registry.usernames(), vec!["alice", "bob"]);
+        assert_eq!(
+            registry.cut_user_if("alice", |e| e.credential_digest != [1; 32]),
+            0
+        );
+        assert_eq!(registry.cut_user_if("alice", |_| true), 1);
+        assert!(a.is_cancelled() && !b.is_cancelled());
+        drop(ra);
+        assert_eq!(registry.cut_exit(exit), 0);
+        assert_eq!(registry.len(), 1);
+    }
+}
