@@ -71,6 +71,60 @@ pub async fn raw_exchange(addr: SocketAddr, request: &[u8], timeout: Duration) -
     String::from_utf8_lossy(&buf).into_owned()
 }
 
+/// A whole HTTP response read off a raw socket.
+#[derive(Debug)]
+pub struct RawResponse {
+    pub status: u16,
+    /// The head, header names lower-cased.
+    pub head: String,
+    pub body: String,
+}
+
+impl RawResponse {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.head.lines().find_map(|l| {
+            let (n, v) = l.split_once(':')?;
+            n.eq_ignore_ascii_case(name).then(|| v.trim())
+        })
+    }
+}
+
+/// Sends raw bytes and reads one complete response (head and a
+/// `Content-Length` body), or whatever arrived before `timeout`.
+pub async fn raw_request(addr: SocketAddr, request: &[u8], timeout: Duration) -> RawResponse {
+    let mut stream = TcpStream::connect(addr).await.expect("connect");
+    stream.write_all(request).await.expect("write");
+    let mut buf = Vec::new();
+    let _ = tokio::time::timeout(timeout, async {
+        let mut chunk = [0u8; 4096];
+        loop {
+            if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+                let length = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length:"))
+                    .and_then(|v| v.trim().parse::<usize>().ok())
+                    .unwrap_or(0);
+                if buf.len() >= end + 4 + length {
+                    break;
+                }
+            }
+            match stream.read(&mut chunk).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+    })
+    .await;
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    RawResponse {
+        status: status_of(head),
+        head: head.to_owned(),
+        body: body.to_owned(),
+    }
+}
+
 /// The status code of a raw HTTP response.
 pub fn status_of(response: &str) -> u16 {
     response
@@ -110,9 +164,13 @@ pub mod socks5 {
     /// target and returns the reply code.
     pub async fn request(s: &mut TcpStream, cmd: u8, host: &str, port: u16) -> u8 {
         let mut req = vec![5, cmd, 0];
-        match host.parse::<std::net::Ipv4Addr>() {
-            Ok(ip) => {
+        match host.parse::<std::net::IpAddr>() {
+            Ok(std::net::IpAddr::V4(ip)) => {
                 req.push(1);
+                req.extend_from_slice(&ip.octets());
+            }
+            Ok(std::net::IpAddr::V6(ip)) => {
+                req.push(4);
                 req.extend_from_slice(&ip.octets());
             }
             Err(_) => {

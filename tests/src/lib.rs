@@ -9,7 +9,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 pub mod client;
+pub mod faults;
 pub mod process;
 pub mod stack;
 pub mod stores;
+pub mod targets;
 pub mod whoami;

@@ -79,6 +79,26 @@ pub async fn spawn_ready<T: DeserializeOwned>(
     args: &[String],
     envs: &[(&str, String)],
 ) -> (Proc, T) {
+    spawn_ready_logged(name, args, envs, None).await
+}
+
+/// [`spawn_ready`], writing the binary's log to `log` (appending) when given.
+pub async fn spawn_ready_logged<T: DeserializeOwned>(
+    name: &str,
+    args: &[String],
+    envs: &[(&str, String)],
+    log: Option<&std::path::Path>,
+) -> (Proc, T) {
+    let stderr = match log {
+        Some(path) => Stdio::from(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .expect("open the log file"),
+        ),
+        None => Stdio::inherit(),
+    };
     let mut cmd = Command::new(bin(name));
     cmd.args(args)
         .env_remove("RUST_LOG")
@@ -88,7 +108,7 @@ pub async fn spawn_ready<T: DeserializeOwned>(
         )
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
+        .stderr(stderr)
         .kill_on_drop(true);
     for (k, v) in envs {
         cmd.env(k, v);

@@ -28,6 +28,17 @@ pub struct StackOptions {
     pub superproxy_args: Vec<String>,
     /// Use this Redis instead of the shared test Redis.
     pub redis_url: Option<String>,
+    /// Put a breakable link between the control-api and Postgres
+    /// ([`Stack::postgres_link`]).
+    pub postgres_fault: bool,
+    /// Whether the superproxy itself lists the test Redis as protected (the
+    /// agents always learn it from the control-api). Off, only the exit's
+    /// check stands between a tunnel and Redis.
+    pub superproxy_protects_redis: bool,
+    /// Environment for the superproxy (e.g. `RUST_LOG`).
+    pub superproxy_env: Vec<(String, String)>,
+    /// Write the superproxy's log here instead of the test's stderr.
+    pub superproxy_log: Option<std::path::PathBuf>,
 }
 
 impl Default for StackOptions {
@@ -39,6 +50,10 @@ impl Default for StackOptions {
             protected: Vec::new(),
             superproxy_args: Vec::new(),
             redis_url: None,
+            postgres_fault: false,
+            superproxy_protects_redis: true,
+            superproxy_env: Vec::new(),
+            superproxy_log: None,
         }
     }
 }
@@ -76,6 +91,8 @@ pub struct Stack {
     pub options: StackOptions,
     /// The id of the demo proxy user `alice`.
     pub user_id: Uuid,
+    /// The link between the control-api and Postgres, when asked for.
+    pub postgres_link: Option<crate::faults::FaultyLink>,
 }
 
 impl Stack {
@@ -91,7 +108,15 @@ impl Stack {
         let dir = tempfile::tempdir().unwrap();
         let http = reqwest::Client::new();
 
-        let (api, api_addr) = spawn_control_api(&stores, &options).await;
+        let mut postgres_link = None;
+        let mut api_stores = stores.clone();
+        if options.postgres_fault {
+            let (upstream, rewrite) = postgres_address(&stores.database_url);
+            let link = crate::faults::FaultyLink::start(upstream).await;
+            api_stores.database_url = rewrite(link.addr);
+            postgres_link = Some(link);
+        }
+        let (api, api_addr) = spawn_control_api(&api_stores, &options).await;
         let api_url = format!("http://{api_addr}");
 
         let whoami_listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -104,7 +129,14 @@ impl Stack {
             .flat_map(|addr| ["--egress-protected".to_owned(), addr.clone()])
             .collect();
         protect_args.extend(options.superproxy_args.iter().cloned());
-        let (proxy, proxy_addrs) = spawn_superproxy(&stores, &protect_args).await;
+        let (proxy, proxy_addrs) = spawn_superproxy_with(
+            &stores,
+            &protect_args,
+            options.superproxy_protects_redis,
+            &options.superproxy_env,
+            options.superproxy_log.as_deref(),
+        )
+        .await;
         let mut stack = Self {
             stores,
             dir,
@@ -117,6 +149,7 @@ impl Stack {
             http,
             options: options.clone(),
             user_id: Uuid::nil(),
+            postgres_link,
         };
         let account = stack.create_account("acme").await;
         stack.user_id = stack.create_user(account, USERNAME, PASSWORD).await;
@@ -303,6 +336,39 @@ impl Stack {
     pub fn whoami_url(&self) -> String {
         format!("http://{}/", self.whoami)
     }
+
+    /// The account's ledger grouped by user.
+    pub async fn usage_by_user(&self, account: Uuid) -> Vec<serde_json::Value> {
+        self.http
+            .get(self.api(&format!("/v1/accounts/{account}/usage?group_by=user")))
+            .bearer_auth(ADMIN_TOKEN)
+            .send()
+            .await
+            .unwrap()
+            .json::<Vec<serde_json::Value>>()
+            .await
+            .unwrap_or_default()
+    }
+
+    /// Waits until the ledger shows exactly `up`/`down` bytes for `user`
+    /// (failing at once if it ever shows more).
+    pub async fn wait_for_usage(&self, account: Uuid, user: Uuid, up: u64, down: u64) {
+        eventually(
+            &format!("ledger to show {up}/{down} bytes for {user}"),
+            Duration::from_secs(20),
+            || async {
+                let rows = self.usage_by_user(account).await;
+                let row = rows.iter().find(|r| r["user_id"] == user.to_string())?;
+                let seen = (row["bytes_up"].as_u64()?, row["bytes_down"].as_u64()?);
+                assert!(
+                    seen.0 <= up && seen.1 <= down,
+                    "over-counted: {seen:?} > {up}/{down}"
+                );
+                (seen == (up, down)).then_some(())
+            },
+        )
+        .await;
+    }
 }
 
 impl Stack {
@@ -348,6 +414,16 @@ pub async fn spawn_control_api_at(
 }
 
 pub async fn spawn_superproxy(stores: &TestStores, extra_args: &[String]) -> (Proc, ProxyAddrs) {
+    spawn_superproxy_with(stores, extra_args, true, &[], None).await
+}
+
+pub async fn spawn_superproxy_with(
+    stores: &TestStores,
+    extra_args: &[String],
+    protect_redis: bool,
+    env: &[(String, String)],
+    log: Option<&std::path::Path>,
+) -> (Proc, ProxyAddrs) {
     let mut args: Vec<String> = vec![
         "--listen".into(),
         "127.0.0.1:0".into(),
@@ -364,15 +440,29 @@ pub async fn spawn_superproxy(stores: &TestStores, extra_args: &[String]) -> (Pr
         "--announce-interval-ms".into(),
         "300".into(),
     ];
-    if let Some(redis) = redis_service_addr() {
+    if let Some(redis) = redis_service_addr().filter(|_| protect_redis) {
         args.extend(["--egress-protected".into(), redis]);
     }
     args.extend_from_slice(extra_args);
-    let envs = [
+    let mut envs = vec![
         ("PROXYNET_REDIS_URL", stores.redis_url.clone()),
         ("PROXYNET_REDIS_PREFIX", stores.redis_prefix.clone()),
+        ("PROXYNET_DRAIN_DELAY_MS", "0".to_owned()),
+        ("PROXYNET_DRAIN_TIMEOUT_MS", "10000".to_owned()),
     ];
-    spawn_ready::<ProxyAddrs>("superproxy", &args, &envs).await
+    envs.extend(env.iter().map(|(k, v)| (k.as_str(), v.clone())));
+    crate::process::spawn_ready_logged::<ProxyAddrs>("superproxy", &args, &envs, log).await
+}
+
+/// The Postgres server address in `url`, and how to point the URL elsewhere.
+fn postgres_address(url: &str) -> (SocketAddr, impl Fn(SocketAddr) -> String) {
+    let after_at = url.rsplit_once('@').map_or(url, |(_, rest)| rest);
+    let hostport = after_at.split('/').next().unwrap();
+    let upstream: SocketAddr = hostport.parse().unwrap();
+    let (url, hostport) = (url.to_owned(), hostport.to_owned());
+    (upstream, move |addr: SocketAddr| {
+        url.replacen(&hostport, &addr.to_string(), 1)
+    })
 }
 
 /// The test Redis as `127.0.0.1:PORT`: one of "the stack's own services" that

@@ -3,6 +3,7 @@
 use sqlx::Connection;
 use uuid::Uuid;
 
+#[derive(Clone)]
 pub struct TestStores {
     /// URL of this test's own database.
     pub database_url: String,

@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod api_contract;
+mod defects;
 mod degraded;
 mod docs;
 mod enrollment;

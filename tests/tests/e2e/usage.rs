@@ -2,90 +2,19 @@
 //! exactly once, across a control-api crash.
 
 use proxynet_tests::client::{self, socks5};
-use proxynet_tests::process::eventually;
 use proxynet_tests::stack::{Stack, ADMIN_TOKEN, PASSWORD};
+use proxynet_tests::targets::{echo_server, pump};
 use std::net::SocketAddr;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
-use uuid::Uuid;
+use tokio::io::AsyncReadExt;
+use tokio::net::TcpStream;
 
 const TEN_MB: usize = 10_000_000;
-
-/// Echoes everything back until the client closes.
-async fn echo_server() -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        while let Ok((s, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let (mut r, mut w) = s.into_split();
-                let _ = tokio::io::copy(&mut r, &mut w).await;
-            });
-        }
-    });
-    addr
-}
-
-/// Sends `n` bytes through an open tunnel and reads the `n` echoed back.
-async fn pump(stream: TcpStream, n: usize) {
-    let (mut r, mut w) = stream.into_split();
-    let writer = tokio::spawn(async move {
-        let chunk = vec![0x5a; 64 * 1024];
-        let mut left = n;
-        while left > 0 {
-            let k = left.min(chunk.len());
-            w.write_all(&chunk[..k]).await.unwrap();
-            left -= k;
-        }
-        w
-    });
-    let mut got = 0usize;
-    let mut buf = vec![0u8; 64 * 1024];
-    while got < n {
-        let k = r.read(&mut buf).await.unwrap();
-        assert!(k > 0, "tunnel closed early at {got} bytes");
-        got += k;
-    }
-    assert_eq!(got, n);
-    drop(writer.await.unwrap());
-}
 
 async fn connect_tunnel(proxy: SocketAddr, user: &str, target: SocketAddr) -> TcpStream {
     let (s, head) = client::connect_tunnel(proxy, user, PASSWORD, target).await;
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
     s
-}
-
-async fn usage_by_user(stack: &Stack, account: Uuid) -> Vec<serde_json::Value> {
-    stack
-        .http
-        .get(stack.api(&format!("/v1/accounts/{account}/usage?group_by=user")))
-        .bearer_auth(ADMIN_TOKEN)
-        .send()
-        .await
-        .unwrap()
-        .json::<Vec<serde_json::Value>>()
-        .await
-        .unwrap_or_default()
-}
-
-async fn wait_for_usage(stack: &Stack, account: Uuid, user: Uuid, up: u64, down: u64) {
-    eventually(
-        &format!("ledger to show {up}/{down} bytes for {user}"),
-        Duration::from_secs(20),
-        || async {
-            let rows = usage_by_user(stack, account).await;
-            let row = rows.iter().find(|r| r["user_id"] == user.to_string())?;
-            let seen = (row["bytes_up"].as_u64()?, row["bytes_down"].as_u64()?);
-            assert!(
-                seen.0 <= up && seen.1 <= down,
-                "over-counted: {seen:?} > {up}/{down}"
-            );
-            (seen == (up, down)).then_some(())
-        },
-    )
-    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -112,8 +41,8 @@ async fn exact_bytes_through_connect_and_socks_reach_the_ledger() {
     s.read_exact(&mut rest).await.unwrap();
     pump(s, TEN_MB).await;
 
-    wait_for_usage(&stack, account, connect_user, TEN_MB as u64, TEN_MB as u64).await;
-    wait_for_usage(&stack, account, socks_user, TEN_MB as u64, TEN_MB as u64).await;
+    stack.wait_for_usage(account, connect_user, TEN_MB as u64, TEN_MB as u64).await;
+    stack.wait_for_usage(account, socks_user, TEN_MB as u64, TEN_MB as u64).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -134,7 +63,7 @@ async fn a_control_api_crash_neither_loses_nor_duplicates_usage() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     stack.restart_api_after_kill().await;
     traffic.await.unwrap();
-    wait_for_usage(&stack, account, user, 10_000_000, 10_000_000).await;
+    stack.wait_for_usage(account, user, 10_000_000, 10_000_000).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -169,7 +98,7 @@ async fn invoices_price_ledger_bytes_by_source_type_and_export_csv() {
         TEN_MB,
     )
     .await;
-    wait_for_usage(&stack, account, user, TEN_MB as u64, TEN_MB as u64).await;
+    stack.wait_for_usage(account, user, TEN_MB as u64, TEN_MB as u64).await;
 
     let invoice: serde_json::Value = stack
         .admin_get_json(&format!("/v1/accounts/{account}/invoices"))
@@ -265,5 +194,5 @@ async fn a_postgres_outage_of_30_seconds_loses_no_usage() {
     tokio::time::sleep(rest).await; // the outage itself, not a wait for a condition
     set_database_reachable(&stack, true).await;
 
-    wait_for_usage(&stack, account, user, 10_001_000, 10_001_000).await;
+    stack.wait_for_usage(account, user, 10_001_000, 10_001_000).await;
 }

@@ -1,0 +1,82 @@
+//! A TCP link the test can break: put it between a binary and a store to
+//! simulate an outage without touching the shared servers other tests use.
+//!
+//! `blackhole()` is the nasty kind of outage: connections stay open and new
+//! ones are accepted, but not a byte crosses, so clients wait for their own
+//! timeouts (what a dead router or a hung database looks like).
+
+use std::net::SocketAddr;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+pub struct FaultyLink {
+    pub addr: SocketAddr,
+    open: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl FaultyLink {
+    /// Forwards every connection on a fresh loopback port to `upstream`.
+    pub async fn start(upstream: SocketAddr) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (open, watch_open) = watch::channel(true);
+        let task = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let open = watch_open.clone();
+                tokio::spawn(async move {
+                    let mut gate = open.clone();
+                    if gate.wait_for(|o| *o).await.is_err() {
+                        return;
+                    }
+                    let Ok(server) = TcpStream::connect(upstream).await else {
+                        return;
+                    };
+                    let (cr, cw) = client.into_split();
+                    let (sr, sw) = server.into_split();
+                    tokio::spawn(pipe(cr, sw, open.clone()));
+                    tokio::spawn(pipe(sr, cw, open));
+                });
+            }
+        });
+        Self { addr, open, task }
+    }
+
+    /// No byte crosses until [`Self::restore`]; connections stay open.
+    pub fn blackhole(&self) {
+        let _ = self.open.send(false);
+    }
+
+    pub fn restore(&self) {
+        let _ = self.open.send(true);
+    }
+}
+
+impl Drop for FaultyLink {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn pipe(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    mut open: watch::Receiver<bool>,
+) {
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        // Hold the bytes while the link is down.
+        if open.wait_for(|o| *o).await.is_err() {
+            break;
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            break;
+        }
+    }
+    let _ = to.shutdown().await;
+}

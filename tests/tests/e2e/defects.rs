@@ -1,0 +1,215 @@
+//! Issue 13: bad input and faults found on the running stack, each shown
+//! fixed on the real stack with raw sockets (curl would refuse to send most
+//! of these requests).
+
+use proxynet_tests::client::{curl, raw_request, socks5};
+use proxynet_tests::process::eventually;
+use proxynet_tests::stack::{redis_service_addr, Stack, StackOptions, PASSWORD, USERNAME};
+use std::time::{Duration, Instant};
+use tokio::net::TcpListener;
+
+fn basic_auth() -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(format!("{USERNAME}:{PASSWORD}"))
+}
+
+fn assert_gateway_error(r: &proxynet_tests::client::RawResponse, status: u16, token: &str) {
+    assert_eq!(r.status, status, "{r:?}");
+    let proxy_status = r.header("proxy-status").unwrap_or_default();
+    assert!(
+        proxy_status.starts_with("proxynet; error=") && proxy_status.contains(token),
+        "Proxy-Status {proxy_status:?} in {r:?}"
+    );
+    assert!(!r.body.trim().is_empty(), "a one-line body: {r:?}");
+}
+
+/// Defect 1: an invalid port is a 400 on every ingress, never a default.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_ports_are_refused_and_nothing_is_dialled() {
+    let stack = Stack::start().await;
+    // The port the bug silently rewrote to: if we can listen there, nothing
+    // may ever connect to it.
+    let port80 = TcpListener::bind("127.0.0.1:80").await.ok();
+    let auth = basic_auth();
+    for port in ["99999", "65536", "0", "", "8o", "-1"] {
+        let absolute = format!(
+            "GET http://127.0.0.1:{port}/x HTTP/1.1\r\nHost: 127.0.0.1\r\nProxy-Authorization: Basic {auth}\r\n\r\n"
+        );
+        let r = raw_request(
+            stack.proxy_addrs.proxy,
+            absolute.as_bytes(),
+            Duration::from_secs(10),
+        )
+        .await;
+        assert_gateway_error(&r, 400, "http_request_error");
+        let connect = format!(
+            "CONNECT 127.0.0.1:{port} HTTP/1.1\r\nHost: x\r\nProxy-Authorization: Basic {auth}\r\n\r\n"
+        );
+        let r = raw_request(
+            stack.proxy_addrs.proxy,
+            connect.as_bytes(),
+            Duration::from_secs(10),
+        )
+        .await;
+        assert_gateway_error(&r, 400, "http_request_error");
+    }
+    // SOCKS5: a port 0 target is refused (general failure), not dialled.
+    let mut s = socks5::login(stack.proxy_addrs.socks, USERNAME, PASSWORD)
+        .await
+        .unwrap();
+    assert_eq!(socks5::request(&mut s, 1, "127.0.0.1", 0).await, 0x01);
+    if let Some(listener) = port80 {
+        let accepted = tokio::time::timeout(Duration::from_millis(300), listener.accept()).await;
+        assert!(accepted.is_err(), "something dialled port 80");
+    }
+}
+
+/// Defect 2: what hyper itself would refuse gets our 400 with `Proxy-Status`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_hyper_refuses_carry_proxy_status() {
+    let stack = Stack::start().await;
+    for line in [
+        "CONNECT 127.0.0.1%0d%0aX:80 HTTP/1.1",
+        "CONNECT %zz:80 HTTP/1.1",
+        "CONNECT a^b:80 HTTP/1.1",
+        "GET http://[::1/ HTTP/1.1",
+        "CONNECT http://a:80/ HTTP/1.1",
+        "GET http://a{b}/ HTTP/1.1",
+    ] {
+        let request = format!("{line}\r\nHost: x\r\n\r\n");
+        let r = raw_request(
+            stack.proxy_addrs.proxy,
+            request.as_bytes(),
+            Duration::from_secs(10),
+        )
+        .await;
+        assert_gateway_error(&r, 400, "http_request_error");
+    }
+}
+
+/// Defect 3: IPv6 spellings of a protected loopback service are refused as
+/// such (403 / SOCKS reply 2), at the superproxy's early check and, with
+/// that check out of the way, at the exit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_loopback_spellings_of_a_protected_service_are_prohibited() {
+    let redis_port: u16 = redis_service_addr()
+        .expect("scripts/test exports the Redis port")
+        .rsplit_once(':')
+        .unwrap()
+        .1
+        .parse()
+        .unwrap();
+    let spellings = [
+        "64:ff9b::7f00:1",
+        "2002:7f00:1::",
+        "::127.0.0.1",
+        "::ffff:127.0.0.1",
+        "2001:0:4136:e378:8000:63bf:80ff:fffe",
+    ];
+    for superproxy_checks in [true, false] {
+        let stack = Stack::start_with(StackOptions {
+            superproxy_protects_redis: superproxy_checks,
+            // Without the early check, an exit that egresses over IPv6 is
+            // asked, so its own check is what refuses.
+            egress_ips: if superproxy_checks {
+                StackOptions::default().egress_ips
+            } else {
+                vec!["::1".parse().unwrap()]
+            },
+            ..Default::default()
+        })
+        .await;
+        let auth = basic_auth();
+        for ip in spellings {
+            let connect = format!(
+                "CONNECT [{ip}]:{redis_port} HTTP/1.1\r\nHost: x\r\nProxy-Authorization: Basic {auth}\r\n\r\n"
+            );
+            let r = raw_request(
+                stack.proxy_addrs.proxy,
+                connect.as_bytes(),
+                Duration::from_secs(10),
+            )
+            .await;
+            assert_gateway_error(&r, 403, "destination_ip_prohibited");
+            if superproxy_checks {
+                assert!(
+                    r.body.contains("belongs to the proxy network"),
+                    "refused by the early check: {r:?}"
+                );
+            }
+            let absolute = format!(
+                "GET http://[{ip}]:{redis_port}/ HTTP/1.1\r\nHost: x\r\nProxy-Authorization: Basic {auth}\r\n\r\n"
+            );
+            let r = raw_request(
+                stack.proxy_addrs.proxy,
+                absolute.as_bytes(),
+                Duration::from_secs(10),
+            )
+            .await;
+            assert_gateway_error(&r, 403, "destination_ip_prohibited");
+            let mut s = socks5::login(stack.proxy_addrs.socks, USERNAME, PASSWORD)
+                .await
+                .unwrap();
+            assert_eq!(socks5::request(&mut s, 1, ip, redis_port).await, 0x02, "{ip}");
+        }
+    }
+}
+
+/// Defect 4: a Postgres outage never empties the pool. With the demo's
+/// heartbeat timing (1 s interval, 4 s TTL) and the database blackholed for
+/// 60 s, both exits stay eligible at every sample and every tunnel works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_postgres_outage_of_60_seconds_never_drops_an_exit() {
+    let stack = Stack::start_with(StackOptions {
+        heartbeat_interval_ms: 1_000,
+        heartbeat_ttl_ms: 4_000,
+        postgres_fault: true,
+        ..Default::default()
+    })
+    .await;
+    // Warm the credential cache while the database is reachable.
+    let r = curl(&["-p", "-x", &stack.proxy_url(), &stack.whoami_url()]).await;
+    assert_eq!(r.status, 200, "{}", r.headers);
+
+    let link = stack.postgres_link.as_ref().unwrap();
+    link.blackhole();
+    let started = Instant::now();
+    let mut samples = Vec::new();
+    let mut tunnels = 0;
+    while started.elapsed() < Duration::from_secs(60) {
+        samples.push(stack.eligible_count().await);
+        let r = curl(&["-p", "-x", &stack.proxy_url(), &stack.whoami_url()]).await;
+        assert_eq!(
+            r.status,
+            200,
+            "tunnel {tunnels} at {:?} into the outage: {}",
+            started.elapsed(),
+            r.headers
+        );
+        tunnels += 1;
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    link.restore();
+    assert!(
+        samples.iter().all(|n| *n == 2),
+        "eligible exits during the outage: {samples:?}"
+    );
+    assert!(tunnels > 50, "only {tunnels} tunnels tried");
+    // And the heartbeats reach Postgres once it is back.
+    eventually("heartbeats persisted", Duration::from_secs(20), || async {
+        let exits = stack.admin_get_json("/v1/exits").await;
+        let fresh = exits
+            .as_array()?
+            .iter()
+            .filter(|e| {
+                e["last_heartbeat_at"]
+                    .as_str()
+                    .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+                    .is_some_and(|t| (chrono::Utc::now() - t.to_utc()).num_seconds() < 10)
+            })
+            .count();
+        (fresh == 2).then_some(())
+    })
+    .await;
+}
+
