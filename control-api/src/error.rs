@@ -21,6 +21,10 @@ pub enum ApiError {
     Conflict(String),
     #[error("{0}")]
     Unavailable(String),
+    /// The request could not be read (malformed JSON, a bad path or query
+    /// parameter, a missing content type): axum's own rejection, re-shaped.
+    #[error("{detail}")]
+    Rejected { status: StatusCode, detail: String },
     #[error("database error: {0}")]
     Database(sqlx::Error),
     #[error("internal error: {0}")]
@@ -55,6 +59,7 @@ impl ApiError {
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Rejected { status, .. } => *status,
             ApiError::Database(_) | ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }

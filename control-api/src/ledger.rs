@@ -8,8 +8,11 @@
 //! redelivery — is recorded once. On start the consumer first re-reads its own
 //! unacknowledged batches, so a crash loses nothing. While Postgres is away,
 //! batches simply wait in the stream.
+//!
+//! The same stream carries audit events from the data plane (field `audit`),
+//! recorded into the audit log once each by their id.
 
-use proxynet_protocol::store::{Keys, UsageBatch};
+use proxynet_protocol::store::{AuditEvent, Keys, UsageBatch};
 use redis::streams::{StreamReadOptions, StreamReadReply};
 use redis::AsyncCommands;
 use sqlx::PgPool;
@@ -67,15 +70,21 @@ impl LedgerConsumer {
                 continue;
             }
             for entry in entries {
-                let batch: Option<UsageBatch> = entry
-                    .map
-                    .get("batch")
-                    .and_then(|v| redis::from_redis_value::<String>(v.clone()).ok())
-                    .and_then(|json| serde_json::from_str(&json).ok());
-                match batch {
-                    Some(batch) => self.record(&batch).await?,
-                    None => {
-                        tracing::error!(id = %entry.id, "unreadable usage batch; acknowledged to unblock the stream")
+                let field = |name: &str| {
+                    entry
+                        .map
+                        .get(name)
+                        .and_then(|v| redis::from_redis_value::<String>(v.clone()).ok())
+                };
+                let batch: Option<UsageBatch> =
+                    field("batch").and_then(|json| serde_json::from_str(&json).ok());
+                let audit: Option<AuditEvent> =
+                    field("audit").and_then(|json| serde_json::from_str(&json).ok());
+                match (batch, audit) {
+                    (Some(batch), _) => self.record(&batch).await?,
+                    (None, Some(event)) => self.record_audit(&event).await?,
+                    (None, None) => {
+                        tracing::error!(id = %entry.id, "unreadable stream entry; acknowledged to unblock the stream")
                     }
                 }
                 let _: () = redis::pipe()
@@ -85,6 +94,22 @@ impl LedgerConsumer {
                     .await?;
             }
         }
+    }
+
+    /// Records a data-plane audit event once.
+    pub async fn record_audit(&self, event: &AuditEvent) -> Result<(), ConsumeError> {
+        sqlx::query(
+            "INSERT INTO audit_log (actor, action, subject, detail, source_ref)
+             VALUES ($1, $2, $3, $4, $5) ON CONFLICT (source_ref) DO NOTHING",
+        )
+        .bind(&event.actor)
+        .bind(&event.action)
+        .bind(&event.subject)
+        .bind(&event.detail)
+        .bind(event.id)
+        .execute(&self.db)
+        .await?;
+        Ok(())
     }
 
     /// Records one batch in one transaction; a batch already recorded is skipped.

@@ -12,6 +12,7 @@ pub mod audit;
 pub mod auth;
 pub mod config;
 pub mod error;
+pub mod extract;
 pub mod ledger;
 pub mod liveness;
 pub mod openapi;

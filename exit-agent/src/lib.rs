@@ -219,8 +219,15 @@ async fn heartbeat_loop(control: ControlClient, ctx: Arc<TunnelContext>) {
 struct LinkTask {
     record: SuperproxyRecord,
     stop: CancellationToken,
+    /// Consecutive heartbeat replies that did not list this superproxy.
+    missing: u32,
     _task: JoinHandle<()>,
 }
+
+/// A superproxy is let go only after this many replies in a row without it:
+/// a Redis that restarted empty lists no superproxy until they re-announce,
+/// and one such reply must not tear every link down.
+const MISSING_BEFORE_WINDDOWN: u32 = 2;
 
 fn reconcile(
     links: &mut HashMap<Uuid, LinkTask>,
@@ -229,9 +236,16 @@ fn reconcile(
 ) {
     let wanted: HashMap<Uuid, SuperproxyRecord> = wanted.into_iter().map(|s| (s.id, s)).collect();
     links.retain(|id, link| {
-        let keep = wanted
-            .get(id)
-            .is_some_and(|w| w.link_addr == link.record.link_addr && w.cert_sha256 == link.record.cert_sha256);
+        let keep = match wanted.get(id) {
+            Some(w) => {
+                link.missing = 0;
+                w.link_addr == link.record.link_addr && w.cert_sha256 == link.record.cert_sha256
+            }
+            None => {
+                link.missing += 1;
+                link.missing < MISSING_BEFORE_WINDDOWN
+            }
+        };
         if !keep {
             // Graceful: no new streams (GOAWAY), open tunnels finish. A
             // draining superproxy withdraws itself while its tunnels still run.
@@ -247,6 +261,7 @@ fn reconcile(
             LinkTask {
                 record,
                 stop,
+                missing: 0,
                 _task: task,
             }
         });

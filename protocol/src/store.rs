@@ -361,6 +361,18 @@ pub struct UsageRow {
     pub bytes_down: u64,
 }
 
+/// Something a data-plane process saw that belongs in the control plane's
+/// audit log (e.g. a second link presenting one exit's credential). Sent on
+/// the usage stream as field `audit`; its id makes recording idempotent.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AuditEvent {
+    pub id: Uuid,
+    pub actor: String,
+    pub action: String,
+    pub subject: String,
+    pub detail: serde_json::Value,
+}
+
 /// One flush of one superproxy: the unit of idempotency in the ledger.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct UsageBatch {

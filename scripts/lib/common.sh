@@ -36,6 +36,7 @@ install_deps() {
   command -v python3 >/dev/null 2>&1 || missing+=(python3)
   command -v cc >/dev/null 2>&1 || missing+=(build-essential)
   command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
+  command -v systemd-analyze >/dev/null 2>&1 || missing+=(systemd)
   if [ "${#missing[@]}" -gt 0 ]; then
     say "installing: ${missing[*]}"
     as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq

@@ -40,6 +40,7 @@ fn link(rt: &tokio::runtime::Runtime) -> Link {
         Link {
             id: 1,
             exit_id: Uuid::nil(),
+            peer: "127.0.0.1:1".parse().unwrap(),
             sender,
         }
     })

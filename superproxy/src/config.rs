@@ -186,6 +186,11 @@ pub struct Config {
     #[arg(long, env = "PROXYNET_USAGE_SPILL_DIR")]
     pub usage_spill_dir: Option<PathBuf>,
 
+    /// Most unsent usage batches (one per flush) kept in memory while Redis
+    /// is away; older ones go to the spill directory.
+    #[arg(long, env = "PROXYNET_USAGE_MEMORY_BATCHES", default_value_t = 300)]
+    pub usage_memory_batches: usize,
+
     #[command(flatten)]
     pub egress: EgressArgs,
 }

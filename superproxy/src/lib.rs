@@ -175,6 +175,7 @@ impl Superproxy {
             redis.clone(),
             keys.clone(),
             config.usage_spill_dir.clone(),
+            config.usage_memory_batches,
         ));
         let pipeline = Arc::new(Pipeline {
             id,
@@ -253,6 +254,7 @@ impl Superproxy {
                     registry: admin_state.links.clone(),
                     redis: self.redis.clone(),
                     keys: self.keys.clone(),
+                    superproxy_id: pipeline.id,
                 }
                 .run(),
             ),

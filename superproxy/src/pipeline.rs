@@ -169,6 +169,7 @@ impl Pipeline {
             exit_id: opened.exit_id,
             pin: opened.pin,
             holds: Holds {
+                credential_digest: client.credential_digest,
                 log: AccessLog {
                     id: Uuid::new_v4(),
                     ingress,
@@ -293,6 +294,8 @@ pub struct Tunnel {
 /// What a tunnel holds until its bytes stop flowing; dropping it releases
 /// them and writes the access-log line.
 pub struct Holds {
+    /// Who the tunnel runs for, as revocation sees it.
+    pub credential_digest: [u8; 32],
     log: AccessLog,
     _lease: Option<Lease>,
     _in_flight: InFlight,
@@ -301,6 +304,19 @@ pub struct Holds {
 }
 
 impl Holds {
+    /// Registers the client connection itself under this tunnel's user, for
+    /// as long as the returned registration is kept: a kept-alive
+    /// absolute-form connection is cut on revocation even between requests.
+    pub fn register_connection(&self, open_tunnels: &Arc<OpenTunnels>) -> Registration {
+        open_tunnels.register(
+            self.log.user_id,
+            &self.log.username,
+            self.credential_digest,
+            Uuid::nil(),
+            self.ticket.cut().clone(),
+        )
+    }
+
     /// Resolves when the tunnel must end now (revocation, drain deadline).
     pub fn cut(&self) -> tokio_util::sync::WaitForCancellationFuture<'_> {
         self.ticket.cut().cancelled()

@@ -11,7 +11,7 @@
 //! Redis usage stream; meters of finished tunnels are flushed one last time and
 //! dropped. If Redis is unreachable the batch is kept and retried (the same
 //! batch id, so the ledger cannot count it twice); beyond
-//! `MAX_PENDING_BATCHES` in memory, batches go to an append-only spill file
+//! `usage_memory_batches` in memory, batches go to an append-only spill file
 //! (`usage_spill_dir`) and are replayed, oldest first, when Redis answers
 //! again — also by the next superproxy started on the same directory.
 //!
@@ -36,14 +36,11 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use uuid::Uuid;
 
-/// Most unsent batches kept in memory while Redis is away (about 5 minutes
-/// of flushes); older ones go to the spill file.
-const MAX_PENDING_BATCHES: usize = 300;
-
+/// (Public so tests can run it against a real Redis.)
 /// `KEYS[1]` quota counter, `KEYS[2]` its applied-sequence hash; `ARGV[1]`
 /// bytes, `ARGV[2]` expiry (Unix s), `ARGV[3]` superproxy id, `ARGV[4]` batch
 /// sequence. Adds the bytes once per (superproxy, sequence); returns the total.
-const ADD_ONCE_SCRIPT: &str = r"
+pub const ADD_ONCE_SCRIPT: &str = r"
 local last = tonumber(redis.call('HGET', KEYS[2], ARGV[3]) or '0')
 if tonumber(ARGV[4]) > last then
   redis.call('HSET', KEYS[2], ARGV[3], ARGV[4])
@@ -198,6 +195,8 @@ pub struct UsageRecorder {
     pending: tokio::sync::Mutex<Vec<Pending>>,
     next_seq: AtomicU64,
     spill: Option<Spill>,
+    /// Most unsent batches kept in memory; older ones are spilled.
+    memory_batches: usize,
     /// Per-user byte budgets of users with quotas and tunnels here.
     budgets: Mutex<HashMap<Uuid, Arc<AtomicI64>>>,
 }
@@ -208,6 +207,7 @@ impl UsageRecorder {
         redis: ConnectionManager,
         keys: Keys,
         spill_dir: Option<PathBuf>,
+        memory_batches: usize,
     ) -> Self {
         Self {
             superproxy_id,
@@ -217,6 +217,7 @@ impl UsageRecorder {
             pending: tokio::sync::Mutex::new(Vec::new()),
             next_seq: AtomicU64::new(1),
             spill: spill_dir.map(|dir| Spill { dir }),
+            memory_batches: memory_batches.max(1),
             budgets: Mutex::new(HashMap::new()),
         }
     }
@@ -438,11 +439,11 @@ impl UsageRecorder {
     /// Moves batches beyond the in-memory bound to the spill file (or, with
     /// no spill directory, drops them with an error).
     async fn spill_overflow(&self, pending: &mut Vec<Pending>) {
-        if pending.len() <= MAX_PENDING_BATCHES {
+        if pending.len() <= self.memory_batches {
             return;
         }
         let overflow: Vec<Pending> = pending
-            .drain(..pending.len() - MAX_PENDING_BATCHES)
+            .drain(..pending.len() - self.memory_batches)
             .collect();
         self.spill_or_drop(overflow).await;
     }

@@ -261,9 +261,18 @@ impl Stack {
     }
 
     pub async fn add_agent(&mut self, egress_ip: IpAddr) -> usize {
+        self.add_agent_with_ips(&[egress_ip]).await
+    }
+
+    /// An agent serving several egress IPs (the first names it).
+    pub async fn add_agent_with_ips(&mut self, egress_ips: &[IpAddr]) -> usize {
+        let egress_ip = egress_ips[0];
         let token = self.enrollment_token(&format!("exit-{egress_ip}")).await;
         let state = self.dir.path().join(format!("agent-{egress_ip}.json"));
         let mut args = self.agent_args(egress_ip, &state);
+        for more in &egress_ips[1..] {
+            args.extend(["--egress-ip".into(), more.to_string()]);
+        }
         args.extend(["--enroll-token".into(), token]);
         let (proc, addrs) = spawn_ready::<AgentAddrs>("exit-agent", &args, &[]).await;
         self.agents.push(Agent {

@@ -1,8 +1,9 @@
 //! Accounts: the customers that own proxy users.
 
-use axum::extract::{Path, State};
+use crate::extract::Json;
+use crate::extract::Path;
+use axum::extract::State;
 use axum::http::StatusCode;
-use axum::Json;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;

@@ -5,10 +5,11 @@
 //! its own credential, declaring its egress IPs. From then on the agent
 //! heartbeats with that credential and learns which superproxies to dial.
 
-use axum::extract::{Path, State};
+use crate::extract::Json;
+use crate::extract::Path;
+use axum::extract::State;
 use axum::http::request::Parts;
 use axum::http::StatusCode;
-use axum::Json;
 use chrono::{DateTime, Utc};
 use proxynet_protocol::secret::{constant_time_eq, sha256_hex, Secret};
 use proxynet_protocol::store::{SourceType, SuperproxyRecord};

@@ -1,9 +1,10 @@
 //! API keys: account keys see only their account; operator keys see all.
 //! A key is shown once, when created; only its SHA-256 is stored.
 
-use axum::extract::{Path, State};
+use crate::extract::Json;
+use crate::extract::Path;
+use axum::extract::State;
 use axum::http::StatusCode;
-use axum::Json;
 use proxynet_protocol::secret::sha256_hex;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;

@@ -5,10 +5,11 @@
 //! down). Amounts are integer cents, rounded up per line, so a customer is
 //! never billed for bytes we did not carry and we never lose a fraction.
 
-use axum::extract::{Path, Query, State};
+use crate::extract::Json;
+use crate::extract::{Path, Query};
+use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
 use chrono::{Datelike, TimeZone, Utc};
 use proxynet_protocol::store::{QuotaPeriod, SourceType};
 use serde::{Deserialize, Serialize};

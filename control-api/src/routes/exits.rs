@@ -1,8 +1,9 @@
 //! Exits as the operator sees them: provenance, egress IPs, liveness.
 
-use axum::extract::{Path, Query, State};
+use crate::extract::Json;
+use crate::extract::{Path, Query};
+use axum::extract::State;
 use axum::http::HeaderMap;
-use axum::Json;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use uuid::Uuid;

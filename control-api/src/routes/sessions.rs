@@ -3,9 +3,10 @@
 //! Ending a session deletes its pin: the next tunnel with that session id
 //! picks (and pins) an exit afresh on whichever superproxy it reaches.
 
-use axum::extract::{Path, State};
+use crate::extract::Json;
+use crate::extract::Path;
+use axum::extract::State;
 use axum::http::StatusCode;
-use axum::Json;
 use redis::AsyncCommands;
 use serde::Serialize;
 use uuid::Uuid;

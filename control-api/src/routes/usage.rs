@@ -1,7 +1,8 @@
 //! Usage read from the ledger: bytes per account, grouped as asked.
 
-use axum::extract::{Path, Query, State};
-use axum::Json;
+use crate::extract::Json;
+use crate::extract::{Path, Query};
+use axum::extract::State;
 use chrono::{DateTime, Duration, Utc};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;

@@ -5,10 +5,11 @@
 //! superproxies see revocations and password rotations without waiting for a
 //! cache to expire.
 
-use axum::extract::{Path, Query, State};
+use crate::extract::Json;
+use crate::extract::{Path, Query};
+use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::http::StatusCode;
-use axum::Json;
 use chrono::{DateTime, Utc};
 use proxynet_protocol::secret::Secret;
 use serde::{Deserialize, Serialize};

@@ -3,7 +3,7 @@
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use proxynet_protocol::link::{read_frame, write_frame, AgentHello, HelloReply, LINK_VERSION};
 use proxynet_protocol::secret::{constant_time_eq, sha256_hex};
-use proxynet_protocol::store::{ExitRecord, Keys};
+use proxynet_protocol::store::{AuditEvent, ExitRecord, Keys};
 use redis::aio::ConnectionManager;
 use redis::AsyncCommands;
 use std::sync::Arc;
@@ -28,6 +28,8 @@ pub struct LinkListener {
     pub registry: Arc<LinkRegistry>,
     pub redis: ConnectionManager,
     pub keys: Keys,
+    /// This superproxy, for audit events.
+    pub superproxy_id: uuid::Uuid,
 }
 
 impl LinkListener {
@@ -44,14 +46,14 @@ impl LinkListener {
             };
             let this = this.clone();
             tokio::spawn(async move {
-                if let Err(reason) = this.admit(tcp).await {
+                if let Err(reason) = this.admit(tcp, peer).await {
                     tracing::warn!(%peer, %reason, "agent link refused");
                 }
             });
         }
     }
 
-    async fn admit(&self, tcp: TcpStream) -> Result<(), String> {
+    async fn admit(&self, tcp: TcpStream, peer: std::net::SocketAddr) -> Result<(), String> {
         let _ = tcp.set_nodelay(true);
         let (mut tls, hello) = tokio::time::timeout(HANDSHAKE_TIMEOUT, async {
             let mut tls = self
@@ -87,8 +89,11 @@ impl LinkListener {
             .await
             .map_err(|e| format!("http/2 handshake: {e}"))?;
         let exit_id = hello.exit_id;
-        let link_id = self.registry.insert(exit_id, sender);
-        tracing::info!(exit = %exit_id, link = link_id, "agent link up");
+        let (link_id, replaced) = self.registry.insert(exit_id, peer, sender);
+        tracing::info!(exit = %exit_id, link = link_id, %peer, "agent link up");
+        if let Some(old) = replaced {
+            self.report_replacement(exit_id, &old, peer).await;
+        }
         if let Err(e) = connection.await {
             tracing::info!(exit = %exit_id, link = link_id, error = %e, "agent link ended");
         } else {
@@ -96,6 +101,45 @@ impl LinkListener {
         }
         self.registry.remove(exit_id, link_id);
         Ok(())
+    }
+
+    /// A second link with the same exit credential replaced the first: fine
+    /// for an agent that reconnected, alarming for two hosts sharing one
+    /// credential. Logged and sent to the audit log either way.
+    async fn report_replacement(
+        &self,
+        exit_id: uuid::Uuid,
+        old: &super::registry::Link,
+        peer: std::net::SocketAddr,
+    ) {
+        tracing::warn!(
+            exit = %exit_id,
+            old_link = old.id,
+            old_peer = %old.peer,
+            new_peer = %peer,
+            "a second link presented this exit's credential; the newest link takes new tunnels"
+        );
+        let event = AuditEvent {
+            id: uuid::Uuid::new_v4(),
+            actor: format!("superproxy:{}", self.superproxy_id),
+            action: "exit.link_replaced".into(),
+            subject: exit_id.to_string(),
+            detail: serde_json::json!({"old_peer": old.peer, "new_peer": peer}),
+        };
+        let Ok(json) = serde_json::to_string(&event) else {
+            return;
+        };
+        let mut redis = self.redis.clone();
+        let sent: Result<String, _> = redis::cmd("XADD")
+            .arg(self.keys.usage_stream())
+            .arg("*")
+            .arg("audit")
+            .arg(json)
+            .query_async(&mut redis)
+            .await;
+        if let Err(e) = sent {
+            tracing::warn!(error = %e, "could not send the link replacement to the audit log");
+        }
     }
 
     /// Checks the hello against the exit's record; unknown exit and wrong

@@ -1,8 +1,13 @@
 //! Which exits have a live link to this superproxy.
 //!
-//! One entry per exit: the HTTP/2 sender of its newest link. A link that ends
-//! removes itself, but only if it is still the registered one (an agent that
-//! reconnected quickly must not be unregistered by its old link's goodbye).
+//! One entry per exit: the HTTP/2 sender of its newest link. A second link
+//! presenting the same exit's credential replaces the first (newest wins: an
+//! agent that reconnects after a network blip must not wait for its dead link
+//! to time out); new tunnels go to the new link, the old one finishes its
+//! open tunnels and closes once nothing holds its sender. The listener logs
+//! and audits every replacement, since it is also what a stolen credential
+//! looks like. A link that ends removes itself, but only if it is still the
+//! registered one (an old link's goodbye must not unregister its successor).
 //! Every change bumps a watch channel so the pool recomputes eligibility at once
 //! instead of waiting for its next refresh.
 
@@ -21,6 +26,8 @@ pub type LinkSender = SendRequest<Empty<Bytes>>;
 pub struct Link {
     pub id: u64,
     pub exit_id: Uuid,
+    /// Where the agent dialled from.
+    pub peer: std::net::SocketAddr,
     pub sender: LinkSender,
 }
 
@@ -41,21 +48,28 @@ impl Default for LinkRegistry {
 }
 
 impl LinkRegistry {
-    /// Registers a new link for `exit_id`, replacing any older one; returns its id.
-    pub fn insert(&self, exit_id: Uuid, sender: LinkSender) -> u64 {
+    /// Registers a new link for `exit_id`, replacing any older one; returns
+    /// its id and the link it replaced.
+    pub fn insert(
+        &self,
+        exit_id: Uuid,
+        peer: std::net::SocketAddr,
+        sender: LinkSender,
+    ) -> (u64, Option<Link>) {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        if let Ok(mut links) = self.links.write() {
+        let replaced = self.links.write().ok().and_then(|mut links| {
             links.insert(
                 exit_id,
                 Link {
                     id,
                     exit_id,
+                    peer,
                     sender,
                 },
-            );
-        }
+            )
+        });
         self.changed.send_modify(|v| *v += 1);
-        id
+        (id, replaced)
     }
 
     /// Removes the link `link_id` of `exit_id` if it is still the registered one.

@@ -150,7 +150,11 @@ async fn embedded_loopback_spellings_of_a_protected_service_are_prohibited() {
             let mut s = socks5::login(stack.proxy_addrs.socks, USERNAME, PASSWORD)
                 .await
                 .unwrap();
-            assert_eq!(socks5::request(&mut s, 1, ip, redis_port).await, 0x02, "{ip}");
+            assert_eq!(
+                socks5::request(&mut s, 1, ip, redis_port).await,
+                0x02,
+                "{ip}"
+            );
         }
     }
 }
@@ -212,4 +216,3 @@ async fn a_postgres_outage_of_60_seconds_never_drops_an_exit() {
     })
     .await;
 }
-

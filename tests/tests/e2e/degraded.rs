@@ -88,7 +88,7 @@ async fn a_redis_outage_keeps_known_users_routing_and_recovers_without_restarts(
         .await;
     for proxy in proxies {
         let url = format!("http://carol:carol-password-1@{proxy}");
-        eventually("the new user to work", Duration::from_secs(10), || async {
+        eventually("the new user to work", Duration::from_secs(20), || async {
             (curl(&["-p", "-x", &url, &stack.whoami_url()]).await.status == 200).then_some(())
         })
         .await;

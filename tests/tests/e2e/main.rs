@@ -8,6 +8,7 @@ mod defects;
 mod degraded;
 mod docs;
 mod enrollment;
+mod hardening;
 mod health;
 mod ingress;
 mod limits;

@@ -41,8 +41,12 @@ async fn exact_bytes_through_connect_and_socks_reach_the_ledger() {
     s.read_exact(&mut rest).await.unwrap();
     pump(s, TEN_MB).await;
 
-    stack.wait_for_usage(account, connect_user, TEN_MB as u64, TEN_MB as u64).await;
-    stack.wait_for_usage(account, socks_user, TEN_MB as u64, TEN_MB as u64).await;
+    stack
+        .wait_for_usage(account, connect_user, TEN_MB as u64, TEN_MB as u64)
+        .await;
+    stack
+        .wait_for_usage(account, socks_user, TEN_MB as u64, TEN_MB as u64)
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -63,7 +67,9 @@ async fn a_control_api_crash_neither_loses_nor_duplicates_usage() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     stack.restart_api_after_kill().await;
     traffic.await.unwrap();
-    stack.wait_for_usage(account, user, 10_000_000, 10_000_000).await;
+    stack
+        .wait_for_usage(account, user, 10_000_000, 10_000_000)
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -98,7 +104,9 @@ async fn invoices_price_ledger_bytes_by_source_type_and_export_csv() {
         TEN_MB,
     )
     .await;
-    stack.wait_for_usage(account, user, TEN_MB as u64, TEN_MB as u64).await;
+    stack
+        .wait_for_usage(account, user, TEN_MB as u64, TEN_MB as u64)
+        .await;
 
     let invoice: serde_json::Value = stack
         .admin_get_json(&format!("/v1/accounts/{account}/invoices"))
@@ -194,5 +202,7 @@ async fn a_postgres_outage_of_30_seconds_loses_no_usage() {
     tokio::time::sleep(rest).await; // the outage itself, not a wait for a condition
     set_database_reachable(&stack, true).await;
 
-    stack.wait_for_usage(account, user, 10_001_000, 10_001_000).await;
+    stack
+        .wait_for_usage(account, user, 10_001_000, 10_001_000)
+        .await;
 }

@@ -22,9 +22,14 @@ use crate::pipeline::{Ingress, Pipeline, TargetSpec};
 /// Methods this proxy answers itself when `Max-Forwards` reaches zero.
 const ALLOW: &str = "GET, HEAD, POST, PUT, DELETE, OPTIONS, PATCH, CONNECT";
 
+/// The user the kept-alive client connection last served, registered for
+/// revocation until the connection ends or serves someone else.
+pub type ConnectionIdentity = Arc<std::sync::Mutex<Option<crate::open_tunnels::Registration>>>;
+
 pub async fn forward(
     pipeline: Arc<Pipeline>,
     ticket: ConnectionTicket,
+    identity: ConnectionIdentity,
     req: Request<Incoming>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     if req.method() == Method::TRACE {
@@ -99,6 +104,9 @@ pub async fn forward(
     let mut tunnel_info = http::HeaderMap::new();
     tunnel_headers(&mut tunnel_info, &tunnel);
     let mut holds = tunnel.holds;
+    if let Ok(mut current) = identity.lock() {
+        *current = Some(holds.register_connection(&pipeline.open_tunnels));
+    }
     let (mut sender, connection) = hyper::client::conn::http1::Builder::new()
         .preserve_header_case(true)
         .handshake::<_, Incoming>(TokioIo::new(tunnel.io))

@@ -49,9 +49,18 @@ pub async fn serve_connection(
         },
         switch.clone(),
     );
+    let identity = forward::ConnectionIdentity::default();
     let service = {
         let (pipeline, ticket) = (pipeline.clone(), ticket.clone());
-        service_fn(move |req| handle(pipeline.clone(), switch.clone(), ticket.clone(), req))
+        service_fn(move |req| {
+            handle(
+                pipeline.clone(),
+                switch.clone(),
+                ticket.clone(),
+                identity.clone(),
+                req,
+            )
+        })
     };
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
@@ -82,10 +91,11 @@ async fn handle(
     pipeline: Arc<Pipeline>,
     switch: TunnelSwitch,
     ticket: ConnectionTicket,
+    identity: forward::ConnectionIdentity,
     req: Request<Incoming>,
 ) -> Result<Response<ProxyBody>, Infallible> {
     let is_connect = req.method() == Method::CONNECT;
-    let response = match route(pipeline, switch.clone(), ticket, req).await {
+    let response = match route(pipeline, switch.clone(), ticket, identity, req).await {
         Ok(response) => response,
         Err(e) => {
             tracing::debug!(error = %e, "request refused");
@@ -103,6 +113,7 @@ async fn route(
     pipeline: Arc<Pipeline>,
     switch: TunnelSwitch,
     ticket: ConnectionTicket,
+    identity: forward::ConnectionIdentity,
     req: Request<Incoming>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     if req.method() == Method::CONNECT {
@@ -114,7 +125,7 @@ async fn route(
             "this is a forward proxy: send CONNECT or an absolute-form request",
         ));
     }
-    forward::forward(pipeline, ticket, req).await
+    forward::forward(pipeline, ticket, identity, req).await
 }
 
 /// The `Proxy-Authorization: Basic` credentials, if the client sent any. A
