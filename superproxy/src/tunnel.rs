@@ -280,3 +280,21 @@ impl TunnelOpener {
         }))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_retry_budget_allows_a_burst_then_its_share() {
+        let budget = RetryBudget::new(20);
+        let burst = (0..100).take_while(|_| budget.withdraw()).count();
+        assert_eq!(burst, 10);
+        // 20% of 50 opens: 10 more retries, no more.
+        for _ in 0..50 {
+            budget.deposit();
+        }
+        let share = (0..100).take_while(|_| budget.withdraw()).count();
+        assert_eq!(share, 10);
+    }
+}
