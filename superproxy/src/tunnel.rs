@@ -41,34 +41,34 @@ pub struct Opened {
     pub in_flight: InFlight,
 }
 
-/// Retries may add at most `ratio` of first attempts (plus a small burst), so
-/// an outage that makes every exit refuse cannot triple the load it sees.
+/// Retries may add at most `percent` of first attempts (plus a burst of ten),
+/// so an outage that makes every exit refuse cannot triple the load it sees.
+/// Tokens are counted in hundredths of a retry.
 pub struct RetryBudget {
-    ratio: f64,
-    burst: f64,
-    tokens: Mutex<f64>,
+    percent: u32,
+    tokens: Mutex<u32>,
 }
 
 impl RetryBudget {
+    const BURST: u32 = 10 * 100;
+
     pub fn new(percent: u32) -> Self {
-        let burst = 10.0;
         Self {
-            ratio: f64::from(percent.min(100)) / 100.0,
-            burst,
-            tokens: Mutex::new(burst),
+            percent: percent.min(100),
+            tokens: Mutex::new(Self::BURST),
         }
     }
 
     fn deposit(&self) {
         if let Ok(mut t) = self.tokens.lock() {
-            *t = (*t + self.ratio).min(self.burst.max(1.0));
+            *t = (*t + self.percent).min(Self::BURST);
         }
     }
 
     fn withdraw(&self) -> bool {
         match self.tokens.lock() {
-            Ok(mut t) if *t >= 1.0 => {
-                *t -= 1.0;
+            Ok(mut t) if *t >= 100 => {
+                *t -= 100;
                 true
             }
             _ => false,
