@@ -54,6 +54,19 @@ pub struct Config {
     #[arg(long, env = "PROXYNET_INSTANCE_NAME", default_value = "control-api-1")]
     pub instance_name: String,
 
+    /// How long the abuse-lookup record (who used which egress IP for which
+    /// target, per minute) is kept, in days.
+    #[arg(long, env = "PROXYNET_ABUSE_RETENTION_DAYS", default_value_t = 30)]
+    pub abuse_retention_days: u64,
+
+    /// How often expired abuse-lookup records are deleted, in seconds.
+    #[arg(
+        long,
+        env = "PROXYNET_ABUSE_PRUNE_INTERVAL_SECS",
+        default_value_t = 3_600
+    )]
+    pub abuse_prune_interval_secs: u64,
+
     /// Lifetime of a new enrollment token unless the request says otherwise, in seconds.
     #[arg(long, env = "PROXYNET_ENROLLMENT_TTL_SECS", default_value_t = 3_600)]
     pub enrollment_ttl_secs: u64,

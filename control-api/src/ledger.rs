@@ -140,6 +140,24 @@ impl LedgerConsumer {
             .execute(&mut *tx)
             .await?;
         }
+        for t in &batch.targets {
+            sqlx::query(
+                "INSERT INTO target_log (minute, egress_ip, exit_id, account_id, user_id, target_host, target_port, tunnels)
+                 VALUES (to_timestamp($1), $2::inet, $3, $4, $5, $6, $7, $8)
+                 ON CONFLICT (egress_ip, minute, exit_id, user_id, target_host, target_port)
+                 DO UPDATE SET tunnels = target_log.tunnels + EXCLUDED.tunnels",
+            )
+            .bind(t.minute as f64)
+            .bind(t.egress_ip.to_string())
+            .bind(t.exit_id)
+            .bind(t.account_id)
+            .bind(t.user_id)
+            .bind(&t.target_host)
+            .bind(i32::from(t.target_port))
+            .bind(i64::from(t.tunnels))
+            .execute(&mut *tx)
+            .await?;
+        }
         tx.commit().await?;
         Ok(())
     }

@@ -150,6 +150,16 @@ impl ControlApi {
             self.state.db.clone(),
             Duration::from_millis(self.state.config.heartbeat_persist_ms.max(100)),
         ));
+        let retention = tokio::spawn(routes::abuse::run_retention(
+            self.state.db.clone(),
+            Duration::from_secs(
+                self.state
+                    .config
+                    .abuse_retention_days
+                    .saturating_mul(86_400),
+            ),
+            Duration::from_secs(self.state.config.abuse_prune_interval_secs.max(1)),
+        ));
         let (heartbook, db) = (self.state.heartbeats.clone(), self.state.db.clone());
         let app = routes::router(self.state);
         let result = axum::serve(self.listener, app)
@@ -158,6 +168,7 @@ impl ControlApi {
         resync.abort();
         ledger.abort();
         heartbeats.abort();
+        retention.abort();
         // The last beats reach Postgres before we go (best effort).
         let _ = heartbook.persist(&db).await;
         result

@@ -15,9 +15,9 @@
 //! tombstone for [`TOMBSTONE_TTL_SECS`] for the same reason.
 
 use proxynet_protocol::store::{
-    ExitRecord, Keys, QuotaPeriod, SourceType, SuperproxyRecord, Tombstone, UserRecord,
-    DEL_IF_NOT_NEWER_SCRIPT, HEARTBEAT_SCRIPT, LIVE_MEMBERS_SCRIPT, PUT_IF_NEWER_SCRIPT,
-    TOMBSTONE_TTL_SECS,
+    Channel, ExitRecord, Keys, ProvenanceBlock, QuotaPeriod, SourceType, SuperproxyRecord,
+    Tombstone, UserRecord, DEL_IF_NOT_NEWER_SCRIPT, HEARTBEAT_SCRIPT, LIVE_MEMBERS_SCRIPT,
+    PUT_IF_NEWER_SCRIPT, TOMBSTONE_TTL_SECS,
 };
 use redis::aio::ConnectionManager;
 use redis::AsyncCommands;
@@ -48,6 +48,7 @@ struct UserRow {
     quota_period: String,
     allowed_source_types: Option<Vec<String>>,
     allowed_countries: Option<Vec<String>>,
+    allowed_channels: Option<Vec<String>>,
     deleted: bool,
 }
 
@@ -66,9 +67,67 @@ pub struct ExitRow {
     pub draining: bool,
     pub disabled: bool,
     pub version: i64,
+    pub withdrawn: bool,
+    /// The source's fields; `None` when the exit has no source.
+    pub channel: Option<String>,
+    pub supplier: Option<String>,
+    pub agreement_ref: Option<String>,
+    pub notice_description: Option<String>,
+    pub source_opt_out: Option<String>,
+    pub liable_party: Option<String>,
+    pub abuse_contact: Option<String>,
+    pub countries: Option<Vec<String>>,
+    pub consent_required: Option<bool>,
+    /// The exit's latest consent record.
+    pub consent_state: Option<String>,
+    pub consent_expires_at: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 impl ExitRow {
+    /// Whether the exit's provenance answers the four questions (where the
+    /// address comes from and through which channel, how its owner was
+    /// informed, how they opt out, who is liable) and, where consent is
+    /// required, whether it is granted and unrevoked. Expiry is judged here
+    /// and, at the instant itself, by every superproxy.
+    pub fn provenance_block(&self) -> Option<ProvenanceBlock> {
+        if self.withdrawn {
+            return Some(ProvenanceBlock::Withdrawn);
+        }
+        let filled = |v: &Option<String>| v.as_deref().is_some_and(|v| !v.trim().is_empty());
+        let complete = self.channel.as_deref().and_then(Channel::parse).is_some()
+            && [
+                &self.supplier,
+                &self.agreement_ref,
+                &self.notice_description,
+                &self.source_opt_out,
+                &self.liable_party,
+                &self.abuse_contact,
+            ]
+            .into_iter()
+            .all(filled)
+            && self
+                .countries
+                .as_ref()
+                .is_some_and(|c| c.contains(&self.country));
+        if !complete {
+            return Some(ProvenanceBlock::IncompleteProvenance);
+        }
+        if self.consent_required != Some(true) {
+            return None;
+        }
+        match self.consent_state.as_deref() {
+            None => Some(ProvenanceBlock::NoConsent),
+            Some("revoked") => Some(ProvenanceBlock::ConsentRevoked),
+            _ if self
+                .consent_expires_at
+                .is_some_and(|t| t <= chrono::Utc::now()) =>
+            {
+                Some(ProvenanceBlock::ConsentExpired)
+            }
+            _ => None,
+        }
+    }
+
     pub fn to_record(&self) -> ExitRecord {
         ExitRecord {
             id: self.id,
@@ -87,18 +146,31 @@ impl ExitRow {
             disabled: self.disabled,
             credential_sha256: self.credential_sha256.clone(),
             version: self.version,
+            channel: self.channel.as_deref().and_then(Channel::parse),
+            blocked: self.provenance_block(),
+            consent_expires_at_ms: self
+                .consent_expires_at
+                .filter(|_| self.consent_required == Some(true))
+                .map(|t| t.timestamp_millis()),
         }
     }
 }
 
-/// The projected `draining` is the operator's switch; the agent's own drain
-/// announcement reaches Redis with its heartbeat (`liveness.rs`).
-const EXIT_COLUMNS: &str = "id, name, source_type, owner, country, egress_ips, credential_sha256, \
-     city, asn, admin_draining AS draining, disabled, version";
+/// An exit with its source and its latest consent record. The projected
+/// `draining` is the operator's switch; the agent's own drain announcement
+/// reaches Redis with its heartbeat (`liveness.rs`).
+const EXIT_SELECT: &str = "SELECT e.id, e.name, e.source_type, e.owner, e.country, e.egress_ips, \
+     e.credential_sha256, e.city, e.asn, e.admin_draining AS draining, e.disabled, e.version, \
+     e.withdrawn_at IS NOT NULL AS withdrawn, s.channel, s.supplier, s.agreement_ref, \
+     s.notice_description, s.opt_out AS source_opt_out, s.liable_party, s.abuse_contact, \
+     s.countries, s.consent_required, c.state AS consent_state, c.expires_at AS consent_expires_at \
+     FROM exits e LEFT JOIN sources s ON s.id = e.source_id \
+     LEFT JOIN LATERAL (SELECT state, expires_at FROM consent_records \
+                         WHERE exit_id = e.id ORDER BY version DESC LIMIT 1) c ON true";
 
 const USER_COLUMNS: &str = "id, account_id, username, password_hash, enabled, version, \
      max_concurrent_tunnels, max_new_tunnels_per_second, bandwidth_bytes, quota_period, \
-     allowed_source_types, allowed_countries, deleted_at IS NOT NULL AS deleted";
+     allowed_source_types, allowed_countries, allowed_channels, deleted_at IS NOT NULL AS deleted";
 
 impl Projector {
     pub fn new(db: PgPool, redis: ConnectionManager, keys: Keys) -> Self {
@@ -171,6 +243,25 @@ impl Projector {
         Ok(())
     }
 
+    /// Re-projects every exit of a source (after the source changed).
+    pub async fn source_exits(&self, source: Uuid) {
+        let ids: Result<Vec<(Uuid,)>, _> =
+            sqlx::query_as("SELECT id FROM exits WHERE source_id = $1")
+                .bind(source)
+                .fetch_all(&self.db)
+                .await;
+        match ids {
+            Ok(ids) => {
+                for (id,) in ids {
+                    self.exit(id).await;
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "source projection failed; the next resync repairs it")
+            }
+        }
+    }
+
     /// Re-projects one exit's record (not its liveness, which heartbeats own).
     pub async fn exit(&self, id: Uuid) {
         if let Err(e) = self.try_exit(id).await {
@@ -179,11 +270,10 @@ impl Projector {
     }
 
     async fn try_exit(&self, id: Uuid) -> Result<(), ProjectionError> {
-        let row: Option<ExitRow> =
-            sqlx::query_as(&format!("SELECT {EXIT_COLUMNS} FROM exits WHERE id = $1"))
-                .bind(id)
-                .fetch_optional(&self.db)
-                .await?;
+        let row: Option<ExitRow> = sqlx::query_as(&format!("{EXIT_SELECT} WHERE e.id = $1"))
+            .bind(id)
+            .fetch_optional(&self.db)
+            .await?;
         let mut redis = self.redis.clone();
         match row {
             Some(row) => {
@@ -327,9 +417,7 @@ impl Projector {
 
         self.rebuild_quota_counters(&users).await?;
 
-        let exits: Vec<ExitRow> = sqlx::query_as(&format!("SELECT {EXIT_COLUMNS} FROM exits"))
-            .fetch_all(&self.db)
-            .await?;
+        let exits: Vec<ExitRow> = sqlx::query_as(EXIT_SELECT).fetch_all(&self.db).await?;
         for chunk in exits.chunks(500) {
             let mut pipe = redis::pipe();
             for row in chunk {
@@ -507,6 +595,10 @@ fn user_record(row: &UserRow) -> UserRecord {
             .as_ref()
             .map(|types| types.iter().filter_map(|t| SourceType::parse(t)).collect()),
         allowed_countries: row.allowed_countries.clone(),
+        allowed_channels: row
+            .allowed_channels
+            .as_ref()
+            .map(|channels| channels.iter().filter_map(|c| Channel::parse(c)).collect()),
     }
 }
 

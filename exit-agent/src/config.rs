@@ -9,8 +9,16 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 #[derive(Debug, Clone, Parser)]
-#[command(name = "exit-agent", version, about = "proxynet exit agent")]
+#[command(
+    name = "exit-agent",
+    version,
+    about = "proxynet exit agent",
+    subcommand_negates_reqs = true
+)]
 pub struct Config {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+
     /// Base URL of the control-api, e.g. https://control.example.net
     #[arg(long, env = "PROXYNET_CONTROL_API")]
     pub control_api: String,
@@ -95,6 +103,16 @@ pub struct Config {
 
     #[command(flatten)]
     pub egress: EgressArgs,
+}
+
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum Command {
+    /// Withdraw this exit from the network (its owner's right): the running
+    /// agent (found at --admin-listen) stops taking tunnels and ends the open
+    /// ones; the control plane revokes its consent. Works with the control
+    /// plane unreachable: the agent refuses tunnels and retries until it is
+    /// acknowledged.
+    OptOut,
 }
 
 impl Config {

@@ -94,6 +94,7 @@ impl ControlClient {
         Ok(AgentState {
             exit_id: body.exit_id,
             credential: body.credential,
+            opted_out: None,
         })
     }
 
@@ -110,6 +111,20 @@ impl ControlClient {
         };
         self.post(&path, Some(&state.credential), &request, "heartbeat")
             .await
+    }
+
+    /// Tells the control plane the owner withdrew this exit (idempotent).
+    pub async fn opt_out(&self, state: &AgentState) -> Result<(), ControlError> {
+        let path = format!("/v1/agent/exits/{}/opt-out", state.exit_id);
+        let _: serde_json::Value = self
+            .post(
+                &path,
+                Some(&state.credential),
+                &serde_json::json!({"reason": "withdrawn by the exit's owner (exit-agent opt-out)"}),
+                "opt-out",
+            )
+            .await?;
+        Ok(())
     }
 
     /// POSTs JSON and decodes the JSON answer; a refusal carries the API's

@@ -14,6 +14,7 @@ pub mod config;
 pub mod control;
 pub mod dns;
 pub mod link;
+pub mod optout;
 pub mod policy;
 pub mod state;
 pub mod tunnel;
@@ -107,6 +108,11 @@ impl ExitAgent {
             admin: admin_addr,
             exit_id: identity.exit_id,
         };
+        let withdrawn = identity.opted_out.is_some();
+        if withdrawn {
+            tracing::warn!("this exit was withdrawn by its owner: it carries no tunnels");
+        }
+        let opt_out = std::sync::Mutex::new(identity.opted_out.clone());
         let ctx = Arc::new(TunnelContext {
             config,
             identity,
@@ -116,6 +122,9 @@ impl ExitAgent {
             links_up: AtomicUsize::new(0),
             draining: AtomicBool::new(false),
             refusing: AtomicBool::new(false),
+            withdrawn: AtomicBool::new(withdrawn),
+            cut_all: CancellationToken::new(),
+            opt_out,
         });
         Ok(Self {
             ctx,
@@ -138,6 +147,10 @@ impl ExitAgent {
             }
         });
         let heartbeats = tokio::spawn(heartbeat_loop(self.control.clone(), ctx.clone()));
+        let withdrawals = tokio::spawn(optout::acknowledge_until_done(
+            ctx.clone(),
+            self.control.clone(),
+        ));
         shutdown.await;
 
         // Drain in the order that loses no tunnel: announce, let the news spread,
@@ -160,6 +173,7 @@ impl ExitAgent {
         }
         tracing::info!(left = active(&ctx), "drained; closing links");
         heartbeats.abort();
+        withdrawals.abort();
         admin.abort();
     }
 }
@@ -184,7 +198,7 @@ async fn heartbeat_loop(control: ControlClient, ctx: Arc<TunnelContext>) {
     let mut interval = Duration::from_secs(5);
     let mut failures: u32 = 0;
     loop {
-        let draining = ctx.draining.load(Ordering::Relaxed);
+        let draining = ctx.announces_draining();
         match control
             .heartbeat(&ctx.identity, draining, active(&ctx))
             .await

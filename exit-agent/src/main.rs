@@ -6,6 +6,18 @@ use proxynet_protocol::{ready, shutdown, telemetry};
 async fn main() -> std::process::ExitCode {
     telemetry::init(telemetry::DEFAULT_FILTER);
     let config = Config::parse();
+    if let Some(exit_agent::config::Command::OptOut) = config.command {
+        return match exit_agent::optout::run_cli(&config).await {
+            Ok(message) => {
+                println!("{message}");
+                std::process::ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("exit-agent opt-out: {e}");
+                std::process::ExitCode::FAILURE
+            }
+        };
+    }
     let agent = match ExitAgent::bind(config).await {
         Ok(agent) => agent,
         Err(e) => {

@@ -9,6 +9,19 @@ use uuid::Uuid;
 pub struct AgentState {
     pub exit_id: Uuid,
     pub credential: Secret,
+    /// Set when the person behind this exit withdrew it (`exit-agent
+    /// opt-out`): from then on the agent carries nothing, across restarts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub opted_out: Option<OptOutState>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct OptOutState {
+    /// Unix seconds when the owner withdrew.
+    pub requested_at: i64,
+    /// Unix seconds when the control plane recorded it (`None`: not yet;
+    /// the agent keeps retrying).
+    pub acknowledged_at: Option<i64>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -28,6 +41,8 @@ pub enum StateError {
         path: String,
         source: std::io::Error,
     },
+    #[error("the agent's state lock is poisoned")]
+    Poisoned,
 }
 
 impl AgentState {

@@ -16,7 +16,7 @@ use proxynet_protocol::link::{
     Outcome, HEADER_CONNECT_BUDGET_MS, HEADER_EGRESS_IP, HEADER_OUTCOME, HEADER_VERSION,
     LINK_VERSION, PROBE_PATH,
 };
-use proxynet_protocol::splice::splice;
+use proxynet_protocol::splice::splice_until;
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -44,6 +44,19 @@ pub struct TunnelContext {
     pub draining: AtomicBool,
     /// New streams are refused (after the drain announcement had time to spread).
     pub refusing: AtomicBool,
+    /// The owner withdrew this exit: it carries nothing from now on.
+    pub withdrawn: AtomicBool,
+    /// Cancelled at a withdrawal: every open tunnel ends at once.
+    pub cut_all: tokio_util::sync::CancellationToken,
+    /// The withdrawal, as persisted in the state file.
+    pub opt_out: std::sync::Mutex<Option<crate::state::OptOutState>>,
+}
+
+impl TunnelContext {
+    /// Draining or withdrawn: what the heartbeat announces.
+    pub fn announces_draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed) || self.withdrawn.load(Ordering::Relaxed)
+    }
 }
 
 /// Decrements the active-tunnel count however the tunnel ends.
@@ -61,7 +74,7 @@ pub async fn handle(
 ) -> Result<Response<Empty<Bytes>>, Infallible> {
     if req.method() == Method::GET && req.uri().path() == PROBE_PATH {
         // Draining agents fail probes too: superproxies stop choosing them.
-        let outcome = if ctx.draining.load(Ordering::Relaxed) {
+        let outcome = if ctx.announces_draining() {
             Outcome::Draining
         } else {
             Outcome::Connected
@@ -82,11 +95,13 @@ pub async fn handle(
     };
     let on_upgrade = hyper::upgrade::on(&mut req);
     let limits = ctx.config.tunnel_limits();
+    let cut = ctx.cut_all.clone();
     tokio::spawn(async move {
         let _guard = guard;
         match on_upgrade.await {
             Ok(upgraded) => {
-                let outcome = splice(TokioIo::new(upgraded), tcp, limits).await;
+                let outcome =
+                    splice_until(TokioIo::new(upgraded), tcp, limits, cut.cancelled()).await;
                 tracing::debug!(up = outcome.up, down = outcome.down, end = ?outcome.end, "tunnel closed");
             }
             Err(e) => {
@@ -109,7 +124,7 @@ fn answer(outcome: Outcome) -> Response<Empty<Bytes>> {
 }
 
 async fn open(ctx: &TunnelContext, req: &Request<Incoming>) -> Result<TcpStream, Outcome> {
-    if ctx.refusing.load(Ordering::Relaxed) {
+    if ctx.refusing.load(Ordering::Relaxed) || ctx.withdrawn.load(Ordering::Relaxed) {
         return Err(Outcome::Draining);
     }
     let header = |name: &str| req.headers().get(name).and_then(|v| v.to_str().ok());

@@ -129,6 +129,9 @@ pub struct UserRecord {
     /// Countries (ISO 3166-1 alpha-2) this user may use (`None`: any).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allowed_countries: Option<Vec<String>>,
+    /// Acquisition channels this user may use (`None`: any).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allowed_channels: Option<Vec<Channel>>,
 }
 
 /// What the user key holds: a live user, the tombstone of a deleted one, or
@@ -305,6 +308,89 @@ impl SourceType {
     }
 }
 
+/// How an exit's IP address was obtained (the provenance's acquisition channel).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Channel {
+    /// Hardware we own, in our racks.
+    Owned,
+    /// A server leased from a hosting provider.
+    Leased,
+    /// Addresses under a contract with an ISP.
+    Isp,
+    /// An SDK in a partner's app on someone's device.
+    Sdk,
+    /// A browser extension on someone's computer.
+    Extension,
+    /// A bandwidth-sharing app its owner installed.
+    Sharing,
+    /// Bought from a reseller.
+    Reseller,
+}
+
+impl Channel {
+    pub const ALL: [Channel; 7] = [
+        Channel::Owned,
+        Channel::Leased,
+        Channel::Isp,
+        Channel::Sdk,
+        Channel::Extension,
+        Channel::Sharing,
+        Channel::Reseller,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Channel::Owned => "owned",
+            Channel::Leased => "leased",
+            Channel::Isp => "isp",
+            Channel::Sdk => "sdk",
+            Channel::Extension => "extension",
+            Channel::Sharing => "sharing",
+            Channel::Reseller => "reseller",
+        }
+    }
+
+    pub fn parse(value: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|c| c.as_str() == value)
+    }
+
+    /// The address belongs to someone else, whose consent routing needs.
+    pub fn borrows_someone_elses_line(self) -> bool {
+        matches!(self, Channel::Sdk | Channel::Extension | Channel::Sharing)
+    }
+}
+
+/// Why an exit may not carry traffic for provenance reasons (the reason
+/// class customers see in a 503; never private data).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProvenanceBlock {
+    /// The source does not answer the four questions (where from and how,
+    /// how the user was informed, how they opt out, who is liable).
+    IncompleteProvenance,
+    /// Consent is required and none was ever granted.
+    NoConsent,
+    /// The latest consent was revoked.
+    ConsentRevoked,
+    /// The latest consent expired (also judged live, from `consent_expires_at_ms`).
+    ConsentExpired,
+    /// The person behind the exit withdrew it (`exit-agent opt-out`).
+    Withdrawn,
+}
+
+impl ProvenanceBlock {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProvenanceBlock::IncompleteProvenance => "incomplete_provenance",
+            ProvenanceBlock::NoConsent => "no_consent",
+            ProvenanceBlock::ConsentRevoked => "consent_revoked",
+            ProvenanceBlock::ConsentExpired => "consent_expired",
+            ProvenanceBlock::Withdrawn => "withdrawn",
+        }
+    }
+}
+
 /// What a superproxy needs to route through an exit and to admit its agent.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ExitRecord {
@@ -331,6 +417,27 @@ pub struct ExitRecord {
     /// Projection version (newer always wins in Redis).
     #[serde(default)]
     pub version: i64,
+    /// How the exit's address was obtained (from its source).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub channel: Option<Channel>,
+    /// Set when provenance or consent forbids routing through the exit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blocked: Option<ProvenanceBlock>,
+    /// When the exit's consent expires (Unix ms): it stops being eligible at
+    /// that instant, without any event.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub consent_expires_at_ms: Option<i64>,
+}
+
+impl ExitRecord {
+    /// Why the exit may not carry traffic at `now_ms` for provenance reasons.
+    pub fn provenance_block(&self, now_ms: i64) -> Option<ProvenanceBlock> {
+        self.blocked.or_else(|| {
+            self.consent_expires_at_ms
+                .filter(|expiry| *expiry <= now_ms)
+                .map(|_| ProvenanceBlock::ConsentExpired)
+        })
+    }
 }
 
 /// A superproxy's announcement: where agents should dial and which certificate to pin.
@@ -373,12 +480,31 @@ pub struct AuditEvent {
     pub detail: serde_json::Value,
 }
 
+/// Who reached which target through which egress IP in one minute: what an
+/// abuse desk asks about. Host and port only, never a path or credential.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TargetRow {
+    pub account_id: Uuid,
+    pub user_id: Uuid,
+    pub exit_id: Uuid,
+    pub egress_ip: IpAddr,
+    pub target_host: String,
+    pub target_port: u16,
+    /// Start of the minute, Unix seconds.
+    pub minute: i64,
+    pub tunnels: u32,
+}
+
 /// One flush of one superproxy: the unit of idempotency in the ledger.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct UsageBatch {
     pub batch_id: Uuid,
     pub superproxy_id: Uuid,
     pub rows: Vec<UsageRow>,
+    /// Tunnels opened since the last flush, per (user, exit, egress IP,
+    /// target, minute): the abuse-lookup record.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub targets: Vec<TargetRow>,
 }
 
 /// `KEYS[1]` live set, `ARGV[1]` member, `ARGV[2]` ttl in ms: marks the member

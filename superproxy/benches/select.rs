@@ -70,6 +70,9 @@ fn view(n: usize, link: &Link) -> PoolView {
                 disabled: false,
                 credential_sha256: String::new(),
                 version: 0,
+                channel: None,
+                blocked: None,
+                consent_expires_at_ms: None,
             }),
             link: link.clone(),
         })
@@ -84,6 +87,7 @@ fn view(n: usize, link: &Link) -> PoolView {
         index,
         live: n,
         degraded: false,
+        blocked: Vec::new(),
     }
 }
 

@@ -144,11 +144,13 @@ impl Superproxy {
 
         let registry = Arc::new(LinkRegistry::default());
         let health = Arc::new(health::HealthBook::new(config.health()));
+        let open_tunnels = Arc::new(open_tunnels::OpenTunnels::default());
         let pool = Arc::new(Pool::new(
             redis.clone(),
             keys.clone(),
             registry.clone(),
             health,
+            open_tunnels.clone(),
         ));
         let auth = Authenticator::new(
             redis.clone(),
@@ -192,7 +194,7 @@ impl Superproxy {
             config: Arc::new(config),
             auth,
             opener,
-            open_tunnels: Arc::new(open_tunnels::OpenTunnels::default()),
+            open_tunnels,
         });
         let admin_state = Arc::new(AdminState {
             superproxy_id: id,

@@ -156,6 +156,14 @@ impl Pipeline {
             opened.exit_id,
             client.limits.bandwidth,
         );
+        self.usage.record_target(
+            client.account_id,
+            client.user_id,
+            opened.exit_id,
+            opened.egress_ip,
+            target.host_string(),
+            target.port,
+        );
         let meter_view = meter.0.clone();
         let registration = self.open_tunnels.register(
             client.user_id,
@@ -241,8 +249,17 @@ impl Pipeline {
                 ));
             }
         }
+        if let (Some(asked), Some(allowed)) = (targeting.channel, &user.allowed_channels) {
+            if !allowed.contains(&asked) {
+                return Err(ProxyError::new(
+                    ErrorKind::TargetingNotAllowed,
+                    format!("this proxy user may not use channel={}", asked.as_str()),
+                ));
+            }
+        }
         targeting.allowed_types = user.allowed_source_types.clone();
         targeting.allowed_countries = user.allowed_countries.clone();
+        targeting.allowed_channels = user.allowed_channels.clone();
         Ok(Client {
             user_id: user.id,
             account_id: user.account_id,

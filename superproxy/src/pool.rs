@@ -7,7 +7,7 @@
 //! immutable snapshot, so picking an exit takes no lock beyond one `Arc` clone.
 //! When Redis is unreachable the last known view stays in use (degraded).
 
-use proxynet_protocol::store::{ExitRecord, Keys, LIVE_AND_DRAINING_SCRIPT};
+use proxynet_protocol::store::{ExitRecord, Keys, ProvenanceBlock, LIVE_AND_DRAINING_SCRIPT};
 use rand::Rng;
 use redis::aio::ConnectionManager;
 use std::collections::{HashMap, HashSet};
@@ -18,6 +18,7 @@ use uuid::Uuid;
 
 use crate::health::HealthBook;
 use crate::link::registry::{Link, LinkRegistry};
+use crate::open_tunnels::OpenTunnels;
 use crate::username::Targeting;
 
 /// One exit we could send a tunnel through.
@@ -47,10 +48,16 @@ pub struct PoolView {
     pub live: usize,
     /// Last refresh from Redis failed; the view is the last known one.
     pub degraded: bool,
+    /// Live, linked exits that provenance or consent keeps out of rotation.
+    pub blocked: Vec<(Arc<ExitRecord>, ProvenanceBlock)>,
 }
 
 pub struct Pool {
     health: Arc<HealthBook>,
+    open_tunnels: Arc<OpenTunnels>,
+    /// Exits blocked by provenance in the last two rebuilds, so a newly
+    /// blocked exit's tunnels are cut once more after a racing open.
+    recently_blocked: std::sync::Mutex<[HashSet<Uuid>; 2]>,
     redis: ConnectionManager,
     keys: Keys,
     registry: Arc<LinkRegistry>,
@@ -159,6 +166,11 @@ pub fn matches(record: &ExitRecord, targeting: &Targeting) -> bool {
             .allowed_countries
             .as_ref()
             .is_none_or(|countries| countries.contains(&record.country))
+        && targeting.channel.is_none_or(|c| record.channel == Some(c))
+        && targeting
+            .allowed_channels
+            .as_ref()
+            .is_none_or(|channels| record.channel.is_some_and(|c| channels.contains(&c)))
 }
 
 impl Pool {
@@ -167,9 +179,12 @@ impl Pool {
         keys: Keys,
         registry: Arc<LinkRegistry>,
         health: Arc<HealthBook>,
+        open_tunnels: Arc<OpenTunnels>,
     ) -> Self {
         Self {
             health,
+            open_tunnels,
+            recently_blocked: std::sync::Mutex::new([HashSet::new(), HashSet::new()]),
             redis,
             keys,
             registry,
@@ -199,6 +214,28 @@ impl Pool {
     /// The eligible exit `id`, if it still is.
     pub fn eligible(&self, id: &Uuid) -> Option<Candidate> {
         self.view().get(id).cloned()
+    }
+
+    /// Revoked or expired consent (or a withdrawal) cuts the exit's open
+    /// tunnels, not only its next ones: those newly blocked in this rebuild
+    /// or the one before (a tunnel opening while the block arrived is caught
+    /// by the second round).
+    fn cut_newly_blocked(&self, blocked: &[(Arc<ExitRecord>, ProvenanceBlock)]) {
+        let now: HashSet<Uuid> = blocked.iter().map(|(r, _)| r.id).collect();
+        let Ok(mut rounds) = self.recently_blocked.lock() else {
+            return;
+        };
+        let [before_last, last] = &*rounds;
+        for id in &now {
+            if !before_last.contains(id) {
+                let cut = self.open_tunnels.cut_exit(*id);
+                if cut > 0 {
+                    tracing::info!(exit = %id, tunnels = cut, "exit lost its provenance or consent; open tunnels cut");
+                }
+            }
+        }
+        let last = last.clone();
+        *rounds = [last, now];
     }
 
     /// Keeps the view current until the task is dropped.
@@ -272,8 +309,22 @@ impl Pool {
         Ok((live, agent_draining, records))
     }
 
+    /// A live, linked exit blocked by provenance that would match
+    /// `targeting`: the reason class a 503 names.
+    pub fn blocked_match(&self, targeting: &Targeting) -> Option<ProvenanceBlock> {
+        self.view()
+            .blocked
+            .iter()
+            .find(|(record, _)| matches(record, targeting))
+            .map(|(_, why)| *why)
+    }
+
     fn rebuild(&self) {
         let links = self.registry.snapshot();
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64);
+        let mut blocked = Vec::new();
         let (eligible, live, degraded) = match self.known.read() {
             Ok(known) => {
                 let eligible: Vec<Candidate> = known
@@ -282,6 +333,12 @@ impl Pool {
                     .filter_map(|id| {
                         let record = known.records.get(id)?;
                         let link = links.get(id)?;
+                        // Provenance first: an exit that cannot answer for its
+                        // address carries nothing, whatever else it is.
+                        if let Some(why) = record.provenance_block(now_ms) {
+                            blocked.push((record.clone(), why));
+                            return None;
+                        }
                         (!record.draining
                             && !known.agent_draining.contains(id)
                             && !record.disabled
@@ -296,6 +353,7 @@ impl Pool {
             }
             Err(_) => return,
         };
+        self.cut_newly_blocked(&blocked);
         let index = eligible
             .iter()
             .enumerate()
@@ -307,6 +365,7 @@ impl Pool {
                 index,
                 live,
                 degraded,
+                blocked,
             });
         }
     }

@@ -112,6 +112,14 @@ impl Target {
         }
     }
 
+    /// The host as a string: a name, or the IP without brackets.
+    pub fn host_string(&self) -> String {
+        match &self.host {
+            Host::Ip(ip) => ip.to_string(),
+            Host::Name(name) => name.clone(),
+        }
+    }
+
     /// `host:port` for the agent link request.
     pub fn authority(&self) -> String {
         self.to_string()

@@ -271,6 +271,17 @@ impl TunnelOpener {
                     "no eligible exit has an egress address of the target's IP family",
                 );
             }
+            // Name the reason class when provenance is what keeps the
+            // matching exits out (never which exit or whose consent).
+            if let Some(why) = self.pool.blocked_match(targeting) {
+                return ProxyError::new(
+                    ErrorKind::NoExit,
+                    format!(
+                        "no exit with valid provenance is available ({})",
+                        why.as_str()
+                    ),
+                );
+            }
             let detail = if targeting.is_empty() {
                 "no exit is available right now".to_owned()
             } else {

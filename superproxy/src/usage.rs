@@ -22,7 +22,7 @@
 //! counts twice. A clean shutdown flushes (or spills); `kill -9` loses at
 //! most one flush interval.
 
-use proxynet_protocol::store::{Keys, QuotaPeriod, UsageBatch, UsageRow};
+use proxynet_protocol::store::{Keys, QuotaPeriod, TargetRow, UsageBatch, UsageRow};
 use redis::aio::ConnectionManager;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -199,7 +199,12 @@ pub struct UsageRecorder {
     memory_batches: usize,
     /// Per-user byte budgets of users with quotas and tunnels here.
     budgets: Mutex<HashMap<Uuid, Arc<AtomicI64>>>,
+    /// Tunnels opened since the last flush, per abuse-lookup key.
+    targets: Mutex<HashMap<TargetKey, u32>>,
 }
+
+/// (account, user, exit, egress IP, target host, target port, minute)
+type TargetKey = (Uuid, Uuid, Uuid, std::net::IpAddr, String, u16, i64);
 
 impl UsageRecorder {
     pub fn new(
@@ -219,6 +224,30 @@ impl UsageRecorder {
             spill: spill_dir.map(|dir| Spill { dir }),
             memory_batches: memory_batches.max(1),
             budgets: Mutex::new(HashMap::new()),
+            targets: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Notes one opened tunnel for the abuse-lookup record: who reached which
+    /// host:port through which egress IP, this minute.
+    pub fn record_target(
+        &self,
+        account_id: Uuid,
+        user_id: Uuid,
+        exit_id: Uuid,
+        egress_ip: std::net::IpAddr,
+        host: String,
+        port: u16,
+    ) {
+        let minute = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as i64)
+            / 60
+            * 60;
+        if let Ok(mut targets) = self.targets.lock() {
+            *targets
+                .entry((account_id, user_id, exit_id, egress_ip, host, port, minute))
+                .or_default() += 1;
         }
     }
 
@@ -307,7 +336,31 @@ impl UsageRecorder {
             !done
         });
         drop(meters);
-        if sums.is_empty() {
+        let targets: Vec<TargetRow> = self
+            .targets
+            .lock()
+            .map(|mut t| std::mem::take(&mut *t))
+            .unwrap_or_default()
+            .into_iter()
+            .map(
+                |(
+                    (account_id, user_id, exit_id, egress_ip, target_host, target_port, minute),
+                    tunnels,
+                )| {
+                    TargetRow {
+                        account_id,
+                        user_id,
+                        exit_id,
+                        egress_ip,
+                        target_host,
+                        target_port,
+                        minute,
+                        tunnels,
+                    }
+                },
+            )
+            .collect();
+        if sums.is_empty() && targets.is_empty() {
             return None;
         }
         let rows = sums
@@ -328,6 +381,7 @@ impl UsageRecorder {
                 batch_id: Uuid::new_v4(),
                 superproxy_id: self.superproxy_id,
                 rows,
+                targets,
             },
             seq: self.next_seq.fetch_add(1, Ordering::Relaxed),
             quota: quota

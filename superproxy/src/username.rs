@@ -18,7 +18,7 @@
 //! 256 bytes — is an error with a precise reason, never silently ignored.
 //! docs/username.md is the user-facing copy of this table.
 
-use proxynet_protocol::store::SourceType;
+use proxynet_protocol::store::{Channel, SourceType};
 use std::fmt;
 use std::time::Duration;
 use uuid::Uuid;
@@ -51,11 +51,15 @@ pub struct Targeting {
     pub city: Option<String>,
     pub asn: Option<u32>,
     pub source_type: Option<SourceType>,
+    /// Acquisition channel of the exit's source (`channel-owned`, `channel-sdk`, ...).
+    pub channel: Option<Channel>,
     pub exit: Option<Uuid>,
     /// Not from the username: the source types the account allows this user.
     pub allowed_types: Option<Vec<SourceType>>,
     /// Not from the username: the countries the account allows this user.
     pub allowed_countries: Option<Vec<String>>,
+    /// The user's policy: channels it may use at all.
+    pub allowed_channels: Option<Vec<Channel>>,
 }
 
 impl Targeting {
@@ -80,6 +84,9 @@ impl fmt::Display for Targeting {
         if let Some(t) = self.source_type {
             parts.push(format!("type={}", t.as_str()));
         }
+        if let Some(c) = self.channel {
+            parts.push(format!("channel={}", c.as_str()));
+        }
         if let Some(e) = self.exit {
             parts.push(format!("exit={e}"));
         }
@@ -89,6 +96,10 @@ impl fmt::Display for Targeting {
         }
         if let Some(countries) = &self.allowed_countries {
             parts.push(format!("allowed-countries={}", countries.join(",")));
+        }
+        if let Some(channels) = &self.allowed_channels {
+            let names: Vec<&str> = channels.iter().map(|c| c.as_str()).collect();
+            parts.push(format!("allowed-channels={}", names.join(",")));
         }
         f.write_str(&parts.join(" "))
     }
@@ -242,6 +253,14 @@ pub fn parse(raw: &str) -> Result<ParsedUsername, UsernameError> {
                     SourceType::parse(value).ok_or(UsernameError::BadValue {
                         key: "type",
                         reason: "dc, isp, res or mobile",
+                    })
+                })?;
+            }
+            "channel" => {
+                set_once(&mut targeting.channel, "channel", || {
+                    Channel::parse(value).ok_or(UsernameError::BadValue {
+                        key: "channel",
+                        reason: "owned, leased, isp, sdk, extension, sharing or reseller",
                     })
                 })?;
             }

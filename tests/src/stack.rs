@@ -93,6 +93,7 @@ pub struct Stack {
     pub user_id: Uuid,
     /// The link between the control-api and Postgres, when asked for.
     pub postgres_link: Option<crate::faults::FaultyLink>,
+    dc_source: std::sync::Mutex<Option<Uuid>>,
 }
 
 impl Stack {
@@ -150,6 +151,7 @@ impl Stack {
             options: options.clone(),
             user_id: Uuid::nil(),
             postgres_link,
+            dc_source: std::sync::Mutex::new(None),
         };
         let account = stack.create_account("acme").await;
         stack.user_id = stack.create_user(account, USERNAME, PASSWORD).await;
@@ -211,12 +213,64 @@ impl Stack {
             .unwrap()
     }
 
+    /// A source that answers all four provenance questions: datacenter
+    /// addresses we own. Created once per stack, on first use.
+    pub async fn complete_dc_source(&self) -> Uuid {
+        if let Some(id) = *self.dc_source.lock().unwrap() {
+            return id;
+        }
+        let id = self
+            .create_source(json!({
+                "name": "proxynet-tests-dc",
+                "source_type": "dc",
+                "channel": "owned",
+                "supplier": "proxynet-tests",
+                "agreement_ref": "internal: test racks",
+                "notice_description": "addresses of our own hosts; no third party involved",
+                "opt_out": "not applicable: operator-owned hardware",
+                "liable_party": "proxynet-tests operator",
+                "abuse_contact": "abuse@example.test",
+                "countries": ["DE", "US", "FR"],
+            }))
+            .await;
+        *self.dc_source.lock().unwrap() = Some(id);
+        id
+    }
+
+    /// `POST /v1/sources` with `body`; the new source's id.
+    pub async fn create_source(&self, body: serde_json::Value) -> Uuid {
+        let r = self
+            .http
+            .post(self.api("/v1/sources"))
+            .bearer_auth(ADMIN_TOKEN)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            r.status(),
+            201,
+            "create source: {}",
+            r.text().await.unwrap()
+        );
+        r.json::<serde_json::Value>().await.unwrap()["id"]
+            .as_str()
+            .unwrap()
+            .parse()
+            .unwrap()
+    }
+
     pub async fn enrollment_token(&self, name: &str) -> String {
+        let source = self.complete_dc_source().await;
+        self.enrollment_token_for(name, source, "DE").await
+    }
+
+    pub async fn enrollment_token_for(&self, name: &str, source: Uuid, country: &str) -> String {
         let r = self
             .http
             .post(self.api("/v1/enrollment-tokens"))
             .bearer_auth(ADMIN_TOKEN)
-            .json(&json!({ "name": name, "source_type": "dc", "owner": "proxynet-tests", "country": "DE" }))
+            .json(&json!({ "name": name, "source_id": source, "country": country }))
             .send()
             .await
             .unwrap();
@@ -266,8 +320,15 @@ impl Stack {
 
     /// An agent serving several egress IPs (the first names it).
     pub async fn add_agent_with_ips(&mut self, egress_ips: &[IpAddr]) -> usize {
+        let token = self
+            .enrollment_token(&format!("exit-{}", egress_ips[0]))
+            .await;
+        self.add_agent_with_token(egress_ips, token).await
+    }
+
+    /// An agent enrolled with `token` (e.g. of a particular source).
+    pub async fn add_agent_with_token(&mut self, egress_ips: &[IpAddr], token: String) -> usize {
         let egress_ip = egress_ips[0];
-        let token = self.enrollment_token(&format!("exit-{egress_ip}")).await;
         let state = self.dir.path().join(format!("agent-{egress_ip}.json"));
         let mut args = self.agent_args(egress_ip, &state);
         for more in &egress_ips[1..] {

@@ -1,9 +1,10 @@
 //! Exit enrollment and agent heartbeats.
 //!
-//! An operator creates a one-time enrollment token that fixes the exit's
-//! provenance (source type, owner, country). The agent exchanges it once for
-//! its own credential, declaring its egress IPs. From then on the agent
-//! heartbeats with that credential and learns which superproxies to dial.
+//! An operator creates a one-time enrollment token that names the exit's
+//! source (its provenance: type, channel, supplier, ...) and fixes its
+//! country, city and ASN. The agent exchanges it once for its own credential,
+//! declaring its egress IPs. From then on the agent heartbeats with that
+//! credential and learns which superproxies to dial.
 
 use crate::extract::Json;
 use crate::extract::Path;
@@ -12,7 +13,7 @@ use axum::http::request::Parts;
 use axum::http::StatusCode;
 use chrono::{DateTime, Utc};
 use proxynet_protocol::secret::{constant_time_eq, sha256_hex, Secret};
-use proxynet_protocol::store::{SourceType, SuperproxyRecord};
+use proxynet_protocol::store::SuperproxyRecord;
 use serde::{Deserialize, Serialize};
 use std::net::IpAddr;
 use uuid::Uuid;
@@ -25,8 +26,8 @@ use crate::{audit, AppState};
 #[serde(deny_unknown_fields)]
 pub struct CreateEnrollmentToken {
     name: String,
-    source_type: String,
-    owner: String,
+    /// The source (`POST /v1/sources`) the exit's address belongs to.
+    source_id: Uuid,
     country: String,
     /// Lower-case city (`a-z 0-9 _`), for city targeting.
     city: Option<String>,
@@ -54,16 +55,6 @@ pub async fn create_enrollment_token(
             "name: must be 1 to 200 characters".into(),
         ));
     }
-    if SourceType::parse(&body.source_type).is_none() {
-        return Err(ApiError::BadRequest(
-            "source_type: one of dc, isp, res, mobile".into(),
-        ));
-    }
-    if body.owner.trim().is_empty() || body.owner.len() > 200 {
-        return Err(ApiError::BadRequest(
-            "owner: must be 1 to 200 characters".into(),
-        ));
-    }
     if body.country.len() != 2 || !body.country.bytes().all(|b| b.is_ascii_uppercase()) {
         return Err(ApiError::BadRequest(
             "country: ISO 3166-1 alpha-2 code in upper case, e.g. DE".into(),
@@ -86,27 +77,41 @@ pub async fn create_enrollment_token(
     if ttl == 0 || ttl > 30 * 24 * 3600 {
         return Err(ApiError::BadRequest("ttl_seconds: 1 to 2592000".into()));
     }
+    let source: Option<(String, String, Vec<String>)> =
+        sqlx::query_as("SELECT source_type, supplier, countries FROM sources WHERE id = $1")
+            .bind(body.source_id)
+            .fetch_optional(&state.db)
+            .await?;
+    let (source_type, supplier, countries) =
+        source.ok_or_else(|| ApiError::BadRequest("source_id: no such source".into()))?;
+    if !countries.contains(&body.country) {
+        return Err(ApiError::BadRequest(format!(
+            "country: {} is not among the source's countries",
+            body.country
+        )));
+    }
     let token = new_secret("pnenroll");
     let id = Uuid::new_v4();
     let mut tx = state.db.begin().await?;
     let (expires_at,): (DateTime<Utc>,) = sqlx::query_as(
-        "INSERT INTO enrollment_tokens (id, token_sha256, name, source_type, owner, country, expires_at, city, asn)
-         VALUES ($1, $2, $3, $4, $5, $6, now() + make_interval(secs => $7), $8, $9)
+        "INSERT INTO enrollment_tokens (id, token_sha256, name, source_type, owner, country, expires_at, city, asn, source_id)
+         VALUES ($1, $2, $3, $4, $5, $6, now() + make_interval(secs => $7), $8, $9, $10)
          RETURNING expires_at",
     )
     .bind(id)
     .bind(sha256_hex(&token))
     .bind(body.name.trim())
-    .bind(&body.source_type)
-    .bind(body.owner.trim())
+    .bind(&source_type)
+    .bind(&supplier)
     .bind(&body.country)
     .bind(ttl as f64)
     .bind(&body.city)
     .bind(body.asn.map(i64::from))
+    .bind(body.source_id)
     .fetch_one(&mut *tx)
     .await?;
     audit::record(&mut tx, "operator", "enrollment_token.create", &id.to_string(),
-        serde_json::json!({"name": body.name, "source_type": body.source_type, "owner": body.owner, "country": body.country})).await?;
+        serde_json::json!({"name": body.name, "source_id": body.source_id, "country": body.country})).await?;
     tx.commit().await?;
     Ok((
         StatusCode::CREATED,
@@ -139,6 +144,7 @@ pub struct Enrolled {
 #[derive(sqlx::FromRow)]
 struct TokenRow {
     id: Uuid,
+    source_id: Option<Uuid>,
     name: String,
     source_type: String,
     owner: String,
@@ -161,7 +167,7 @@ pub async fn enroll(
     let mut tx = state.db.begin().await?;
     // Lock the token row so two agents racing with one token cannot both win.
     let token: Option<TokenRow> = sqlx::query_as(
-        "SELECT id, name, source_type, owner, country, city, asn,
+        "SELECT id, source_id, name, source_type, owner, country, city, asn,
                 expires_at <= now() AS expired, used_at IS NOT NULL AS used
            FROM enrollment_tokens WHERE token_sha256 = $1 FOR UPDATE",
     )
@@ -184,8 +190,8 @@ pub async fn enroll(
     let credential = new_secret("pnexit");
     let ips: Vec<String> = body.egress_ips.iter().map(ToString::to_string).collect();
     sqlx::query(
-        "INSERT INTO exits (id, name, source_type, owner, country, egress_ips, credential_sha256, hostname, agent_version, city, asn)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+        "INSERT INTO exits (id, name, source_type, owner, country, egress_ips, credential_sha256, hostname, agent_version, city, asn, source_id)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
     )
     .bind(exit_id)
     .bind(&token.name)
@@ -198,6 +204,7 @@ pub async fn enroll(
     .bind(truncate(&body.agent_version, 64))
     .bind(&token.city)
     .bind(token.asn)
+    .bind(token.source_id)
     .execute(&mut *tx)
     .await?;
     sqlx::query("UPDATE enrollment_tokens SET used_at = now(), exit_id = $2 WHERE id = $1")

@@ -5,6 +5,7 @@ use axum::Router;
 
 use crate::AppState;
 
+pub mod abuse;
 pub mod accounts;
 mod agent;
 mod api_keys;
@@ -12,6 +13,7 @@ mod billing;
 mod exits;
 mod health;
 pub mod page;
+mod provenance;
 mod sessions;
 mod usage;
 pub mod users;
@@ -67,5 +69,33 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/exits/{id}/undrain", post(exits::undrain))
         .route("/v1/exits/{id}/disable", post(exits::disable))
         .route("/v1/exits/{id}/enable", post(exits::enable))
+        .route(
+            "/v1/sources",
+            post(provenance::create_source).get(provenance::list_sources),
+        )
+        .route(
+            "/v1/sources/{id}",
+            get(provenance::get_source).put(provenance::replace_source),
+        )
+        .route("/v1/consent-notices", post(provenance::create_notice))
+        .route("/v1/consent-notices/{version}", get(provenance::get_notice))
+        .route(
+            "/v1/exits/{id}/consent",
+            post(provenance::grant_consent).get(provenance::consent_history),
+        )
+        .route(
+            "/v1/exits/{id}/consent/revoke",
+            post(provenance::revoke_consent),
+        )
+        .route(
+            "/v1/exits/{id}/provenance",
+            get(provenance::exit_provenance),
+        )
+        .route(
+            "/v1/agent/exits/{id}/opt-out",
+            post(provenance::agent_opt_out),
+        )
+        .route("/v1/abuse/lookup", get(abuse::lookup))
+        .route("/v1/audit", get(abuse::audit_log))
         .with_state(state)
 }

@@ -46,6 +46,9 @@ pub struct Limits {
     allowed_source_types: Option<Vec<String>>,
     /// Exit countries (ISO 3166-1 alpha-2, upper case) the user may use (default: any).
     allowed_countries: Option<Vec<String>>,
+    /// Acquisition channels of exit sources the user may use (default: any),
+    /// e.g. `["owned", "leased"]` for datacenter addresses we own or lease only.
+    allowed_channels: Option<Vec<String>>,
 }
 
 impl Limits {
@@ -85,6 +88,13 @@ impl Limits {
                 )));
             }
         }
+        for c in self.allowed_channels.iter().flatten() {
+            if proxynet_protocol::store::Channel::parse(c).is_none() {
+                return Err(ApiError::BadRequest(format!(
+                    "limits.allowed_channels: {c:?} is not owned, leased, isp, sdk, extension, sharing or reseller"
+                )));
+            }
+        }
         if let Some(p) = &self.period {
             if proxynet_protocol::store::QuotaPeriod::parse(p).is_none() {
                 return Err(ApiError::BadRequest(
@@ -119,13 +129,14 @@ pub struct User {
     quota_warn_percent: i32,
     allowed_source_types: Option<Vec<String>>,
     allowed_countries: Option<Vec<String>>,
+    allowed_channels: Option<Vec<String>>,
     created_at: DateTime<Utc>,
     updated_at: DateTime<Utc>,
 }
 
 const USER_COLUMNS: &str = "id, account_id, username, enabled, version, max_concurrent_tunnels, \
      max_new_tunnels_per_second, bandwidth_bytes, quota_period, quota_warn_percent, \
-     allowed_source_types, allowed_countries, created_at, updated_at";
+     allowed_source_types, allowed_countries, allowed_channels, created_at, updated_at";
 
 pub async fn create(
     caller: Caller,
@@ -143,8 +154,8 @@ pub async fn create(
     let user: User = sqlx::query_as(&format!(
         "INSERT INTO proxy_users (id, account_id, username, password_hash, max_concurrent_tunnels,
                                   max_new_tunnels_per_second, bandwidth_bytes, quota_period, quota_warn_percent,
-                                  allowed_source_types, allowed_countries)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, COALESCE($8, 'monthly'), COALESCE($9, 80), $10, $11) RETURNING {USER_COLUMNS}"
+                                  allowed_source_types, allowed_countries, allowed_channels)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, COALESCE($8, 'monthly'), COALESCE($9, 80), $10, $11, $12) RETURNING {USER_COLUMNS}"
     ))
     .bind(Uuid::new_v4())
     .bind(account_id)
@@ -157,6 +168,7 @@ pub async fn create(
     .bind(body.limits.warn_percent)
     .bind(&body.limits.allowed_source_types)
     .bind(&body.limits.allowed_countries)
+    .bind(&body.limits.allowed_channels)
     .fetch_one(&mut *tx)
     .await
     .map_err(|e| conflict_on_unique(e, "username: already taken"))?;
@@ -250,6 +262,7 @@ pub async fn update(
                 quota_warn_percent = CASE WHEN $4 THEN COALESCE($10, 80) ELSE quota_warn_percent END,
                 allowed_source_types = CASE WHEN $4 THEN $11 ELSE allowed_source_types END,
                 allowed_countries = CASE WHEN $4 THEN $12 ELSE allowed_countries END,
+                allowed_channels = CASE WHEN $4 THEN $13 ELSE allowed_channels END,
                 updated_at = now()
           WHERE id = $1 AND deleted_at IS NULL AND ($7::uuid IS NULL OR account_id = $7)
         RETURNING {USER_COLUMNS}"
@@ -266,6 +279,7 @@ pub async fn update(
     .bind(body.limits.as_ref().and_then(|l| l.warn_percent))
     .bind(body.limits.as_ref().and_then(|l| l.allowed_source_types.clone()))
     .bind(body.limits.as_ref().and_then(|l| l.allowed_countries.clone()))
+    .bind(body.limits.as_ref().and_then(|l| l.allowed_channels.clone()))
     .fetch_optional(&mut *tx)
     .await?
     .ok_or(ApiError::NotFound("user"))?;

@@ -149,7 +149,7 @@ async fn an_account_key_cannot_read_or_change_another_account() {
         (
             Method::POST,
             "/v1/enrollment-tokens".into(),
-            Some(json!({"name": "x", "source_type": "dc", "owner": "x", "country": "DE"})),
+            Some(json!({"name": "x", "source_id": uuid::Uuid::new_v4(), "country": "DE"})),
         ),
         (Method::GET, "/v1/exits".into(), None),
         (Method::GET, format!("/v1/exits/{exit}"), None),
