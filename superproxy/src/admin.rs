@@ -91,9 +91,17 @@ fn respond(gateway: &AdminState, req: &Request<Incoming>) -> Response<Full<Bytes
                     })
                 })
                 .collect();
+            let blocked: Vec<_> = view
+                .blocked
+                .iter()
+                .map(|(record, why)| {
+                    serde_json::json!({"exit_id": record.id, "name": record.name, "reason": why.as_str()})
+                })
+                .collect();
             let body = serde_json::json!({
                 "superproxy_id": gateway.superproxy_id,
                 "eligible": eligible,
+                "blocked": blocked,
                 "live": view.live,
                 "links": gateway.links.len(),
                 "degraded": view.degraded,

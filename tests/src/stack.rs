@@ -39,6 +39,8 @@ pub struct StackOptions {
     pub superproxy_env: Vec<(String, String)>,
     /// Write the superproxy's log here instead of the test's stderr.
     pub superproxy_log: Option<std::path::PathBuf>,
+    /// Extra environment for the control-api.
+    pub api_env: Vec<(String, String)>,
 }
 
 impl Default for StackOptions {
@@ -54,6 +56,7 @@ impl Default for StackOptions {
             superproxy_protects_redis: true,
             superproxy_env: Vec::new(),
             superproxy_log: None,
+            api_env: Vec::new(),
         }
     }
 }
@@ -445,6 +448,11 @@ impl Stack {
     /// Kills the control-api with SIGKILL and starts it again on the same address.
     pub async fn restart_api_after_kill(&mut self) {
         self.api.kill().await;
+        self.start_api_again().await;
+    }
+
+    /// Starts the control-api again on its old address (after a kill).
+    pub async fn start_api_again(&mut self) {
         let addr: SocketAddr = self.api_url.trim_start_matches("http://").parse().unwrap();
         let (api, _) = spawn_control_api_at(&self.stores, &self.options, addr).await;
         self.api = api;
@@ -479,6 +487,8 @@ pub async fn spawn_control_api_at(
             options.heartbeat_ttl_ms.to_string(),
         ),
     ];
+    let mut envs = envs.to_vec();
+    envs.extend(options.api_env.iter().map(|(k, v)| (k.as_str(), v.clone())));
     let (proc, ready) = spawn_ready::<Ready>("control-api", &[], &envs).await;
     (proc, ready.api)
 }

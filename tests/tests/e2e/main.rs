@@ -12,6 +12,7 @@ mod hardening;
 mod health;
 mod ingress;
 mod limits;
+mod provenance;
 mod quota;
 mod selection;
 mod spine;
