@@ -122,6 +122,8 @@ async fn an_account_key_cannot_read_or_change_another_account() {
             Some(json!({})),
         ),
         (Method::DELETE, format!("/v1/api-keys/{key_b_id}"), None),
+        // An exit that never carried this account's traffic.
+        (Method::GET, format!("/v1/exits/{exit}/provenance"), None),
     ];
     for (method, path, body) in cross {
         let status = call(&stack, &key_a, method.clone(), &path, body).await;
@@ -157,6 +159,30 @@ async fn an_account_key_cannot_read_or_change_another_account() {
         (Method::POST, format!("/v1/exits/{exit}/undrain"), None),
         (Method::POST, format!("/v1/exits/{exit}/disable"), None),
         (Method::POST, format!("/v1/exits/{exit}/enable"), None),
+        (Method::GET, "/v1/sources".into(), None),
+        (
+            Method::POST,
+            "/v1/sources".into(),
+            Some(json!({"name": "x", "source_type": "dc", "channel": "owned"})),
+        ),
+        (Method::GET, format!("/v1/sources/{exit}"), None),
+        (
+            Method::POST,
+            "/v1/consent-notices".into(),
+            Some(json!({"version": "v1", "body": "x"})),
+        ),
+        (Method::GET, format!("/v1/exits/{exit}/consent"), None),
+        (
+            Method::POST,
+            format!("/v1/exits/{exit}/consent/revoke"),
+            Some(json!({"reason": "x"})),
+        ),
+        (
+            Method::GET,
+            "/v1/abuse/lookup?egress_ip=127.0.0.2&at=2026-11-30T00:00:00Z".into(),
+            None,
+        ),
+        (Method::GET, "/v1/audit".into(), None),
     ];
     for (method, path, body) in operator_only {
         let status = call(&stack, &key_a, method.clone(), &path, body).await;
