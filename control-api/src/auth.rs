@@ -47,23 +47,28 @@ impl FromRequestParts<AppState> for Caller {
         state: &AppState,
     ) -> Result<Self, Self::Rejection> {
         let presented = bearer(parts).ok_or(ApiError::Unauthorized)?;
-        let digest = sha256_hex(presented);
-        // Compare digests so the comparison time does not depend on the token's length.
-        let admin = sha256_hex(state.admin_token.expose());
-        if constant_time_eq(digest.as_bytes(), admin.as_bytes()) {
-            return Ok(Caller::Operator);
-        }
-        let key: Option<(Option<uuid::Uuid>,)> = sqlx::query_as(
-            "SELECT account_id FROM api_keys WHERE key_sha256 = $1 AND revoked_at IS NULL",
-        )
-        .bind(&digest)
-        .fetch_optional(&state.db)
-        .await?;
-        match key {
-            Some((None,)) => Ok(Caller::Operator),
-            Some((Some(account),)) => Ok(Caller::Account(account)),
-            None => Err(ApiError::Unauthorized),
-        }
+        caller_for_key(state, presented).await
+    }
+}
+
+/// Who a presented key (the admin token or an API key) belongs to.
+pub async fn caller_for_key(state: &AppState, presented: &str) -> Result<Caller, ApiError> {
+    let digest = sha256_hex(presented);
+    // Compare digests so the comparison time does not depend on the token's length.
+    let admin = sha256_hex(state.admin_token.expose());
+    if constant_time_eq(digest.as_bytes(), admin.as_bytes()) {
+        return Ok(Caller::Operator);
+    }
+    let key: Option<(Option<uuid::Uuid>,)> = sqlx::query_as(
+        "SELECT account_id FROM api_keys WHERE key_sha256 = $1 AND revoked_at IS NULL",
+    )
+    .bind(&digest)
+    .fetch_optional(&state.db)
+    .await?;
+    match key {
+        Some((None,)) => Ok(Caller::Operator),
+        Some((Some(account),)) => Ok(Caller::Account(account)),
+        None => Err(ApiError::Unauthorized),
     }
 }
 

@@ -8,9 +8,28 @@ use std::time::Duration;
 #[derive(Debug, Clone, Parser)]
 #[command(name = "control-api", version, about = "proxynet control plane")]
 pub struct Config {
-    /// Address the REST API listens on (port 0 picks a free port).
+    /// Address the REST API (and `/dashboard`) listens on (port 0 picks a free port).
     #[arg(long, env = "PROXYNET_API_LISTEN", default_value = "127.0.0.1:7070")]
     pub listen: SocketAddr,
+
+    /// Admin listener: `/metrics` (Prometheus, with the per-exit fleet view)
+    /// and `/healthz`. Keep it off the public network.
+    #[arg(
+        long,
+        env = "PROXYNET_API_ADMIN_LISTEN",
+        default_value = "127.0.0.1:9092"
+    )]
+    pub admin_listen: SocketAddr,
+
+    /// How often the fleet (every exit's state and health, every
+    /// superproxy's totals) is sampled for metrics and the dashboard, seconds.
+    #[arg(long, env = "PROXYNET_OBSERVE_INTERVAL_SECS", default_value_t = 10)]
+    pub observe_interval_secs: u64,
+
+    /// Most exits exported as per-exit Prometheus series (about 16 series
+    /// each); fleet aggregates always cover every exit.
+    #[arg(long, env = "PROXYNET_METRICS_EXIT_LIMIT", default_value_t = 10_000)]
+    pub metrics_exit_limit: usize,
 
     /// Postgres URL (durable truth). Migrations are applied at start.
     #[arg(long, env = "PROXYNET_DATABASE_URL", hide_env_values = true)]
@@ -66,6 +85,11 @@ pub struct Config {
         default_value_t = 3_600
     )]
     pub abuse_prune_interval_secs: u64,
+
+    /// Log line format: `text` for people, `json` (one object per line,
+    /// the access log included) for log pipelines.
+    #[arg(long, env = "PROXYNET_LOG_FORMAT", value_enum, default_value = "text")]
+    pub log_format: proxynet_protocol::telemetry::LogFormat,
 
     /// Lifetime of a new enrollment token unless the request says otherwise, in seconds.
     #[arg(long, env = "PROXYNET_ENROLLMENT_TTL_SECS", default_value_t = 3_600)]

@@ -17,6 +17,7 @@ use redis::streams::{StreamReadOptions, StreamReadReply};
 use redis::AsyncCommands;
 use sqlx::PgPool;
 use std::time::Duration;
+use uuid::Uuid;
 
 pub const GROUP: &str = "ledger";
 
@@ -80,8 +81,23 @@ impl LedgerConsumer {
                     field("batch").and_then(|json| serde_json::from_str(&json).ok());
                 let audit: Option<AuditEvent> =
                     field("audit").and_then(|json| serde_json::from_str(&json).ok());
+                // Stream ids start with the entry's time in ms: how far behind we are.
+                if let Some(ms) = entry
+                    .id
+                    .split('-')
+                    .next()
+                    .and_then(|m| m.parse::<i64>().ok())
+                {
+                    let lag = (chrono::Utc::now().timestamp_millis() - ms).max(0) as f64 / 1000.0;
+                    metrics::gauge!("proxynet_ledger_lag_seconds").set(lag);
+                }
                 match (batch, audit) {
-                    (Some(batch), _) => self.record(&batch).await?,
+                    (Some(batch), _) => {
+                        if let Err(e) = self.record(&batch).await {
+                            metrics::counter!("proxynet_store_errors_total", "store" => "postgres", "op" => "ledger").increment(1);
+                            return Err(e);
+                        }
+                    }
                     (None, Some(event)) => self.record_audit(&event).await?,
                     (None, None) => {
                         tracing::error!(id = %entry.id, "unreadable stream entry; acknowledged to unblock the stream")
@@ -140,6 +156,15 @@ impl LedgerConsumer {
             .execute(&mut *tx)
             .await?;
         }
+        let exits: Vec<Uuid> = batch.rows.iter().map(|r| r.exit_id).collect();
+        let types: std::collections::HashMap<Uuid, String> = sqlx::query_as::<_, (Uuid, String)>(
+            "SELECT id, source_type FROM exits WHERE id = ANY($1)",
+        )
+        .bind(&exits)
+        .fetch_all(&mut *tx)
+        .await?
+        .into_iter()
+        .collect();
         for t in &batch.targets {
             sqlx::query(
                 "INSERT INTO target_log (minute, egress_ip, exit_id, account_id, user_id, target_host, target_port, tunnels)
@@ -159,6 +184,15 @@ impl LedgerConsumer {
             .await?;
         }
         tx.commit().await?;
+        metrics::counter!("proxynet_usage_batches_recorded_total").increment(1);
+        for row in &batch.rows {
+            let source_type = types
+                .get(&row.exit_id)
+                .cloned()
+                .unwrap_or_else(|| "unknown".into());
+            metrics::counter!("proxynet_usage_bytes_total", "account" => row.account_id.to_string(), "source_type" => source_type)
+                .increment(row.bytes_up + row.bytes_down);
+        }
         Ok(())
     }
 }

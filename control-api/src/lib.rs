@@ -15,6 +15,7 @@ pub mod error;
 pub mod extract;
 pub mod ledger;
 pub mod liveness;
+pub mod observe;
 pub mod openapi;
 pub mod passwords;
 pub mod projector;
@@ -49,6 +50,10 @@ pub struct AppState {
     /// This control plane's own service addresses (API, Redis, Postgres),
     /// handed to agents so they never dial them.
     pub protected: Arc<Vec<SocketAddr>>,
+    /// The sampled fleet (metrics and dashboard).
+    pub observer: observe::Observer,
+    /// Dashboard logins.
+    pub sessions: routes::dashboard::Sessions,
 }
 
 /// Why the control-api could not start.
@@ -71,6 +76,8 @@ pub enum StartError {
 
 pub struct ControlApi {
     listener: TcpListener,
+    admin: TcpListener,
+    metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
     state: AppState,
     ledger: ledger::LedgerConsumer,
 }
@@ -106,17 +113,28 @@ impl ControlApi {
                     addr: config.listen,
                     source,
                 })?;
+        let admin = TcpListener::bind(config.admin_listen)
+            .await
+            .map_err(|source| StartError::Listen {
+                addr: config.admin_listen,
+                source,
+            })?;
         let bound = listener.local_addr().map_err(|source| StartError::Listen {
             addr: config.listen,
             source,
         })?;
-        let protected = protected_addresses(
+        let mut protected = protected_addresses(
             bound,
             &[config.redis_url.expose(), config.database_url.expose()],
         )
         .await;
+        if let Ok(admin_addr) = admin.local_addr() {
+            protected.extend(protected_addresses(admin_addr, &[]).await);
+        }
         Ok(Self {
             listener,
+            admin,
+            metrics: proxynet_protocol::metrics::install(),
             ledger,
             state: AppState {
                 db,
@@ -127,12 +145,18 @@ impl ControlApi {
                 config: Arc::new(config),
                 heartbeats: Arc::new(liveness::HeartbeatBook::default()),
                 protected: Arc::new(protected),
+                observer: observe::Observer::default(),
+                sessions: routes::dashboard::Sessions::default(),
             },
         })
     }
 
     pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
         self.listener.local_addr()
+    }
+
+    pub fn admin_addr(&self) -> std::io::Result<SocketAddr> {
+        self.admin.local_addr()
     }
 
     pub async fn serve(
@@ -160,6 +184,14 @@ impl ControlApi {
             ),
             Duration::from_secs(self.state.config.abuse_prune_interval_secs.max(1)),
         ));
+        let config = self.state.config.clone();
+        let observer = tokio::spawn(self.state.observer.clone().run(
+            self.state.projector.clone(),
+            Duration::from_secs(config.observe_interval_secs.max(1)),
+            Duration::from_secs(3600),
+            config.metrics_exit_limit,
+        ));
+        let admin = tokio::spawn(serve_admin(self.admin, self.metrics));
         let (heartbook, db) = (self.state.heartbeats.clone(), self.state.db.clone());
         let app = routes::router(self.state);
         let result = axum::serve(self.listener, app)
@@ -169,6 +201,8 @@ impl ControlApi {
         ledger.abort();
         heartbeats.abort();
         retention.abort();
+        observer.abort();
+        admin.abort();
         // The last beats reach Postgres before we go (best effort).
         let _ = heartbook.persist(&db).await;
         result
@@ -185,6 +219,39 @@ async fn connect_postgres(url: &str) -> Result<PgPool, StoreUnavailable> {
             what: "Postgres",
             detail: format!("cannot connect to {}: {e}", redact_url(url)),
         })
+}
+
+/// `/metrics` and `/healthz` on the admin listener.
+async fn serve_admin(
+    listener: TcpListener,
+    metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
+) {
+    use axum::routing::get;
+    let app = axum::Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route(
+            "/metrics",
+            get(move || {
+                let metrics = metrics.clone();
+                async move {
+                    match metrics {
+                        Some(handle) => (
+                            axum::http::StatusCode::OK,
+                            [("content-type", "text/plain; version=0.0.4; charset=utf-8")],
+                            proxynet_protocol::metrics::render(&handle),
+                        ),
+                        None => (
+                            axum::http::StatusCode::NOT_FOUND,
+                            [("content-type", "text/plain")],
+                            "metrics disabled\n".to_owned(),
+                        ),
+                    }
+                }
+            }),
+        );
+    if let Err(e) = axum::serve(listener, app).await {
+        tracing::warn!(error = %e, "admin listener stopped");
+    }
 }
 
 /// The addresses of this control plane's services: the API listener (an

@@ -35,6 +35,7 @@ pub struct HeartbeatBook {
 impl HeartbeatBook {
     /// Records a beat for the next batch (replacing an older unsaved one).
     pub fn beat(&self, exit: Uuid, draining: bool, active_tunnels: u64) {
+        metrics::counter!("proxynet_heartbeats_total").increment(1);
         if let Ok(mut unsaved) = self.unsaved.lock() {
             unsaved.insert(
                 exit,
@@ -99,10 +100,14 @@ impl HeartbeatBook {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
-            match self.persist(&db).await {
+            let result = self.persist(&db).await;
+            let unsaved = self.unsaved.lock().map(|u| u.len()).unwrap_or(0);
+            metrics::gauge!("proxynet_heartbeats_unpersisted").set(unsaved as f64);
+            match result {
                 Ok(n) if n > 0 => tracing::debug!(exits = n, "heartbeats persisted"),
                 Ok(_) => {}
                 Err(e) => {
+                    metrics::counter!("proxynet_store_errors_total", "store" => "postgres", "op" => "heartbeat_persist").increment(1);
                     tracing::warn!(error = %e, "persisting heartbeats failed; keeping them for the next round")
                 }
             }

@@ -4,8 +4,8 @@ use proxynet_protocol::{ready, telemetry};
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    telemetry::init(telemetry::DEFAULT_FILTER);
     let config = Config::parse();
+    telemetry::init(telemetry::DEFAULT_FILTER, config.log_format);
     let api = match ControlApi::bind(config).await {
         Ok(api) => api,
         Err(e) => {
@@ -20,8 +20,15 @@ async fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    tracing::info!(%addr, "control-api listening");
-    if let Err(e) = ready::announce(&serde_json::json!({ "api": addr })) {
+    let admin = match api.admin_addr() {
+        Ok(admin) => admin,
+        Err(e) => {
+            eprintln!("control-api: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    tracing::info!(%addr, %admin, "control-api listening");
+    if let Err(e) = ready::announce(&serde_json::json!({ "api": addr, "admin": admin })) {
         eprintln!("control-api: cannot write ready line: {e}");
     }
     match api.serve(proxynet_protocol::shutdown::signal()).await {

@@ -81,6 +81,8 @@ pub struct ExitRow {
     /// The exit's latest consent record.
     pub consent_state: Option<String>,
     pub consent_expires_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// As persisted (batched, see `liveness.rs`).
+    pub last_heartbeat_at: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 impl ExitRow {
@@ -163,7 +165,8 @@ const EXIT_SELECT: &str = "SELECT e.id, e.name, e.source_type, e.owner, e.countr
      e.credential_sha256, e.city, e.asn, e.admin_draining AS draining, e.disabled, e.version, \
      e.withdrawn_at IS NOT NULL AS withdrawn, s.channel, s.supplier, s.agreement_ref, \
      s.notice_description, s.opt_out AS source_opt_out, s.liable_party, s.abuse_contact, \
-     s.countries, s.consent_required, c.state AS consent_state, c.expires_at AS consent_expires_at \
+     s.countries, s.consent_required, c.state AS consent_state, c.expires_at AS consent_expires_at, \
+     e.last_heartbeat_at \
      FROM exits e LEFT JOIN sources s ON s.id = e.source_id \
      LEFT JOIN LATERAL (SELECT state, expires_at FROM consent_records \
                          WHERE exit_id = e.id ORDER BY version DESC LIMIT 1) c ON true";
@@ -353,6 +356,54 @@ impl Projector {
             .collect())
     }
 
+    /// Every exit with its source and consent verdict (the same rows the
+    /// projection writes), for the fleet view.
+    pub async fn exit_rows(&self) -> Result<Vec<ExitRow>, ProjectionError> {
+        Ok(sqlx::query_as(EXIT_SELECT).fetch_all(&self.db).await?)
+    }
+
+    /// Exits whose agent announced it is draining.
+    pub async fn agent_draining(&self) -> Result<HashSet<Uuid>, ProjectionError> {
+        let mut redis = self.redis.clone();
+        let ids: Vec<String> = redis.smembers(self.keys.exits_draining()).await?;
+        Ok(ids.iter().filter_map(|s| s.parse().ok()).collect())
+    }
+
+    /// The summed running totals of every live superproxy.
+    pub async fn superproxy_stats(
+        &self,
+    ) -> Result<proxynet_protocol::store::SuperproxyStats, ProjectionError> {
+        let mut redis = self.redis.clone();
+        let ids: Vec<String> = redis::Script::new(LIVE_MEMBERS_SCRIPT)
+            .key(self.keys.superproxies_live())
+            .invoke_async(&mut redis)
+            .await?;
+        let mut total = proxynet_protocol::store::SuperproxyStats::default();
+        let keys: Vec<String> = ids
+            .iter()
+            .filter_map(|s| s.parse::<Uuid>().ok())
+            .map(|id| self.keys.stats(id))
+            .collect();
+        if keys.is_empty() {
+            return Ok(total);
+        }
+        let values: Vec<Option<String>> = redis::cmd("MGET")
+            .arg(&keys)
+            .query_async(&mut redis)
+            .await?;
+        for one in values.into_iter().flatten().filter_map(|j| {
+            serde_json::from_str::<proxynet_protocol::store::SuperproxyStats>(&j).ok()
+        }) {
+            total.tunnels_opened += one.tunnels_opened;
+            total.bytes_up += one.bytes_up;
+            total.bytes_down += one.bytes_down;
+            for (k, v) in one.tunnels_failed {
+                *total.tunnels_failed.entry(k).or_insert(0) += v;
+            }
+        }
+        Ok(total)
+    }
+
     /// Full re-projection of users and exits; removes user keys that no longer
     /// correspond to a live user.
     pub async fn resync(&self) -> Result<(), ProjectionError> {
@@ -527,18 +578,25 @@ impl Projector {
                     .collect();
                 let reporting = views.len();
                 let available = views.iter().filter(|v| v["available"] == true).count();
-                let score = (reporting > 0).then(|| {
-                    views
-                        .iter()
-                        .filter_map(|v| v["score"].as_f64())
-                        .sum::<f64>()
-                        / reporting as f64
-                });
+                let mean = |field: &str| {
+                    (reporting > 0).then(|| {
+                        views.iter().filter_map(|v| v[field].as_f64()).sum::<f64>()
+                            / reporting as f64
+                    })
+                };
+                let sum = |field: &str| views.iter().filter_map(|v| v[field].as_u64()).sum();
                 FleetHealth {
                     superproxies_reporting: reporting,
                     superproxies_seeing_it_available: available,
-                    score,
-                    in_flight: views.iter().filter_map(|v| v["in_flight"].as_u64()).sum(),
+                    superproxies_ejecting_it: views.iter().filter(|v| v["ejected"] == true).count(),
+                    score: mean("score"),
+                    success: mean("success_ewma"),
+                    probe_rtt_ms: mean("probe_rtt_ms").filter(|v| *v > 0.0),
+                    in_flight: sum("in_flight"),
+                    ejections: sum("ejections"),
+                    tunnels: sum("tunnels"),
+                    bytes_up: sum("bytes_up"),
+                    bytes_down: sum("bytes_down"),
                 }
             })
             .collect())
@@ -550,10 +608,23 @@ impl Projector {
 pub struct FleetHealth {
     pub superproxies_reporting: usize,
     pub superproxies_seeing_it_available: usize,
+    /// Superproxies that currently eject it (passive faults).
+    pub superproxies_ejecting_it: usize,
     /// Mean of the reporting superproxies' scores.
     pub score: Option<f64>,
+    /// Mean connect success rate (EWMA) over the reporting superproxies.
+    pub success: Option<f64>,
+    /// Mean active-probe round trip, ms.
+    pub probe_rtt_ms: Option<f64>,
     /// Tunnels open through the exit, summed over superproxies.
     pub in_flight: u64,
+    /// Ejections so far, summed over superproxies.
+    pub ejections: u64,
+    /// Tunnels opened and bytes moved through it, summed over superproxies
+    /// (totals since each superproxy linked it).
+    pub tunnels: u64,
+    pub bytes_up: u64,
+    pub bytes_down: u64,
 }
 
 /// Writes `json` (carrying `version`) unless Redis holds a newer record.
@@ -610,4 +681,6 @@ pub enum ProjectionError {
     Redis(#[from] redis::RedisError),
     #[error("encoding: {0}")]
     Json(#[from] serde_json::Error),
+    #[error("{0}")]
+    Internal(String),
 }

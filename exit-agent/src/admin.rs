@@ -18,7 +18,32 @@ pub fn router(ctx: Arc<TunnelContext>) -> Router {
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/opt-out", get(opt_out_status).post(opt_out))
+        .route("/metrics", get(metrics))
         .with_state(ctx)
+}
+
+/// Prometheus text: tunnels by outcome, active tunnels, links, DNS, state.
+async fn metrics(
+    State(ctx): State<Arc<TunnelContext>>,
+) -> (StatusCode, [(&'static str, &'static str); 1], String) {
+    metrics::gauge!("proxynet_agent_tunnels_active").set(ctx.active.load(Ordering::Relaxed) as f64);
+    metrics::gauge!("proxynet_agent_links_up").set(ctx.links_up.load(Ordering::Relaxed) as f64);
+    metrics::gauge!("proxynet_agent_draining")
+        .set(f64::from(u8::from(ctx.draining.load(Ordering::Relaxed))));
+    metrics::gauge!("proxynet_agent_withdrawn")
+        .set(f64::from(u8::from(ctx.withdrawn.load(Ordering::Relaxed))));
+    match &ctx.metrics {
+        Some(handle) => (
+            StatusCode::OK,
+            [("content-type", "text/plain; version=0.0.4; charset=utf-8")],
+            proxynet_protocol::metrics::render(handle),
+        ),
+        None => (
+            StatusCode::NOT_FOUND,
+            [("content-type", "text/plain")],
+            "metrics disabled\n".into(),
+        ),
+    }
 }
 
 async fn opt_out(

@@ -101,6 +101,11 @@ pub struct Config {
     #[arg(long, env = "PROXYNET_DRAIN_TIMEOUT_MS", default_value_t = 30_000)]
     pub drain_timeout_ms: u64,
 
+    /// Log line format: `text` for people, `json` (one object per line,
+    /// the access log included) for log pipelines.
+    #[arg(long, env = "PROXYNET_LOG_FORMAT", value_enum, default_value = "text")]
+    pub log_format: proxynet_protocol::telemetry::LogFormat,
+
     #[command(flatten)]
     pub egress: EgressArgs,
 }

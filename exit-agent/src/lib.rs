@@ -125,6 +125,7 @@ impl ExitAgent {
             withdrawn: AtomicBool::new(withdrawn),
             cut_all: CancellationToken::new(),
             opt_out,
+            metrics: proxynet_protocol::metrics::install(),
         });
         Ok(Self {
             ctx,

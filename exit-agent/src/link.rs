@@ -45,6 +45,7 @@ pub async fn supervise(
             Ok(tls) => {
                 backoff = MIN_BACKOFF;
                 ctx.links_up.fetch_add(1, Ordering::Relaxed);
+                metrics::counter!("proxynet_agent_link_connects_total").increment(1);
                 tracing::info!(superproxy = %superproxy.id, addr = %superproxy.link_addr, "link up");
                 let result = serve(tls, ctx.clone(), &stop).await;
                 ctx.links_up.fetch_sub(1, Ordering::Relaxed);
@@ -54,6 +55,7 @@ pub async fn supervise(
                 }
             }
             Err(e) => {
+                metrics::counter!("proxynet_agent_link_failures_total").increment(1);
                 tracing::warn!(superproxy = %superproxy.id, addr = %superproxy.link_addr, error = %e, "link attempt failed")
             }
         }

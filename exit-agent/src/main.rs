@@ -4,8 +4,8 @@ use proxynet_protocol::{ready, shutdown, telemetry};
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    telemetry::init(telemetry::DEFAULT_FILTER);
     let config = Config::parse();
+    telemetry::init(telemetry::DEFAULT_FILTER, config.log_format);
     if let Some(exit_agent::config::Command::OptOut) = config.command {
         return match exit_agent::optout::run_cli(&config).await {
             Ok(message) => {

@@ -50,6 +50,8 @@ pub struct TunnelContext {
     pub cut_all: tokio_util::sync::CancellationToken,
     /// The withdrawal, as persisted in the state file.
     pub opt_out: std::sync::Mutex<Option<crate::state::OptOutState>>,
+    /// `/metrics` on the admin listener.
+    pub metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
 }
 
 impl TunnelContext {
@@ -113,6 +115,7 @@ pub async fn handle(
 }
 
 fn answer(outcome: Outcome) -> Response<Empty<Bytes>> {
+    metrics::counter!("proxynet_agent_tunnels_total", "outcome" => outcome.as_str()).increment(1);
     let mut response = Response::new(Empty::new());
     *response.status_mut() =
         http::StatusCode::from_u16(outcome.status()).unwrap_or(http::StatusCode::BAD_GATEWAY);
@@ -205,13 +208,17 @@ async fn resolve(
     if let Some(ip) = parse_ip_literal(host) {
         return Ok(vec![SocketAddr::new(ip, port)]);
     }
-    ctx.dns
-        .resolve(host, port, deadline)
-        .await
-        .map_err(|failure| match failure {
-            DnsFailure::TimedOut => Outcome::TimedOut,
-            DnsFailure::NoAddress => Outcome::DnsError,
-        })
+    let resolved = ctx.dns.resolve(host, port, deadline).await;
+    metrics::counter!("proxynet_agent_dns_lookups_total", "result" => match &resolved {
+        Ok(_) => "ok",
+        Err(DnsFailure::TimedOut) => "timed_out",
+        Err(DnsFailure::NoAddress) => "no_address",
+    })
+    .increment(1);
+    resolved.map_err(|failure| match failure {
+        DnsFailure::TimedOut => Outcome::TimedOut,
+        DnsFailure::NoAddress => Outcome::DnsError,
+    })
 }
 
 /// Binds the egress IP, then connects: the source address is ours to choose.

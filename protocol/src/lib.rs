@@ -9,6 +9,7 @@
 
 pub mod egress;
 pub mod link;
+pub mod metrics;
 pub mod ready;
 pub mod secret;
 pub mod shutdown;

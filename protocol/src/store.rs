@@ -95,6 +95,11 @@ impl Keys {
         format!("{}superproxies:live", self.prefix)
     }
 
+    /// A superproxy's [`SuperproxyStats`] JSON (expires with the instance).
+    pub fn stats(&self, superproxy: Uuid) -> String {
+        format!("{}stats:{{{superproxy}}}", self.prefix)
+    }
+
     /// Pub/sub channel announcing changed users and exits (`user:NAME`, `exit:ID`).
     pub fn events(&self) -> String {
         format!("{}events", self.prefix)
@@ -438,6 +443,17 @@ impl ExitRecord {
                 .map(|_| ProvenanceBlock::ConsentExpired)
         })
     }
+}
+
+/// A superproxy's running totals, published each probe round for the
+/// control-api's fleet view (rates are computed there between samples).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SuperproxyStats {
+    pub tunnels_opened: u64,
+    /// `STATUS:proxy-status-token` → tunnels refused that way.
+    pub tunnels_failed: std::collections::BTreeMap<String, u64>,
+    pub bytes_up: u64,
+    pub bytes_down: u64,
 }
 
 /// A superproxy's announcement: where agents should dial and which certificate to pin.

@@ -19,19 +19,35 @@ pub fn never_secret(target: &str, level: &Level) -> bool {
 /// Quiet defaults for the libraries under us; `RUST_LOG` replaces them.
 pub const DEFAULT_FILTER: &str = "info,h2=warn,hyper=warn,rustls=warn,sqlx=warn";
 
-pub fn init(default_filter: &str) {
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line (fields flattened), for log pipelines.
+    Json,
+}
+
+pub fn init(default_filter: &str, format: LogFormat) {
     let base = std::env::var("RUST_LOG").unwrap_or_else(|_| default_filter.to_owned());
     let filter = EnvFilter::try_new(&base).unwrap_or_else(|_| EnvFilter::new("info"));
     let guard = filter_fn(|meta| never_secret(meta.target(), meta.level()));
+    let layer = match format {
+        LogFormat::Text => tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
+            .with_target(true)
+            .compact()
+            .boxed(),
+        LogFormat::Json => tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
+            .with_target(true)
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .boxed(),
+    };
     let _ = tracing_subscriber::registry()
-        .with(
-            tracing_subscriber::fmt::layer()
-                .with_writer(std::io::stderr)
-                .with_target(true)
-                .compact()
-                .with_filter(filter)
-                .with_filter(guard),
-        )
+        .with(layer.with_filter(filter).with_filter(guard))
         .try_init();
 }
 

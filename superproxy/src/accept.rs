@@ -27,6 +27,7 @@ pub struct ConnectionTicket(Arc<TicketInner>);
 
 struct TicketInner {
     peer: SocketAddr,
+    _counted: OpenConnection,
     cut: CancellationToken,
     _permit: OwnedSemaphorePermit,
     _alive: mpsc::Sender<()>,
@@ -40,6 +41,22 @@ impl ConnectionTicket {
     /// Cancelled when the connection must end now (revocation, drain deadline).
     pub fn cut(&self) -> &CancellationToken {
         &self.0.cut
+    }
+}
+
+/// Keeps the open-connections gauge right however a ticket ends.
+struct OpenConnection;
+
+impl OpenConnection {
+    fn new() -> Self {
+        crate::metrics::connections_open(1.0);
+        Self
+    }
+}
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        crate::metrics::connections_open(-1.0);
     }
 }
 
@@ -74,6 +91,7 @@ impl Gate {
         let alive = self.alive.clone()?;
         Some(ConnectionTicket(Arc::new(TicketInner {
             peer,
+            _counted: OpenConnection::new(),
             cut: self.cut_all.child_token(),
             _permit: permit,
             _alive: alive,
@@ -124,6 +142,8 @@ pub async fn run(
             }
         };
         let Some(ticket) = gate.ticket(peer) else {
+            metrics::counter!("proxynet_limit_refusals_total", "limit" => "connections")
+                .increment(1);
             tokio::spawn(refuse_over_limit(stream, socks_only));
             continue;
         };

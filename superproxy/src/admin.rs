@@ -16,6 +16,8 @@ use crate::pool::Pool;
 
 /// What the admin endpoints report on.
 pub struct AdminState {
+    /// `/metrics` (none if another recorder was installed first).
+    pub metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
     pub superproxy_id: uuid::Uuid,
     pub pool: Arc<Pool>,
     pub links: Arc<LinkRegistry>,
@@ -56,6 +58,17 @@ fn respond(gateway: &AdminState, req: &Request<Incoming>) -> Response<Full<Bytes
     }
     match req.uri().path() {
         "/healthz" => text(StatusCode::OK, "ok\n".into()),
+        "/metrics" => match &gateway.metrics {
+            Some(handle) => {
+                let mut r = text(StatusCode::OK, proxynet_protocol::metrics::render(handle));
+                r.headers_mut().insert(
+                    header::CONTENT_TYPE,
+                    HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+                );
+                r
+            }
+            None => text(StatusCode::NOT_FOUND, "metrics disabled\n".into()),
+        },
         "/readyz" => {
             let view = gateway.pool.view();
             if gateway.is_draining() {

@@ -191,6 +191,11 @@ pub struct Config {
     #[arg(long, env = "PROXYNET_USAGE_MEMORY_BATCHES", default_value_t = 300)]
     pub usage_memory_batches: usize,
 
+    /// Log line format: `text` for people, `json` (one object per line,
+    /// the access log included) for log pipelines.
+    #[arg(long, env = "PROXYNET_LOG_FORMAT", value_enum, default_value = "text")]
+    pub log_format: proxynet_protocol::telemetry::LogFormat,
+
     #[command(flatten)]
     pub egress: EgressArgs,
 }

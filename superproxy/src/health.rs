@@ -60,6 +60,7 @@ struct State {
     latency_ewma_ms: f64,
     fault_streak: u32,
     ejections: u32,
+    probe_rtt_ms: f64,
     ejected_until: Option<Instant>,
     /// Share of the superproxy fleet (this one included) that last reported
     /// the exit available; 1.0 until reports exist.
@@ -78,6 +79,7 @@ impl Default for State {
             latency_ewma_ms: 1.0,
             fault_streak: 0,
             ejections: 0,
+            probe_rtt_ms: 0.0,
             ejected_until: None,
             fleet_available: 1.0,
         }
@@ -89,6 +91,8 @@ impl Default for State {
 pub struct ExitHealth {
     state: Mutex<State>,
     in_flight: AtomicU32,
+    /// Tunnels opened through it here since it linked.
+    tunnels: std::sync::atomic::AtomicU64,
 }
 
 /// A snapshot for the admin endpoint and the fleet report.
@@ -102,6 +106,10 @@ pub struct HealthView {
     pub latency_ewma_ms: f64,
     pub in_flight: u32,
     pub ejections: u32,
+    /// EWMA of active-probe round trips, ms (0 until one succeeded).
+    pub probe_rtt_ms: f64,
+    /// Tunnels opened through the exit here since it linked.
+    pub tunnels: u64,
 }
 
 impl ExitHealth {
@@ -146,6 +154,8 @@ impl ExitHealth {
             latency_ewma_ms: s.latency_ewma_ms,
             in_flight: self.in_flight(),
             ejections: s.ejections,
+            probe_rtt_ms: s.probe_rtt_ms,
+            tunnels: self.tunnels.load(Ordering::Relaxed),
         }
     }
 }
@@ -195,6 +205,7 @@ impl HealthBook {
     pub fn start_tunnel(&self, id: Uuid) -> InFlight {
         let h = self.exit(id);
         h.in_flight.fetch_add(1, Ordering::Relaxed);
+        h.tunnels.fetch_add(1, Ordering::Relaxed);
         InFlight(h)
     }
 
@@ -202,9 +213,18 @@ impl HealthBook {
         self.exit(id).in_flight() >= self.config.capacity
     }
 
-    pub fn record_probe(&self, id: Uuid, ok: bool) {
+    pub fn record_probe(&self, id: Uuid, rtt: Option<Duration>) {
+        let ok = rtt.is_some();
         let h = self.exit(id);
         let Ok(mut s) = h.state.lock() else { return };
+        if let Some(rtt) = rtt {
+            let ms = rtt.as_secs_f64() * 1000.0;
+            s.probe_rtt_ms = if s.probe_rtt_ms == 0.0 {
+                ms
+            } else {
+                EWMA_ALPHA * ms + (1.0 - EWMA_ALPHA) * s.probe_rtt_ms
+            };
+        }
         if ok {
             s.probe_ok_streak += 1;
             s.probe_fail_streak = 0;
@@ -350,14 +370,14 @@ mod tests {
         let book = HealthBook::new(config());
         let id = Uuid::new_v4();
         let now = Instant::now();
-        book.record_probe(id, false);
-        book.record_probe(id, false);
+        book.record_probe(id, None);
+        book.record_probe(id, None);
         assert!(book.exit(id).available(now), "two failures are not three");
-        book.record_probe(id, false);
+        book.record_probe(id, None);
         assert!(!book.exit(id).available(now));
-        book.record_probe(id, true);
+        book.record_probe(id, Some(Duration::from_millis(1)));
         assert!(!book.exit(id).available(now), "one success is not two");
-        book.record_probe(id, true);
+        book.record_probe(id, Some(Duration::from_millis(1)));
         assert!(book.exit(id).available(now));
         assert_eq!(config().worst_case_detection(), Duration::from_secs(7));
     }
@@ -405,12 +425,12 @@ mod tests {
         let now = Instant::now();
         for id in &ids[..3] {
             for _ in 0..3 {
-                book.record_probe(*id, false);
+                book.record_probe(*id, None);
             }
         }
         assert!(book.panicking(&ids, now), "1 of 4 available is under 30%");
-        book.record_probe(ids[0], true);
-        book.record_probe(ids[0], true);
+        book.record_probe(ids[0], Some(Duration::from_millis(1)));
+        book.record_probe(ids[0], Some(Duration::from_millis(1)));
         assert!(!book.panicking(&ids, now), "2 of 4 is not");
     }
 

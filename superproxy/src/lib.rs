@@ -34,6 +34,7 @@ pub mod health;
 pub mod ingress;
 pub mod limits;
 pub mod link;
+pub mod metrics;
 pub mod open_tunnels;
 pub mod pipeline;
 pub mod pool;
@@ -195,8 +196,11 @@ impl Superproxy {
             auth,
             opener,
             open_tunnels,
+            stats: Arc::new(metrics::Stats::default()),
         });
+        let _ = pipeline.usage.stats.set(pipeline.stats.clone());
         let admin_state = Arc::new(AdminState {
+            metrics: proxynet_protocol::metrics::install(),
             superproxy_id: id,
             pool,
             links: registry,
@@ -272,6 +276,8 @@ impl Superproxy {
             tokio::spawn(revoker.run_sweep(config.revocation_sweep())),
             tokio::spawn(
                 probe::Prober {
+                    stats: pipeline.stats.clone(),
+                    usage: pipeline.usage.clone(),
                     superproxy_id: pipeline.id,
                     registry: admin_state.links.clone(),
                     health: pool.health().clone(),

@@ -4,8 +4,8 @@ use superproxy::{Config, Superproxy};
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    telemetry::init(telemetry::DEFAULT_FILTER);
     let config = Config::parse();
+    telemetry::init(telemetry::DEFAULT_FILTER, config.log_format);
     let proxy = match Superproxy::bind(config).await {
         Ok(proxy) => proxy,
         Err(e) => {

@@ -42,6 +42,7 @@ impl Drop for Registration {
         if let Ok(mut entries) = self.registry.entries.lock() {
             entries.remove(&self.id);
         }
+        crate::metrics::tunnels_active(-1.0);
     }
 }
 
@@ -67,6 +68,7 @@ impl OpenTunnels {
                 },
             );
         }
+        crate::metrics::tunnels_active(1.0);
         Registration {
             registry: self.clone(),
             id,
@@ -110,6 +112,9 @@ impl OpenTunnels {
         for entry in entries.values().filter(|e| matches(e)) {
             entry.cut.cancel();
             cut += 1;
+        }
+        if cut > 0 {
+            crate::metrics::revoked(cut, "revocation");
         }
         cut
     }

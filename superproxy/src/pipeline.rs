@@ -102,6 +102,7 @@ pub struct Pipeline {
     pub usage: Arc<UsageRecorder>,
     pub opener: TunnelOpener,
     pub open_tunnels: Arc<OpenTunnels>,
+    pub stats: Arc<crate::metrics::Stats>,
 }
 
 impl Pipeline {
@@ -117,6 +118,7 @@ impl Pipeline {
         match self.authenticate(credentials, ticket.peer().ip()).await {
             Ok(client) => self.open_as(client, ingress, target, ticket, started).await,
             Err(e) => {
+                self.stats.tunnel_failed(ingress, e.kind);
                 access_log_refused(ingress, ticket.peer(), started, None, &e);
                 Err(e)
             }
@@ -146,10 +148,12 @@ impl Pipeline {
         let (target, lease, opened) = match opened {
             Ok(done) => done,
             Err(e) => {
+                self.stats.tunnel_failed(ingress, e.kind);
                 access_log_refused(ingress, ticket.peer(), started, Some(&client), &e);
                 return Err(e);
             }
         };
+        self.stats.tunnel_opened(ingress, started.elapsed());
         let meter = self.usage.meter(
             client.account_id,
             client.user_id,
@@ -205,6 +209,22 @@ impl Pipeline {
     /// A grammar error is a 400 naming the problem; any credential failure is
     /// the one indistinguishable 407. Both are charged to the source address.
     pub async fn authenticate(
+        &self,
+        credentials: Option<Credentials>,
+        peer: IpAddr,
+    ) -> Result<Client, ProxyError> {
+        let result = self.check_credentials(credentials, peer).await;
+        crate::metrics::auth(match &result {
+            Ok(_) => "ok",
+            Err(e) if e.kind == ErrorKind::TooManyRequests => "limited",
+            Err(e) if e.kind == ErrorKind::BadRequest => "bad_username",
+            Err(e) if e.kind == ErrorKind::AuthRequired => "denied",
+            Err(_) => "error",
+        });
+        result
+    }
+
+    async fn check_credentials(
         &self,
         credentials: Option<Credentials>,
         peer: IpAddr,

@@ -268,6 +268,7 @@ impl Pool {
                 self.rebuild();
             }
             Err(e) => {
+                crate::metrics::store_error("redis", "pool_refresh");
                 tracing::warn!(error = %e, "pool refresh failed; routing on the last known pool");
                 if let Ok(mut known) = self.known.write() {
                     known.degraded = true;
@@ -359,6 +360,7 @@ impl Pool {
             .enumerate()
             .map(|(i, c)| (c.record.id, i))
             .collect();
+        crate::metrics::pool(eligible.len(), blocked.len(), live, degraded);
         if let Ok(mut view) = self.view.write() {
             *view = Arc::new(PoolView {
                 eligible,

@@ -18,6 +18,8 @@ use crate::link::dial;
 use crate::link::registry::LinkRegistry;
 
 pub struct Prober {
+    pub stats: Arc<crate::metrics::Stats>,
+    pub usage: Arc<crate::usage::UsageRecorder>,
     pub superproxy_id: Uuid,
     pub registry: Arc<LinkRegistry>,
     pub health: Arc<HealthBook>,
@@ -45,30 +47,52 @@ impl Prober {
                 .map(|link| async move { (link.exit_id, dial::probe(link, timeout).await) }),
         )
         .await;
-        for (exit, ok) in &results {
-            self.health.record_probe(*exit, *ok);
+        for (exit, rtt) in &results {
+            self.health.record_probe(*exit, *rtt);
+            crate::metrics::probe(*rtt);
         }
         let linked: Vec<Uuid> = links.keys().copied().collect();
         self.health.retain(&linked);
+        self.usage.retain_exits(&linked);
         self.health.update_panic(&linked);
+        let now = Instant::now();
+        let views: Vec<_> = linked
+            .iter()
+            .map(|id| self.health.exit(*id).view(now))
+            .collect();
+        crate::metrics::health(
+            linked.len(),
+            views.iter().filter(|v| v.available).count(),
+            views.iter().filter(|v| v.ejected).count(),
+            self.health.in_panic(),
+        );
         if let Err(e) = self.publish(&linked).await {
+            crate::metrics::store_error("redis", "health_publish");
             tracing::debug!(error = %e, "publishing health observations failed");
         }
     }
 
     async fn publish(&self, linked: &[Uuid]) -> Result<(), redis::RedisError> {
-        if linked.is_empty() {
-            return Ok(());
-        }
         let now = Instant::now();
         let at_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
         let ttl_ms = (self.health.config.probe_interval * 3).as_millis() as u64;
         let mut pipe = redis::pipe();
+        // This instance's totals, for the fleet's tunnels/s, errors and bytes/s.
+        let stats = serde_json::to_string(&self.stats.snapshot()).unwrap_or_default();
+        pipe.pset_ex(
+            self.keys.stats(self.superproxy_id),
+            stats,
+            ttl_ms.max(10_000),
+        )
+        .ignore();
         for id in linked {
             let mut view =
                 serde_json::to_value(self.health.exit(*id).view(now)).unwrap_or_default();
+            let (up, down) = self.usage.exit_bytes(*id);
+            view["bytes_up"] = up.into();
+            view["bytes_down"] = down.into();
             view["at_ms"] = at_ms.into();
             let key = self.keys.health(*id);
             pipe.hset(&key, self.superproxy_id.to_string(), view.to_string())

@@ -201,6 +201,10 @@ pub struct UsageRecorder {
     budgets: Mutex<HashMap<Uuid, Arc<AtomicI64>>>,
     /// Tunnels opened since the last flush, per abuse-lookup key.
     targets: Mutex<HashMap<TargetKey, u32>>,
+    /// Bytes (up, down) per exit since start, for the fleet view.
+    exit_bytes: Mutex<HashMap<Uuid, (u64, u64)>>,
+    /// Where byte totals are counted (set once at start).
+    pub stats: std::sync::OnceLock<Arc<crate::metrics::Stats>>,
 }
 
 /// (account, user, exit, egress IP, target host, target port, minute)
@@ -225,6 +229,24 @@ impl UsageRecorder {
             memory_batches: memory_batches.max(1),
             budgets: Mutex::new(HashMap::new()),
             targets: Mutex::new(HashMap::new()),
+            exit_bytes: Mutex::new(HashMap::new()),
+            stats: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// Bytes (up, down) through `exit` on this instance since start.
+    pub fn exit_bytes(&self, exit: Uuid) -> (u64, u64) {
+        self.exit_bytes
+            .lock()
+            .ok()
+            .and_then(|m| m.get(&exit).copied())
+            .unwrap_or_default()
+    }
+
+    /// Forgets exits no longer linked here (bounded memory).
+    pub fn retain_exits(&self, linked: &[Uuid]) {
+        if let Ok(mut m) = self.exit_bytes.lock() {
+            m.retain(|id, _| linked.contains(id));
         }
     }
 
@@ -336,6 +358,19 @@ impl UsageRecorder {
             !done
         });
         drop(meters);
+        let (up, down) = sums
+            .values()
+            .fold((0, 0), |(u, d), (du, dd)| (u + du, d + dd));
+        if let Ok(mut exits) = self.exit_bytes.lock() {
+            for ((_, _, exit), (du, dd)) in &sums {
+                let e = exits.entry(*exit).or_default();
+                e.0 += du;
+                e.1 += dd;
+            }
+        }
+        if let Some(stats) = self.stats.get() {
+            stats.bytes(up, down);
+        }
         let targets: Vec<TargetRow> = self
             .targets
             .lock()
@@ -468,8 +503,10 @@ impl UsageRecorder {
             match self.send(next).await {
                 Ok(()) => {
                     pending.remove(0);
+                    crate::metrics::usage_batch("flushed");
                 }
                 Err(e) => {
+                    crate::metrics::store_error("redis", "usage_flush");
                     tracing::warn!(error = %e, unsent = pending.len(), "usage flush failed; keeping the batches for the next try");
                     break;
                 }
@@ -488,6 +525,7 @@ impl UsageRecorder {
             }
         }
         self.spill_overflow(&mut pending).await;
+        crate::metrics::usage_batches(pending.len());
     }
 
     /// Moves batches beyond the in-memory bound to the spill file (or, with
@@ -508,7 +546,11 @@ impl UsageRecorder {
         }
         match &self.spill {
             Some(spill) => match spill.append(self.superproxy_id, &batches).await {
-                Ok(()) => tracing::warn!(batches = batches.len(), dir = %spill.dir.display(), "usage spilled to disk until Redis returns"),
+                Ok(()) => {
+                    metrics::counter!("proxynet_usage_batches_total", "outcome" => "spilled")
+                        .increment(batches.len() as u64);
+                    tracing::warn!(batches = batches.len(), dir = %spill.dir.display(), "usage spilled to disk until Redis returns");
+                }
                 Err(e) => tracing::error!(error = %e, dropped = batches.len(), "usage batches lost: cannot write the spill file"),
             },
             None => tracing::error!(

@@ -86,6 +86,8 @@ pub struct Stack {
     pub dir: TempDir,
     pub api: Proc,
     pub api_url: String,
+    /// The control-api's admin listener (`/metrics`).
+    pub api_admin: SocketAddr,
     pub proxy: Proc,
     pub proxy_addrs: ProxyAddrs,
     pub agents: Vec<Agent>,
@@ -120,7 +122,7 @@ impl Stack {
             api_stores.database_url = rewrite(link.addr);
             postgres_link = Some(link);
         }
-        let (api, api_addr) = spawn_control_api(&api_stores, &options).await;
+        let (api, api_addr, api_admin) = spawn_control_api(&api_stores, &options).await;
         let api_url = format!("http://{api_addr}");
 
         let whoami_listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -146,6 +148,7 @@ impl Stack {
             dir,
             api,
             api_url,
+            api_admin,
             proxy,
             proxy_addrs,
             agents: Vec::new(),
@@ -454,12 +457,16 @@ impl Stack {
     /// Starts the control-api again on its old address (after a kill).
     pub async fn start_api_again(&mut self) {
         let addr: SocketAddr = self.api_url.trim_start_matches("http://").parse().unwrap();
-        let (api, _) = spawn_control_api_at(&self.stores, &self.options, addr).await;
+        let (api, _, admin) = spawn_control_api_at(&self.stores, &self.options, addr).await;
         self.api = api;
+        self.api_admin = admin;
     }
 }
 
-pub async fn spawn_control_api(stores: &TestStores, options: &StackOptions) -> (Proc, SocketAddr) {
+pub async fn spawn_control_api(
+    stores: &TestStores,
+    options: &StackOptions,
+) -> (Proc, SocketAddr, SocketAddr) {
     spawn_control_api_at(stores, options, "127.0.0.1:0".parse().unwrap()).await
 }
 
@@ -467,10 +474,11 @@ pub async fn spawn_control_api_at(
     stores: &TestStores,
     options: &StackOptions,
     listen: SocketAddr,
-) -> (Proc, SocketAddr) {
+) -> (Proc, SocketAddr, SocketAddr) {
     #[derive(Deserialize)]
     struct Ready {
         api: SocketAddr,
+        admin: SocketAddr,
     }
     let envs = [
         ("PROXYNET_DATABASE_URL", stores.database_url.clone()),
@@ -486,11 +494,13 @@ pub async fn spawn_control_api_at(
             "PROXYNET_HEARTBEAT_TTL_MS",
             options.heartbeat_ttl_ms.to_string(),
         ),
+        ("PROXYNET_API_ADMIN_LISTEN", "127.0.0.1:0".to_owned()),
+        ("PROXYNET_OBSERVE_INTERVAL_SECS", "1".to_owned()),
     ];
     let mut envs = envs.to_vec();
     envs.extend(options.api_env.iter().map(|(k, v)| (k.as_str(), v.clone())));
     let (proc, ready) = spawn_ready::<Ready>("control-api", &[], &envs).await;
-    (proc, ready.api)
+    (proc, ready.api, ready.admin)
 }
 
 pub async fn spawn_superproxy(stores: &TestStores, extra_args: &[String]) -> (Proc, ProxyAddrs) {

@@ -10,6 +10,7 @@ pub mod accounts;
 mod agent;
 mod api_keys;
 mod billing;
+pub mod dashboard;
 mod exits;
 mod health;
 pub mod page;
@@ -97,5 +98,14 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/v1/abuse/lookup", get(abuse::lookup))
         .route("/v1/audit", get(abuse::audit_log))
+        .route("/dashboard", get(dashboard::overview))
+        .route(
+            "/dashboard/login",
+            get(dashboard::login_form).post(dashboard::login),
+        )
+        .route("/dashboard/logout", post(dashboard::logout))
+        .route("/dashboard/data.json", get(dashboard::data))
+        .route("/dashboard/exits/{id}", get(dashboard::exit_page))
+        .route("/dashboard/usage", get(dashboard::usage))
         .with_state(state)
 }

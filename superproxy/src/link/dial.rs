@@ -110,8 +110,14 @@ fn outcome_detail(outcome: Outcome) -> &'static str {
     }
 }
 
-/// Sends one health probe on `link`; true if the agent answered it healthy in time.
-pub async fn probe(link: &Link, timeout: Duration) -> bool {
+/// Sends one health probe on `link`; its round trip if the agent answered
+/// it healthy in time.
+pub async fn probe(link: &Link, timeout: Duration) -> Option<Duration> {
+    let started = std::time::Instant::now();
+    probe_ok(link, timeout).await.then(|| started.elapsed())
+}
+
+async fn probe_ok(link: &Link, timeout: Duration) -> bool {
     use proxynet_protocol::link::PROBE_PATH;
     let Ok(request) = Request::builder()
         .method(Method::GET)

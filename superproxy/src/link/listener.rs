@@ -91,6 +91,7 @@ impl LinkListener {
         let exit_id = hello.exit_id;
         let (link_id, replaced) = self.registry.insert(exit_id, peer, sender);
         tracing::info!(exit = %exit_id, link = link_id, %peer, "agent link up");
+        crate::metrics::link_event("up");
         if let Some(old) = replaced {
             self.report_replacement(exit_id, &old, peer).await;
         }
@@ -100,6 +101,7 @@ impl LinkListener {
             tracing::info!(exit = %exit_id, link = link_id, "agent link closed");
         }
         self.registry.remove(exit_id, link_id);
+        crate::metrics::link_event("down");
         Ok(())
     }
 
@@ -112,6 +114,7 @@ impl LinkListener {
         old: &super::registry::Link,
         peer: std::net::SocketAddr,
     ) {
+        crate::metrics::link_event("replaced");
         tracing::warn!(
             exit = %exit_id,
             old_link = old.id,

@@ -69,6 +69,7 @@ impl LinkRegistry {
             )
         });
         self.changed.send_modify(|v| *v += 1);
+        metrics::gauge!("proxynet_links_up").set(self.len() as f64);
         (id, replaced)
     }
 
@@ -83,6 +84,7 @@ impl LinkRegistry {
         };
         if removed {
             self.changed.send_modify(|v| *v += 1);
+            metrics::gauge!("proxynet_links_up").set(self.len() as f64);
         }
     }
 

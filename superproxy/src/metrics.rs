@@ -1,0 +1,142 @@
+//! What the superproxy counts, for `/metrics` (Prometheus) and for the
+//! control-api's fleet view (a snapshot published to Redis each probe round).
+//!
+//! Every series here has labels from small fixed sets (ingress, error token,
+//! direction, limit): nothing per exit, per user or per account, so a
+//! superproxy's series count is constant whatever the fleet size
+//! (docs/observability.md). Per-exit health comes from the control-api,
+//! which aggregates what every superproxy reports.
+
+use metrics::{counter, gauge, histogram};
+use proxynet_protocol::store::SuperproxyStats;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use crate::error::ErrorKind;
+use crate::pipeline::Ingress;
+
+/// Running totals this instance publishes for the fleet view.
+#[derive(Default)]
+pub struct Stats {
+    opened: AtomicU64,
+    failed: [AtomicU64; ErrorKind::ALL.len()],
+    bytes_up: AtomicU64,
+    bytes_down: AtomicU64,
+}
+
+impl Stats {
+    pub fn tunnel_opened(&self, ingress: Ingress, setup: Duration) {
+        self.opened.fetch_add(1, Ordering::Relaxed);
+        counter!("proxynet_tunnels_opened_total", "ingress" => ingress.as_str()).increment(1);
+        histogram!("proxynet_tunnel_setup_seconds", "ingress" => ingress.as_str())
+            .record(setup.as_secs_f64());
+    }
+
+    pub fn tunnel_failed(&self, ingress: Ingress, kind: ErrorKind) {
+        if let Some(i) = ErrorKind::ALL.iter().position(|k| *k == kind) {
+            self.failed[i].fetch_add(1, Ordering::Relaxed);
+        }
+        counter!(
+            "proxynet_tunnels_failed_total",
+            "ingress" => ingress.as_str(),
+            "error" => kind.proxy_status_error(),
+            "status" => kind.status().as_str().to_owned()
+        )
+        .increment(1);
+        let limit = match kind {
+            ErrorKind::TooManyRequests => Some("rate_or_concurrency"),
+            ErrorKind::QuotaExhausted => Some("quota"),
+            ErrorKind::ConnectionLimit => Some("connections"),
+            _ => None,
+        };
+        if let Some(limit) = limit {
+            counter!("proxynet_limit_refusals_total", "limit" => limit).increment(1);
+        }
+    }
+
+    pub fn bytes(&self, up: u64, down: u64) {
+        self.bytes_up.fetch_add(up, Ordering::Relaxed);
+        self.bytes_down.fetch_add(down, Ordering::Relaxed);
+        counter!("proxynet_tunnel_bytes_total", "direction" => "up").increment(up);
+        counter!("proxynet_tunnel_bytes_total", "direction" => "down").increment(down);
+    }
+
+    /// The snapshot the fleet view reads (totals since start).
+    pub fn snapshot(&self) -> SuperproxyStats {
+        SuperproxyStats {
+            tunnels_opened: self.opened.load(Ordering::Relaxed),
+            tunnels_failed: ErrorKind::ALL
+                .iter()
+                .zip(&self.failed)
+                .filter_map(|(kind, n)| {
+                    let n = n.load(Ordering::Relaxed);
+                    (n > 0).then(|| {
+                        (
+                            format!("{}:{}", kind.status().as_u16(), kind.proxy_status_error()),
+                            n,
+                        )
+                    })
+                })
+                .fold(std::collections::BTreeMap::new(), |mut m, (k, n)| {
+                    *m.entry(k).or_insert(0) += n;
+                    m
+                }),
+            bytes_up: self.bytes_up.load(Ordering::Relaxed),
+            bytes_down: self.bytes_down.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// Outcome of a login attempt (`ok`, `denied`, `limited`, `bad_username`).
+pub fn auth(outcome: &'static str) {
+    counter!("proxynet_auth_total", "outcome" => outcome).increment(1);
+}
+
+pub fn tunnels_active(delta: f64) {
+    gauge!("proxynet_tunnels_active").increment(delta);
+}
+
+pub fn connections_open(delta: f64) {
+    gauge!("proxynet_connections_open").increment(delta);
+}
+
+pub fn link_event(event: &'static str) {
+    counter!("proxynet_link_events_total", "event" => event).increment(1);
+}
+
+pub fn pool(eligible: usize, blocked: usize, live: usize, degraded: bool) {
+    gauge!("proxynet_pool_exits", "state" => "eligible").set(eligible as f64);
+    gauge!("proxynet_pool_exits", "state" => "blocked_by_provenance").set(blocked as f64);
+    gauge!("proxynet_pool_exits", "state" => "live").set(live as f64);
+    gauge!("proxynet_degraded").set(if degraded { 1.0 } else { 0.0 });
+}
+
+pub fn health(linked: usize, available: usize, ejected: usize, panic: bool) {
+    gauge!("proxynet_exits_health", "state" => "linked").set(linked as f64);
+    gauge!("proxynet_exits_health", "state" => "available").set(available as f64);
+    gauge!("proxynet_exits_health", "state" => "ejected").set(ejected as f64);
+    gauge!("proxynet_health_panic").set(if panic { 1.0 } else { 0.0 });
+}
+
+pub fn probe(rtt: Option<Duration>) {
+    match rtt {
+        Some(rtt) => histogram!("proxynet_probe_rtt_seconds").record(rtt.as_secs_f64()),
+        None => counter!("proxynet_probe_failures_total").increment(1),
+    }
+}
+
+pub fn store_error(store: &'static str, op: &'static str) {
+    counter!("proxynet_store_errors_total", "store" => store, "op" => op).increment(1);
+}
+
+pub fn usage_batches(pending: usize) {
+    gauge!("proxynet_usage_batches_pending").set(pending as f64);
+}
+
+pub fn usage_batch(outcome: &'static str) {
+    counter!("proxynet_usage_batches_total", "outcome" => outcome).increment(1);
+}
+
+pub fn revoked(tunnels: usize, why: &'static str) {
+    counter!("proxynet_tunnels_cut_total", "reason" => why).increment(tunnels as u64);
+}
