@@ -11,8 +11,8 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends ca-certificates curl python3 \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --system --home /var/lib/proxynet --create-home proxynet \
- && mkdir -p /var/lib/proxynet/state /bootstrap \
- && chown proxynet: /var/lib/proxynet/state /bootstrap
+ && mkdir -p /var/lib/proxynet/state /var/lib/proxynet/spill /bootstrap \
+ && chown proxynet: /var/lib/proxynet/state /var/lib/proxynet/spill /bootstrap
 COPY --from=build /out/ /usr/local/bin/
 COPY deploy/compose-bootstrap.sh /usr/local/bin/proxynet-compose-bootstrap
 USER proxynet

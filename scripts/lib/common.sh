@@ -37,6 +37,14 @@ install_deps() {
   command -v cc >/dev/null 2>&1 || missing+=(build-essential)
   command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
   command -v systemd-analyze >/dev/null 2>&1 || missing+=(systemd)
+  if [ "${PROXYNET_INSTALL_TEST_TOOLS:-0}" = 1 ]; then
+    # Only the test suite needs these: a real Prometheus (and promtool),
+    # headless Chromium, Node for the browser and client tests.
+    command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
+    command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+    command -v node >/dev/null 2>&1 || missing+=(nodejs)
+    command -v npm >/dev/null 2>&1 || missing+=(npm)
+  fi
   if [ "${#missing[@]}" -gt 0 ]; then
     say "installing: ${missing[*]}"
     as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq

@@ -9,7 +9,7 @@ use tempfile::TempDir;
 use tokio::net::TcpListener;
 use uuid::Uuid;
 
-use crate::process::{eventually, spawn_ready, Proc};
+use crate::process::{eventually, Proc};
 use crate::stores::TestStores;
 
 pub const ADMIN_TOKEN: &str = "test-admin-token-0123456789abcdef";
@@ -41,6 +41,9 @@ pub struct StackOptions {
     pub superproxy_log: Option<std::path::PathBuf>,
     /// Extra environment for the control-api.
     pub api_env: Vec<(String, String)>,
+    /// Write every binary's log to a file here (`NAME.log`) instead of the
+    /// test's stderr.
+    pub log_dir: Option<std::path::PathBuf>,
 }
 
 impl Default for StackOptions {
@@ -57,6 +60,7 @@ impl Default for StackOptions {
             superproxy_env: Vec::new(),
             superproxy_log: None,
             api_env: Vec::new(),
+            log_dir: None,
         }
     }
 }
@@ -140,7 +144,11 @@ impl Stack {
             &protect_args,
             options.superproxy_protects_redis,
             &options.superproxy_env,
-            options.superproxy_log.as_deref(),
+            options
+                .superproxy_log
+                .clone()
+                .or_else(|| options.log_dir.as_ref().map(|d| d.join("superproxy.log")))
+                .as_deref(),
         )
         .await;
         let mut stack = Self {
@@ -341,7 +349,18 @@ impl Stack {
             args.extend(["--egress-ip".into(), more.to_string()]);
         }
         args.extend(["--enroll-token".into(), token]);
-        let (proc, addrs) = spawn_ready::<AgentAddrs>("exit-agent", &args, &[]).await;
+        let log = self
+            .options
+            .log_dir
+            .as_ref()
+            .map(|d| d.join(format!("exit-agent-{egress_ip}.log")));
+        let (proc, addrs) = crate::process::spawn_ready_logged::<AgentAddrs>(
+            "exit-agent",
+            &args,
+            &[],
+            log.as_deref(),
+        )
+        .await;
         self.agents.push(Agent {
             proc,
             addrs,
@@ -499,7 +518,9 @@ pub async fn spawn_control_api_at(
     ];
     let mut envs = envs.to_vec();
     envs.extend(options.api_env.iter().map(|(k, v)| (k.as_str(), v.clone())));
-    let (proc, ready) = spawn_ready::<Ready>("control-api", &[], &envs).await;
+    let log = options.log_dir.as_ref().map(|d| d.join("control-api.log"));
+    let (proc, ready) =
+        crate::process::spawn_ready_logged::<Ready>("control-api", &[], &envs, log.as_deref()).await;
     (proc, ready.api, ready.admin)
 }
 

@@ -13,6 +13,7 @@ mod health;
 mod ingress;
 mod limits;
 mod provenance;
+mod observability;
 mod quota;
 mod selection;
 mod spine;
