@@ -520,7 +520,8 @@ pub async fn spawn_control_api_at(
     envs.extend(options.api_env.iter().map(|(k, v)| (k.as_str(), v.clone())));
     let log = options.log_dir.as_ref().map(|d| d.join("control-api.log"));
     let (proc, ready) =
-        crate::process::spawn_ready_logged::<Ready>("control-api", &[], &envs, log.as_deref()).await;
+        crate::process::spawn_ready_logged::<Ready>("control-api", &[], &envs, log.as_deref())
+            .await;
     (proc, ready.api, ready.admin)
 }
 

@@ -60,7 +60,11 @@ async fn promtool_accepts(text: &str) {
         String::from_utf8_lossy(&out.stderr)
     );
     // Exit 1 is a parse error; lint remarks (exit 3) are style, reported below.
-    assert_ne!(out.status.code(), Some(1), "promtool could not parse:\n{report}");
+    assert_ne!(
+        out.status.code(),
+        Some(1),
+        "promtool could not parse:\n{report}"
+    );
     assert!(!report.contains("error"), "{report}");
 }
 
@@ -75,17 +79,28 @@ async fn every_binary_exports_metrics_that_parse_and_move_with_traffic() {
         assert_eq!(r.status, 200);
     }
     // A refused target moves the error-token counter.
-    let closed = TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap();
+    let closed = TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap()
+        .local_addr()
+        .unwrap();
     let r = curl(&["-p", "-x", &stack.proxy_url(), &format!("http://{closed}/")]).await;
     assert!(r.headers.contains(" 502"), "{}", r.headers);
     let after = metrics_text(&stack, stack.proxy_addrs.admin).await;
     assert_eq!(opened(&after) - opened(&before), 5.0, "{after}");
     let refused = |t: &str| {
-        sample(t, "proxynet_tunnels_failed_total", &["error=\"connection_refused\""])
+        sample(
+            t,
+            "proxynet_tunnels_failed_total",
+            &["error=\"connection_refused\""],
+        )
     };
     assert_eq!(refused(&after) - refused(&before), 1.0);
     assert!(sample(&after, "proxynet_tunnel_setup_seconds_count", &[]) >= 5.0);
-    assert!(!after.contains(PASSWORD) && !after.contains(USERNAME), "identities in labels");
+    assert!(
+        !after.contains(PASSWORD) && !after.contains(USERNAME),
+        "identities in labels"
+    );
 
     let control = eventually("the fleet view", Duration::from_secs(20), || async {
         let t = metrics_text(&stack, stack.api_admin).await;
@@ -97,10 +112,20 @@ async fn every_binary_exports_metrics_that_parse_and_move_with_traffic() {
         promtool_accepts(text).await;
         assert!(!text.contains(ADMIN_TOKEN));
     }
-    assert!(sample(&agent_text, "proxynet_agent_tunnels_total", &["outcome=\"connected\""]) >= 1.0);
+    assert!(
+        sample(
+            &agent_text,
+            "proxynet_agent_tunnels_total",
+            &["outcome=\"connected\""]
+        ) >= 1.0
+    );
     let exit = stack.agents[0].addrs.exit_id.to_string();
     assert_eq!(
-        sample(&control, "proxynet_exit_state", &[&format!("exit=\"{exit}\""), "state=\"live\""]),
+        sample(
+            &control,
+            "proxynet_exit_state",
+            &[&format!("exit=\"{exit}\""), "state=\"live\""]
+        ),
         1.0
     );
 }
@@ -111,7 +136,8 @@ fn dashboard_queries(exit: &str) -> Vec<(String, String)> {
     for entry in std::fs::read_dir(repo("dashboards")).unwrap() {
         let path = entry.unwrap().path();
         if path.extension().is_some_and(|e| e == "json") {
-            let doc: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+            let doc: Value =
+                serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
             for panel in doc["panels"].as_array().unwrap() {
                 for target in panel["targets"].as_array().unwrap() {
                     let expr = target["expr"].as_str().unwrap().replace("$exit", exit);
@@ -132,10 +158,18 @@ async fn a_real_prometheus_scrapes_the_stack_and_every_dashboard_query_has_data(
         stack.api_admin, stack.proxy_addrs.admin, stack.agents[0].addrs.admin, stack.agents[1].addrs.admin
     );
     std::fs::write(dir.path().join("prometheus.yml"), targets).unwrap();
-    let port = TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap().port();
+    let port = TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let mut prometheus = tokio::process::Command::new("prometheus")
         .args([
-            &format!("--config.file={}", dir.path().join("prometheus.yml").display()),
+            &format!(
+                "--config.file={}",
+                dir.path().join("prometheus.yml").display()
+            ),
             &format!("--storage.tsdb.path={}", dir.path().join("data").display()),
             &format!("--web.listen-address=127.0.0.1:{port}"),
         ])
@@ -146,17 +180,39 @@ async fn a_real_prometheus_scrapes_the_stack_and_every_dashboard_query_has_data(
         .expect("prometheus is installed (scripts/test installs it)");
     // Traffic while it scrapes: tunnels, a refusal, usage into the ledger.
     for _ in 0..6 {
-        assert_eq!(curl(&["-p", "-x", &stack.proxy_url(), &stack.whoami_url()]).await.status, 200);
+        assert_eq!(
+            curl(&["-p", "-x", &stack.proxy_url(), &stack.whoami_url()])
+                .await
+                .status,
+            200
+        );
         let _ = curl(&["-p", "-x", &stack.proxy_url(), "http://127.0.0.1:9/"]).await;
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     let exit = stack.agents[0].addrs.exit_id.to_string();
     let api = format!("http://127.0.0.1:{port}/api/v1/query");
     for (panel, expr) in dashboard_queries(&exit) {
-        eventually(&format!("{panel}: {expr}"), Duration::from_secs(40), || async {
-            let r: Value = stack.http.get(&api).query(&[("query", expr.as_str())]).send().await.ok()?.json().await.ok()?;
-            (r["status"] == "success" && r["data"]["result"].as_array().is_some_and(|a| !a.is_empty())).then_some(())
-        })
+        eventually(
+            &format!("{panel}: {expr}"),
+            Duration::from_secs(40),
+            || async {
+                let r: Value = stack
+                    .http
+                    .get(&api)
+                    .query(&[("query", expr.as_str())])
+                    .send()
+                    .await
+                    .ok()?
+                    .json()
+                    .await
+                    .ok()?;
+                (r["status"] == "success"
+                    && r["data"]["result"]
+                        .as_array()
+                        .is_some_and(|a| !a.is_empty()))
+                .then_some(())
+            },
+        )
         .await;
     }
     let _ = prometheus.kill().await;
@@ -173,9 +229,8 @@ async fn browser(mode: &str, envs: &[(&str, String)]) -> Value {
         .expect("node runs (scripts/test installs the browser test's packages)");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let line = stdout.lines().last().unwrap_or_default();
-    serde_json::from_str(line).unwrap_or_else(|_| {
-        panic!("{mode}: {stdout}\n{}", String::from_utf8_lossy(&out.stderr))
-    })
+    serde_json::from_str(line)
+        .unwrap_or_else(|_| panic!("{mode}: {stdout}\n{}", String::from_utf8_lossy(&out.stderr)))
 }
 
 fn artefact(name: &str) -> PathBuf {
@@ -187,21 +242,35 @@ fn artefact(name: &str) -> PathBuf {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_dashboard_shows_the_fleet_and_an_ejection_in_chromium() {
     let stack = Stack::start_with(StackOptions {
-        superproxy_args: ["--probe-interval-ms", "300", "--probe-timeout-ms", "200", "--unhealthy-threshold", "2"]
-            .map(String::from)
-            .to_vec(),
+        superproxy_args: [
+            "--probe-interval-ms",
+            "300",
+            "--probe-timeout-ms",
+            "200",
+            "--unhealthy-threshold",
+            "2",
+        ]
+        .map(String::from)
+        .to_vec(),
         ..Default::default()
     })
     .await;
     let dashboard = format!("{}/dashboard", stack.api_url);
-    let exits: Vec<String> = stack.agents.iter().map(|a| a.addrs.exit_id.to_string()).collect();
+    let exits: Vec<String> = stack
+        .agents
+        .iter()
+        .map(|a| a.addrs.exit_id.to_string())
+        .collect();
     let seen = browser(
         "live",
         &[
             ("DASHBOARD", dashboard.clone()),
             ("KEY", ADMIN_TOKEN.into()),
             ("EXITS", exits.join(",")),
-            ("SCREENSHOT", artefact("dashboard-live.png").display().to_string()),
+            (
+                "SCREENSHOT",
+                artefact("dashboard-live.png").display().to_string(),
+            ),
         ],
     )
     .await;
@@ -215,7 +284,10 @@ async fn the_dashboard_shows_the_fleet_and_an_ejection_in_chromium() {
             ("KEY", ADMIN_TOKEN.into()),
             ("EXIT", exits[1].clone()),
             ("WAIT_MS", "15000".into()),
-            ("SCREENSHOT", artefact("dashboard-ejected.png").display().to_string()),
+            (
+                "SCREENSHOT",
+                artefact("dashboard-ejected.png").display().to_string(),
+            ),
         ],
     )
     .await;
@@ -225,9 +297,21 @@ async fn the_dashboard_shows_the_fleet_and_an_ejection_in_chromium() {
     // An account key: its own usage only, operator pages refused.
     let account = stack.create_account("viewer").await;
     stack.create_user(account, "viewer1", PASSWORD).await;
-    let url = format!("http://viewer1:{}@{}", PASSWORD.replace(' ', "%20"), stack.proxy_addrs.proxy);
-    assert_eq!(curl(&["-p", "-x", &url, &stack.whoami_url()]).await.status, 200);
-    assert_eq!(curl(&["-p", "-x", &stack.proxy_url(), &stack.whoami_url()]).await.status, 200);
+    let url = format!(
+        "http://viewer1:{}@{}",
+        PASSWORD.replace(' ', "%20"),
+        stack.proxy_addrs.proxy
+    );
+    assert_eq!(
+        curl(&["-p", "-x", &url, &stack.whoami_url()]).await.status,
+        200
+    );
+    assert_eq!(
+        curl(&["-p", "-x", &stack.proxy_url(), &stack.whoami_url()])
+            .await
+            .status,
+        200
+    );
     let key: Value = stack
         .http
         .post(stack.api(&format!("/v1/accounts/{account}/api-keys")))
@@ -239,10 +323,14 @@ async fn the_dashboard_shows_the_fleet_and_an_ejection_in_chromium() {
         .json()
         .await
         .unwrap();
-    eventually("the viewer's usage in the ledger", Duration::from_secs(20), || async {
-        let rows = stack.usage_by_user(account).await;
-        (!rows.is_empty()).then_some(())
-    })
+    eventually(
+        "the viewer's usage in the ledger",
+        Duration::from_secs(20),
+        || async {
+            let rows = stack.usage_by_user(account).await;
+            (!rows.is_empty()).then_some(())
+        },
+    )
     .await;
     let seen = browser(
         "account",
@@ -251,7 +339,10 @@ async fn the_dashboard_shows_the_fleet_and_an_ejection_in_chromium() {
             ("KEY", key["key"].as_str().unwrap().to_owned()),
             ("EXIT", exits[0].clone()),
             ("ACCOUNT", account.to_string()),
-            ("SCREENSHOT", artefact("dashboard-account.png").display().to_string()),
+            (
+                "SCREENSHOT",
+                artefact("dashboard-account.png").display().to_string(),
+            ),
         ],
     )
     .await;
@@ -277,23 +368,40 @@ async fn every_tunnel_has_one_json_access_log_line_and_no_secret_is_logged() {
     assert!(s.is_err());
     let _ = s.as_mut();
     let log = logs.path().join("superproxy.log");
-    let lines: Vec<Value> = eventually("three access-log lines", Duration::from_secs(10), || async {
-        let text = std::fs::read_to_string(&log).ok()?;
-        let lines: Vec<Value> = text
-            .lines()
-            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-            .filter(|v| v["target"] == "proxynet::access" && v["message"] == "tunnel")
-            .collect();
-        (lines.len() == 3).then_some(lines)
-    })
+    let lines: Vec<Value> = eventually(
+        "three access-log lines",
+        Duration::from_secs(10),
+        || async {
+            let text = std::fs::read_to_string(&log).ok()?;
+            let lines: Vec<Value> = text
+                .lines()
+                .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+                .filter(|v| v["target"] == "proxynet::access" && v["message"] == "tunnel")
+                .collect();
+            (lines.len() == 3).then_some(lines)
+        },
+    )
     .await;
-    let mut ingresses: Vec<&str> = lines.iter().map(|l| l["ingress"].as_str().unwrap()).collect();
+    let mut ingresses: Vec<&str> = lines
+        .iter()
+        .map(|l| l["ingress"].as_str().unwrap())
+        .collect();
     ingresses.sort_unstable();
     assert_eq!(ingresses, ["connect", "forward", "socks5"]);
     for line in &lines {
         for field in [
-            "tunnel", "account", "user", "exit", "egress_ip", "target_addr", "ingress", "outcome",
-            "bytes_up", "bytes_down", "setup_ms", "duration_ms",
+            "tunnel",
+            "account",
+            "user",
+            "exit",
+            "egress_ip",
+            "target_addr",
+            "ingress",
+            "outcome",
+            "bytes_up",
+            "bytes_down",
+            "setup_ms",
+            "duration_ms",
         ] {
             assert!(!line[field].is_null(), "{field} missing in {line}");
         }
@@ -316,11 +424,18 @@ async fn every_tunnel_has_one_json_access_log_line_and_no_secret_is_logged() {
 fn compose_services_only_use_flags_the_binaries_know() {
     let compose = std::fs::read_to_string(repo("compose.yaml")).unwrap();
     let help = |name: &str| {
-        let out = std::process::Command::new(bin(name)).arg("--help").env_clear().output().unwrap();
+        let out = std::process::Command::new(bin(name))
+            .arg("--help")
+            .env_clear()
+            .output()
+            .unwrap();
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
     let helps: std::collections::HashMap<&str, String> =
-        ["superproxy", "control-api", "exit-agent"].into_iter().map(|n| (n, help(n))).collect();
+        ["superproxy", "control-api", "exit-agent"]
+            .into_iter()
+            .map(|n| (n, help(n)))
+            .collect();
     let binary_of = |service: &str| match service {
         "superproxy" => Some("superproxy"),
         "control-api" => Some("control-api"),
@@ -336,7 +451,16 @@ fn compose_services_only_use_flags_the_binaries_know() {
             in_services = true;
             continue;
         }
-        if in_services && line.len() > 2 && line.starts_with("  ") && !line.starts_with("   ") && line.trim_end().ends_with(':') || (in_services && line.starts_with("  ") && !line.starts_with("   ") && line.contains(": &")) {
+        if in_services
+            && line.len() > 2
+            && line.starts_with("  ")
+            && !line.starts_with("   ")
+            && line.trim_end().ends_with(':')
+            || (in_services
+                && line.starts_with("  ")
+                && !line.starts_with("   ")
+                && line.contains(": &"))
+        {
             service = line.trim().split(':').next().unwrap().to_owned();
             services.push(service.clone());
             continue;
@@ -344,27 +468,52 @@ fn compose_services_only_use_flags_the_binaries_know() {
         if line.contains("healthcheck:") {
             healthchecks.insert(service.clone());
         }
-        let Some(binary) = binary_of(&service) else { continue };
+        let Some(binary) = binary_of(&service) else {
+            continue;
+        };
         let help = &helps[binary];
-        for token in line.split(|c: char| c.is_whitespace() || c == '"' || c == '=' || c == ',' || c == '[' || c == ']') {
-            if let Some(flag) = token.strip_prefix("--").filter(|f| !f.is_empty() && f.chars().all(|c| c.is_ascii_lowercase() || c == '-')) {
-                assert!(help.contains(&format!("--{flag}")), "{service}: {binary} has no --{flag}");
+        for token in line.split(|c: char| {
+            c.is_whitespace() || c == '"' || c == '=' || c == ',' || c == '[' || c == ']'
+        }) {
+            if let Some(flag) = token
+                .strip_prefix("--")
+                .filter(|f| !f.is_empty() && f.chars().all(|c| c.is_ascii_lowercase() || c == '-'))
+            {
+                assert!(
+                    help.contains(&format!("--{flag}")),
+                    "{service}: {binary} has no --{flag}"
+                );
             }
         }
-        if let Some(var) = line.trim().split(':').next().filter(|v| v.starts_with("PROXYNET_")) {
+        if let Some(var) = line
+            .trim()
+            .split(':')
+            .next()
+            .filter(|v| v.starts_with("PROXYNET_"))
+        {
             assert!(
                 help.contains(&format!("[env: {var}=")) || help.contains(&format!("[env: {var}]")),
                 "{service}: {binary} reads no {var}"
             );
         }
     }
-    assert!(compose.contains("--socks-listen=0.0.0.0:1080"), "the published SOCKS port has a listener");
+    assert!(
+        compose.contains("--socks-listen=0.0.0.0:1080"),
+        "the published SOCKS port has a listener"
+    );
     for s in &services {
         if s != "bootstrap" {
             assert!(healthchecks.contains(s), "{s} has no healthcheck");
         }
     }
-    for s in ["prometheus", "grafana", "superproxy", "control-api", "agent1", "agent2"] {
+    for s in [
+        "prometheus",
+        "grafana",
+        "superproxy",
+        "control-api",
+        "agent1",
+        "agent2",
+    ] {
         assert!(services.iter().any(|x| x == s), "{s} missing: {services:?}");
     }
 }
