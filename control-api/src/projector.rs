@@ -49,6 +49,7 @@ struct UserRow {
     allowed_source_types: Option<Vec<String>>,
     allowed_countries: Option<Vec<String>>,
     allowed_channels: Option<Vec<String>>,
+    allowlist_options: String,
     deleted: bool,
 }
 
@@ -173,7 +174,8 @@ const EXIT_SELECT: &str = "SELECT e.id, e.name, e.source_type, e.owner, e.countr
 
 const USER_COLUMNS: &str = "id, account_id, username, password_hash, enabled, version, \
      max_concurrent_tunnels, max_new_tunnels_per_second, bandwidth_bytes, quota_period, \
-     allowed_source_types, allowed_countries, allowed_channels, deleted_at IS NOT NULL AS deleted";
+     allowed_source_types, allowed_countries, allowed_channels, allowlist_options, \
+     deleted_at IS NOT NULL AS deleted";
 
 impl Projector {
     pub fn new(db: PgPool, redis: ConnectionManager, keys: Keys) -> Self {
@@ -243,6 +245,39 @@ impl Projector {
         let _: () = redis
             .publish(self.keys.events(), format!("user:{username}"))
             .await?;
+        Ok(())
+    }
+
+    /// Re-projects the whole IP allow-list (CIDR → username of live, enabled
+    /// users) under a fresh key, swapped in atomically, then announces it.
+    pub async fn allowlist(&self) {
+        if let Err(e) = self.try_allowlist().await {
+            tracing::warn!(error = %e, "allow-list projection failed; the next resync repairs it");
+        }
+    }
+
+    async fn try_allowlist(&self) -> Result<(), ProjectionError> {
+        let rows: Vec<(String, String)> = sqlx::query_as(
+            "SELECT c.cidr::text, u.username FROM user_source_cidrs c
+               JOIN proxy_users u ON u.id = c.user_id
+              WHERE u.deleted_at IS NULL AND u.enabled",
+        )
+        .fetch_all(&self.db)
+        .await?;
+        let mut redis = self.redis.clone();
+        let (key, staging) = (self.keys.allowlist(), self.keys.allowlist_staging());
+        let mut pipe = redis::pipe();
+        pipe.atomic().del(&staging).ignore();
+        for (cidr, username) in &rows {
+            pipe.hset(&staging, cidr, username).ignore();
+        }
+        if rows.is_empty() {
+            pipe.del(&key).ignore();
+        } else {
+            pipe.rename(&staging, &key).ignore();
+        }
+        let _: () = pipe.query_async(&mut redis).await?;
+        let _: () = redis.publish(self.keys.events(), "allowlist").await?;
         Ok(())
     }
 
@@ -467,6 +502,7 @@ impl Projector {
         }
 
         self.rebuild_quota_counters(&users).await?;
+        self.try_allowlist().await?;
 
         let exits: Vec<ExitRow> = sqlx::query_as(EXIT_SELECT).fetch_all(&self.db).await?;
         for chunk in exits.chunks(500) {
@@ -666,6 +702,7 @@ fn user_record(row: &UserRow) -> UserRecord {
             .as_ref()
             .map(|types| types.iter().filter_map(|t| SourceType::parse(t)).collect()),
         allowed_countries: row.allowed_countries.clone(),
+        allowlist_options: Some(row.allowlist_options.clone()).filter(|o| !o.is_empty()),
         allowed_channels: row
             .allowed_channels
             .as_ref()

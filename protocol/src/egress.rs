@@ -50,6 +50,11 @@ impl Cidr {
         }
     }
 
+    /// The prefix length (number of network bits).
+    pub fn prefix_len(&self) -> u8 {
+        self.prefix
+    }
+
     pub fn contains(&self, ip: IpAddr) -> bool {
         match (self.addr, ip) {
             (IpAddr::V4(net), IpAddr::V4(ip)) => prefix_eq(

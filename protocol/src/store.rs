@@ -95,6 +95,16 @@ impl Keys {
         format!("{}superproxies:live", self.prefix)
     }
 
+    /// Hash: allow-listed source CIDR → username (IP allow-list login).
+    pub fn allowlist(&self) -> String {
+        format!("{}{{allowlist}}:map", self.prefix)
+    }
+
+    /// Where the next allow-list is built before it replaces the current one.
+    pub fn allowlist_staging(&self) -> String {
+        format!("{}{{allowlist}}:staging", self.prefix)
+    }
+
     /// A superproxy's [`SuperproxyStats`] JSON (expires with the instance).
     pub fn stats(&self, superproxy: Uuid) -> String {
         format!("{}stats:{{{superproxy}}}", self.prefix)
@@ -137,6 +147,9 @@ pub struct UserRecord {
     /// Acquisition channels this user may use (`None`: any).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allowed_channels: Option<Vec<Channel>>,
+    /// Username-grammar options for this user's IP-allow-listed traffic.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allowlist_options: Option<String>,
 }
 
 /// What the user key holds: a live user, the tombstone of a deleted one, or

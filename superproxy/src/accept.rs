@@ -65,6 +65,25 @@ pub struct Listeners {
     /// HTTP proxy (SOCKS5 is recognised there too).
     pub proxy: TcpListener,
     pub socks: TcpListener,
+    /// HTTPS proxy, when configured.
+    pub tls: Option<(TcpListener, tokio_rustls::TlsAcceptor)>,
+}
+
+/// Which listener a connection came in on.
+#[derive(Clone, Copy)]
+enum Door {
+    Proxy,
+    Socks,
+    Tls,
+}
+
+async fn accept_tls(
+    tls: &Option<(TcpListener, tokio_rustls::TlsAcceptor)>,
+) -> std::io::Result<(TcpStream, SocketAddr)> {
+    match tls {
+        Some((listener, _)) => listener.accept().await,
+        None => std::future::pending().await,
+    }
 }
 
 /// Connection permits and the drain counter.
@@ -127,10 +146,11 @@ pub async fn run(
 ) {
     tokio::pin!(stop);
     loop {
-        let (accepted, socks_only) = tokio::select! {
+        let (accepted, door) = tokio::select! {
             () = &mut stop => break,
-            accepted = listeners.proxy.accept() => (accepted, false),
-            accepted = listeners.socks.accept() => (accepted, true),
+            accepted = listeners.proxy.accept() => (accepted, Door::Proxy),
+            accepted = listeners.socks.accept() => (accepted, Door::Socks),
+            accepted = accept_tls(&listeners.tls) => (accepted, Door::Tls),
         };
         let (stream, peer) = match accepted {
             Ok(conn) => conn,
@@ -144,15 +164,34 @@ pub async fn run(
         let Some(ticket) = gate.ticket(peer) else {
             metrics::counter!("proxynet_limit_refusals_total", "limit" => "connections")
                 .increment(1);
-            tokio::spawn(refuse_over_limit(stream, socks_only));
+            // Over TLS a plain-text answer would be noise: just close.
+            if !matches!(door, Door::Tls) {
+                tokio::spawn(refuse_over_limit(stream, matches!(door, Door::Socks)));
+            }
             continue;
         };
         let pipeline = pipeline.clone();
+        let acceptor = listeners.tls.as_ref().map(|(_, a)| a.clone());
         tokio::spawn(async move {
-            if socks_only {
-                ingress::socks5::serve_connection(pipeline, stream, ticket).await;
-            } else {
-                ingress::serve_any(pipeline, stream, ticket).await;
+            match door {
+                Door::Socks => ingress::socks5::serve_connection(pipeline, stream, ticket).await,
+                Door::Proxy => ingress::serve_any(pipeline, stream, ticket).await,
+                Door::Tls => {
+                    let Some(acceptor) = acceptor else { return };
+                    let _ = stream.set_nodelay(true);
+                    let handshake = tokio::time::timeout(
+                        pipeline.config.header_read_timeout(),
+                        acceptor.accept(stream),
+                    )
+                    .await;
+                    match handshake {
+                        Ok(Ok(tls)) => {
+                            ingress::http::serve_connection(pipeline, tls, ticket).await
+                        }
+                        Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+                        Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+                    }
+                }
             }
         });
     }

@@ -66,7 +66,10 @@ impl Announcer {
 pub fn service_addresses(bound: &crate::Addresses, advertised: SocketAddr) -> Vec<SocketAddr> {
     let host = host_interface_addresses();
     let mut out = vec![advertised];
-    for addr in [bound.proxy, bound.socks, bound.admin, bound.link] {
+    for addr in [bound.proxy, bound.socks, bound.admin, bound.link]
+        .into_iter()
+        .chain(bound.tls)
+    {
         if addr.ip().is_unspecified() {
             out.extend(host.iter().map(|ip| SocketAddr::new(*ip, addr.port())));
             out.push(SocketAddr::new(advertised.ip(), addr.port()));

@@ -23,6 +23,20 @@ pub struct Config {
     #[arg(long, env = "PROXYNET_SOCKS_LISTEN", default_value = "127.0.0.1:1080")]
     pub socks_listen: SocketAddr,
 
+    /// HTTPS proxy listener (TLS 1.2/1.3, ALPN http/1.1; the same CONNECT,
+    /// absolute-form and errors as the plain listener). Off unless set, and
+    /// needs `--tls-cert` and `--tls-key`.
+    #[arg(long, env = "PROXYNET_TLS_LISTEN", requires_all = ["tls_cert", "tls_key"])]
+    pub tls_listen: Option<SocketAddr>,
+
+    /// PEM certificate chain for the HTTPS proxy listener; re-read on SIGHUP.
+    #[arg(long, env = "PROXYNET_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// PEM private key for `tls_cert`; re-read on SIGHUP.
+    #[arg(long, env = "PROXYNET_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
+
     /// Most client connections served at once; beyond it new connections get
     /// a 503 (`connection_limit_reached`) and are closed.
     #[arg(long, env = "PROXYNET_MAX_CONNECTIONS", default_value_t = 10_000)]
@@ -174,6 +188,11 @@ pub struct Config {
     #[arg(long, env = "PROXYNET_RETRY_BUDGET_PERCENT", default_value_t = 20)]
     pub retry_budget_percent: u32,
 
+    /// How often the IP allow-list is re-read (it is also re-read at once on
+    /// its change event), ms.
+    #[arg(long, env = "PROXYNET_ALLOWLIST_REFRESH_MS", default_value_t = 2_000)]
+    pub allowlist_refresh_ms: u64,
+
     /// How often every user with a tunnel open here is re-checked, so a
     /// revocation whose change event was lost still cuts within it, ms.
     #[arg(long, env = "PROXYNET_REVOCATION_SWEEP_MS", default_value_t = 2_000)]
@@ -238,6 +257,9 @@ impl Config {
     }
     pub fn drain_timeout(&self) -> Duration {
         Duration::from_millis(self.drain_timeout_ms)
+    }
+    pub fn allowlist_refresh(&self) -> Duration {
+        Duration::from_millis(self.allowlist_refresh_ms.max(100))
     }
     pub fn revocation_sweep(&self) -> Duration {
         Duration::from_millis(self.revocation_sweep_ms.max(100))

@@ -9,7 +9,13 @@ use std::time::Duration;
 use crate::pool::Pool;
 use crate::revocation::Revoker;
 
-pub async fn run(client: redis::Client, channel: String, revoker: Arc<Revoker>, pool: Arc<Pool>) {
+pub async fn run(
+    client: redis::Client,
+    channel: String,
+    revoker: Arc<Revoker>,
+    pool: Arc<Pool>,
+    allowlist: Arc<crate::allowlist::Allowlist>,
+) {
     let mut backoff = Duration::from_millis(100);
     loop {
         match client.get_async_pubsub().await {
@@ -25,6 +31,8 @@ pub async fn run(client: redis::Client, channel: String, revoker: Arc<Revoker>, 
                             revoker.user_changed(username).await;
                         } else if payload.starts_with("exit:") {
                             pool.refresh().await;
+                        } else if payload == "allowlist" {
+                            allowlist.refresh().await;
                         }
                     }
                 }

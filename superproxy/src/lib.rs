@@ -25,6 +25,7 @@
 pub mod accept;
 pub mod admin;
 pub mod admission;
+pub mod allowlist;
 pub mod announce;
 pub mod authenticate;
 pub mod config;
@@ -73,6 +74,9 @@ use tunnel::{RetryBudget, TunnelOpener};
 pub struct Addresses {
     /// HTTP proxy (also accepts SOCKS5).
     pub proxy: SocketAddr,
+    /// HTTPS proxy, when configured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<SocketAddr>,
     pub socks: SocketAddr,
     pub admin: SocketAddr,
     pub link: SocketAddr,
@@ -95,6 +99,7 @@ pub enum StartError {
 }
 
 pub struct Superproxy {
+    tls_cert: Option<Arc<ingress::tls::ReloadableCert>>,
     pipeline: Arc<Pipeline>,
     admin_state: Arc<AdminState>,
     addresses: Addresses,
@@ -136,7 +141,24 @@ impl Superproxy {
         let (socks, socks_addr) = listen("socks", config.socks_listen).await?;
         let (admin, admin_addr) = listen("admin", config.admin_listen).await?;
         let (link, link_addr) = listen("link", config.link_listen).await?;
+        let (tls, tls_addr, tls_cert) = match (&config.tls_listen, &config.tls_cert, &config.tls_key) {
+            (Some(addr), Some(cert), Some(key)) => {
+                let reloadable = Arc::new(
+                    ingress::tls::ReloadableCert::new(cert.clone(), key.clone())
+                        .map_err(StartError::Other)?,
+                );
+                let server_config = reloadable.server_config().map_err(StartError::Other)?;
+                let (listener, bound) = listen("tls", *addr).await?;
+                (
+                    Some((listener, tokio_rustls::TlsAcceptor::from(server_config))),
+                    Some(bound),
+                    Some(reloadable),
+                )
+            }
+            _ => (None, None, None),
+        };
         let addresses = Addresses {
+            tls: tls_addr,
             proxy: proxy_addr,
             socks: socks_addr,
             admin: admin_addr,
@@ -163,7 +185,12 @@ impl Superproxy {
         let policy = EgressPolicy::new(
             config
                 .egress
-                .policy(&[proxy_addr, socks_addr, admin_addr, link_addr]),
+                .policy(
+                    &[proxy_addr, socks_addr, admin_addr, link_addr]
+                        .into_iter()
+                        .chain(tls_addr)
+                        .collect::<Vec<_>>(),
+                ),
         );
         let opener = TunnelOpener {
             pool: pool.clone(),
@@ -197,6 +224,7 @@ impl Superproxy {
             opener,
             open_tunnels,
             stats: Arc::new(metrics::Stats::default()),
+            allowlist: Arc::new(allowlist::Allowlist::new(redis.clone(), keys.clone())),
         });
         let _ = pipeline.usage.stats.set(pipeline.stats.clone());
         let admin_state = Arc::new(AdminState {
@@ -210,7 +238,8 @@ impl Superproxy {
             pipeline,
             admin_state,
             addresses,
-            listeners: Listeners { proxy, socks },
+            listeners: Listeners { proxy, socks, tls },
+            tls_cert,
             admin,
             link,
             identity,
@@ -250,6 +279,7 @@ impl Superproxy {
             open_tunnels: pipeline.open_tunnels.clone(),
         });
         pool.refresh().await;
+        pipeline.allowlist.refresh().await;
         let usage_flusher = tokio::spawn(pipeline.usage.clone().run(config.usage_flush()));
         let background = vec![
             tokio::spawn(pool.clone().run(config.pool_refresh())),
@@ -269,7 +299,9 @@ impl Superproxy {
                 self.keys.events(),
                 revoker.clone(),
                 pool.clone(),
+                pipeline.allowlist.clone(),
             )),
+            tokio::spawn(pipeline.allowlist.clone().run(config.allowlist_refresh())),
             tokio::spawn(admin::run(self.admin, admin_state.clone())),
             tokio::spawn(pipeline.auth_limiter.clone().run_housekeeping()),
             tokio::spawn(pipeline.admission.clone().run_renewals()),
@@ -291,6 +323,7 @@ impl Superproxy {
             tracing::warn!(error = %e, "first announcement failed; retrying in the background");
         }
         let announcing = tokio::spawn(announcer.clone().run());
+        let reloads = self.tls_cert.map(|cert| tokio::spawn(cert.reload_on_sighup()));
 
         // Drain in the order that loses nothing (seed 000 §5.9): readiness
         // red first while still serving, then close the listeners, then let
@@ -327,7 +360,7 @@ impl Superproxy {
             gate.cut_all();
             let _ = gate.wait_idle(Duration::from_secs(5)).await;
         }
-        for task in background {
+        for task in background.into_iter().chain(reloads) {
             task.abort();
         }
         // Every tunnel has ended: its bytes reach the ledger (or the spill file).

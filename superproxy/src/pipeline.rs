@@ -103,6 +103,7 @@ pub struct Pipeline {
     pub opener: TunnelOpener,
     pub open_tunnels: Arc<OpenTunnels>,
     pub stats: Arc<crate::metrics::Stats>,
+    pub allowlist: Arc<crate::allowlist::Allowlist>,
 }
 
 impl Pipeline {
@@ -230,11 +231,15 @@ impl Pipeline {
         peer: IpAddr,
     ) -> Result<Client, ProxyError> {
         self.auth_limiter.check(peer)?;
-        // No credentials, or a header that did not decode: the one 407.
-        let credentials = credentials
-            .filter(|c| !c.username.is_empty())
-            .ok_or_else(ProxyError::auth_required)?;
-        let mut request = match username::parse(&credentials.username) {
+        let Some(credentials) = credentials else {
+            // No credentials at all: an allow-listed source address is a login.
+            return self.allowlisted(peer).await;
+        };
+        // A header that did not decode: the one 407.
+        if credentials.username.is_empty() {
+            return Err(ProxyError::auth_required());
+        }
+        let request = match username::parse(&credentials.username) {
             Ok(request) => request,
             Err(e) => {
                 self.auth_limiter.charge(peer)?;
@@ -250,6 +255,37 @@ impl Pipeline {
                 self.auth_limiter.charge(peer)
             })
             .await?;
+        self.client(request, verified)
+    }
+
+    /// A request without credentials from an allow-listed address: the
+    /// user's `allowlist_options` stand in for the username's grammar.
+    async fn allowlisted(&self, peer: IpAddr) -> Result<Client, ProxyError> {
+        let username = self
+            .allowlist
+            .lookup(peer)
+            .ok_or_else(ProxyError::auth_required)?;
+        let verified = self.auth.allowlisted(&username).await?;
+        let raw = match verified.record.allowlist_options.as_deref() {
+            Some(options) if !options.is_empty() => format!("{username}-{options}"),
+            _ => username,
+        };
+        let request = username::parse(&raw).map_err(|e| {
+            ProxyError::new(
+                ErrorKind::BadRequest,
+                format!("allow-list options of this user: {e}"),
+            )
+        })?;
+        self.client(request, verified)
+    }
+
+    /// The authenticated client, its username's asks bounded by what the
+    /// account allows the user.
+    fn client(
+        &self,
+        mut request: ParsedUsername,
+        verified: crate::authenticate::Verified,
+    ) -> Result<Client, ProxyError> {
         let user = &verified.record;
         // What the account allows this user bounds what the username may ask.
         let targeting = &mut request.targeting;

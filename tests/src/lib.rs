@@ -8,6 +8,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+pub mod certs;
 pub mod client;
 pub mod faults;
 pub mod process;

@@ -16,6 +16,14 @@ pub const ADMIN_TOKEN: &str = "test-admin-token-0123456789abcdef";
 pub const USERNAME: &str = "alice";
 pub const PASSWORD: &str = "correct horse battery";
 
+/// The HTTPS proxy's certificate: a local CA and the files the superproxy
+/// reads (re-read on SIGHUP).
+pub struct TlsFiles {
+    pub ca: crate::certs::LocalCa,
+    pub cert: std::path::PathBuf,
+    pub key: std::path::PathBuf,
+}
+
 /// Knobs a test may turn; defaults are fast but realistic.
 #[derive(Clone)]
 pub struct StackOptions {
@@ -44,6 +52,9 @@ pub struct StackOptions {
     /// Write every binary's log to a file here (`NAME.log`) instead of the
     /// test's stderr.
     pub log_dir: Option<std::path::PathBuf>,
+    /// Serve the HTTPS proxy listener with a certificate from a local CA
+    /// ([`Stack::tls`]).
+    pub proxy_tls: bool,
 }
 
 impl Default for StackOptions {
@@ -61,6 +72,7 @@ impl Default for StackOptions {
             superproxy_log: None,
             api_env: Vec::new(),
             log_dir: None,
+            proxy_tls: false,
         }
     }
 }
@@ -68,6 +80,8 @@ impl Default for StackOptions {
 #[derive(Debug, Clone, Copy, Deserialize)]
 pub struct ProxyAddrs {
     pub proxy: SocketAddr,
+    #[serde(default)]
+    pub tls: Option<SocketAddr>,
     pub socks: SocketAddr,
     pub admin: SocketAddr,
     pub link: SocketAddr,
@@ -102,6 +116,8 @@ pub struct Stack {
     pub user_id: Uuid,
     /// The link between the control-api and Postgres, when asked for.
     pub postgres_link: Option<crate::faults::FaultyLink>,
+    /// The HTTPS proxy's CA and certificate files, when asked for.
+    pub tls: Option<TlsFiles>,
     dc_source: std::sync::Mutex<Option<Uuid>>,
 }
 
@@ -133,12 +149,32 @@ impl Stack {
         let whoami = whoami_listener.local_addr().unwrap();
         tokio::spawn(crate::whoami::serve(whoami_listener));
 
+        let tls = options.proxy_tls.then(|| {
+            let ca = crate::certs::LocalCa::create(dir.path());
+            let files = TlsFiles {
+                cert: dir.path().join("proxy-cert.pem"),
+                key: dir.path().join("proxy-key.pem"),
+                ca,
+            };
+            files.ca.issue("proxynet proxy 1", &files.cert, &files.key);
+            files
+        });
         let mut protect_args: Vec<String> = options
             .protected
             .iter()
             .flat_map(|addr| ["--egress-protected".to_owned(), addr.clone()])
             .collect();
         protect_args.extend(options.superproxy_args.iter().cloned());
+        if let Some(files) = &tls {
+            protect_args.extend([
+                "--tls-listen".into(),
+                "127.0.0.1:0".into(),
+                "--tls-cert".into(),
+                files.cert.display().to_string(),
+                "--tls-key".into(),
+                files.key.display().to_string(),
+            ]);
+        }
         let (proxy, proxy_addrs) = spawn_superproxy_with(
             &stores,
             &protect_args,
@@ -165,6 +201,7 @@ impl Stack {
             options: options.clone(),
             user_id: Uuid::nil(),
             postgres_link,
+            tls,
             dc_source: std::sync::Mutex::new(None),
         };
         let account = stack.create_account("acme").await;
@@ -416,6 +453,15 @@ impl Stack {
             "http://{USERNAME}:{}@{}",
             PASSWORD.replace(' ', "%20"),
             self.proxy_addrs.proxy
+        )
+    }
+
+    /// `https://alice:...@127.0.0.1:PORT`: the HTTPS proxy listener.
+    pub fn tls_proxy_url(&self) -> String {
+        format!(
+            "https://{USERNAME}:{}@127.0.0.1:{}",
+            PASSWORD.replace(' ', "%20"),
+            self.proxy_addrs.tls.expect("a stack started with proxy_tls").port()
         )
     }
 

@@ -28,6 +28,80 @@ pub struct CreateUser {
     password: Secret,
     #[serde(default)]
     limits: Limits,
+    /// Source networks (CIDR, IPv4 or IPv6) whose requests without proxy
+    /// credentials are this user: IP allow-list login. Never overlapping
+    /// another user's (409).
+    #[serde(default)]
+    allowed_source_cidrs: Vec<String>,
+    /// Username-grammar options for allow-listed traffic, which carries no
+    /// username (e.g. `country-de-type-dc`, `session-office1-sesstime-30`).
+    #[serde(default)]
+    allowlist_options: String,
+}
+
+/// Checks CIDRs (address/prefix, IPv4 or IPv6) and allow-list options.
+fn validate_allowlist(cidrs: &[String], options: &str) -> Result<(), ApiError> {
+    if cidrs.len() > 256 {
+        return Err(ApiError::BadRequest("allowed_source_cidrs: at most 256".into()));
+    }
+    for c in cidrs {
+        c.parse::<proxynet_protocol::egress::Cidr>().map_err(|e| {
+            ApiError::BadRequest(format!("allowed_source_cidrs: {e}"))
+        })?;
+    }
+    if options.is_empty() {
+        return Ok(());
+    }
+    let parts: Vec<&str> = options.split('-').collect();
+    if parts.len() % 2 != 0 || options.len() > 200 {
+        return Err(ApiError::BadRequest(
+            "allowlist_options: key-value pairs of the username grammar, e.g. country-de-type-dc".into(),
+        ));
+    }
+    for pair in parts.chunks(2) {
+        let known = ["session", "sesstime", "sessmode", "country", "city", "asn", "type", "channel", "exit"];
+        if !known.contains(&pair[0])
+            || pair[1].is_empty()
+            || !pair[1].bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+        {
+            return Err(ApiError::BadRequest(format!(
+                "allowlist_options: {:?} is not a username-grammar option (docs/username.md)",
+                pair.join("-")
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Replaces a user's allow-listed CIDRs inside `tx`; an overlap with another
+/// user's is a 409.
+async fn set_cidrs(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    user: Uuid,
+    cidrs: &[String],
+) -> Result<(), ApiError> {
+    sqlx::query("DELETE FROM user_source_cidrs WHERE user_id = $1")
+        .bind(user)
+        .execute(&mut **tx)
+        .await?;
+    for c in cidrs {
+        sqlx::query("INSERT INTO user_source_cidrs (user_id, cidr) VALUES ($1, $2::cidr)")
+            .bind(user)
+            .bind(c)
+            .execute(&mut **tx)
+            .await
+            .map_err(|e| match &e {
+                sqlx::Error::Database(db)
+                    if matches!(db.code().as_deref(), Some("23P01") | Some("23505")) =>
+                {
+                    ApiError::Conflict(format!(
+                        "allowed_source_cidrs: {c} overlaps a network already allow-listed for a user"
+                    ))
+                }
+                _ => ApiError::from(e),
+            })?;
+    }
+    Ok(())
 }
 
 /// Per-user limits, enforced across all superproxies. `null` removes a limit.
@@ -111,6 +185,9 @@ impl Limits {
 pub struct UpdateUser {
     enabled: Option<bool>,
     password: Option<Secret>,
+    /// Replaces the allow-listed networks when present (`[]` removes them).
+    allowed_source_cidrs: Option<Vec<String>>,
+    allowlist_options: Option<String>,
     /// Replaces all limits when present.
     limits: Option<Limits>,
 }
@@ -130,13 +207,17 @@ pub struct User {
     allowed_source_types: Option<Vec<String>>,
     allowed_countries: Option<Vec<String>>,
     allowed_channels: Option<Vec<String>>,
+    allowed_source_cidrs: Vec<String>,
+    allowlist_options: String,
     created_at: DateTime<Utc>,
     updated_at: DateTime<Utc>,
 }
 
 const USER_COLUMNS: &str = "id, account_id, username, enabled, version, max_concurrent_tunnels, \
      max_new_tunnels_per_second, bandwidth_bytes, quota_period, quota_warn_percent, \
-     allowed_source_types, allowed_countries, allowed_channels, created_at, updated_at";
+     allowed_source_types, allowed_countries, allowed_channels, \
+     ARRAY(SELECT c.cidr::text FROM user_source_cidrs c WHERE c.user_id = proxy_users.id ORDER BY c.cidr) \
+       AS allowed_source_cidrs, allowlist_options, created_at, updated_at";
 
 pub async fn create(
     caller: Caller,
@@ -148,14 +229,15 @@ pub async fn create(
     validate_username(&body.username)?;
     validate_password(body.password.expose())?;
     body.limits.validate()?;
+    validate_allowlist(&body.allowed_source_cidrs, &body.allowlist_options)?;
     super::accounts::ensure_exists(&state, account_id).await?;
     let hash = state.hashing.hash(body.password).await?;
     let mut tx = state.db.begin().await?;
     let user: User = sqlx::query_as(&format!(
         "INSERT INTO proxy_users (id, account_id, username, password_hash, max_concurrent_tunnels,
                                   max_new_tunnels_per_second, bandwidth_bytes, quota_period, quota_warn_percent,
-                                  allowed_source_types, allowed_countries, allowed_channels)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, COALESCE($8, 'monthly'), COALESCE($9, 80), $10, $11, $12) RETURNING {USER_COLUMNS}"
+                                  allowed_source_types, allowed_countries, allowed_channels, allowlist_options)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, COALESCE($8, 'monthly'), COALESCE($9, 80), $10, $11, $12, $13) RETURNING {USER_COLUMNS}"
     ))
     .bind(Uuid::new_v4())
     .bind(account_id)
@@ -169,9 +251,19 @@ pub async fn create(
     .bind(&body.limits.allowed_source_types)
     .bind(&body.limits.allowed_countries)
     .bind(&body.limits.allowed_channels)
+    .bind(&body.allowlist_options)
     .fetch_one(&mut *tx)
     .await
     .map_err(|e| conflict_on_unique(e, "username: already taken"))?;
+    let user = if body.allowed_source_cidrs.is_empty() {
+        user
+    } else {
+        set_cidrs(&mut tx, user.id, &body.allowed_source_cidrs).await?;
+        sqlx::query_as(&format!("SELECT {USER_COLUMNS} FROM proxy_users WHERE id = $1"))
+            .bind(user.id)
+            .fetch_one(&mut *tx)
+            .await?
+    };
     audit::record(
         &mut tx,
         &actor(caller),
@@ -182,6 +274,9 @@ pub async fn create(
     .await?;
     tx.commit().await?;
     state.projector.user(&user.username).await;
+    if !user.allowed_source_cidrs.is_empty() {
+        state.projector.allowlist().await;
+    }
     Ok((StatusCode::CREATED, Json(user)))
 }
 
@@ -243,6 +338,10 @@ pub async fn update(
     if let Some(limits) = &body.limits {
         limits.validate()?;
     }
+    validate_allowlist(
+        body.allowed_source_cidrs.as_deref().unwrap_or_default(),
+        body.allowlist_options.as_deref().unwrap_or_default(),
+    )?;
     let new_hash = match body.password {
         Some(password) => {
             validate_password(password.expose())?;
@@ -263,6 +362,7 @@ pub async fn update(
                 allowed_source_types = CASE WHEN $4 THEN $11 ELSE allowed_source_types END,
                 allowed_countries = CASE WHEN $4 THEN $12 ELSE allowed_countries END,
                 allowed_channels = CASE WHEN $4 THEN $13 ELSE allowed_channels END,
+                allowlist_options = COALESCE($14, allowlist_options),
                 updated_at = now()
           WHERE id = $1 AND deleted_at IS NULL AND ($7::uuid IS NULL OR account_id = $7)
         RETURNING {USER_COLUMNS}"
@@ -280,13 +380,26 @@ pub async fn update(
     .bind(body.limits.as_ref().and_then(|l| l.allowed_source_types.clone()))
     .bind(body.limits.as_ref().and_then(|l| l.allowed_countries.clone()))
     .bind(body.limits.as_ref().and_then(|l| l.allowed_channels.clone()))
+    .bind(body.allowlist_options.as_deref())
     .fetch_optional(&mut *tx)
     .await?
     .ok_or(ApiError::NotFound("user"))?;
+    let had_cidrs = !user.allowed_source_cidrs.is_empty();
+    let user: User = match &body.allowed_source_cidrs {
+        Some(cidrs) => {
+            set_cidrs(&mut tx, user.id, cidrs).await?;
+            sqlx::query_as(&format!("SELECT {USER_COLUMNS} FROM proxy_users WHERE id = $1"))
+                .bind(user.id)
+                .fetch_one(&mut *tx)
+                .await?
+        }
+        None => user,
+    };
     let detail = serde_json::json!({
         "enabled": body.enabled,
         "password_rotated": new_hash.is_some(),
         "limits_changed": body.limits.is_some(),
+        "allowed_source_cidrs": body.allowed_source_cidrs,
     });
     audit::record(
         &mut tx,
@@ -298,6 +411,9 @@ pub async fn update(
     .await?;
     tx.commit().await?;
     state.projector.user(&user.username).await;
+    if had_cidrs || !user.allowed_source_cidrs.is_empty() {
+        state.projector.allowlist().await;
+    }
     Ok(Json(user))
 }
 
@@ -316,6 +432,11 @@ pub async fn delete(
     .fetch_optional(&mut *tx)
     .await?;
     let (username,) = row.ok_or(ApiError::NotFound("user"))?;
+    let dropped = sqlx::query("DELETE FROM user_source_cidrs WHERE user_id = $1")
+        .bind(id)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
     audit::record(
         &mut tx,
         &actor(caller),
@@ -326,6 +447,9 @@ pub async fn delete(
     .await?;
     tx.commit().await?;
     state.projector.user(&username).await;
+    if dropped > 0 {
+        state.projector.allowlist().await;
+    }
     Ok(StatusCode::NO_CONTENT)
 }
 

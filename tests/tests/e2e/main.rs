@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod api_contract;
+mod clients;
 mod defects;
 mod degraded;
 mod docs;

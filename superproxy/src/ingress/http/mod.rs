@@ -20,7 +20,6 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use proxynet_protocol::secret::Secret;
 use std::convert::Infallible;
 use std::sync::Arc;
-use tokio::net::TcpStream;
 
 use crate::accept::ConnectionTicket;
 use crate::authenticate::parse_basic;
@@ -34,12 +33,11 @@ pub const MAX_HEAD_BYTES: usize = 64 * 1024;
 /// Most header fields accepted in one request head (431 beyond).
 pub const MAX_HEADERS: usize = 100;
 
-pub async fn serve_connection(
-    pipeline: Arc<Pipeline>,
-    stream: TcpStream,
-    ticket: ConnectionTicket,
-) {
-    let _ = stream.set_nodelay(true);
+/// Serves one client connection (plain TCP, or TLS on the HTTPS listener).
+pub async fn serve_connection<IO>(pipeline: Arc<Pipeline>, stream: IO, ticket: ConnectionTicket)
+where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let switch = TunnelSwitch::default();
     let guarded = HeadGuard::new(
         stream,

@@ -1,0 +1,79 @@
+//! IP allow-list login: a request that carries no proxy credentials, from a
+//! source address inside a user's allow-listed CIDR, is that user — with its
+//! limits, quotas and billing — and its targeting comes from the user's
+//! `allowlist_options` (username grammar). Credentials, when present, win.
+//!
+//! The CIDR → username map is projected by the control-api into one Redis
+//! hash; this module keeps a copy, re-read on the `allowlist` change event
+//! and every `interval` (so a change reaches every superproxy within it even
+//! if the event is lost). CIDRs never overlap across users (the database
+//! refuses it), so the first match is the only match; entries are checked
+//! longest prefix first anyway. A lookup is a scan of the list: fine for the
+//! thousands of networks customers allow-list; a prefix trie is the next
+//! step if that grows.
+
+use proxynet_protocol::egress::Cidr;
+use proxynet_protocol::store::Keys;
+use redis::aio::ConnectionManager;
+use redis::AsyncCommands;
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+pub struct Allowlist {
+    redis: ConnectionManager,
+    keys: Keys,
+    entries: RwLock<Arc<Vec<(Cidr, String)>>>,
+}
+
+impl Allowlist {
+    pub fn new(redis: ConnectionManager, keys: Keys) -> Self {
+        Self {
+            redis,
+            keys,
+            entries: RwLock::new(Arc::new(Vec::new())),
+        }
+    }
+
+    /// The user whose allow-listed network contains `ip`.
+    pub fn lookup(&self, ip: IpAddr) -> Option<String> {
+        let ip = match ip {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+            v4 => v4,
+        };
+        let entries = self.entries.read().ok()?.clone();
+        entries
+            .iter()
+            .find(|(cidr, _)| cidr.contains(ip))
+            .map(|(_, user)| user.clone())
+    }
+
+    /// Re-reads the map; on failure the last one stays in use.
+    pub async fn refresh(&self) {
+        let mut redis = self.redis.clone();
+        let map: Result<HashMap<String, String>, _> = redis.hgetall(self.keys.allowlist()).await;
+        match map {
+            Ok(map) => {
+                let mut entries: Vec<(Cidr, String)> = map
+                    .into_iter()
+                    .filter_map(|(cidr, user)| Some((cidr.parse().ok()?, user)))
+                    .collect();
+                entries.sort_by_key(|(cidr, _)| std::cmp::Reverse(cidr.prefix_len()));
+                if let Ok(mut current) = self.entries.write() {
+                    *current = Arc::new(entries);
+                }
+            }
+            Err(e) => tracing::debug!(error = %e, "allow-list refresh failed; keeping the last one"),
+        }
+    }
+
+    pub async fn run(self: Arc<Self>, interval: Duration) {
+        let mut tick = tokio::time::interval(interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            self.refresh().await;
+        }
+    }
+}
