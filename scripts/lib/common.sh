@@ -37,6 +37,7 @@ install_deps() {
   command -v cc >/dev/null 2>&1 || missing+=(build-essential)
   command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
   command -v systemd-analyze >/dev/null 2>&1 || missing+=(systemd)
+  command -v openssl >/dev/null 2>&1 || missing+=(openssl)
   if [ "${PROXYNET_INSTALL_TEST_TOOLS:-0}" = 1 ]; then
     # Only the test suite needs these: a real Prometheus (and promtool),
     # headless Chromium, Node for the browser and client tests.
@@ -44,6 +45,7 @@ install_deps() {
     command -v chromium >/dev/null 2>&1 || missing+=(chromium)
     command -v node >/dev/null 2>&1 || missing+=(nodejs)
     command -v npm >/dev/null 2>&1 || missing+=(npm)
+    python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || missing+=(python3-venv)
   fi
   if [ "${#missing[@]}" -gt 0 ]; then
     say "installing: ${missing[*]}"

@@ -185,9 +185,7 @@ pub async fn run(
                     )
                     .await;
                     match handshake {
-                        Ok(Ok(tls)) => {
-                            ingress::http::serve_connection(pipeline, tls, ticket).await
-                        }
+                        Ok(Ok(tls)) => ingress::http::serve_connection(pipeline, tls, ticket).await,
                         Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
                         Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
                     }

@@ -64,7 +64,9 @@ impl Allowlist {
                     *current = Arc::new(entries);
                 }
             }
-            Err(e) => tracing::debug!(error = %e, "allow-list refresh failed; keeping the last one"),
+            Err(e) => {
+                tracing::debug!(error = %e, "allow-list refresh failed; keeping the last one")
+            }
         }
     }
 

@@ -141,22 +141,23 @@ impl Superproxy {
         let (socks, socks_addr) = listen("socks", config.socks_listen).await?;
         let (admin, admin_addr) = listen("admin", config.admin_listen).await?;
         let (link, link_addr) = listen("link", config.link_listen).await?;
-        let (tls, tls_addr, tls_cert) = match (&config.tls_listen, &config.tls_cert, &config.tls_key) {
-            (Some(addr), Some(cert), Some(key)) => {
-                let reloadable = Arc::new(
-                    ingress::tls::ReloadableCert::new(cert.clone(), key.clone())
-                        .map_err(StartError::Other)?,
-                );
-                let server_config = reloadable.server_config().map_err(StartError::Other)?;
-                let (listener, bound) = listen("tls", *addr).await?;
-                (
-                    Some((listener, tokio_rustls::TlsAcceptor::from(server_config))),
-                    Some(bound),
-                    Some(reloadable),
-                )
-            }
-            _ => (None, None, None),
-        };
+        let (tls, tls_addr, tls_cert) =
+            match (&config.tls_listen, &config.tls_cert, &config.tls_key) {
+                (Some(addr), Some(cert), Some(key)) => {
+                    let reloadable = Arc::new(
+                        ingress::tls::ReloadableCert::new(cert.clone(), key.clone())
+                            .map_err(StartError::Other)?,
+                    );
+                    let server_config = reloadable.server_config().map_err(StartError::Other)?;
+                    let (listener, bound) = listen("tls", *addr).await?;
+                    (
+                        Some((listener, tokio_rustls::TlsAcceptor::from(server_config))),
+                        Some(bound),
+                        Some(reloadable),
+                    )
+                }
+                _ => (None, None, None),
+            };
         let addresses = Addresses {
             tls: tls_addr,
             proxy: proxy_addr,
@@ -183,14 +184,12 @@ impl Superproxy {
         )
         .map_err(StartError::Other)?;
         let policy = EgressPolicy::new(
-            config
-                .egress
-                .policy(
-                    &[proxy_addr, socks_addr, admin_addr, link_addr]
-                        .into_iter()
-                        .chain(tls_addr)
-                        .collect::<Vec<_>>(),
-                ),
+            config.egress.policy(
+                &[proxy_addr, socks_addr, admin_addr, link_addr]
+                    .into_iter()
+                    .chain(tls_addr)
+                    .collect::<Vec<_>>(),
+            ),
         );
         let opener = TunnelOpener {
             pool: pool.clone(),
@@ -323,7 +322,9 @@ impl Superproxy {
             tracing::warn!(error = %e, "first announcement failed; retrying in the background");
         }
         let announcing = tokio::spawn(announcer.clone().run());
-        let reloads = self.tls_cert.map(|cert| tokio::spawn(cert.reload_on_sighup()));
+        let reloads = self
+            .tls_cert
+            .map(|cert| tokio::spawn(cert.reload_on_sighup()));
 
         // Drain in the order that loses nothing (seed 000 §5.9): readiness
         // red first while still serving, then close the listeners, then let

@@ -461,7 +461,10 @@ impl Stack {
         format!(
             "https://{USERNAME}:{}@127.0.0.1:{}",
             PASSWORD.replace(' ', "%20"),
-            self.proxy_addrs.tls.expect("a stack started with proxy_tls").port()
+            self.proxy_addrs
+                .tls
+                .expect("a stack started with proxy_tls")
+                .port()
         )
     }
 

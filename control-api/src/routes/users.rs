@@ -42,12 +42,13 @@ pub struct CreateUser {
 /// Checks CIDRs (address/prefix, IPv4 or IPv6) and allow-list options.
 fn validate_allowlist(cidrs: &[String], options: &str) -> Result<(), ApiError> {
     if cidrs.len() > 256 {
-        return Err(ApiError::BadRequest("allowed_source_cidrs: at most 256".into()));
+        return Err(ApiError::BadRequest(
+            "allowed_source_cidrs: at most 256".into(),
+        ));
     }
     for c in cidrs {
-        c.parse::<proxynet_protocol::egress::Cidr>().map_err(|e| {
-            ApiError::BadRequest(format!("allowed_source_cidrs: {e}"))
-        })?;
+        c.parse::<proxynet_protocol::egress::Cidr>()
+            .map_err(|e| ApiError::BadRequest(format!("allowed_source_cidrs: {e}")))?;
     }
     if options.is_empty() {
         return Ok(());
@@ -55,14 +56,19 @@ fn validate_allowlist(cidrs: &[String], options: &str) -> Result<(), ApiError> {
     let parts: Vec<&str> = options.split('-').collect();
     if parts.len() % 2 != 0 || options.len() > 200 {
         return Err(ApiError::BadRequest(
-            "allowlist_options: key-value pairs of the username grammar, e.g. country-de-type-dc".into(),
+            "allowlist_options: key-value pairs of the username grammar, e.g. country-de-type-dc"
+                .into(),
         ));
     }
     for pair in parts.chunks(2) {
-        let known = ["session", "sesstime", "sessmode", "country", "city", "asn", "type", "channel", "exit"];
+        let known = [
+            "session", "sesstime", "sessmode", "country", "city", "asn", "type", "channel", "exit",
+        ];
         if !known.contains(&pair[0])
             || pair[1].is_empty()
-            || !pair[1].bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+            || !pair[1]
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_')
         {
             return Err(ApiError::BadRequest(format!(
                 "allowlist_options: {:?} is not a username-grammar option (docs/username.md)",
@@ -259,10 +265,12 @@ pub async fn create(
         user
     } else {
         set_cidrs(&mut tx, user.id, &body.allowed_source_cidrs).await?;
-        sqlx::query_as(&format!("SELECT {USER_COLUMNS} FROM proxy_users WHERE id = $1"))
-            .bind(user.id)
-            .fetch_one(&mut *tx)
-            .await?
+        sqlx::query_as(&format!(
+            "SELECT {USER_COLUMNS} FROM proxy_users WHERE id = $1"
+        ))
+        .bind(user.id)
+        .fetch_one(&mut *tx)
+        .await?
     };
     audit::record(
         &mut tx,
@@ -388,10 +396,12 @@ pub async fn update(
     let user: User = match &body.allowed_source_cidrs {
         Some(cidrs) => {
             set_cidrs(&mut tx, user.id, cidrs).await?;
-            sqlx::query_as(&format!("SELECT {USER_COLUMNS} FROM proxy_users WHERE id = $1"))
-                .bind(user.id)
-                .fetch_one(&mut *tx)
-                .await?
+            sqlx::query_as(&format!(
+                "SELECT {USER_COLUMNS} FROM proxy_users WHERE id = $1"
+            ))
+            .bind(user.id)
+            .fetch_one(&mut *tx)
+            .await?
         }
         None => user,
     };

@@ -72,13 +72,12 @@ impl ReloadableCert {
 
     /// The rustls configuration for the HTTPS proxy listener.
     pub fn server_config(self: &Arc<Self>) -> Result<Arc<ServerConfig>, String> {
-        let mut config = ServerConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
-        .map_err(|e| e.to_string())?
-        .with_no_client_auth()
-        .with_cert_resolver(self.clone());
+        let mut config =
+            ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+                .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+                .map_err(|e| e.to_string())?
+                .with_no_client_auth()
+                .with_cert_resolver(self.clone());
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
         Ok(Arc::new(config))
     }
@@ -94,8 +93,12 @@ impl ReloadableCert {
             };
             while hangups.recv().await.is_some() {
                 match self.reload() {
-                    Ok(()) => tracing::info!(cert = %self.cert_path.display(), "TLS certificate reloaded"),
-                    Err(e) => tracing::error!(error = %e, "TLS certificate reload failed; keeping the old one"),
+                    Ok(()) => {
+                        tracing::info!(cert = %self.cert_path.display(), "TLS certificate reloaded")
+                    }
+                    Err(e) => {
+                        tracing::error!(error = %e, "TLS certificate reload failed; keeping the old one")
+                    }
                 }
             }
         }

@@ -85,9 +85,23 @@ async fn the_https_proxy_listener_serves_tunnels_and_reloads_its_certificate_on_
         assert!(exit_ips().contains(&seen.peer.ip().to_string().as_str()));
     }
     let wrong = stack.tls_proxy_url().replace("correct", "wrong");
-    let r = curl(&["-p", "--proxy", &wrong, "--proxy-cacert", &ca, &stack.whoami_url()]).await;
+    let r = curl(&[
+        "-p",
+        "--proxy",
+        &wrong,
+        "--proxy-cacert",
+        &ca,
+        &stack.whoami_url(),
+    ])
+    .await;
     assert!(r.headers.contains(" 407"), "{}", r.headers);
-    assert!(r.headers.to_ascii_lowercase().contains("proxy-status: proxynet; error=http_request_denied"), "{}", r.headers);
+    assert!(
+        r.headers
+            .to_ascii_lowercase()
+            .contains("proxy-status: proxynet; error=http_request_denied"),
+        "{}",
+        r.headers
+    );
 
     // An open tunnel over TLS, then a new certificate on disk and SIGHUP.
     let tls_addr = stack.proxy_addrs.tls.unwrap();
@@ -106,16 +120,24 @@ async fn the_https_proxy_listener_serves_tunnels_and_reloads_its_certificate_on_
         tunnel.read_exact(&mut byte).await.unwrap();
         head.push(byte[0]);
     }
-    assert!(head.starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&head));
+    assert!(
+        head.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&head)
+    );
     let old = cert_der(&files.cert);
     files.ca.issue("proxynet proxy 2", &files.cert, &files.key);
     let new = cert_der(&files.cert);
     assert_ne!(old, new);
     stack.proxy.signal(libc::SIGHUP);
-    eventually("the new certificate to be served", Duration::from_secs(10), || async {
-        let next = tls_connect(tls_addr, &files.ca.ca_pem).await;
-        (peer_cert(&next) == new).then_some(())
-    })
+    eventually(
+        "the new certificate to be served",
+        Duration::from_secs(10),
+        || async {
+            let next = tls_connect(tls_addr, &files.ca.ca_pem).await;
+            (peer_cert(&next) == new).then_some(())
+        },
+    )
     .await;
     tunnel.write_all(b"still here").await.unwrap();
     let mut back = [0u8; 10];
@@ -160,23 +182,40 @@ async fn an_allow_listed_address_tunnels_without_credentials_and_is_billed() {
     assert_eq!(status, 409, "{body}");
 
     let bare = format!("http://{}", stack.proxy_addrs.proxy);
-    let r = eventually("the allow-list to reach the superproxy", Duration::from_secs(5), || async {
-        let r = curl(&["-p", "-x", &bare, &stack.whoami_url()]).await;
-        (r.status == 200).then_some(r)
-    })
+    let r = eventually(
+        "the allow-list to reach the superproxy",
+        Duration::from_secs(5),
+        || async {
+            let r = curl(&["-p", "-x", &bare, &stack.whoami_url()]).await;
+            (r.status == 200).then_some(r)
+        },
+    )
     .await;
     let seen: Seen = serde_json::from_str(&r.body).unwrap();
     assert!(exit_ips().contains(&seen.peer.ip().to_string().as_str()));
-    assert_eq!(curl(&["-x", &bare, &stack.whoami_url()]).await.status, 200, "absolute-form too");
+    assert_eq!(
+        curl(&["-x", &bare, &stack.whoami_url()]).await.status,
+        200,
+        "absolute-form too"
+    );
     // Credentials, when present, still win.
-    assert_eq!(curl(&["-p", "-x", &stack.proxy_url(), &stack.whoami_url()]).await.status, 200);
-    eventually("the allow-listed bytes in the office user's ledger", Duration::from_secs(20), || async {
-        let rows = stack.usage_by_user(account).await;
-        rows.iter()
-            .find(|r| r["user_id"] == user_id.to_string())
-            .filter(|r| r["bytes_down"].as_u64().unwrap_or(0) > 0)
-            .map(|_| ())
-    })
+    assert_eq!(
+        curl(&["-p", "-x", &stack.proxy_url(), &stack.whoami_url()])
+            .await
+            .status,
+        200
+    );
+    eventually(
+        "the allow-listed bytes in the office user's ledger",
+        Duration::from_secs(20),
+        || async {
+            let rows = stack.usage_by_user(account).await;
+            rows.iter()
+                .find(|r| r["user_id"] == user_id.to_string())
+                .filter(|r| r["bytes_down"].as_u64().unwrap_or(0) > 0)
+                .map(|_| ())
+        },
+    )
     .await;
 
     let r = stack
@@ -188,10 +227,14 @@ async fn an_allow_listed_address_tunnels_without_credentials_and_is_billed() {
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
-    eventually("the next tunnel to be refused", Duration::from_secs(5), || async {
-        let r = curl(&["-p", "-x", &bare, &stack.whoami_url()]).await;
-        r.headers.contains(" 407").then_some(())
-    })
+    eventually(
+        "the next tunnel to be refused",
+        Duration::from_secs(5),
+        || async {
+            let r = curl(&["-p", "-x", &bare, &stack.whoami_url()]).await;
+            r.headers.contains(" 407").then_some(())
+        },
+    )
     .await;
 }
 
@@ -218,9 +261,13 @@ async fn python_node_and_chromium_clients_work_through_every_ingress() {
     .await;
     assert_eq!(status, 201, "{body}");
     let bare = format!("http://{}", stack.proxy_addrs.proxy);
-    eventually("the allow-list to reach the superproxy", Duration::from_secs(5), || async {
-        (curl(&["-p", "-x", &bare, &stack.whoami_url()]).await.status == 200).then_some(())
-    })
+    eventually(
+        "the allow-list to reach the superproxy",
+        Duration::from_secs(5),
+        || async {
+            (curl(&["-p", "-x", &bare, &stack.whoami_url()]).await.status == 200).then_some(())
+        },
+    )
     .await;
     let shots = repo("target/test-artefacts");
     std::fs::create_dir_all(&shots).unwrap();
@@ -250,7 +297,12 @@ async fn python_node_and_chromium_clients_work_through_every_ingress() {
         .output()
         .await
         .unwrap();
-    let results: Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|_| panic!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)));
+    let results: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|_| {
+        panic!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
     assert_all_left_from_an_exit(&results);
 }
