@@ -156,7 +156,7 @@ pub struct UserRecord {
 /// nothing (never projected, or Redis lost it — which is not a revocation).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum UserEntry {
-    Present(UserRecord),
+    Present(Box<UserRecord>),
     Deleted,
     Absent,
 }
@@ -175,7 +175,7 @@ impl UserEntry {
             return UserEntry::Absent;
         };
         if let Ok(record) = serde_json::from_str::<UserRecord>(json) {
-            return UserEntry::Present(record);
+            return UserEntry::Present(Box::new(record));
         }
         match serde_json::from_str::<Tombstone>(json) {
             Ok(t) if t.deleted => UserEntry::Deleted,

@@ -166,7 +166,7 @@ impl Authenticator {
         let entry = UserEntry::parse(json.as_deref());
         // A tombstone (a deleted user) or nothing at all is no user to log in as.
         let record = match &entry {
-            UserEntry::Present(r) => Some(Arc::new(r.clone())),
+            UserEntry::Present(r) => Some(Arc::new((**r).clone())),
             UserEntry::Deleted | UserEntry::Absent => None,
         };
         if let Ok(mut records) = self.inner.records.lock() {
@@ -197,7 +197,7 @@ impl Authenticator {
             return Ok(record.clone());
         }
         match self.fresh_entry(username).await {
-            Ok(UserEntry::Present(record)) => Ok(Some(Arc::new(record))),
+            Ok(UserEntry::Present(record)) => Ok(Some(Arc::new(*record))),
             Ok(UserEntry::Deleted | UserEntry::Absent) => Ok(None),
             // Redis is down: a user we have seen keeps working on the last known
             // record; one we have never seen cannot be verified.

@@ -54,7 +54,7 @@ fn validate_allowlist(cidrs: &[String], options: &str) -> Result<(), ApiError> {
         return Ok(());
     }
     let parts: Vec<&str> = options.split('-').collect();
-    if parts.len() % 2 != 0 || options.len() > 200 {
+    if !parts.len().is_multiple_of(2) || options.len() > 200 {
         return Err(ApiError::BadRequest(
             "allowlist_options: key-value pairs of the username grammar, e.g. country-de-type-dc"
                 .into(),
