@@ -115,8 +115,8 @@ async fn serve(
     };
     let connection = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
         .timer(TokioTimer::new())
-        .initial_stream_window_size(1 << 20)
-        .initial_connection_window_size(64 << 20)
+        .initial_stream_window_size(proxynet_protocol::link::H2_STREAM_WINDOW)
+        .initial_connection_window_size(proxynet_protocol::link::H2_CONNECTION_WINDOW)
         .max_frame_size(proxynet_protocol::link::H2_MAX_FRAME_SIZE)
         .max_concurrent_streams(u32::try_from(ctx.config.max_tunnels).unwrap_or(u32::MAX))
         .keep_alive_interval(Duration::from_secs(10))

@@ -37,6 +37,20 @@ pub const PROBE_PATH: &str = "/proxynet/probe";
 /// frame headers and wake-ups per byte on bulk tunnels.
 pub const H2_MAX_FRAME_SIZE: u32 = 256 * 1024;
 
+/// Per-tunnel HTTP/2 receive window on both ends of a link: what one tunnel
+/// may have in flight, and so what a tunnel whose client stopped reading can
+/// hold in the receiver's memory.
+pub const H2_STREAM_WINDOW: u32 = 1 << 20;
+
+/// Link-wide HTTP/2 receive window: the protocol maximum. The connection
+/// window is shared by every tunnel on the link; if it were only a multiple
+/// of the stream window, that many stalled tunnels (clients not reading,
+/// targets still sending) would use it all and freeze every other tunnel on
+/// the exit. At the maximum, stalled tunnels are bounded by their own
+/// stream windows (memory: stalled tunnels × `H2_STREAM_WINDOW`) and never
+/// starve the rest.
+pub const H2_CONNECTION_WINDOW: u32 = (1 << 31) - 1;
+
 /// The TLS provider for links: ring, TLS 1.3 only, AES-128-GCM preferred.
 /// Both ends run on hosts we own with AES-NI, where AES-128-GCM is the
 /// cheapest AEAD per byte; the others stay available as fallbacks.

@@ -52,3 +52,51 @@ pub async fn echo_round_trip(stream: &mut TcpStream, bytes: &[u8]) -> Option<()>
     stream.read_exact(&mut back).await.ok()?;
     (back == bytes).then_some(())
 }
+
+/// Writes to every connection as fast as it can, until the peer goes away;
+/// the counter says how many bytes it managed to write in all.
+pub async fn firehose() -> (SocketAddr, std::sync::Arc<std::sync::atomic::AtomicU64>) {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let written = std::sync::Arc::new(AtomicU64::new(0));
+    let counter = written.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let counter = counter.clone();
+            tokio::spawn(async move {
+                let chunk = vec![0x42u8; 64 * 1024];
+                while let Ok(n) = s.write(&chunk).await {
+                    if n == 0 {
+                        break;
+                    }
+                    counter.fetch_add(n as u64, Ordering::Relaxed);
+                }
+            });
+        }
+    });
+    (addr, written)
+}
+
+/// Sends exactly `size` bytes to every connection, then closes it.
+pub async fn download_server(size: usize) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let chunk = vec![0x33u8; 64 * 1024];
+                let mut left = size;
+                while left > 0 {
+                    let k = left.min(chunk.len());
+                    if s.write_all(&chunk[..k]).await.is_err() {
+                        return;
+                    }
+                    left -= k;
+                }
+                let _ = s.shutdown().await;
+            });
+        }
+    });
+    addr
+}

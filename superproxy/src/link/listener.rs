@@ -16,11 +16,6 @@ use super::registry::LinkRegistry;
 /// Time an agent has for TLS plus its hello.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// HTTP/2 flow-control windows. Windows are credit, not buffers: memory grows
-/// only while a peer does not read. The per-stream window bounds what one
-/// stalled tunnel can hold; the connection window is shared by all tunnels.
-pub const STREAM_WINDOW: u32 = 1 << 20;
-pub const CONNECTION_WINDOW: u32 = 64 << 20;
 
 pub struct LinkListener {
     pub listener: TcpListener,
@@ -79,8 +74,10 @@ impl LinkListener {
 
         let (sender, connection) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
             .timer(TokioTimer::new())
-            .initial_stream_window_size(STREAM_WINDOW)
-            .initial_connection_window_size(CONNECTION_WINDOW)
+            // Windows are credit, not buffers: memory grows only while a
+            // peer does not read (see the constants for the isolation rule).
+            .initial_stream_window_size(proxynet_protocol::link::H2_STREAM_WINDOW)
+            .initial_connection_window_size(proxynet_protocol::link::H2_CONNECTION_WINDOW)
             .max_frame_size(proxynet_protocol::link::H2_MAX_FRAME_SIZE)
             .keep_alive_interval(Duration::from_secs(10))
             .keep_alive_timeout(Duration::from_secs(5))

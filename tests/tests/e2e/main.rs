@@ -12,6 +12,7 @@ mod enrollment;
 mod hardening;
 mod health;
 mod ingress;
+mod isolation;
 mod limits;
 mod observability;
 mod provenance;
