@@ -5,15 +5,38 @@
 //! below `warn` is dropped by a filter fixed in code, which no `RUST_LOG`
 //! directive (however specific: `fast_socks5::server=trace`) can override.
 
-use tracing::Level;
-use tracing_subscriber::filter::{filter_fn, EnvFilter};
-use tracing_subscriber::layer::SubscriberExt;
+use tracing::{Level, Metadata, Subscriber};
+use tracing_subscriber::filter::EnvFilter;
+use tracing_subscriber::layer::{Context, SubscriberExt};
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::Layer;
 
 /// Whether an event from `target` at `level` may be logged at all.
 pub fn never_secret(target: &str, level: &Level) -> bool {
     !(target.starts_with("fast_socks5") && *level > Level::WARN)
+}
+
+/// A global filter for what must never be logged. Global, not per-layer, and
+/// with a static answer per callsite: callsites it refuses are disabled once,
+/// and every other callsite keeps the cheap static interest the `EnvFilter`
+/// gives it (a per-layer closure filter made every h2 and hyper span a
+/// run-time decision, which showed in the data path's profile).
+struct NeverSecret;
+
+impl<S: Subscriber> Layer<S> for NeverSecret {
+    fn register_callsite(&self, meta: &'static Metadata<'static>) -> tracing::subscriber::Interest {
+        if never_secret(meta.target(), meta.level()) {
+            tracing::subscriber::Interest::always()
+        } else {
+            tracing::subscriber::Interest::never()
+        }
+    }
+
+    fn enabled(&self, meta: &Metadata<'_>, _: Context<'_, S>) -> bool {
+        // Log records bridged from the `log` crate share callsites; their
+        // real target is checked here, per record.
+        never_secret(meta.target(), meta.level())
+    }
 }
 
 /// Quiet defaults for the libraries under us; `RUST_LOG` replaces them.
@@ -31,8 +54,7 @@ pub enum LogFormat {
 pub fn init(default_filter: &str, format: LogFormat) {
     let base = std::env::var("RUST_LOG").unwrap_or_else(|_| default_filter.to_owned());
     let filter = EnvFilter::try_new(&base).unwrap_or_else(|_| EnvFilter::new("info"));
-    let guard = filter_fn(|meta| never_secret(meta.target(), meta.level()));
-    let layer = match format {
+    let output = match format {
         LogFormat::Text => tracing_subscriber::fmt::layer()
             .with_writer(std::io::stderr)
             .with_target(true)
@@ -47,7 +69,9 @@ pub fn init(default_filter: &str, format: LogFormat) {
             .boxed(),
     };
     let _ = tracing_subscriber::registry()
-        .with(layer.with_filter(filter).with_filter(guard))
+        .with(NeverSecret)
+        .with(filter)
+        .with(output)
         .try_init();
 }
 

@@ -16,7 +16,6 @@ use super::registry::LinkRegistry;
 /// Time an agent has for TLS plus its hello.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
-
 pub struct LinkListener {
     pub listener: TcpListener,
     pub acceptor: TlsAcceptor,

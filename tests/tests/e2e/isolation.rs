@@ -31,15 +31,19 @@ async fn stalled_tunnels_cannot_block_a_fresh_one_through_the_same_exit() {
     }
     // Wait until the targets can write no more: every window is full.
     let mut last = 0;
-    eventually("the stalled tunnels to fill their windows", Duration::from_secs(60), || {
-        let now = written.load(Ordering::Relaxed);
-        let settled = now > 80 * (1 << 20) && now == last;
-        last = now;
-        async move {
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            settled.then_some(())
-        }
-    })
+    eventually(
+        "the stalled tunnels to fill their windows",
+        Duration::from_secs(60),
+        || {
+            let now = written.load(Ordering::Relaxed);
+            let settled = now > 80 * (1 << 20) && now == last;
+            last = now;
+            async move {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                settled.then_some(())
+            }
+        },
+    )
     .await;
     let buffered = written.load(Ordering::Relaxed);
 
