@@ -44,6 +44,12 @@ pub struct Config {
     )]
     pub egress_ips: Vec<IpAddr>,
 
+    /// Link versions this agent offers its superproxies (the newest one both
+    /// speak is used): 1 = HTTP/2, 2 = the lean mux. `1` alone makes the agent
+    /// talk exactly like a v1 release (for staged upgrades).
+    #[arg(long, env = "PROXYNET_LINK_VERSIONS", default_value = "1,2")]
+    pub link_versions: proxynet_protocol::link::LinkVersions,
+
     /// Admin listener: /healthz, /readyz.
     #[arg(
         long,

@@ -1,5 +1,6 @@
 //! The agent's side of the link: dial a superproxy, prove who we are, then
-//! serve its tunnel streams as the HTTP/2 server.
+//! serve its tunnel streams: as the HTTP/2 server on a v1 link, as the mux
+//! acceptor on a v2 link (whichever version the hello settled on).
 //!
 //! The superproxy's certificate is pinned by the SHA-256 the control-api handed
 //! us, so the link needs no public CA. One supervisor task per superproxy keeps
@@ -7,7 +8,10 @@
 
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use proxynet_protocol::link::{read_frame, write_frame, AgentHello, HelloReply, LINK_VERSION};
+use proxynet_protocol::link::{
+    read_frame, write_frame, AgentHello, HelloReply, HELLO_VERSION, LINK_V1_HTTP2, LINK_V2_MUX,
+};
+use proxynet_protocol::mux::{self, MuxConfig, ReadAhead, Role};
 use proxynet_protocol::store::SuperproxyRecord;
 use rand::Rng;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
@@ -42,12 +46,17 @@ pub async fn supervise(
             () = stop.cancelled() => return,
         };
         match connected {
-            Ok(tls) => {
+            Ok((tls, version)) => {
                 backoff = MIN_BACKOFF;
                 ctx.links_up.fetch_add(1, Ordering::Relaxed);
                 metrics::counter!("proxynet_agent_link_connects_total").increment(1);
-                tracing::info!(superproxy = %superproxy.id, addr = %superproxy.link_addr, "link up");
-                let result = serve(tls, ctx.clone(), &stop).await;
+                tracing::info!(superproxy = %superproxy.id, addr = %superproxy.link_addr, link_version = version, "link up");
+                let result = match version {
+                    LINK_V2_MUX => serve_mux(tls, ctx.clone(), &stop).await,
+                    _ => serve_http2(tls, ctx.clone(), &stop)
+                        .await
+                        .map_err(|e| e.to_string()),
+                };
                 ctx.links_up.fetch_sub(1, Ordering::Relaxed);
                 match result {
                     Ok(()) => tracing::info!(superproxy = %superproxy.id, "link closed"),
@@ -69,9 +78,16 @@ pub async fn supervise(
     }
 }
 
-type LinkStream = tokio_rustls::client::TlsStream<TcpStream>;
+type LinkStream = tokio_rustls::client::TlsStream<ReadAhead<TcpStream>>;
 
-async fn connect(superproxy: &SuperproxyRecord, ctx: &TunnelContext) -> Result<LinkStream, String> {
+/// Plaintext rustls may hold for sending before the socket takes it: large
+/// enough that one bulk write becomes one vectored syscall of many records.
+const TLS_SEND_BUFFER: usize = 512 * 1024;
+
+async fn connect(
+    superproxy: &SuperproxyRecord,
+    ctx: &TunnelContext,
+) -> Result<(LinkStream, u16), String> {
     let tcp = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(superproxy.link_addr))
         .await
         .map_err(|_| "connect timed out".to_owned())?
@@ -79,14 +95,24 @@ async fn connect(superproxy: &SuperproxyRecord, ctx: &TunnelContext) -> Result<L
     let _ = tcp.set_nodelay(true);
     let connector = TlsConnector::from(pinned_client_config(&superproxy.cert_sha256)?);
     let name = ServerName::try_from("proxynet-superproxy").map_err(|e| e.to_string())?;
-    let mut tls = tokio::time::timeout(CONNECT_TIMEOUT, connector.connect(name, tcp))
-        .await
-        .map_err(|_| "TLS handshake timed out".to_owned())?
-        .map_err(|e| format!("TLS: {e}"))?;
+    let mut tls = tokio::time::timeout(
+        CONNECT_TIMEOUT,
+        connector.connect(name, ReadAhead::new(tcp)),
+    )
+    .await
+    .map_err(|_| "TLS handshake timed out".to_owned())?
+    .map_err(|e| format!("TLS: {e}"))?;
+    let offered = &ctx.config.link_versions;
     let hello = AgentHello {
-        version: LINK_VERSION,
+        version: HELLO_VERSION,
         exit_id: ctx.identity.exit_id,
         credential: ctx.identity.credential.clone(),
+        // A v1-only agent says nothing about versions, as v1 releases did.
+        link_versions: if offered.is_v1_only() {
+            Vec::new()
+        } else {
+            offered.0.clone()
+        },
     };
     write_frame(&mut tls, &hello)
         .await
@@ -101,10 +127,52 @@ async fn connect(superproxy: &SuperproxyRecord, ctx: &TunnelContext) -> Result<L
             reply.error.unwrap_or_else(|| "no reason given".into())
         ));
     }
-    Ok(tls)
+    let version = reply.link_version.unwrap_or(LINK_V1_HTTP2);
+    if !offered.0.contains(&version) {
+        return Err(format!(
+            "superproxy chose link version {version}, which this agent did not offer ({offered})"
+        ));
+    }
+    tls.get_mut().1.set_buffer_limit(Some(TLS_SEND_BUFFER));
+    Ok((tls, version))
 }
 
-async fn serve(
+/// Serves a v2 link: accepts mux streams until `stop`, then sends GOAWAY
+/// and lets the open tunnels finish.
+async fn serve_mux(
+    tls: LinkStream,
+    ctx: Arc<TunnelContext>,
+    stop: &CancellationToken,
+) -> Result<(), String> {
+    let config = MuxConfig {
+        // Streams past our tunnel limit would only be refused: reset them at
+        // the mux, before any work.
+        max_streams: ctx.config.max_tunnels.saturating_add(64),
+        ..MuxConfig::default()
+    };
+    let (handle, connection) = mux::start(tls, Role::Server, config);
+    tokio::pin!(connection);
+    let mut stopping = false;
+    loop {
+        tokio::select! {
+            ended = connection.as_mut() => return ended.map_err(|e| e.to_string()),
+            incoming = handle.accept(), if !stopping => match incoming {
+                Some(incoming) => {
+                    tokio::spawn(tunnel::serve_stream(ctx.clone(), incoming));
+                }
+                // No more streams will come; the connection ends when the
+                // open ones finish.
+                None => stopping = true,
+            },
+            () = stop.cancelled(), if !stopping => {
+                stopping = true;
+                handle.go_away();
+            }
+        }
+    }
+}
+
+async fn serve_http2(
     tls: LinkStream,
     ctx: Arc<TunnelContext>,
     stop: &CancellationToken,

@@ -1,5 +1,9 @@
 //! Serving one tunnel stream: check, resolve, vet, bind, connect, splice.
 //!
+//! Both link versions end up here: a v1 stream is an HTTP/2 `CONNECT`
+//! ([`handle`]), a v2 stream a mux OPEN ([`serve_stream`]); each is parsed
+//! into the same [`TunnelRequest`] and served by the same code.
+//!
 //! The agent resolves the target itself, applies the egress policy to every
 //! resolved address and dials only an address it vetted, bound to the egress
 //! IP the superproxy asked for. Its connect timeout is the smaller of its own
@@ -9,13 +13,13 @@
 use bytes::Bytes;
 use http::{Method, Request, Response};
 use http_body_util::Empty;
-use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use proxynet_protocol::egress::parse_ip_literal;
 use proxynet_protocol::link::{
-    Outcome, HEADER_CONNECT_BUDGET_MS, HEADER_EGRESS_IP, HEADER_OUTCOME, HEADER_VERSION,
-    LINK_VERSION, PROBE_PATH,
+    Outcome, StreamRequest, HEADER_CONNECT_BUDGET_MS, HEADER_EGRESS_IP, HEADER_OUTCOME,
+    HEADER_VERSION, LINK_V1_HTTP2, PROBE_PATH,
 };
+use proxynet_protocol::mux::Incoming;
 use proxynet_protocol::splice::splice_until;
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
@@ -70,28 +74,146 @@ impl Drop for ActiveGuard {
     }
 }
 
+/// What a stream asks for, whichever link version carried it.
+pub struct TunnelRequest {
+    host: String,
+    port: u16,
+    egress_ip: IpAddr,
+    budget: Duration,
+}
+
+impl TunnelRequest {
+    /// A v1 stream: `CONNECT host:port` with the `proxynet-*` headers.
+    fn from_http2(req: &Request<hyper::body::Incoming>) -> Result<Self, Outcome> {
+        let header = |name: &str| req.headers().get(name).and_then(|v| v.to_str().ok());
+        if req.method() != Method::CONNECT
+            || header(HEADER_VERSION) != Some(&LINK_V1_HTTP2.to_string())
+        {
+            return Err(Outcome::BadRequest);
+        }
+        let authority = req.uri().authority().ok_or(Outcome::BadRequest)?;
+        let egress_ip = header(HEADER_EGRESS_IP)
+            .and_then(|v| v.parse().ok())
+            .ok_or(Outcome::BadRequest)?;
+        let budget_ms = header(HEADER_CONNECT_BUDGET_MS)
+            .and_then(|v| v.parse::<u64>().ok())
+            .ok_or(Outcome::BadRequest)?;
+        Self::new(authority, egress_ip, budget_ms)
+    }
+
+    /// A v2 stream's `tunnel` request.
+    fn from_target(target: &str, egress_ip: IpAddr, budget_ms: u64) -> Result<Self, Outcome> {
+        let authority: http::uri::Authority = target.parse().map_err(|_| Outcome::BadRequest)?;
+        Self::new(&authority, egress_ip, budget_ms)
+    }
+
+    fn new(
+        authority: &http::uri::Authority,
+        egress_ip: IpAddr,
+        budget_ms: u64,
+    ) -> Result<Self, Outcome> {
+        let port = authority
+            .port_u16()
+            .filter(|p| *p != 0)
+            .ok_or(Outcome::BadRequest)?;
+        Ok(Self {
+            host: authority.host().to_owned(),
+            port,
+            egress_ip,
+            budget: Duration::from_millis(budget_ms),
+        })
+    }
+}
+
+/// Draining agents fail probes too: superproxies stop choosing them.
+fn probe_outcome(ctx: &TunnelContext) -> Outcome {
+    if ctx.announces_draining() {
+        Outcome::Draining
+    } else {
+        Outcome::Connected
+    }
+}
+
+/// Counts the tunnel against `max_tunnels`; `None` when at capacity.
+fn admit(ctx: &Arc<TunnelContext>) -> Option<ActiveGuard> {
+    let previous = ctx.active.fetch_add(1, Ordering::Relaxed);
+    let guard = ActiveGuard(ctx.clone());
+    (previous < ctx.config.max_tunnels).then_some(guard)
+}
+
+/// Serves one v2 (mux) stream: probe or tunnel.
+pub async fn serve_stream(ctx: Arc<TunnelContext>, incoming: Incoming) {
+    let request = serde_json::from_slice::<StreamRequest>(&incoming.request);
+    let (guard, tcp) = match request {
+        Ok(StreamRequest::Probe) => {
+            reply(incoming, probe_outcome(&ctx));
+            return;
+        }
+        Err(_) => {
+            reply(incoming, Outcome::BadRequest);
+            return;
+        }
+        Ok(StreamRequest::Tunnel {
+            target,
+            egress_ip,
+            budget_ms,
+        }) => {
+            let Some(guard) = admit(&ctx) else {
+                reply(incoming, Outcome::Capacity);
+                return;
+            };
+            let opened = match TunnelRequest::from_target(&target, egress_ip, budget_ms) {
+                Ok(request) => open(&ctx, &request).await,
+                Err(outcome) => Err(outcome),
+            };
+            match opened {
+                Ok(tcp) => (guard, tcp),
+                Err(outcome) => {
+                    reply(incoming, outcome);
+                    return;
+                }
+            }
+        }
+    };
+    count(Outcome::Connected);
+    let stream = incoming.reply(Bytes::from_static(Outcome::Connected.as_str().as_bytes()));
+    let _guard = guard;
+    let outcome = splice_until(
+        stream,
+        tcp,
+        ctx.config.tunnel_limits(),
+        ctx.cut_all.cancelled(),
+    )
+    .await;
+    tracing::debug!(up = outcome.up, down = outcome.down, end = ?outcome.end, "tunnel closed");
+}
+
+/// Answers a v2 stream that will carry no bytes (and so resets it).
+fn reply(incoming: Incoming, outcome: Outcome) {
+    count(outcome);
+    drop(incoming.reply(Bytes::from_static(outcome.as_str().as_bytes())));
+}
+
+fn count(outcome: Outcome) {
+    metrics::counter!("proxynet_agent_tunnels_total", "outcome" => outcome.as_str()).increment(1);
+}
+
+/// Serves one v1 (HTTP/2) stream: probe or tunnel.
 pub async fn handle(
     ctx: Arc<TunnelContext>,
-    mut req: Request<Incoming>,
+    mut req: Request<hyper::body::Incoming>,
 ) -> Result<Response<Empty<Bytes>>, Infallible> {
     if req.method() == Method::GET && req.uri().path() == PROBE_PATH {
-        // Draining agents fail probes too: superproxies stop choosing them.
-        let outcome = if ctx.announces_draining() {
-            Outcome::Draining
-        } else {
-            Outcome::Connected
-        };
-        return Ok(answer(outcome));
+        return Ok(answer(probe_outcome(&ctx)));
     }
-    let guard = {
-        let previous = ctx.active.fetch_add(1, Ordering::Relaxed);
-        let guard = ActiveGuard(ctx.clone());
-        if previous >= ctx.config.max_tunnels {
-            return Ok(answer(Outcome::Capacity));
-        }
-        guard
+    let Some(guard) = admit(&ctx) else {
+        return Ok(answer(Outcome::Capacity));
     };
-    let tcp = match open(&ctx, &req).await {
+    let opened = match TunnelRequest::from_http2(&req) {
+        Ok(request) => open(&ctx, &request).await,
+        Err(outcome) => Err(outcome),
+    };
+    let tcp = match opened {
         Ok(tcp) => tcp,
         Err(outcome) => return Ok(answer(outcome)),
     };
@@ -115,7 +237,7 @@ pub async fn handle(
 }
 
 fn answer(outcome: Outcome) -> Response<Empty<Bytes>> {
-    metrics::counter!("proxynet_agent_tunnels_total", "outcome" => outcome.as_str()).increment(1);
+    count(outcome);
     let mut response = Response::new(Empty::new());
     *response.status_mut() =
         http::StatusCode::from_u16(outcome.status()).unwrap_or(http::StatusCode::BAD_GATEWAY);
@@ -126,31 +248,20 @@ fn answer(outcome: Outcome) -> Response<Empty<Bytes>> {
     response
 }
 
-async fn open(ctx: &TunnelContext, req: &Request<Incoming>) -> Result<TcpStream, Outcome> {
+async fn open(ctx: &TunnelContext, request: &TunnelRequest) -> Result<TcpStream, Outcome> {
     if ctx.refusing.load(Ordering::Relaxed) || ctx.withdrawn.load(Ordering::Relaxed) {
         return Err(Outcome::Draining);
     }
-    let header = |name: &str| req.headers().get(name).and_then(|v| v.to_str().ok());
-    if req.method() != Method::CONNECT || header(HEADER_VERSION) != Some(&LINK_VERSION.to_string())
-    {
-        return Err(Outcome::BadRequest);
-    }
-    let authority = req.uri().authority().ok_or(Outcome::BadRequest)?;
-    let port = authority
-        .port_u16()
-        .filter(|p| *p != 0)
-        .ok_or(Outcome::BadRequest)?;
-    let host = authority.host();
-    let egress_ip: IpAddr = header(HEADER_EGRESS_IP)
-        .and_then(|v| v.parse().ok())
-        .ok_or(Outcome::BadRequest)?;
+    let TunnelRequest {
+        host,
+        port,
+        egress_ip,
+        budget,
+    } = request;
+    let (host, port, egress_ip, budget) = (host.as_str(), *port, *egress_ip, *budget);
     if !ctx.config.egress_ips.contains(&egress_ip) {
         return Err(Outcome::EgressUnavailable);
     }
-    let budget = header(HEADER_CONNECT_BUDGET_MS)
-        .and_then(|v| v.parse::<u64>().ok())
-        .map(Duration::from_millis)
-        .ok_or(Outcome::BadRequest)?;
     let deadline = Instant::now()
         + budget
             .saturating_sub(BUDGET_MARGIN)

@@ -7,9 +7,11 @@
 //! ([`egress`]), the tunnel byte pump both ends run ([`splice`]), and small
 //! process conventions ([`ready`], [`telemetry`], [`shutdown`]).
 
+pub mod buffers;
 pub mod egress;
 pub mod link;
 pub mod metrics;
+pub mod mux;
 pub mod ready;
 pub mod secret;
 pub mod shutdown;

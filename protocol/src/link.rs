@@ -3,14 +3,23 @@
 //! The agent dials the superproxy's link port (no inbound port on exits) and
 //! speaks TLS 1.3 as the client, pinning the superproxy certificate whose SHA-256
 //! the control plane handed it. Inside TLS the agent first sends one [`AgentHello`]
-//! frame carrying its enrolled credential and waits for a [`HelloReply`]. After an
-//! `ok` reply the roles reverse: the superproxy is the HTTP/2 client and opens one
-//! `CONNECT` stream per tunnel; the agent is the HTTP/2 server.
+//! frame carrying its enrolled credential and the link versions it speaks, and
+//! waits for a [`HelloReply`] naming the version chosen (the newest both speak).
+//! After an `ok` reply the roles reverse: the superproxy opens one stream per
+//! tunnel and the agent serves them, in the chosen version's framing:
 //!
-//! A tunnel stream is `CONNECT host:port` with the `proxynet-*` headers below. The
-//! agent answers `200` with `proxynet-outcome: connected` and then splices, or a
-//! non-2xx status with a typed [`Outcome`] so the superproxy can tell exit faults
-//! from target faults and knows whether retrying on another exit is safe.
+//! - **v1** ([`LINK_V1_HTTP2`]): HTTP/2; a tunnel stream is `CONNECT host:port`
+//!   with the `proxynet-*` headers below.
+//! - **v2** ([`LINK_V2_MUX`]): the [`crate::mux`] framing; a stream opens with a
+//!   JSON [`StreamRequest`] and is answered with an [`Outcome`] name.
+//!
+//! Either way the agent answers with a typed [`Outcome`] (`connected`, then
+//! bytes) so the superproxy can tell exit faults from target faults and knows
+//! whether retrying on another exit is safe.
+//!
+//! Compatibility: a v1-only peer never sends or reads the version fields
+//! (unknown JSON fields are ignored), so it is answered in v1; a peer that
+//! shares no version with us is refused with a reason naming both sets.
 
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -18,8 +27,90 @@ use uuid::Uuid;
 
 use crate::secret::Secret;
 
-/// Version of the stream headers and hello frames. Bumped on any incompatible change.
-pub const LINK_VERSION: u16 = 1;
+/// Version of the hello frames themselves; never changes (new fields are
+/// optional), so peers of any link version can always read each other's
+/// hello and refuse clearly.
+pub const HELLO_VERSION: u16 = 1;
+
+/// Link version 1: HTTP/2 inside TLS.
+pub const LINK_V1_HTTP2: u16 = 1;
+/// Link version 2: the lean mux inside TLS.
+pub const LINK_V2_MUX: u16 = 2;
+/// Every link version this build speaks.
+pub const LINK_VERSIONS: [u16; 2] = [LINK_V1_HTTP2, LINK_V2_MUX];
+
+/// The newest version both sides speak.
+pub fn choose_version(offered: &[u16], ours: &[u16]) -> Option<u16> {
+    offered.iter().copied().filter(|v| ours.contains(v)).max()
+}
+
+/// Parses a `--link-versions` value such as `1,2`.
+pub fn parse_versions(value: &str) -> Result<Vec<u16>, String> {
+    let mut versions = Vec::new();
+    for part in value.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let v: u16 = part
+            .parse()
+            .map_err(|_| format!("`{part}` is not a link version"))?;
+        if !LINK_VERSIONS.contains(&v) {
+            return Err(format!(
+                "link version {v} is not one this build speaks ({LINK_VERSIONS:?})"
+            ));
+        }
+        versions.push(v);
+    }
+    if versions.is_empty() {
+        return Err("at least one link version is needed".into());
+    }
+    Ok(versions)
+}
+
+/// The link versions one side is configured to speak (`--link-versions`).
+/// Restricting an up-to-date binary to `1` makes it behave on the wire
+/// exactly like a v1-only release: no version fields in its hello or reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LinkVersions(pub Vec<u16>);
+
+impl Default for LinkVersions {
+    fn default() -> Self {
+        Self(LINK_VERSIONS.to_vec())
+    }
+}
+
+impl std::str::FromStr for LinkVersions {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        parse_versions(s).map(Self)
+    }
+}
+
+impl std::fmt::Display for LinkVersions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let parts: Vec<String> = self.0.iter().map(u16::to_string).collect();
+        f.write_str(&parts.join(","))
+    }
+}
+
+impl LinkVersions {
+    /// True when only v1 is spoken: version fields are then left out entirely.
+    pub fn is_v1_only(&self) -> bool {
+        self.0 == [LINK_V1_HTTP2]
+    }
+}
+
+/// What opens a v2 stream (JSON in the OPEN frame).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum StreamRequest {
+    /// Connect to `target` (`host:port`) from `egress_ip` within `budget_ms`.
+    Tunnel {
+        target: String,
+        egress_ip: std::net::IpAddr,
+        budget_ms: u64,
+    },
+    /// A health probe: answered `connected` by a live agent that is not
+    /// draining, without dialling anything.
+    Probe,
+}
 
 pub const HEADER_VERSION: &str = "proxynet-link-version";
 /// The egress IP the agent must bind before connecting.
@@ -71,9 +162,23 @@ pub const MAX_FRAME_BYTES: usize = 4096;
 /// What an agent says after TLS, before HTTP/2 starts.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct AgentHello {
+    /// Always [`HELLO_VERSION`].
     pub version: u16,
     pub exit_id: Uuid,
     pub credential: Secret,
+    /// Link versions the agent speaks; absent means v1 only.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub link_versions: Vec<u16>,
+}
+
+impl AgentHello {
+    pub fn offered_versions(&self) -> Vec<u16> {
+        if self.link_versions.is_empty() {
+            vec![LINK_V1_HTTP2]
+        } else {
+            self.link_versions.clone()
+        }
+    }
 }
 
 /// The superproxy's answer to an [`AgentHello`].
@@ -83,6 +188,9 @@ pub struct HelloReply {
     /// Why the link was refused; never echoes the credential.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// The link version chosen; absent means v1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link_version: Option<u16>,
 }
 
 /// The typed result of asking an agent to open a tunnel.
@@ -218,6 +326,36 @@ mod tests {
     use super::*;
 
     #[test]
+    fn version_choice_is_the_newest_shared_one() {
+        assert_eq!(choose_version(&[1, 2], &[1, 2]), Some(2));
+        assert_eq!(choose_version(&[1], &[1, 2]), Some(1));
+        assert_eq!(choose_version(&[1, 2], &[1]), Some(1));
+        assert_eq!(choose_version(&[3], &[1, 2]), None);
+        assert_eq!(parse_versions("1, 2"), Ok(vec![1, 2]));
+        assert!(parse_versions("7").is_err());
+        assert!(parse_versions("").is_err());
+    }
+
+    #[test]
+    fn a_v1_hello_and_reply_read_as_v1() {
+        // What a v1 agent and superproxy put on the wire, byte for byte.
+        let hello: AgentHello = serde_json::from_str(
+            r#"{"version":1,"exit_id":"6f1c1a9e-2f57-4e0a-9a39-5e3f3d2b8c11","credential":"c"}"#,
+        )
+        .unwrap();
+        assert_eq!(hello.offered_versions(), vec![LINK_V1_HTTP2]);
+        let reply: HelloReply = serde_json::from_str(r#"{"ok":true}"#).unwrap();
+        assert_eq!(reply.link_version, None);
+        // A v1 reply is exactly what we send when v1 is chosen.
+        let ours = HelloReply {
+            ok: true,
+            error: None,
+            link_version: None,
+        };
+        assert_eq!(serde_json::to_string(&ours).unwrap(), r#"{"ok":true}"#);
+    }
+
+    #[test]
     fn outcome_names_round_trip() {
         for o in Outcome::ALL {
             assert_eq!(Outcome::parse(o.as_str()), Some(o));
@@ -229,9 +367,10 @@ mod tests {
     async fn frames_round_trip_and_stop_at_their_end() {
         let (mut a, mut b) = tokio::io::duplex(64 * 1024);
         let hello = AgentHello {
-            version: LINK_VERSION,
+            version: HELLO_VERSION,
             exit_id: Uuid::new_v4(),
             credential: Secret::new("c"),
+            link_versions: LINK_VERSIONS.to_vec(),
         };
         write_frame(&mut a, &hello).await.unwrap();
         a.write_all(b"PRI * HTTP/2.0").await.unwrap();

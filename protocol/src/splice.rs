@@ -15,32 +15,17 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::{sleep_until, Instant};
 
+use crate::buffers::{self, Class};
+
 /// Copy buffer per direction while data flows.
-pub const COPY_BUFFER: usize = 64 * 1024;
-
-/// Buffers kept per thread for reuse. Giving a buffer back on every idle
-/// moment is what keeps idle tunnels free; reusing it keeps busy ones from
-/// paying for a fresh zeroed allocation on every read (which profiling showed
-/// as ~7% of CPU in bulk transfers). Bounded: at most this many per thread.
-const POOLED_BUFFERS: usize = 32;
-
-thread_local! {
-    static BUFFERS: std::cell::RefCell<Vec<Box<[u8]>>> = const { std::cell::RefCell::new(Vec::new()) };
-}
+pub const COPY_BUFFER: usize = Class::Copy.size();
 
 fn take_buffer() -> Box<[u8]> {
-    BUFFERS
-        .with(|pool| pool.borrow_mut().pop())
-        .unwrap_or_else(|| vec![0u8; COPY_BUFFER].into_boxed_slice())
+    buffers::take(Class::Copy)
 }
 
 fn give_back(buffer: Box<[u8]>) {
-    BUFFERS.with(|pool| {
-        let mut pool = pool.borrow_mut();
-        if pool.len() < POOLED_BUFFERS {
-            pool.push(buffer);
-        }
-    });
+    buffers::give_back(Class::Copy, buffer)
 }
 
 #[derive(Debug, Clone, Copy)]

@@ -1,47 +1,35 @@
 //! Exit selection cost at pool sizes from 1,000 to 100,000 exits: a pick must
 //! not grow with the pool (power of two choices over random probes).
 //!
-//! The candidates share one real HTTP/2 link (client and server over an
-//! in-memory pipe): selection never touches it, but a `Candidate` carries one.
+//! The candidates share one real mux link handle over an in-memory pipe:
+//! selection never touches it, but a `Candidate` carries one.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use http_body_util::Empty;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use proxynet_protocol::mux;
 use proxynet_protocol::store::{ExitRecord, SourceType};
 use std::collections::HashMap;
 use std::hint::black_box;
 use std::sync::Arc;
 use std::time::Duration;
 use superproxy::health::{HealthBook, HealthConfig};
-use superproxy::link::registry::Link;
+use superproxy::link::registry::{Link, LinkSender};
 use superproxy::pool::{choose, Candidate, PoolView};
 use superproxy::username::Targeting;
 use uuid::Uuid;
 
 fn link(rt: &tokio::runtime::Runtime) -> Link {
     rt.block_on(async {
-        let (client, server) = tokio::io::duplex(1 << 16);
-        tokio::spawn(async move {
-            let service = hyper::service::service_fn(|_req| async {
-                Ok::<_, std::convert::Infallible>(hyper::Response::new(Empty::<Bytes>::new()))
-            });
-            let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
-                .serve_connection(TokioIo::new(server), service)
-                .await;
-        });
-        let (sender, conn) =
-            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(client))
-                .await
-                .unwrap();
+        // Selection never touches the link; any live one will do.
+        let (client, _server) = tokio::io::duplex(1 << 16);
+        let (handle, conn) = mux::start(client, mux::Role::Client, mux::MuxConfig::default());
         tokio::spawn(conn);
         Link {
             id: 1,
             exit_id: Uuid::nil(),
             peer: "127.0.0.1:1".parse().unwrap(),
-            sender,
+            sender: LinkSender::Mux(handle),
         }
     })
 }

@@ -50,6 +50,12 @@ pub struct Config {
     #[arg(long, env = "PROXYNET_LINK_LISTEN", default_value = "127.0.0.1:7443")]
     pub link_listen: SocketAddr,
 
+    /// Link versions accepted from agents (the newest one both speak is
+    /// used): 1 = HTTP/2, 2 = the lean mux. `1` alone makes this superproxy
+    /// talk exactly like a v1 release (for staged upgrades).
+    #[arg(long, env = "PROXYNET_LINK_VERSIONS", default_value = "1,2")]
+    pub link_versions: proxynet_protocol::link::LinkVersions,
+
     /// Address announced to agents for the link; defaults to the bound link address.
     #[arg(long, env = "PROXYNET_LINK_ADVERTISE")]
     pub link_advertise: Option<SocketAddr>,

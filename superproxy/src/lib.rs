@@ -290,6 +290,7 @@ impl Superproxy {
                     redis: self.redis.clone(),
                     keys: self.keys.clone(),
                     superproxy_id: pipeline.id,
+                    versions: config.link_versions.clone(),
                 }
                 .run(),
             ),

@@ -11,8 +11,7 @@
 //! the revocation registration — for exactly as long as the bytes flow.
 //! Dropping the tunnel releases them all and writes its access-log line.
 
-use hyper::upgrade::Upgraded;
-use hyper_util::rt::TokioIo;
+use crate::link::stream::ExitStream;
 use proxynet_protocol::secret::Secret;
 use proxynet_protocol::splice::{splice_until, End, SpliceOutcome, TunnelLimits};
 use std::net::{IpAddr, SocketAddr};
@@ -178,7 +177,7 @@ impl Pipeline {
             ticket.cut().clone(),
         );
         Ok(Tunnel {
-            io: Metered::new(TokioIo::new(opened.io), meter),
+            io: Metered::new(opened.io, meter),
             exit_id: opened.exit_id,
             pin: opened.pin,
             holds: Holds {
@@ -357,7 +356,7 @@ impl Pipeline {
 
 /// An open tunnel: the metered stream to the exit and everything it holds.
 pub struct Tunnel {
-    pub io: Metered<TokioIo<Upgraded>>,
+    pub io: Metered<ExitStream>,
     pub exit_id: Uuid,
     /// Set for sticky sessions.
     pub pin: Option<Pin>,

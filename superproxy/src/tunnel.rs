@@ -9,7 +9,6 @@
 //! its pinned exit while it is eligible; when it is not, `soft` sessions are
 //! re-pinned to another exit and `hard` ones fail with a coded 502.
 
-use hyper::upgrade::Upgraded;
 use proxynet_protocol::egress::EgressPolicy;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
@@ -20,6 +19,7 @@ use uuid::Uuid;
 use crate::error::{ErrorKind, ProxyError};
 use crate::health::InFlight;
 use crate::link::dial;
+use crate::link::stream::ExitStream;
 use crate::pipeline::Client;
 use crate::pool::{matches, Candidate, Pool};
 use crate::session::{Pin, Sessions};
@@ -31,7 +31,7 @@ pub const MAX_ATTEMPTS: usize = 3;
 
 /// A tunnel stream the exit answered `connected` on.
 pub struct Opened {
-    pub io: Upgraded,
+    pub io: ExitStream,
     pub exit_id: Uuid,
     pub egress_ip: IpAddr,
     /// Set for sticky sessions.

@@ -1,23 +1,26 @@
 //! Opens one tunnel stream through an exit's link.
 //!
-//! One HTTP/2 `CONNECT` per tunnel, no extra round trip: the request carries the
-//! target, the egress IP and what is left of the connect budget; the answer is
-//! a typed outcome. Failures are classified so the caller knows whether the
+//! One stream per tunnel, no extra round trip: the request (an HTTP/2
+//! `CONNECT` on a v1 link, a mux OPEN on a v2 link) carries the target, the
+//! egress IP and what is left of the connect budget; the answer is a typed
+//! outcome. Failures are classified so the caller knows whether the
 //! target may have been reached (never retried) or certainly was not (retried
 //! on another exit).
 
 use bytes::Bytes;
 use http::{Method, Request, Uri};
 use http_body_util::Empty;
-use hyper::upgrade::Upgraded;
+use hyper_util::rt::TokioIo;
 use proxynet_protocol::link::{
-    Outcome, HEADER_CONNECT_BUDGET_MS, HEADER_EGRESS_IP, HEADER_OUTCOME, HEADER_VERSION,
-    LINK_VERSION,
+    Outcome, StreamRequest, HEADER_CONNECT_BUDGET_MS, HEADER_EGRESS_IP, HEADER_OUTCOME,
+    HEADER_VERSION, LINK_V1_HTTP2,
 };
+use proxynet_protocol::mux::{MuxHandle, OpenError};
 use std::net::IpAddr;
 use std::time::Duration;
 
-use super::registry::Link;
+use super::registry::{Link, LinkSender};
+use super::stream::ExitStream;
 use crate::error::{ErrorKind, ProxyError};
 use crate::target::Target;
 
@@ -27,7 +30,73 @@ pub async fn open_tunnel(
     target: &Target,
     egress_ip: IpAddr,
     budget: Duration,
-) -> Result<Upgraded, ProxyError> {
+) -> Result<ExitStream, ProxyError> {
+    match &link.sender {
+        LinkSender::Http2(sender) => open_http2(sender.clone(), target, egress_ip, budget).await,
+        LinkSender::Mux(handle) => open_mux(handle, target, egress_ip, budget).await,
+    }
+}
+
+async fn open_mux(
+    handle: &MuxHandle,
+    target: &Target,
+    egress_ip: IpAddr,
+    budget: Duration,
+) -> Result<ExitStream, ProxyError> {
+    let request = StreamRequest::Tunnel {
+        target: target.authority(),
+        egress_ip,
+        budget_ms: budget.as_millis() as u64,
+    };
+    let request = serde_json::to_vec(&request)
+        .map_err(|e| ProxyError::new(ErrorKind::Internal, format!("encoding link request: {e}")))?;
+    let (reply, stream) = match tokio::time::timeout(budget, handle.open(request.into())).await {
+        Err(_) => {
+            return Err(ProxyError::new(
+                ErrorKind::ConnectionTimeout,
+                "target did not answer within the connect budget",
+            ))
+        }
+        // Never sent, or refused unread: safe to try elsewhere.
+        Ok(Err(OpenError::Unavailable)) => {
+            return Err(ProxyError::new(
+                ErrorKind::ExitUnavailable,
+                "exit link is not taking new tunnels",
+            ))
+        }
+        Ok(Err(OpenError::Refused)) => {
+            return Err(ProxyError::new(
+                ErrorKind::ExitUnavailable,
+                "exit refused the stream",
+            ))
+        }
+        Ok(Err(OpenError::Lost(e))) => {
+            return Err(ProxyError::new(
+                ErrorKind::ExitLinkLost,
+                format!("exit link failed: {e}"),
+            ))
+        }
+        Ok(Ok(opened)) => opened,
+    };
+    match std::str::from_utf8(&reply).ok().and_then(Outcome::parse) {
+        Some(Outcome::Connected) => Ok(ExitStream::Mux(stream)),
+        Some(outcome) => Err(ProxyError::new(
+            ErrorKind::from_outcome(outcome),
+            outcome_detail(outcome),
+        )),
+        None => Err(ProxyError::new(
+            ErrorKind::ExitLinkLost,
+            "exit answered without a known outcome",
+        )),
+    }
+}
+
+async fn open_http2(
+    mut sender: super::registry::Http2Sender,
+    target: &Target,
+    egress_ip: IpAddr,
+    budget: Duration,
+) -> Result<ExitStream, ProxyError> {
     let uri: Uri = target
         .authority()
         .parse()
@@ -35,13 +104,12 @@ pub async fn open_tunnel(
     let request = Request::builder()
         .method(Method::CONNECT)
         .uri(uri)
-        .header(HEADER_VERSION, LINK_VERSION)
+        .header(HEADER_VERSION, LINK_V1_HTTP2)
         .header(HEADER_EGRESS_IP, egress_ip.to_string())
         .header(HEADER_CONNECT_BUDGET_MS, budget.as_millis().to_string())
         .body(Empty::<Bytes>::new())
         .map_err(|e| ProxyError::new(ErrorKind::Internal, format!("building link request: {e}")))?;
 
-    let mut sender = link.sender.clone();
     // A link that is not ready never saw the request: safe to try elsewhere.
     sender.ready().await.map_err(|e| {
         ProxyError::new(
@@ -76,14 +144,15 @@ pub async fn open_tunnel(
         .and_then(|v| v.to_str().ok())
         .and_then(Outcome::parse);
     match outcome {
-        Some(Outcome::Connected) if response.status().is_success() => {
-            hyper::upgrade::on(response).await.map_err(|e| {
+        Some(Outcome::Connected) if response.status().is_success() => hyper::upgrade::on(response)
+            .await
+            .map(|upgraded| ExitStream::Http2(TokioIo::new(upgraded)))
+            .map_err(|e| {
                 ProxyError::new(
                     ErrorKind::ExitLinkLost,
                     format!("exit link upgrade failed: {e}"),
                 )
-            })
-        }
+            }),
         Some(outcome) => Err(ProxyError::new(
             ErrorKind::from_outcome(outcome),
             outcome_detail(outcome),
@@ -118,16 +187,31 @@ pub async fn probe(link: &Link, timeout: Duration) -> Option<Duration> {
 }
 
 async fn probe_ok(link: &Link, timeout: Duration) -> bool {
+    match &link.sender {
+        LinkSender::Http2(sender) => probe_http2(sender.clone(), timeout).await,
+        LinkSender::Mux(handle) => probe_mux(handle, timeout).await,
+    }
+}
+
+async fn probe_mux(handle: &MuxHandle, timeout: Duration) -> bool {
+    let Ok(request) = serde_json::to_vec(&StreamRequest::Probe) else {
+        return false;
+    };
+    let answered = tokio::time::timeout(timeout, handle.open(request.into())).await;
+    // The probe stream carries nothing: dropping it (with the answer) ends it.
+    matches!(answered, Ok(Ok((reply, _))) if &reply[..] == Outcome::Connected.as_str().as_bytes())
+}
+
+async fn probe_http2(mut sender: super::registry::Http2Sender, timeout: Duration) -> bool {
     use proxynet_protocol::link::PROBE_PATH;
     let Ok(request) = Request::builder()
         .method(Method::GET)
         .uri(format!("http://proxynet{PROBE_PATH}"))
-        .header(HEADER_VERSION, LINK_VERSION)
+        .header(HEADER_VERSION, LINK_V1_HTTP2)
         .body(Empty::<Bytes>::new())
     else {
         return false;
     };
-    let mut sender = link.sender.clone();
     let answered = tokio::time::timeout(timeout, async move {
         sender.ready().await.ok()?;
         sender.send_request(request).await.ok()

@@ -1,7 +1,13 @@
-//! Accepts agent links: TLS, the agent's hello, then HTTP/2 with us as client.
+//! Accepts agent links: TLS, the agent's hello (credential and link versions),
+//! then the agreed version's framing with us opening streams: HTTP/2 as the
+//! client (v1) or the mux as its client role (v2).
 
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use proxynet_protocol::link::{read_frame, write_frame, AgentHello, HelloReply, LINK_VERSION};
+use proxynet_protocol::link::{
+    choose_version, read_frame, write_frame, AgentHello, HelloReply, LinkVersions, HELLO_VERSION,
+    LINK_V2_MUX,
+};
+use proxynet_protocol::mux::{self, MuxConfig, ReadAhead, Role};
 use proxynet_protocol::secret::{constant_time_eq, sha256_hex};
 use proxynet_protocol::store::{AuditEvent, ExitRecord, Keys};
 use redis::aio::ConnectionManager;
@@ -11,7 +17,7 @@ use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
 
-use super::registry::LinkRegistry;
+use super::registry::{LinkRegistry, LinkSender};
 
 /// Time an agent has for TLS plus its hello.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -24,7 +30,13 @@ pub struct LinkListener {
     pub keys: Keys,
     /// This superproxy, for audit events.
     pub superproxy_id: uuid::Uuid,
+    /// Link versions we accept; the newest one the agent also offers is used.
+    pub versions: LinkVersions,
 }
+
+/// Plaintext rustls may hold for sending before the socket takes it: large
+/// enough that one bulk write becomes one vectored syscall of many records.
+const TLS_SEND_BUFFER: usize = 512 * 1024;
 
 impl LinkListener {
     pub async fn run(self) {
@@ -52,7 +64,7 @@ impl LinkListener {
         let (mut tls, hello) = tokio::time::timeout(HANDSHAKE_TIMEOUT, async {
             let mut tls = self
                 .acceptor
-                .accept(tcp)
+                .accept(ReadAhead::new(tcp))
                 .await
                 .map_err(|e| format!("tls: {e}"))?;
             let hello: AgentHello = read_frame(&mut tls).await.map_err(|e| e.to_string())?;
@@ -65,11 +77,22 @@ impl LinkListener {
         let reply = HelloReply {
             ok: verdict.is_ok(),
             error: verdict.as_ref().err().cloned(),
+            // v1 is left implicit, so a v1 agent reads exactly what it expects.
+            link_version: verdict.as_ref().ok().copied().filter(|v| *v != 1),
         };
         write_frame(&mut tls, &reply)
             .await
             .map_err(|e| e.to_string())?;
-        verdict?;
+        let version = verdict?;
+        let exit_id = hello.exit_id;
+        if version == LINK_V2_MUX {
+            tls.get_mut().1.set_buffer_limit(Some(TLS_SEND_BUFFER));
+            let (handle, connection) = mux::start(tls, Role::Client, MuxConfig::default());
+            let link_id = self.link_up(exit_id, peer, LinkSender::Mux(handle)).await;
+            let ended = connection.await;
+            self.link_down(exit_id, link_id, ended.err().map(|e| e.to_string()));
+            return Ok(());
+        }
 
         let (sender, connection) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
             .timer(TokioTimer::new())
@@ -84,21 +107,37 @@ impl LinkListener {
             .handshake(TokioIo::new(tls))
             .await
             .map_err(|e| format!("http/2 handshake: {e}"))?;
-        let exit_id = hello.exit_id;
+        let link_id = self.link_up(exit_id, peer, LinkSender::Http2(sender)).await;
+        let ended = connection.await;
+        self.link_down(exit_id, link_id, ended.err().map(|e| e.to_string()));
+        Ok(())
+    }
+
+    async fn link_up(
+        &self,
+        exit_id: uuid::Uuid,
+        peer: std::net::SocketAddr,
+        sender: LinkSender,
+    ) -> u64 {
+        let version = sender.version();
         let (link_id, replaced) = self.registry.insert(exit_id, peer, sender);
-        tracing::info!(exit = %exit_id, link = link_id, %peer, "agent link up");
+        tracing::info!(exit = %exit_id, link = link_id, %peer, link_version = version, "agent link up");
         crate::metrics::link_event("up");
         if let Some(old) = replaced {
             self.report_replacement(exit_id, &old, peer).await;
         }
-        if let Err(e) = connection.await {
-            tracing::info!(exit = %exit_id, link = link_id, error = %e, "agent link ended");
-        } else {
-            tracing::info!(exit = %exit_id, link = link_id, "agent link closed");
+        link_id
+    }
+
+    fn link_down(&self, exit_id: uuid::Uuid, link_id: u64, error: Option<String>) {
+        match error {
+            Some(error) => {
+                tracing::info!(exit = %exit_id, link = link_id, %error, "agent link ended")
+            }
+            None => tracing::info!(exit = %exit_id, link = link_id, "agent link closed"),
         }
         self.registry.remove(exit_id, link_id);
         crate::metrics::link_event("down");
-        Ok(())
     }
 
     /// A second link with the same exit credential replaced the first: fine
@@ -141,15 +180,22 @@ impl LinkListener {
         }
     }
 
-    /// Checks the hello against the exit's record; unknown exit and wrong
-    /// credential give the same answer.
-    async fn verify(&self, hello: &AgentHello) -> Result<(), String> {
-        if hello.version != LINK_VERSION {
+    /// Checks the hello against the exit's record (unknown exit and wrong
+    /// credential give the same answer) and picks the link version.
+    async fn verify(&self, hello: &AgentHello) -> Result<u16, String> {
+        if hello.version != HELLO_VERSION {
             return Err(format!(
-                "link version {} not supported (this superproxy speaks {LINK_VERSION})",
+                "hello version {} not supported (this superproxy reads {HELLO_VERSION})",
                 hello.version
             ));
         }
+        let offered = hello.offered_versions();
+        let Some(version) = choose_version(&offered, &self.versions.0) else {
+            return Err(format!(
+                "no common link version: the agent speaks {offered:?}, this superproxy speaks [{}]",
+                self.versions
+            ));
+        };
         let mut redis = self.redis.clone();
         let json: Option<String> = redis
             .get(self.keys.exit(hello.exit_id))
@@ -159,7 +205,7 @@ impl LinkListener {
         let presented = sha256_hex(hello.credential.expose());
         match record {
             Some(r) if constant_time_eq(presented.as_bytes(), r.credential_sha256.as_bytes()) => {
-                Ok(())
+                Ok(version)
             }
             _ => Err("unknown exit or wrong credential".to_owned()),
         }

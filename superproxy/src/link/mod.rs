@@ -1,13 +1,17 @@
 //! The superproxy's side of the agent link.
 //!
 //! Agents dial in ([`listener`]), prove who they are with their enrolled
-//! credential, and hand us an HTTP/2 connection on which we are the client.
-//! [`registry`] keeps one live link per exit; [`dial`] opens a tunnel stream on it.
+//! credential, agree on a link version and hand us a connection on which we
+//! open streams (HTTP/2 for v1, the mux for v2). [`registry`] keeps one live
+//! link per exit; [`dial`] opens a tunnel stream on it, [`stream`] is that
+//! stream whichever version carries it.
 
 pub mod dial;
 pub mod listener;
 pub mod registry;
+pub mod stream;
 pub mod tls;
 
-/// ALPN protocol id of the link; bumped with [`proxynet_protocol::link::LINK_VERSION`].
+/// ALPN protocol id of the link. It names the hello exchange, which every
+/// link version shares; the link version itself is agreed in the hello.
 pub const LINK_ALPN: &[u8] = b"proxynet-link/1";

@@ -1,6 +1,7 @@
 //! Which exits have a live link to this superproxy.
 //!
-//! One entry per exit: the HTTP/2 sender of its newest link. A second link
+//! One entry per exit: the stream opener of its newest link (an HTTP/2
+//! sender on a v1 link, a mux handle on a v2 link). A second link
 //! presenting the same exit's credential replaces the first (newest wins: an
 //! agent that reconnects after a network blip must not wait for its dead link
 //! to time out); new tunnels go to the new link, the old one finishes its
@@ -20,7 +21,25 @@ use std::sync::{Arc, RwLock};
 use tokio::sync::watch;
 use uuid::Uuid;
 
-pub type LinkSender = SendRequest<Empty<Bytes>>;
+pub type Http2Sender = SendRequest<Empty<Bytes>>;
+
+/// How streams are opened on a link, by link version.
+#[derive(Clone)]
+pub enum LinkSender {
+    /// v1: one HTTP/2 request per stream.
+    Http2(Http2Sender),
+    /// v2: one mux stream per stream.
+    Mux(proxynet_protocol::mux::MuxHandle),
+}
+
+impl LinkSender {
+    pub fn version(&self) -> u16 {
+        match self {
+            LinkSender::Http2(_) => proxynet_protocol::link::LINK_V1_HTTP2,
+            LinkSender::Mux(_) => proxynet_protocol::link::LINK_V2_MUX,
+        }
+    }
+}
 
 #[derive(Clone)]
 pub struct Link {

@@ -1,0 +1,799 @@
+//! The state one mux connection shares between its driver and its streams,
+//! and the driver: the one task that reads and writes the transport.
+//!
+//! One lock per connection guards every stream's buffers and credit and the
+//! outgoing queue (as h2 does): stream handles only move bytes in memory and
+//! queue frames; the driver alone touches the transport. It never waits on a
+//! stream: an arriving DATA frame is appended to its stream's buffer, which
+//! its credit bounds, so a stream whose reader stopped cannot hold up the
+//! others.
+
+use bytes::{Buf, Bytes, BytesMut};
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::io::{self, IoSlice};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::time::{Instant, Sleep};
+
+use super::frame::{Frame, Header, Kind, FLAG_FIN, HEADER_LEN, MAX_DATA_PAYLOAD, STREAM_WINDOW};
+use super::stream::MuxStream;
+
+/// Which end of the connection opens streams with odd ids (the superproxy)
+/// and which with even ones; each side only accepts the other's parity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    Client,
+    Server,
+}
+
+impl Role {
+    fn first_id(self) -> u64 {
+        match self {
+            Role::Client => 1,
+            Role::Server => 2,
+        }
+    }
+
+    fn is_peer_id(self, id: u64) -> bool {
+        id != 0 && (id % 2 == 1) == (self == Role::Server)
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct MuxConfig {
+    /// Send a PING after this long without hearing from the peer...
+    pub keepalive_interval: Duration,
+    /// ...and give the connection up if nothing arrives within this long after it.
+    pub keepalive_timeout: Duration,
+    /// Streams the peer may have open at once; OPENs beyond are reset.
+    pub max_streams: usize,
+}
+
+impl Default for MuxConfig {
+    fn default() -> Self {
+        Self {
+            keepalive_interval: Duration::from_secs(10),
+            keepalive_timeout: Duration::from_secs(5),
+            max_streams: 100_000,
+        }
+    }
+}
+
+/// Why a connection ended.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum MuxError {
+    #[error("link i/o: {0}")]
+    Io(Arc<io::Error>),
+    #[error("peer broke the link protocol: {0}")]
+    Protocol(&'static str),
+    #[error("peer did not answer a keepalive in time")]
+    KeepaliveTimeout,
+    #[error("link closed")]
+    Closed,
+}
+
+/// Why a stream could not be opened.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum OpenError {
+    /// The connection is closed or going away: the request was never sent.
+    #[error("link is not taking new streams")]
+    Unavailable,
+    /// The connection failed after the request was sent.
+    #[error("link lost while opening: {0}")]
+    Lost(MuxError),
+    /// The peer reset the stream without answering (e.g. over its stream limit).
+    #[error("peer refused the stream")]
+    Refused,
+}
+
+/// Credit is returned once a reader has consumed this much: a quarter of
+/// the window keeps the sender busy without a CREDIT frame per read.
+const CREDIT_THRESHOLD: u32 = STREAM_WINDOW / 4;
+
+/// Outgoing bytes queued before writers wait for the driver. Shared fate is
+/// right here: it only fills when the link's own socket is slow.
+const MAX_QUEUED_BYTES: usize = 4 << 20;
+
+/// How much the driver reads before it turns to writing, and how much it
+/// hands the transport per write call.
+const READ_BATCH: usize = 1 << 20;
+const READ_RESERVE: usize = 256 * 1024;
+const WRITE_SLICES: usize = 64;
+
+pub(crate) struct Shared {
+    state: Mutex<State>,
+}
+
+impl Shared {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock leaves plain data behind; keep going.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Frames waiting for the driver.
+#[derive(Default)]
+pub(crate) struct Outbox {
+    frames: VecDeque<Frame>,
+    bytes: usize,
+    driver: Option<Waker>,
+    blocked_writers: Vec<Waker>,
+}
+
+impl Outbox {
+    pub(crate) fn push(&mut self, frame: Frame) {
+        self.bytes += frame.wire_len();
+        self.frames.push_back(frame);
+        if let Some(driver) = self.driver.take() {
+            driver.wake();
+        }
+    }
+
+    pub(crate) fn is_full(&self) -> bool {
+        self.bytes >= MAX_QUEUED_BYTES
+    }
+
+    pub(crate) fn wait_for_room(&mut self, waker: &Waker) {
+        self.blocked_writers.push(waker.clone());
+    }
+
+    pub(crate) fn wake_driver(&mut self) {
+        if let Some(driver) = self.driver.take() {
+            driver.wake();
+        }
+    }
+}
+
+/// One stream's half of the shared state.
+pub(crate) struct Slot {
+    pub(crate) recv: VecDeque<Bytes>,
+    pub(crate) recv_fin: bool,
+    /// What the peer may still send before we return credit.
+    recv_allowed: u32,
+    /// Consumed by our reader, not yet returned to the peer as credit.
+    unacked: u32,
+    pub(crate) read_waker: Option<Waker>,
+    /// What we may still send.
+    pub(crate) credit: u32,
+    pub(crate) write_waker: Option<Waker>,
+    pub(crate) fin_sent: bool,
+    pub(crate) reset: bool,
+    reply: Option<Bytes>,
+    open_waker: Option<Waker>,
+}
+
+impl Slot {
+    fn new() -> Self {
+        Self {
+            recv: VecDeque::new(),
+            recv_fin: false,
+            recv_allowed: STREAM_WINDOW,
+            unacked: 0,
+            read_waker: None,
+            credit: STREAM_WINDOW,
+            write_waker: None,
+            fin_sent: false,
+            reset: false,
+            reply: None,
+            open_waker: None,
+        }
+    }
+
+    fn wake_all(&mut self) {
+        for waker in [
+            self.read_waker.take(),
+            self.write_waker.take(),
+            self.open_waker.take(),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            waker.wake();
+        }
+    }
+
+    /// Records `n` bytes consumed by the reader; the credit to return, if
+    /// enough has been consumed to be worth a frame.
+    pub(crate) fn consumed(&mut self, n: usize) -> Option<u32> {
+        self.unacked = self.unacked.saturating_add(n as u32);
+        if self.unacked < CREDIT_THRESHOLD || self.recv_fin || self.reset {
+            return None;
+        }
+        let credit = std::mem::take(&mut self.unacked);
+        self.recv_allowed = self.recv_allowed.saturating_add(credit);
+        Some(credit)
+    }
+}
+
+pub(crate) struct State {
+    pub(crate) streams: HashMap<u64, Slot>,
+    pub(crate) outbox: Outbox,
+    incoming: VecDeque<(u64, Bytes)>,
+    accept_waker: Option<Waker>,
+    next_id: u64,
+    peer_last_id: u64,
+    /// Set once the connection ended; every stream operation then fails.
+    pub(crate) closed: Option<MuxError>,
+    /// We open and accept no new streams (asked for, or every handle dropped).
+    local_goaway: bool,
+    goaway_sent: bool,
+    peer_goaway: bool,
+    handles: usize,
+    max_streams: usize,
+}
+
+impl State {
+    fn close(&mut self, reason: MuxError) {
+        if self.closed.is_none() {
+            self.closed = Some(reason);
+        }
+        for slot in self.streams.values_mut() {
+            slot.wake_all();
+        }
+        self.incoming.clear();
+        self.outbox.frames.clear();
+        self.outbox.bytes = 0;
+        for waker in self.outbox.blocked_writers.drain(..) {
+            waker.wake();
+        }
+        if let Some(waker) = self.accept_waker.take() {
+            waker.wake();
+        }
+    }
+
+    /// Called when a stream handle goes away.
+    pub(crate) fn forget(&mut self, id: u64) {
+        let Some(slot) = self.streams.remove(&id) else {
+            return;
+        };
+        let finished = slot.fin_sent && slot.recv_fin;
+        if !finished && !slot.reset && self.closed.is_none() {
+            self.outbox
+                .push(Frame::new(id, Kind::Reset, 0, Bytes::new()));
+        }
+        if self.streams.is_empty() && (self.local_goaway || self.peer_goaway) {
+            // The driver may now be able to finish the connection.
+            self.outbox.wake_driver();
+        }
+    }
+}
+
+/// Opens (or accepts) streams on one connection. Clones share it; when every
+/// handle is gone the connection stops taking new streams and closes once
+/// its open streams have finished.
+pub struct MuxHandle {
+    shared: Arc<Shared>,
+}
+
+impl Clone for MuxHandle {
+    fn clone(&self) -> Self {
+        self.shared.lock().handles += 1;
+        Self {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl Drop for MuxHandle {
+    fn drop(&mut self) {
+        let mut state = self.shared.lock();
+        state.handles -= 1;
+        if state.handles == 0 {
+            state.local_goaway = true;
+            state.outbox.wake_driver();
+        }
+    }
+}
+
+impl std::fmt::Debug for MuxHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = self.shared.lock();
+        f.debug_struct("MuxHandle")
+            .field("streams", &state.streams.len())
+            .field("closed", &state.closed)
+            .finish()
+    }
+}
+
+/// A stream the peer opened, waiting for the application's answer.
+pub struct Incoming {
+    pub request: Bytes,
+    stream: MuxStream,
+}
+
+impl Incoming {
+    /// Sends `reply` and hands over the stream. A refusal is a reply too:
+    /// send it, then drop the stream.
+    pub fn reply(self, reply: Bytes) -> MuxStream {
+        {
+            let mut state = self.stream.shared().lock();
+            if state.closed.is_none() {
+                state
+                    .outbox
+                    .push(Frame::new(self.stream.id(), Kind::Reply, 0, reply));
+            }
+        }
+        self.stream
+    }
+}
+
+impl MuxHandle {
+    /// Opens a stream carrying `request`; resolves with the peer's reply.
+    pub async fn open(&self, request: Bytes) -> Result<(Bytes, MuxStream), OpenError> {
+        let stream = {
+            let mut state = self.shared.lock();
+            if state.closed.is_some() || state.local_goaway || state.peer_goaway {
+                return Err(OpenError::Unavailable);
+            }
+            let id = state.next_id;
+            state.next_id += 2;
+            state.streams.insert(id, Slot::new());
+            state.outbox.push(Frame::new(id, Kind::Open, 0, request));
+            MuxStream::new(self.shared.clone(), id)
+        };
+        let reply = std::future::poll_fn(|cx| {
+            let mut state = self.shared.lock();
+            let closed = state.closed.clone();
+            let Some(slot) = state.streams.get_mut(&stream.id()) else {
+                return Poll::Ready(Err(OpenError::Refused));
+            };
+            if let Some(reply) = slot.reply.take() {
+                return Poll::Ready(Ok(reply));
+            }
+            if slot.reset {
+                return Poll::Ready(Err(OpenError::Refused));
+            }
+            if let Some(reason) = closed {
+                return Poll::Ready(Err(OpenError::Lost(reason)));
+            }
+            slot.open_waker = Some(cx.waker().clone());
+            Poll::Pending
+        })
+        .await?;
+        Ok((reply, stream))
+    }
+
+    /// The next stream the peer opened; `None` once the connection ended or
+    /// the peer said it opens no more.
+    pub async fn accept(&self) -> Option<Incoming> {
+        std::future::poll_fn(|cx| {
+            let mut state = self.shared.lock();
+            if let Some((id, request)) = state.incoming.pop_front() {
+                return Poll::Ready(Some(Incoming {
+                    request,
+                    stream: MuxStream::new(self.shared.clone(), id),
+                }));
+            }
+            if state.closed.is_some() || state.peer_goaway || state.local_goaway {
+                return Poll::Ready(None);
+            }
+            state.accept_waker = Some(cx.waker().clone());
+            Poll::Pending
+        })
+        .await
+    }
+
+    /// Stops opening and accepting streams; the connection closes once the
+    /// open ones have finished.
+    pub fn go_away(&self) {
+        let mut state = self.shared.lock();
+        state.local_goaway = true;
+        state.outbox.wake_driver();
+        if let Some(waker) = state.accept_waker.take() {
+            waker.wake();
+        }
+    }
+
+    /// Whether new streams can be opened on this connection.
+    pub fn is_open(&self) -> bool {
+        let state = self.shared.lock();
+        state.closed.is_none() && !state.local_goaway && !state.peer_goaway
+    }
+
+    pub fn open_streams(&self) -> usize {
+        self.shared.lock().streams.len()
+    }
+}
+
+/// Starts a connection over `io`: the handle opens and accepts streams, the
+/// [`Connection`] must be polled (spawned) for anything to move.
+pub fn start<T>(io: T, role: Role, config: MuxConfig) -> (MuxHandle, Connection<T>)
+where
+    T: AsyncRead + AsyncWrite + Unpin,
+{
+    let shared = Arc::new(Shared {
+        state: Mutex::new(State {
+            streams: HashMap::new(),
+            outbox: Outbox::default(),
+            incoming: VecDeque::new(),
+            accept_waker: None,
+            next_id: role.first_id(),
+            peer_last_id: 0,
+            closed: None,
+            local_goaway: false,
+            goaway_sent: false,
+            peer_goaway: false,
+            handles: 1,
+            max_streams: config.max_streams,
+        }),
+    });
+    let now = Instant::now();
+    let connection = Connection {
+        io,
+        shared: shared.clone(),
+        role,
+        config,
+        read_buf: BytesMut::new(),
+        read_closed: false,
+        writing: VecDeque::new(),
+        write_offset: 0,
+        needs_flush: false,
+        last_heard: now,
+        ping_outstanding: false,
+        keepalive: Box::pin(tokio::time::sleep_until(now + config.keepalive_interval)),
+        shut_down: false,
+    };
+    (MuxHandle { shared }, connection)
+}
+
+/// Drives one connection: reads and dispatches frames, writes queued ones,
+/// keeps the link alive. Resolves when the connection has ended; every
+/// stream still open then fails.
+pub struct Connection<T> {
+    io: T,
+    shared: Arc<Shared>,
+    role: Role,
+    config: MuxConfig,
+    read_buf: BytesMut,
+    read_closed: bool,
+    /// Frames taken from the outbox, the first `write_offset` bytes written.
+    writing: VecDeque<Frame>,
+    write_offset: usize,
+    needs_flush: bool,
+    last_heard: Instant,
+    ping_outstanding: bool,
+    keepalive: Pin<Box<Sleep>>,
+    shut_down: bool,
+}
+
+impl<T: AsyncRead + AsyncWrite + Unpin> Future for Connection<T> {
+    type Output = Result<(), MuxError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        match this.poll_inner(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(result) => {
+                let reason = result.clone().err().unwrap_or(MuxError::Closed);
+                this.shared.lock().close(reason);
+                Poll::Ready(result)
+            }
+        }
+    }
+}
+
+impl<T> Drop for Connection<T> {
+    fn drop(&mut self) {
+        // A driver dropped without finishing (its task was aborted) must not
+        // leave streams waiting for ever.
+        self.shared.lock().close(MuxError::Closed);
+    }
+}
+
+impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
+    fn poll_inner(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), MuxError>> {
+        if self.shut_down {
+            return Poll::Ready(Ok(()));
+        }
+        self.shared.lock().outbox.driver = Some(cx.waker().clone());
+        // Each pass reads what is there, then writes what is queued; another
+        // pass only if that moved something and the budget allows.
+        for _ in 0..8 {
+            let read = self.poll_read_frames(cx)?;
+            let wrote = self.poll_write_frames(cx)?;
+            let queued = match self.poll_lifecycle(cx)? {
+                Lifecycle::Done => return Poll::Ready(Ok(())),
+                Lifecycle::Queued => true,
+                Lifecycle::Running => false,
+            };
+            if !read && !wrote && !queued {
+                return Poll::Pending;
+            }
+        }
+        // Budget spent with work left: yield, but come back.
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    }
+
+    /// Reads and dispatches frames until the transport has nothing more or a
+    /// batch was read; true if anything arrived.
+    fn poll_read_frames(&mut self, cx: &mut Context<'_>) -> Result<bool, MuxError> {
+        let mut got = 0usize;
+        while !self.read_closed && got < READ_BATCH {
+            if self.read_buf.capacity() - self.read_buf.len() < READ_RESERVE / 4 {
+                self.read_buf.reserve(READ_RESERVE);
+            }
+            match tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut self.read_buf) {
+                Poll::Pending => break,
+                Poll::Ready(Err(e)) => return Err(MuxError::Io(Arc::new(e))),
+                Poll::Ready(Ok(0)) => self.read_closed = true,
+                Poll::Ready(Ok(n)) => got += n,
+            }
+        }
+        if got > 0 {
+            self.last_heard = Instant::now();
+            self.ping_outstanding = false;
+            self.dispatch()?;
+        }
+        if self.read_closed {
+            // The peer closed its side. After its GOAWAY that is a clean
+            // close: it only closes once every stream is finished or reset
+            // on its side, so nothing more is owed to ours (what they have
+            // buffered stays readable). Without a GOAWAY the link was lost.
+            if !self.shared.lock().peer_goaway {
+                return Err(MuxError::Io(Arc::new(io::ErrorKind::UnexpectedEof.into())));
+            }
+        }
+        Ok(got > 0)
+    }
+
+    /// Dispatches every complete frame in the read buffer, under one lock.
+    fn dispatch(&mut self) -> Result<(), MuxError> {
+        let mut guard = self.shared.lock();
+        let state = &mut *guard;
+        loop {
+            if self.read_buf.len() < HEADER_LEN {
+                return Ok(());
+            }
+            let mut raw = [0u8; HEADER_LEN];
+            raw.copy_from_slice(&self.read_buf[..HEADER_LEN]);
+            let header =
+                Header::decode(&raw).map_err(|_| MuxError::Protocol("malformed frame header"))?;
+            let total = HEADER_LEN + header.len as usize;
+            if self.read_buf.len() < total {
+                // Make room for the rest of this frame in one piece.
+                self.read_buf.reserve(total - self.read_buf.len());
+                return Ok(());
+            }
+            self.read_buf.advance(HEADER_LEN);
+            let payload = self.read_buf.split_to(header.len as usize).freeze();
+            self.apply(state, header, payload)?;
+        }
+    }
+
+    fn apply(&self, state: &mut State, header: Header, payload: Bytes) -> Result<(), MuxError> {
+        let id = header.stream;
+        match header.kind {
+            Kind::Data => {
+                // Frames for a stream we already forgot are dropped: its
+                // handle is gone and a RESET is on its way to the peer.
+                let Some(slot) = state.streams.get_mut(&id) else {
+                    return Ok(());
+                };
+                let len = payload.len() as u32;
+                if len > slot.recv_allowed {
+                    return Err(MuxError::Protocol("stream sent beyond its credit"));
+                }
+                slot.recv_allowed -= len;
+                if slot.recv_fin || slot.reset {
+                    return Ok(());
+                }
+                if len > 0 {
+                    slot.recv.push_back(payload);
+                }
+                if header.flags & FLAG_FIN != 0 {
+                    slot.recv_fin = true;
+                }
+                if let Some(waker) = slot.read_waker.take() {
+                    waker.wake();
+                }
+            }
+            Kind::Open => {
+                if !self.role.is_peer_id(id) || id <= state.peer_last_id {
+                    return Err(MuxError::Protocol("stream id out of order"));
+                }
+                state.peer_last_id = id;
+                if state.local_goaway
+                    || state.closed.is_some()
+                    || state.streams.len() >= state.max_streams
+                {
+                    state
+                        .outbox
+                        .push(Frame::new(id, Kind::Reset, 0, Bytes::new()));
+                    return Ok(());
+                }
+                state.streams.insert(id, Slot::new());
+                state.incoming.push_back((id, payload));
+                if let Some(waker) = state.accept_waker.take() {
+                    waker.wake();
+                }
+            }
+            Kind::Reply => {
+                if let Some(slot) = state.streams.get_mut(&id) {
+                    slot.reply = Some(payload);
+                    if let Some(waker) = slot.open_waker.take() {
+                        waker.wake();
+                    }
+                }
+            }
+            Kind::Credit => {
+                let mut raw = [0u8; 4];
+                if payload.len() != 4 {
+                    return Err(MuxError::Protocol("credit frame without a count"));
+                }
+                raw.copy_from_slice(&payload);
+                let credit = u32::from_be_bytes(raw);
+                if let Some(slot) = state.streams.get_mut(&id) {
+                    slot.credit = slot
+                        .credit
+                        .checked_add(credit)
+                        .ok_or(MuxError::Protocol("credit overflow"))?;
+                    if let Some(waker) = slot.write_waker.take() {
+                        waker.wake();
+                    }
+                }
+            }
+            Kind::Reset => {
+                if let Some(at) = state.incoming.iter().position(|(queued, _)| *queued == id) {
+                    // Not accepted yet: no handle will ever forget it, so we do.
+                    state.incoming.remove(at);
+                    state.streams.remove(&id);
+                } else if let Some(slot) = state.streams.get_mut(&id) {
+                    slot.reset = true;
+                    slot.wake_all();
+                }
+            }
+            Kind::Ping => state.outbox.push(Frame::new(0, Kind::Pong, 0, payload)),
+            Kind::Pong => {}
+            Kind::GoAway => {
+                state.peer_goaway = true;
+                if let Some(waker) = state.accept_waker.take() {
+                    waker.wake();
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes queued frames until the transport pushes back or nothing is
+    /// left; true if anything was written.
+    fn poll_write_frames(&mut self, cx: &mut Context<'_>) -> Result<bool, MuxError> {
+        let mut wrote = false;
+        loop {
+            if self.writing.is_empty() {
+                let mut state = self.shared.lock();
+                let outbox = &mut state.outbox;
+                if outbox.frames.is_empty() {
+                    break;
+                }
+                let mut taken = 0;
+                while taken < MAX_DATA_PAYLOAD * 2 {
+                    let Some(frame) = outbox.frames.pop_front() else {
+                        break;
+                    };
+                    taken += frame.wire_len();
+                    self.writing.push_back(frame);
+                }
+                outbox.bytes -= taken;
+                if outbox.bytes < MAX_QUEUED_BYTES / 2 {
+                    for waker in outbox.blocked_writers.drain(..) {
+                        waker.wake();
+                    }
+                }
+            }
+            let mut slices = [IoSlice::new(&[]); WRITE_SLICES];
+            let mut count = 0;
+            let mut skip = self.write_offset;
+            'frames: for frame in &self.writing {
+                for part in [&frame.header[..], &frame.payload[..]] {
+                    if skip >= part.len() {
+                        skip -= part.len();
+                        continue;
+                    }
+                    slices[count] = IoSlice::new(&part[skip..]);
+                    skip = 0;
+                    count += 1;
+                    if count == WRITE_SLICES {
+                        break 'frames;
+                    }
+                }
+            }
+            let written = match Pin::new(&mut self.io).poll_write_vectored(cx, &slices[..count]) {
+                Poll::Pending => break,
+                Poll::Ready(Err(e)) => return Err(MuxError::Io(Arc::new(e))),
+                Poll::Ready(Ok(0)) => {
+                    return Err(MuxError::Io(Arc::new(io::ErrorKind::WriteZero.into())))
+                }
+                Poll::Ready(Ok(n)) => n,
+            };
+            wrote = true;
+            self.needs_flush = true;
+            self.write_offset += written;
+            while let Some(front) = self.writing.front() {
+                if self.write_offset < front.wire_len() {
+                    break;
+                }
+                self.write_offset -= front.wire_len();
+                self.writing.pop_front();
+            }
+        }
+        if self.needs_flush && self.writing.is_empty() {
+            match Pin::new(&mut self.io).poll_flush(cx) {
+                Poll::Ready(Ok(())) => self.needs_flush = false,
+                Poll::Ready(Err(e)) => return Err(MuxError::Io(Arc::new(e))),
+                Poll::Pending => {}
+            }
+        }
+        Ok(wrote)
+    }
+
+    /// Keepalive and graceful close.
+    fn poll_lifecycle(&mut self, cx: &mut Context<'_>) -> Result<Lifecycle, MuxError> {
+        let silent = self.last_heard.elapsed();
+        if silent >= self.config.keepalive_interval + self.config.keepalive_timeout {
+            return Err(MuxError::KeepaliveTimeout);
+        }
+        let mut state = self.shared.lock();
+        let mut queued = false;
+        if silent >= self.config.keepalive_interval && !self.ping_outstanding {
+            self.ping_outstanding = true;
+            queued = true;
+            state
+                .outbox
+                .push(Frame::new(0, Kind::Ping, 0, Bytes::from_static(&[0; 8])));
+        }
+        if state.local_goaway && !state.goaway_sent && state.closed.is_none() {
+            state.goaway_sent = true;
+            queued = true;
+            state
+                .outbox
+                .push(Frame::new(0, Kind::GoAway, 0, Bytes::new()));
+        }
+        // After the peer's clean close nothing we could still send matters
+        // (credit, resets): it has finished every stream.
+        let peer_done = self.read_closed && state.peer_goaway;
+        let finished = peer_done
+            || ((state.goaway_sent || state.peer_goaway)
+                && state.streams.is_empty()
+                && state.incoming.is_empty()
+                && state.outbox.frames.is_empty()
+                && self.writing.is_empty());
+        drop(state);
+        if finished {
+            return Ok(match Pin::new(&mut self.io).poll_shutdown(cx) {
+                Poll::Ready(_) => {
+                    self.shut_down = true;
+                    Lifecycle::Done
+                }
+                Poll::Pending => Lifecycle::Running,
+            });
+        }
+        let next = if self.ping_outstanding {
+            self.last_heard + self.config.keepalive_interval + self.config.keepalive_timeout
+        } else {
+            self.last_heard + self.config.keepalive_interval
+        };
+        if self.keepalive.deadline() != next {
+            self.keepalive.as_mut().reset(next);
+        }
+        if self.keepalive.as_mut().poll(cx).is_ready() {
+            cx.waker().wake_by_ref();
+        }
+        Ok(if queued {
+            Lifecycle::Queued
+        } else {
+            Lifecycle::Running
+        })
+    }
+}
+
+enum Lifecycle {
+    Done,
+    /// Queued a PING or GOAWAY: write it before waiting.
+    Queued,
+    Running,
+}

@@ -1,0 +1,168 @@
+//! One stream of a mux connection as an ordinary byte stream.
+//!
+//! Reads take from what the driver buffered (and return credit as they go);
+//! writes queue DATA frames within the stream's credit. Dropping a stream
+//! that has not finished both ways resets it at the peer.
+
+use bytes::{Buf, Bytes};
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+use super::connection::Shared;
+use super::frame::{Frame, Kind, FLAG_FIN, MAX_DATA_PAYLOAD};
+
+pub struct MuxStream {
+    shared: Arc<Shared>,
+    id: u64,
+}
+
+impl MuxStream {
+    pub(crate) fn new(shared: Arc<Shared>, id: u64) -> Self {
+        Self { shared, id }
+    }
+
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+}
+
+impl std::fmt::Debug for MuxStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MuxStream").field("id", &self.id).finish()
+    }
+}
+
+impl Drop for MuxStream {
+    fn drop(&mut self) {
+        self.shared.lock().forget(self.id);
+    }
+}
+
+impl AsyncRead for MuxStream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let mut guard = self.shared.lock();
+        let state = &mut *guard;
+        let closed = state.closed.is_some();
+        let Some(slot) = state.streams.get_mut(&self.id) else {
+            return Poll::Ready(Err(io::ErrorKind::NotConnected.into()));
+        };
+        if !slot.recv.is_empty() {
+            let mut copied = 0;
+            while buf.remaining() > 0 {
+                let Some(front) = slot.recv.front_mut() else {
+                    break;
+                };
+                let n = front.len().min(buf.remaining());
+                buf.put_slice(&front[..n]);
+                front.advance(n);
+                if front.is_empty() {
+                    slot.recv.pop_front();
+                }
+                copied += n;
+            }
+            if let Some(credit) = slot.consumed(copied) {
+                if !closed {
+                    state.outbox.push(credit_frame(self.id, credit));
+                }
+            }
+            return Poll::Ready(Ok(()));
+        }
+        if slot.recv_fin {
+            return Poll::Ready(Ok(()));
+        }
+        if slot.reset {
+            return Poll::Ready(Err(io::ErrorKind::ConnectionReset.into()));
+        }
+        if closed {
+            return Poll::Ready(Err(io::ErrorKind::ConnectionAborted.into()));
+        }
+        slot.read_waker = Some(cx.waker().clone());
+        Poll::Pending
+    }
+}
+
+fn credit_frame(id: u64, credit: u32) -> Frame {
+    Frame::new(
+        id,
+        Kind::Credit,
+        0,
+        Bytes::copy_from_slice(&credit.to_be_bytes()),
+    )
+}
+
+impl AsyncWrite for MuxStream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        if buf.is_empty() {
+            return Poll::Ready(Ok(0));
+        }
+        let mut guard = self.shared.lock();
+        let state = &mut *guard;
+        if state.closed.is_some() {
+            return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into()));
+        }
+        let Some(slot) = state.streams.get_mut(&self.id) else {
+            return Poll::Ready(Err(io::ErrorKind::NotConnected.into()));
+        };
+        if slot.reset {
+            return Poll::Ready(Err(io::ErrorKind::ConnectionReset.into()));
+        }
+        if slot.fin_sent {
+            return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into()));
+        }
+        if slot.credit == 0 {
+            slot.write_waker = Some(cx.waker().clone());
+            return Poll::Pending;
+        }
+        if state.outbox.is_full() {
+            state.outbox.wait_for_room(cx.waker());
+            return Poll::Pending;
+        }
+        let n = buf.len().min(slot.credit as usize).min(MAX_DATA_PAYLOAD);
+        slot.credit -= n as u32;
+        state.outbox.push(Frame::new(
+            self.id,
+            Kind::Data,
+            0,
+            Bytes::copy_from_slice(&buf[..n]),
+        ));
+        Poll::Ready(Ok(n))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        // Queued frames are the driver's to write; there is nothing to push.
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let mut guard = self.shared.lock();
+        let state = &mut *guard;
+        if state.closed.is_some() {
+            return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into()));
+        }
+        let Some(slot) = state.streams.get_mut(&self.id) else {
+            return Poll::Ready(Err(io::ErrorKind::NotConnected.into()));
+        };
+        if !slot.fin_sent && !slot.reset {
+            slot.fin_sent = true;
+            state
+                .outbox
+                .push(Frame::new(self.id, Kind::Data, FLAG_FIN, Bytes::new()));
+        }
+        Poll::Ready(Ok(()))
+    }
+}

@@ -1,0 +1,203 @@
+use super::*;
+use bytes::Bytes;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
+
+fn pair() -> (MuxHandle, MuxHandle) {
+    let (a, b) = tokio::io::duplex(256 * 1024);
+    let (client, client_conn) = start(a, Role::Client, MuxConfig::default());
+    let (server, server_conn) = start(b, Role::Server, MuxConfig::default());
+    tokio::spawn(client_conn);
+    tokio::spawn(server_conn);
+    (client, server)
+}
+
+/// Accepts every stream, answers "ok" and echoes it.
+fn echo_server(server: MuxHandle) {
+    tokio::spawn(async move {
+        while let Some(incoming) = server.accept().await {
+            tokio::spawn(async move {
+                assert_eq!(&incoming.request[..], b"echo");
+                let stream = incoming.reply(Bytes::from_static(b"ok"));
+                let (mut r, mut w) = tokio::io::split(stream);
+                tokio::io::copy(&mut r, &mut w).await.unwrap();
+                w.shutdown().await.unwrap();
+            });
+        }
+    });
+}
+
+#[tokio::test]
+async fn streams_carry_more_than_their_window_both_ways_and_half_close() {
+    let (client, server) = pair();
+    echo_server(server);
+    let (reply, stream) = client.open(Bytes::from_static(b"echo")).await.unwrap();
+    assert_eq!(&reply[..], b"ok");
+    let payload: Vec<u8> = (0..5_000_000u32).map(|i| (i % 253) as u8).collect();
+    let expected = payload.clone();
+    let (mut r, mut w) = tokio::io::split(stream);
+    let writer = tokio::spawn(async move {
+        w.write_all(&payload).await.unwrap();
+        w.shutdown().await.unwrap();
+    });
+    let mut got = Vec::new();
+    r.read_to_end(&mut got).await.unwrap();
+    writer.await.unwrap();
+    assert_eq!(got.len(), expected.len());
+    assert!(got == expected);
+}
+
+#[tokio::test]
+async fn stalled_streams_cannot_block_a_fresh_one() {
+    let (client, server) = pair();
+    // The acceptor floods every stream; the opener never reads the first 40.
+    tokio::spawn(async move {
+        while let Some(incoming) = server.accept().await {
+            tokio::spawn(async move {
+                let mut stream = incoming.reply(Bytes::from_static(b"ok"));
+                let chunk = vec![1u8; 64 * 1024];
+                for _ in 0..64 {
+                    if stream.write_all(&chunk).await.is_err() {
+                        return;
+                    }
+                }
+                let _ = stream.shutdown().await;
+            });
+        }
+    });
+    let mut stalled = Vec::new();
+    for _ in 0..40 {
+        stalled.push(client.open(Bytes::from_static(b"x")).await.unwrap().1);
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let (_, mut fresh) = client.open(Bytes::from_static(b"x")).await.unwrap();
+    let mut got = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), fresh.read_to_end(&mut got))
+        .await
+        .expect("a fresh stream was blocked by stalled ones")
+        .unwrap();
+    assert_eq!(got.len(), 64 * 64 * 1024);
+    drop(stalled);
+}
+
+#[tokio::test]
+async fn a_refusal_is_a_reply_then_a_reset() {
+    let (client, server) = pair();
+    tokio::spawn(async move {
+        while let Some(incoming) = server.accept().await {
+            drop(incoming.reply(Bytes::from_static(b"refused")));
+        }
+    });
+    let (reply, mut stream) = client.open(Bytes::from_static(b"x")).await.unwrap();
+    assert_eq!(&reply[..], b"refused");
+    let mut buf = [0u8; 8];
+    let err = stream.read(&mut buf).await.unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset);
+}
+
+#[tokio::test]
+async fn dropping_a_stream_resets_it_at_the_peer() {
+    let (client, server) = pair();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        let incoming = server.accept().await.unwrap();
+        let mut stream = incoming.reply(Bytes::from_static(b"ok"));
+        let mut buf = [0u8; 8];
+        let _ = tx.send(stream.read(&mut buf).await.map_err(|e| e.kind()));
+        drop(server);
+    });
+    let (_, stream) = client.open(Bytes::from_static(b"x")).await.unwrap();
+    drop(stream);
+    assert_eq!(rx.await.unwrap(), Err(std::io::ErrorKind::ConnectionReset));
+}
+
+#[tokio::test]
+async fn a_lost_transport_fails_open_streams_and_new_opens() {
+    let (a, b) = tokio::io::duplex(64 * 1024);
+    let (client, client_conn) = start(a, Role::Client, MuxConfig::default());
+    let (server, server_conn) = start(b, Role::Server, MuxConfig::default());
+    let client_task = tokio::spawn(client_conn);
+    let server_task = tokio::spawn(server_conn);
+    echo_server(server);
+    let (_, mut stream) = client.open(Bytes::from_static(b"echo")).await.unwrap();
+    server_task.abort();
+    let _ = server_task.await;
+    let ended = client_task.await.unwrap();
+    assert!(ended.is_err(), "an unexpected end is an error: {ended:?}");
+    let mut buf = [0u8; 8];
+    assert!(stream.read(&mut buf).await.is_err());
+    assert!(matches!(
+        client.open(Bytes::from_static(b"echo")).await,
+        Err(OpenError::Unavailable)
+    ));
+}
+
+#[tokio::test]
+async fn dropping_every_handle_closes_the_link_once_streams_finish() {
+    let (a, b) = tokio::io::duplex(64 * 1024);
+    let (client, client_conn) = start(a, Role::Client, MuxConfig::default());
+    let (server, server_conn) = start(b, Role::Server, MuxConfig::default());
+    let client_task = tokio::spawn(client_conn);
+    let server_task = tokio::spawn(server_conn);
+    echo_server(server);
+    let (_, mut stream) = client.open(Bytes::from_static(b"echo")).await.unwrap();
+    drop(client);
+    // The open stream still works...
+    stream.write_all(b"still here").await.unwrap();
+    let mut buf = [0u8; 10];
+    stream.read_exact(&mut buf).await.unwrap();
+    assert_eq!(&buf, b"still here");
+    assert!(!client_task.is_finished());
+    // ...and the link closes cleanly once it is done.
+    stream.shutdown().await.unwrap();
+    let mut rest = Vec::new();
+    stream.read_to_end(&mut rest).await.unwrap();
+    drop(stream);
+    let client_end = client_task.await.unwrap();
+    assert!(client_end.is_ok(), "{client_end:?}");
+    let server_end = server_task.await.unwrap();
+    assert!(server_end.is_ok(), "{server_end:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_silent_peer_fails_the_keepalive() {
+    let (a, _b_never_read): (DuplexStream, DuplexStream) = tokio::io::duplex(64 * 1024);
+    let (_client, client_conn) = start(a, Role::Client, MuxConfig::default());
+    let started = tokio::time::Instant::now();
+    let ended = client_conn.await;
+    assert!(
+        matches!(ended, Err(MuxError::KeepaliveTimeout)),
+        "{ended:?}"
+    );
+    assert_eq!(started.elapsed(), Duration::from_secs(15));
+}
+
+#[tokio::test]
+async fn garbage_from_the_peer_ends_the_link() {
+    let (a, mut b) = tokio::io::duplex(64 * 1024);
+    let (_server, server_conn) = start(a, Role::Server, MuxConfig::default());
+    let task = tokio::spawn(server_conn);
+    b.write_all(&[0xff; 64]).await.unwrap();
+    assert!(matches!(task.await.unwrap(), Err(MuxError::Protocol(_))));
+}
+
+#[tokio::test]
+async fn a_stream_sending_beyond_its_credit_ends_the_link() {
+    use frame::{Frame, Kind};
+    let (a, mut b) = tokio::io::duplex(4 << 20);
+    let (server, server_conn) = start(a, Role::Server, MuxConfig::default());
+    let task = tokio::spawn(server_conn);
+    let accept = tokio::spawn(async move { server.accept().await.map(|i| i.reply(Bytes::new())) });
+    let mut wire = Vec::new();
+    let open = Frame::new(1, Kind::Open, 0, Bytes::from_static(b"x"));
+    wire.extend_from_slice(&open.header);
+    wire.extend_from_slice(&open.payload);
+    for _ in 0..5 {
+        let data = Frame::new(1, Kind::Data, 0, Bytes::from(vec![0u8; 256 * 1024]));
+        wire.extend_from_slice(&data.header);
+        wire.extend_from_slice(&data.payload);
+    }
+    b.write_all(&wire).await.unwrap();
+    assert!(matches!(task.await.unwrap(), Err(MuxError::Protocol(_))));
+    drop(accept);
+}
