@@ -20,7 +20,7 @@ use proxynet_protocol::link::{
     HEADER_VERSION, LINK_V1_HTTP2, PROBE_PATH,
 };
 use proxynet_protocol::mux::Incoming;
-use proxynet_protocol::splice::splice_until;
+use proxynet_protocol::splice::{splice_until, Plain};
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -225,7 +225,7 @@ pub async fn handle(
         match on_upgrade.await {
             Ok(upgraded) => {
                 let outcome =
-                    splice_until(TokioIo::new(upgraded), tcp, limits, cut.cancelled()).await;
+                    splice_until(Plain(TokioIo::new(upgraded)), tcp, limits, cut.cancelled()).await;
                 tracing::debug!(up = outcome.up, down = outcome.down, end = ?outcome.end, "tunnel closed");
             }
             Err(e) => {

@@ -19,7 +19,7 @@ pub enum Class {
 impl Class {
     pub const fn size(self) -> usize {
         match self {
-            Class::Copy => 64 * 1024,
+            Class::Copy => 256 * 1024,
             Class::ReadAhead => 256 * 1024,
         }
     }

@@ -6,7 +6,14 @@
 //! stops reading pushes back on the other side instead of growing memory.
 //! A tunnel ends when both directions have finished (each half-close is passed
 //! on), when nothing moved for `idle_timeout`, or at `max_lifetime`.
+//!
+//! A side that stores bytes in buffers of its own (a mux stream, see
+//! [`ChunkIo`]) trades whole buffers with the splice instead: what it
+//! received is written out straight from its buffer, and what is read for it
+//! is handed over without a copy. On the data path that saves two of the
+//! five memory copies each byte used to take through superproxy and agent.
 
+use bytes::{Buf, Bytes, BytesMut};
 use std::future::{poll_fn, Future};
 use std::io;
 use std::pin::Pin;
@@ -26,6 +33,84 @@ fn take_buffer() -> Box<[u8]> {
 
 fn give_back(buffer: Box<[u8]>) {
     buffers::give_back(Class::Copy, buffer)
+}
+
+/// A byte stream the splice can use. Streams that keep received bytes in
+/// buffers of their own (and can take ownership of buffers to send) say so
+/// with [`ChunkIo::chunked`]; every other stream keeps the defaults and is
+/// copied through the splice's pooled buffer.
+pub trait ChunkIo: AsyncRead + AsyncWrite + Unpin {
+    /// True when the two chunk methods below work.
+    fn chunked(&self) -> bool {
+        false
+    }
+
+    /// The next received buffer, `None` at the end of the stream.
+    fn poll_read_chunk(
+        self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<io::Result<Option<Bytes>>> {
+        Poll::Ready(Err(io::ErrorKind::Unsupported.into()))
+    }
+
+    /// Takes bytes from the front of `chunk` (without copying them) to send;
+    /// how many it took.
+    fn poll_write_chunk(
+        self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+        _chunk: &mut Bytes,
+    ) -> Poll<io::Result<usize>> {
+        Poll::Ready(Err(io::ErrorKind::Unsupported.into()))
+    }
+}
+
+impl ChunkIo for tokio::net::TcpStream {}
+impl<T: AsyncRead + AsyncWrite + Unpin> ChunkIo for tokio::io::BufReader<T> {}
+impl ChunkIo for tokio::io::DuplexStream {}
+
+/// Any other stream, spliced by copying.
+pub struct Plain<T>(pub T);
+
+impl<T: AsyncRead + AsyncWrite + Unpin> ChunkIo for Plain<T> {}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Plain<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_read(cx, buf)
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Plain<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.0).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.0).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.0.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_shutdown(cx)
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -58,9 +143,12 @@ pub struct SpliceOutcome {
 /// One direction of the copy.
 #[derive(Default)]
 struct Direction {
+    /// The pooled copy buffer, `pos..cap` still to write.
     buf: Option<Box<[u8]>>,
     pos: usize,
     cap: usize,
+    /// A buffer traded with a chunked side, still to write.
+    chunk: Option<Bytes>,
     read_done: bool,
     done: bool,
     need_flush: bool,
@@ -77,11 +165,14 @@ impl Direction {
         moved: &mut bool,
     ) -> Poll<io::Result<()>>
     where
-        R: AsyncRead + ?Sized,
-        W: AsyncWrite + ?Sized,
+        R: ChunkIo + ?Sized,
+        W: ChunkIo + ?Sized,
     {
         if self.done {
             return Poll::Ready(Ok(()));
+        }
+        if reader.chunked() || writer.chunked() {
+            return self.poll_copy_chunks(cx, reader, writer, moved);
         }
         loop {
             if self.pos == self.cap && !self.read_done {
@@ -135,13 +226,82 @@ impl Direction {
             self.cap = 0;
         }
     }
+
+    /// The same loop, trading whole buffers with the chunked side.
+    fn poll_copy_chunks<R, W>(
+        &mut self,
+        cx: &mut Context<'_>,
+        mut reader: Pin<&mut R>,
+        mut writer: Pin<&mut W>,
+        moved: &mut bool,
+    ) -> Poll<io::Result<()>>
+    where
+        R: ChunkIo + ?Sized,
+        W: ChunkIo + ?Sized,
+    {
+        loop {
+            if self.chunk.is_none() && !self.read_done {
+                let read = if reader.chunked() {
+                    reader.as_mut().poll_read_chunk(cx)
+                } else {
+                    // Read into a buffer of its own, handed over whole. An
+                    // idle tunnel does not keep it: it is dropped at Pending.
+                    let mut buf = BytesMut::with_capacity(COPY_BUFFER);
+                    match tokio_util::io::poll_read_buf(reader.as_mut(), cx, &mut buf) {
+                        Poll::Ready(Ok(0)) => Poll::Ready(Ok(None)),
+                        Poll::Ready(Ok(_)) => Poll::Ready(Ok(Some(buf.freeze()))),
+                        Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+                        Poll::Pending => Poll::Pending,
+                    }
+                };
+                match read {
+                    Poll::Pending => {
+                        if self.need_flush {
+                            ready!(writer.as_mut().poll_flush(cx))?;
+                            self.need_flush = false;
+                        }
+                        return Poll::Pending;
+                    }
+                    Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                    Poll::Ready(Ok(None)) => self.read_done = true,
+                    Poll::Ready(Ok(Some(chunk))) => {
+                        self.bytes += chunk.len() as u64;
+                        *moved = true;
+                        self.chunk = Some(chunk);
+                    }
+                }
+            }
+            if let Some(chunk) = self.chunk.as_mut() {
+                while !chunk.is_empty() {
+                    let n = if writer.chunked() {
+                        ready!(writer.as_mut().poll_write_chunk(cx, chunk))?
+                    } else {
+                        let n = ready!(writer.as_mut().poll_write(cx, chunk))?;
+                        chunk.advance(n);
+                        n
+                    };
+                    if n == 0 {
+                        return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+                    }
+                    self.need_flush = true;
+                }
+                self.chunk = None;
+            }
+            if self.read_done {
+                ready!(writer.as_mut().poll_flush(cx))?;
+                ready!(writer.as_mut().poll_shutdown(cx))?;
+                self.done = true;
+                return Poll::Ready(Ok(()));
+            }
+        }
+    }
 }
 
 /// Splices `client` and `exit` until the tunnel ends; never fails, reports why it ended.
 pub async fn splice<C, E>(client: C, exit: E, limits: TunnelLimits) -> SpliceOutcome
 where
-    C: AsyncRead + AsyncWrite + Unpin,
-    E: AsyncRead + AsyncWrite + Unpin,
+    C: ChunkIo,
+    E: ChunkIo,
 {
     splice_until(client, exit, limits, std::future::pending::<()>()).await
 }
@@ -155,8 +315,8 @@ pub async fn splice_until<C, E, S>(
     stop: S,
 ) -> SpliceOutcome
 where
-    C: AsyncRead + AsyncWrite + Unpin,
-    E: AsyncRead + AsyncWrite + Unpin,
+    C: ChunkIo,
+    E: ChunkIo,
     S: Future<Output = ()>,
 {
     let start = Instant::now();

@@ -100,6 +100,7 @@ fn respond(gateway: &AdminState, req: &Request<Incoming>) -> Response<Full<Bytes
                         "egress_ips": c.record.egress_ips,
                         "source_type": c.record.source_type,
                         "country": c.record.country,
+                        "link_version": c.link.sender.version(),
                         "health": gateway.pool.health().exit(c.record.id).view(now),
                     })
                 })

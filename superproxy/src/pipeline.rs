@@ -17,7 +17,6 @@ use proxynet_protocol::splice::{splice_until, End, SpliceOutcome, TunnelLimits};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Instant;
-use tokio::io::{AsyncRead, AsyncWrite};
 use uuid::Uuid;
 
 use crate::accept::ConnectionTicket;
@@ -404,7 +403,7 @@ impl Tunnel {
     /// Splices `client` and the exit until the tunnel ends or is cut.
     pub async fn splice<C>(self, client: C, limits: TunnelLimits) -> SpliceOutcome
     where
-        C: AsyncRead + AsyncWrite + Unpin,
+        C: proxynet_protocol::splice::ChunkIo,
     {
         let Tunnel { io, mut holds, .. } = self;
         let outcome = splice_until(client, io, limits, holds.cut()).await;

@@ -136,6 +136,44 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Metered<IO> {
     }
 }
 
+impl<IO: proxynet_protocol::splice::ChunkIo> proxynet_protocol::splice::ChunkIo for Metered<IO> {
+    fn chunked(&self) -> bool {
+        self.io.chunked()
+    }
+
+    fn poll_read_chunk(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<io::Result<Option<bytes::Bytes>>> {
+        if self.meter.0.cut.load(Ordering::Relaxed) {
+            return Poll::Ready(Err(quota_cut()));
+        }
+        let result = Pin::new(&mut self.io).poll_read_chunk(cx);
+        if let Poll::Ready(Ok(Some(chunk))) = &result {
+            let n = chunk.len() as u64;
+            self.meter.0.down.fetch_add(n, Ordering::Relaxed);
+            self.count(n);
+        }
+        result
+    }
+
+    fn poll_write_chunk(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        chunk: &mut bytes::Bytes,
+    ) -> Poll<io::Result<usize>> {
+        if self.meter.0.cut.load(Ordering::Relaxed) {
+            return Poll::Ready(Err(quota_cut()));
+        }
+        let result = Pin::new(&mut self.io).poll_write_chunk(cx, chunk);
+        if let Poll::Ready(Ok(n)) = &result {
+            self.meter.0.up.fetch_add(*n as u64, Ordering::Relaxed);
+            self.count(*n as u64);
+        }
+        result
+    }
+}
+
 impl<IO: AsyncWrite + Unpin> AsyncWrite for Metered<IO> {
     fn poll_write(
         mut self: Pin<&mut Self>,

@@ -55,6 +55,8 @@ pub struct StackOptions {
     /// Serve the HTTPS proxy listener with a certificate from a local CA
     /// ([`Stack::tls`]).
     pub proxy_tls: bool,
+    /// Extra arguments for every agent.
+    pub agent_args: Vec<String>,
 }
 
 impl Default for StackOptions {
@@ -73,6 +75,7 @@ impl Default for StackOptions {
             api_env: Vec::new(),
             log_dir: None,
             proxy_tls: false,
+            agent_args: Vec::new(),
         }
     }
 }
@@ -362,6 +365,7 @@ impl Stack {
                 .iter()
                 .flat_map(|a| ["--egress-protected".to_owned(), a.clone()]),
         )
+        .chain(self.options.agent_args.iter().cloned())
         .collect()
     }
 

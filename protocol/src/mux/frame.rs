@@ -21,7 +21,7 @@ pub const MAX_CONTROL_PAYLOAD: usize = 4096;
 /// returns credit. Fixed by the wire version: both ends know it without
 /// negotiating, and it bounds what one stalled stream can make its receiver
 /// hold.
-pub const STREAM_WINDOW: u32 = 1 << 20;
+pub const STREAM_WINDOW: u32 = 512 * 1024;
 
 /// `DATA` flag: the sender's last frame on this stream (its half-close).
 pub const FLAG_FIN: u8 = 0x1;

@@ -13,6 +13,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use super::connection::Shared;
 use super::frame::{Frame, Kind, FLAG_FIN, MAX_DATA_PAYLOAD};
+use crate::splice::ChunkIo;
 
 pub struct MuxStream {
     shared: Arc<Shared>,
@@ -92,22 +93,61 @@ impl AsyncRead for MuxStream {
     }
 }
 
-fn credit_frame(id: u64, credit: u32) -> Frame {
-    Frame::new(
-        id,
-        Kind::Credit,
-        0,
-        Bytes::copy_from_slice(&credit.to_be_bytes()),
-    )
-}
+impl ChunkIo for MuxStream {
+    fn chunked(&self) -> bool {
+        true
+    }
 
-impl AsyncWrite for MuxStream {
-    fn poll_write(
+    fn poll_read_chunk(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-        buf: &[u8],
+    ) -> Poll<io::Result<Option<Bytes>>> {
+        let mut guard = self.shared.lock();
+        let state = &mut *guard;
+        let closed = state.closed.is_some();
+        let Some(slot) = state.streams.get_mut(&self.id) else {
+            return Poll::Ready(Err(io::ErrorKind::NotConnected.into()));
+        };
+        if let Some(chunk) = slot.recv.pop_front() {
+            if let Some(credit) = slot.consumed(chunk.len()) {
+                if !closed {
+                    state.outbox.push(credit_frame(self.id, credit));
+                }
+            }
+            return Poll::Ready(Ok(Some(chunk)));
+        }
+        if slot.recv_fin {
+            return Poll::Ready(Ok(None));
+        }
+        if slot.reset {
+            return Poll::Ready(Err(io::ErrorKind::ConnectionReset.into()));
+        }
+        if closed {
+            return Poll::Ready(Err(io::ErrorKind::ConnectionAborted.into()));
+        }
+        slot.read_waker = Some(cx.waker().clone());
+        Poll::Pending
+    }
+
+    fn poll_write_chunk(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        chunk: &mut Bytes,
     ) -> Poll<io::Result<usize>> {
-        if buf.is_empty() {
+        self.poll_send(cx, chunk.len(), |n| chunk.split_to(n))
+    }
+}
+
+impl MuxStream {
+    /// Queues up to `len` bytes as one DATA frame within the stream's
+    /// credit; `take(n)` supplies the first `n`.
+    fn poll_send(
+        &self,
+        cx: &mut Context<'_>,
+        len: usize,
+        take: impl FnOnce(usize) -> Bytes,
+    ) -> Poll<io::Result<usize>> {
+        if len == 0 {
             return Poll::Ready(Ok(0));
         }
         let mut guard = self.shared.lock();
@@ -132,15 +172,31 @@ impl AsyncWrite for MuxStream {
             state.outbox.wait_for_room(cx.waker());
             return Poll::Pending;
         }
-        let n = buf.len().min(slot.credit as usize).min(MAX_DATA_PAYLOAD);
+        let n = len.min(slot.credit as usize).min(MAX_DATA_PAYLOAD);
         slot.credit -= n as u32;
-        state.outbox.push(Frame::new(
-            self.id,
-            Kind::Data,
-            0,
-            Bytes::copy_from_slice(&buf[..n]),
-        ));
+        state
+            .outbox
+            .push(Frame::new(self.id, Kind::Data, 0, take(n)));
         Poll::Ready(Ok(n))
+    }
+}
+
+fn credit_frame(id: u64, credit: u32) -> Frame {
+    Frame::new(
+        id,
+        Kind::Credit,
+        0,
+        Bytes::copy_from_slice(&credit.to_be_bytes()),
+    )
+}
+
+impl AsyncWrite for MuxStream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.poll_send(cx, buf.len(), |n| Bytes::copy_from_slice(&buf[..n]))
     }
 
     fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {

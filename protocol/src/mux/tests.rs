@@ -201,3 +201,63 @@ async fn a_stream_sending_beyond_its_credit_ends_the_link() {
     assert!(matches!(task.await.unwrap(), Err(MuxError::Protocol(_))));
     drop(accept);
 }
+
+#[tokio::test]
+async fn a_spliced_stream_trades_buffers_both_ways_with_half_close() {
+    use crate::splice::{splice, End, TunnelLimits};
+    let (client, server) = pair();
+    // The acceptor splices its stream with a plain pipe, as an agent does
+    // with its target: the mux side trades buffers, the pipe side copies.
+    let (target, mut target_peer) = tokio::io::duplex(64 * 1024);
+    let spliced = tokio::spawn(async move {
+        let incoming = server.accept().await.unwrap();
+        let stream = incoming.reply(Bytes::from_static(b"ok"));
+        let limits = TunnelLimits {
+            idle_timeout: Duration::from_secs(60),
+            max_lifetime: Duration::from_secs(60),
+        };
+        splice(stream, target, limits).await
+    });
+    let (_, stream) = client.open(Bytes::from_static(b"x")).await.unwrap();
+    let (mut r, mut w) = tokio::io::split(stream);
+    let up: Vec<u8> = (0..3_000_000u32).map(|i| (i % 249) as u8).collect();
+    let down: Vec<u8> = (0..2_000_000u32).map(|i| (i % 247) as u8).collect();
+    let (up_sent, down_sent) = (up.clone(), down.clone());
+    let (_, got_down, got_up) = tokio::join!(
+        async move {
+            w.write_all(&up_sent).await.unwrap();
+            w.shutdown().await.unwrap();
+        },
+        async move {
+            let mut got = Vec::new();
+            r.read_to_end(&mut got).await.unwrap();
+            got
+        },
+        async move {
+            let (mut tr, mut tw) = tokio::io::split(&mut target_peer);
+            let (got, ()) = tokio::join!(
+                async {
+                    let mut got = Vec::new();
+                    tr.read_to_end(&mut got).await.unwrap();
+                    got
+                },
+                async {
+                    tw.write_all(&down_sent).await.unwrap();
+                    tw.shutdown().await.unwrap();
+                }
+            );
+            got
+        }
+    );
+    assert!(got_up == up, "upload corrupted ({} bytes)", got_up.len());
+    assert!(
+        got_down == down,
+        "download corrupted ({} bytes)",
+        got_down.len()
+    );
+    let outcome = spliced.await.unwrap();
+    assert_eq!(
+        (outcome.up, outcome.down, outcome.end),
+        (3_000_000, 2_000_000, End::Closed)
+    );
+}

@@ -1,8 +1,10 @@
 //! A tunnel stream to an exit, whichever link version carries it.
 
+use bytes::Bytes;
 use hyper::upgrade::Upgraded;
 use hyper_util::rt::TokioIo;
 use proxynet_protocol::mux::MuxStream;
+use proxynet_protocol::splice::ChunkIo;
 use std::io::{self, IoSlice};
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -13,6 +15,33 @@ pub enum ExitStream {
     Http2(TokioIo<Upgraded>),
     /// v2: a mux stream.
     Mux(MuxStream),
+}
+
+impl ChunkIo for ExitStream {
+    fn chunked(&self) -> bool {
+        matches!(self, ExitStream::Mux(_))
+    }
+
+    fn poll_read_chunk(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<io::Result<Option<Bytes>>> {
+        match self.get_mut() {
+            ExitStream::Http2(_) => Poll::Ready(Err(io::ErrorKind::Unsupported.into())),
+            ExitStream::Mux(io) => Pin::new(io).poll_read_chunk(cx),
+        }
+    }
+
+    fn poll_write_chunk(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        chunk: &mut Bytes,
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            ExitStream::Http2(_) => Poll::Ready(Err(io::ErrorKind::Unsupported.into())),
+            ExitStream::Mux(io) => Pin::new(io).poll_write_chunk(cx, chunk),
+        }
+    }
 }
 
 impl AsyncRead for ExitStream {

@@ -68,6 +68,9 @@ struct RunArgs {
     /// Processes whose memory counts (the proxy's), comma-separated pids.
     #[arg(long, value_delimiter = ',')]
     pids: Vec<u32>,
+    /// Bulk cases to run (to profile one): up1, down1, up8, down8.
+    #[arg(long, value_delimiter = ',', default_value = "up1,down1,up8,down8")]
+    bulk_cases: Vec<String>,
 }
 
 #[derive(Serialize)]
@@ -384,10 +387,18 @@ async fn run_all(args: RunArgs) -> Report {
     }
     let tunnels_per_s = done.load(Ordering::Relaxed) as f64 / rate_start.elapsed().as_secs_f64();
 
-    let up_1_mbps = bulk(&args, 1, true).await;
-    let down_1_mbps = bulk(&args, 1, false).await;
-    let up_8_mbps = bulk(&args, 8, true).await;
-    let down_8_mbps = bulk(&args, 8, false).await;
+    let case = |name: &str| args.bulk_cases.iter().any(|c| c == name);
+    let bulk_case = async |name: &str, streams: usize, up: bool| {
+        if case(name) {
+            bulk(&args, streams, up).await
+        } else {
+            f64::NAN
+        }
+    };
+    let up_1_mbps = bulk_case("up1", 1, true).await;
+    let down_1_mbps = bulk_case("down1", 1, false).await;
+    let up_8_mbps = bulk_case("up8", 8, true).await;
+    let down_8_mbps = bulk_case("down8", 8, false).await;
 
     Report {
         label: args.label,

@@ -13,8 +13,19 @@ use tokio::io::AsyncReadExt;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stalled_tunnels_cannot_block_a_fresh_one_through_the_same_exit() {
+    stalled_tunnels_and_a_fresh_one(Vec::new()).await;
+}
+
+/// The same on a v1 (HTTP/2) link, which adjacent releases still speak.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_tunnels_cannot_block_a_fresh_one_on_a_v1_link() {
+    stalled_tunnels_and_a_fresh_one(vec!["--link-versions".into(), "1".into()]).await;
+}
+
+async fn stalled_tunnels_and_a_fresh_one(agent_args: Vec<String>) {
     let stack = Stack::start_with(StackOptions {
         egress_ips: vec!["127.0.0.2".parse().unwrap()],
+        agent_args,
         ..Default::default()
     })
     .await;

@@ -14,6 +14,7 @@ mod health;
 mod ingress;
 mod isolation;
 mod limits;
+mod link_versions;
 mod observability;
 mod provenance;
 mod quota;

@@ -8,6 +8,7 @@
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
+use proxynet_protocol::splice::Plain;
 use std::sync::Arc;
 
 use super::head_guard::TunnelSwitch;
@@ -46,7 +47,7 @@ pub async fn connect(
     tokio::spawn(async move {
         match on_client_upgrade.await {
             Ok(upgraded) => {
-                let outcome = tunnel.splice(TokioIo::new(upgraded), limits).await;
+                let outcome = tunnel.splice(Plain(TokioIo::new(upgraded)), limits).await;
                 tracing::debug!(up = outcome.up, down = outcome.down, end = ?outcome.end, "tunnel closed");
             }
             Err(e) => tracing::debug!(error = %e, "client went away before the tunnel started"),
