@@ -50,6 +50,11 @@ pub struct Config {
     #[arg(long, env = "PROXYNET_LINK_VERSIONS", default_value = "1,2")]
     pub link_versions: proxynet_protocol::link::LinkVersions,
 
+    /// Worker threads of the runtime; default: one per core this process
+    /// may run on.
+    #[arg(long, env = "PROXYNET_WORKER_THREADS")]
+    pub worker_threads: Option<usize>,
+
     /// Admin listener: /healthz, /readyz.
     #[arg(
         long,

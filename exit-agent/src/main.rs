@@ -8,9 +8,18 @@ use clap::Parser;
 use exit_agent::{Config, ExitAgent};
 use proxynet_protocol::{ready, shutdown, telemetry};
 
-#[tokio::main]
-async fn main() -> std::process::ExitCode {
+fn main() -> std::process::ExitCode {
     let config = Config::parse();
+    match proxynet_protocol::runtime::run(config.worker_threads, run(config)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("exit-agent: runtime: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(config: Config) -> std::process::ExitCode {
     telemetry::init(telemetry::DEFAULT_FILTER, config.log_format);
     if let Some(exit_agent::config::Command::OptOut) = config.command {
         return match exit_agent::optout::run_cli(&config).await {

@@ -13,6 +13,7 @@ pub mod link;
 pub mod metrics;
 pub mod mux;
 pub mod ready;
+pub mod runtime;
 pub mod secret;
 pub mod shutdown;
 pub mod splice;

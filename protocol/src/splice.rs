@@ -27,6 +27,9 @@ use crate::buffers::{self, Class};
 /// Copy buffer per direction while data flows.
 pub const COPY_BUFFER: usize = Class::Copy.size();
 
+/// First read of a direction whose writer takes whole buffers.
+const FIRST_CHUNK_READ: usize = 16 * 1024;
+
 fn take_buffer() -> Box<[u8]> {
     buffers::take(Class::Copy)
 }
@@ -149,6 +152,9 @@ struct Direction {
     cap: usize,
     /// A buffer traded with a chunked side, still to write.
     chunk: Option<Bytes>,
+    /// Size of the next buffer read for a chunked writer: small for a
+    /// request/response exchange, doubling while reads fill it (bulk).
+    next_read: usize,
     read_done: bool,
     done: bool,
     need_flush: bool,
@@ -246,10 +252,14 @@ impl Direction {
                 } else {
                     // Read into a buffer of its own, handed over whole. An
                     // idle tunnel does not keep it: it is dropped at Pending.
-                    let mut buf = BytesMut::with_capacity(COPY_BUFFER);
+                    let size = self.next_read.clamp(FIRST_CHUNK_READ, COPY_BUFFER);
+                    let mut buf = BytesMut::with_capacity(size);
                     match tokio_util::io::poll_read_buf(reader.as_mut(), cx, &mut buf) {
                         Poll::Ready(Ok(0)) => Poll::Ready(Ok(None)),
-                        Poll::Ready(Ok(_)) => Poll::Ready(Ok(Some(buf.freeze()))),
+                        Poll::Ready(Ok(n)) => {
+                            self.next_read = if n >= size { size * 2 } else { size };
+                            Poll::Ready(Ok(Some(buf.freeze())))
+                        }
                         Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
                         Poll::Pending => Poll::Pending,
                     }

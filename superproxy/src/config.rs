@@ -42,6 +42,11 @@ pub struct Config {
     #[arg(long, env = "PROXYNET_MAX_CONNECTIONS", default_value_t = 10_000)]
     pub max_connections: usize,
 
+    /// Worker threads of the runtime; default: one per core this process
+    /// may run on.
+    #[arg(long, env = "PROXYNET_WORKER_THREADS")]
+    pub worker_threads: Option<usize>,
+
     /// Admin listener: /healthz, /readyz, /v1/pool.
     #[arg(long, env = "PROXYNET_ADMIN_LISTEN", default_value = "127.0.0.1:9090")]
     pub admin_listen: SocketAddr,

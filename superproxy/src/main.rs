@@ -8,9 +8,18 @@ use clap::Parser;
 use proxynet_protocol::{ready, shutdown, telemetry};
 use superproxy::{Config, Superproxy};
 
-#[tokio::main]
-async fn main() -> std::process::ExitCode {
+fn main() -> std::process::ExitCode {
     let config = Config::parse();
+    match proxynet_protocol::runtime::run(config.worker_threads, run(config)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("superproxy: runtime: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(config: Config) -> std::process::ExitCode {
     telemetry::init(telemetry::DEFAULT_FILTER, config.log_format);
     let proxy = match Superproxy::bind(config).await {
         Ok(proxy) => proxy,
