@@ -16,8 +16,9 @@
 
 use proxynet_protocol::store::{
     Channel, ExitRecord, Keys, ProvenanceBlock, QuotaPeriod, SourceType, SuperproxyRecord,
-    Tombstone, UserRecord, DEL_IF_NOT_NEWER_SCRIPT, HEARTBEAT_SCRIPT, LIVE_MEMBERS_SCRIPT,
-    PUT_IF_NEWER_SCRIPT, TOMBSTONE_TTL_SECS,
+    Tombstone, UserRecord, DEL_EXIT_SCRIPT, DEL_IF_NOT_NEWER_SCRIPT, EXIT_CHANGES_KEPT,
+    HEARTBEAT_SCRIPT, LIVE_MEMBERS_SCRIPT, PUT_EXIT_SCRIPT, PUT_IF_NEWER_SCRIPT,
+    TOMBSTONE_TTL_SECS,
 };
 use redis::aio::ConnectionManager;
 use redis::AsyncCommands;
@@ -316,10 +317,24 @@ impl Projector {
         match row {
             Some(row) => {
                 let json = serde_json::to_string(&row.to_record())?;
-                put_if_newer(&mut redis, &self.keys.exit(id), &json, row.version, None).await?;
+                let _: i64 = redis::Script::new(PUT_EXIT_SCRIPT)
+                    .key(self.keys.exit(id))
+                    .key(self.keys.exit_changes())
+                    .arg(json)
+                    .arg(row.version)
+                    .arg(id.to_string())
+                    .arg(EXIT_CHANGES_KEPT)
+                    .invoke_async(&mut redis)
+                    .await?;
             }
             None => {
-                let _: () = redis.del(self.keys.exit(id)).await?;
+                let _: i64 = redis::Script::new(DEL_EXIT_SCRIPT)
+                    .key(self.keys.exit(id))
+                    .key(self.keys.exit_changes())
+                    .arg(id.to_string())
+                    .arg(EXIT_CHANGES_KEPT)
+                    .invoke_async(&mut redis)
+                    .await?;
             }
         }
         let _: () = redis
@@ -347,9 +362,11 @@ impl Projector {
         let _: i64 = redis::Script::new(HEARTBEAT_SCRIPT)
             .key(self.keys.exits_live())
             .key(self.keys.exits_draining())
+            .key(self.keys.exit_changes())
             .arg(id.to_string())
             .arg(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX))
             .arg(if draining { "1" } else { "0" })
+            .arg(EXIT_CHANGES_KEPT)
             .invoke_async(&mut redis)
             .await?;
         Ok(())
@@ -505,16 +522,22 @@ impl Projector {
         self.try_allowlist().await?;
 
         let exits: Vec<ExitRow> = sqlx::query_as(EXIT_SELECT).fetch_all(&self.db).await?;
+        // Unchanged records are not rewritten and make no change entry, so a
+        // resync of 100,000 unchanged exits costs the superproxies nothing.
+        let put = redis::Script::new(PUT_EXIT_SCRIPT);
+        let _: Result<String, _> = put.prepare_invoke().load_async(&mut redis).await;
         for chunk in exits.chunks(500) {
             let mut pipe = redis::pipe();
             for row in chunk {
-                pipe.cmd("EVAL")
-                    .arg(PUT_IF_NEWER_SCRIPT)
-                    .arg(1)
+                pipe.cmd("EVALSHA")
+                    .arg(put.get_hash())
+                    .arg(2)
                     .arg(self.keys.exit(row.id))
+                    .arg(self.keys.exit_changes())
                     .arg(serde_json::to_string(&row.to_record())?)
                     .arg(row.version)
-                    .arg("")
+                    .arg(row.id.to_string())
+                    .arg(EXIT_CHANGES_KEPT)
                     .ignore();
             }
             let _: () = pipe.query_async(&mut redis).await?;

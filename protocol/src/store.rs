@@ -38,9 +38,25 @@ impl Keys {
         format!("{}user:{{{username}}}", self.prefix)
     }
 
-    /// `ExitRecord` JSON.
+    /// `ExitRecord` JSON. Every exit record shares the `{exits}` hash tag with
+    /// the live and draining sets and the change stream: a record write and
+    /// its change entry are one script, and a pool delta returns changed
+    /// records in the same round trip (on a Redis Cluster: one slot).
     pub fn exit(&self, id: Uuid) -> String {
-        format!("{}exit:{{{id}}}", self.prefix)
+        format!("{}{{exits}}:exit:{id}", self.prefix)
+    }
+
+    /// What [`Self::exit`] keys start with (for scripts that build them).
+    pub fn exit_prefix(&self) -> String {
+        format!("{}{{exits}}:exit:", self.prefix)
+    }
+
+    /// Stream of exit changes (`id` field): a record written or deleted, an
+    /// exit that became live, a drain announced or withdrawn. Superproxies
+    /// follow it to keep their pool current in O(changes) instead of
+    /// re-reading every exit ([`POOL_DELTA_SCRIPT`]).
+    pub fn exit_changes(&self) -> String {
+        format!("{}{{exits}}:changes", self.prefix)
     }
 
     /// Sorted set: exit id → heartbeat expiry (ms, Redis clock). Shares the
@@ -546,26 +562,107 @@ redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - 3600000)
 return now
 ";
 
-/// `KEYS[1]` live set, `KEYS[2]` draining set, `ARGV[1]` exit id, `ARGV[2]`
-/// ttl in ms, `ARGV[3]` `1` if the agent is draining: one agent heartbeat.
+/// Entries kept in the exit change stream: a superproxy further behind than
+/// this re-reads the whole pool once.
+pub const EXIT_CHANGES_KEPT: u64 = 100_000;
+
+/// `KEYS[1]` live set, `KEYS[2]` draining set, `KEYS[3]` change stream,
+/// `ARGV[1]` exit id, `ARGV[2]` ttl in ms, `ARGV[3]` `1` if the agent is
+/// draining, `ARGV[4]` entries kept in the stream: one agent heartbeat. Only
+/// a transition (the exit was not live, or its drain flag flipped) becomes a
+/// change entry; a steady beat writes nothing else.
 pub const HEARTBEAT_SCRIPT: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local prev = redis.call('ZSCORE', KEYS[1], ARGV[1])
+local changed = (not prev) or tonumber(prev) <= now
 redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - 3600000)
+local flipped
 if ARGV[3] == '1' then
-  redis.call('SADD', KEYS[2], ARGV[1])
+  flipped = redis.call('SADD', KEYS[2], ARGV[1])
 else
-  redis.call('SREM', KEYS[2], ARGV[1])
+  flipped = redis.call('SREM', KEYS[2], ARGV[1])
+end
+if changed or flipped == 1 then
+  redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[4], '*', 'id', ARGV[1])
 end
 return now
 ";
 
-/// `KEYS[1]` live set, `KEYS[2]` draining set: `{live members, draining members}`.
+/// `KEYS[1]` live set, `KEYS[2]` draining set, `KEYS[3]` change stream:
+/// `{now, last change id, live members, draining members}`: the start of a
+/// full pool read, and the point its deltas continue from.
 pub const LIVE_AND_DRAINING_SCRIPT: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-return {redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf'), redis.call('SMEMBERS', KEYS[2])}
+local last = redis.call('XREVRANGE', KEYS[3], '+', '-', 'COUNT', 1)
+local cursor = '0-0'
+if last[1] then cursor = last[1][1] end
+return {now, cursor, redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf'), redis.call('SMEMBERS', KEYS[2])}
+";
+
+/// `KEYS[1]` record key, `KEYS[2]` change stream, `ARGV[1]` JSON, `ARGV[2]`
+/// version, `ARGV[3]` exit id, `ARGV[4]` entries kept: writes an exit record
+/// unless a newer one is there, and records the change. 1 if written.
+pub const PUT_EXIT_SCRIPT: &str = r"
+local cur = redis.call('GET', KEYS[1])
+if cur then
+  local ok, rec = pcall(cjson.decode, cur)
+  if ok and type(rec) == 'table' and tonumber(rec['version']) and tonumber(rec['version']) >= tonumber(ARGV[2]) then
+    return 0
+  end
+end
+redis.call('SET', KEYS[1], ARGV[1])
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[4], '*', 'id', ARGV[3])
+return 1
+";
+
+/// `KEYS[1]` record key, `KEYS[2]` change stream, `ARGV[1]` exit id,
+/// `ARGV[2]` entries kept: removes a deleted exit's record, recording the change.
+pub const DEL_EXIT_SCRIPT: &str = r"
+if redis.call('DEL', KEYS[1]) == 1 then
+  redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*', 'id', ARGV[1])
+  return 1
+end
+return 0
+";
+
+/// One pool delta. `KEYS[1]` live set, `KEYS[2]` draining set, `KEYS[3]`
+/// change stream; `ARGV[1]` Redis time (ms) of the previous read, `ARGV[2]`
+/// the last change id seen, `ARGV[3]` most changes returned, `ARGV[4]` the
+/// exit record key prefix. Returns `{now, complete, cursor, expired, changed}`:
+/// `complete` is 0 when the stream no longer holds the cursor (trimmed, or
+/// Redis restarted) and the caller must read the pool in full; `expired` are
+/// the exits whose liveness ran out since the previous read; `changed` is a
+/// flat list of `id, live expiry or '', draining 0/1, record JSON or ''` for
+/// every exit named by a change entry after the cursor, as they are now.
+pub const POOL_DELTA_SCRIPT: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local cursor = ARGV[2]
+if cursor ~= '0-0' and #redis.call('XRANGE', KEYS[3], cursor, cursor) == 0 then
+  return {now, 0, cursor, {}, {}}
+end
+local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. ARGV[1], now)
+local entries = redis.call('XRANGE', KEYS[3], '(' .. cursor, '+', 'COUNT', tonumber(ARGV[3]))
+local seen = {}
+local changed = {}
+for _, entry in ipairs(entries) do
+  cursor = entry[1]
+  local fields = entry[2]
+  local id = fields[2]
+  if id and not seen[id] then
+    seen[id] = true
+    local score = redis.call('ZSCORE', KEYS[1], id)
+    local record = redis.call('GET', ARGV[4] .. id)
+    changed[#changed + 1] = id
+    changed[#changed + 1] = score or ''
+    changed[#changed + 1] = redis.call('SISMEMBER', KEYS[2], id)
+    changed[#changed + 1] = record or ''
+  end
+end
+return {now, 1, cursor, expired, changed}
 ";
 
 /// `KEYS[1]` live set: members whose expiry is still in the future by Redis' clock.
@@ -637,7 +734,8 @@ mod tests {
         let k = Keys::new("t1:");
         assert_eq!(k.user("alice"), "t1:user:{alice}");
         let id = Uuid::nil();
-        assert_eq!(k.exit(id), format!("t1:exit:{{{id}}}"));
+        assert_eq!(k.exit(id), format!("t1:{{exits}}:exit:{id}"));
+        assert!(k.exit(id).starts_with(&k.exit_prefix()));
     }
 
     #[test]

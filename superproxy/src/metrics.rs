@@ -111,6 +111,12 @@ pub fn pool(eligible: usize, blocked: usize, live: usize, degraded: bool) {
     gauge!("proxynet_degraded").set(if degraded { 1.0 } else { 0.0 });
 }
 
+/// One pool read: `full` or `delta`, and how many exits it carried.
+pub fn pool_read(kind: &'static str, exits: usize) {
+    counter!("proxynet_pool_reads_total", "kind" => kind).increment(1);
+    counter!("proxynet_pool_read_exits_total", "kind" => kind).increment(exits as u64);
+}
+
 pub fn health(linked: usize, available: usize, ejected: usize, panic: bool) {
     gauge!("proxynet_exits_health", "state" => "linked").set(linked as f64);
     gauge!("proxynet_exits_health", "state" => "available").set(available as f64);

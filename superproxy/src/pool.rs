@@ -2,12 +2,20 @@
 //!
 //! An exit is eligible when its agent heartbeats (Redis live set), it is neither
 //! draining (its agent said so, or an operator) nor disabled, and it has a
-//! link to this superproxy. The view is
-//! rebuilt on a timer and whenever a link comes or goes, and published as an
-//! immutable snapshot, so picking an exit takes no lock beyond one `Arc` clone.
-//! When Redis is unreachable the last known view stays in use (degraded).
+//! link to this superproxy. The view is published as an immutable snapshot,
+//! so picking an exit takes no lock beyond one `Arc` clone. When Redis is
+//! unreachable the last known view stays in use (degraded).
+//!
+//! Keeping it current costs O(changes), not O(exits): the pool is read in
+//! full once, then follows the exit change stream ([`POOL_DELTA_SCRIPT`]:
+//! one round trip returning only the exits that changed or expired since the
+//! last read). A superproxy that fell further behind than the stream keeps
+//! (or a Redis that restarted) reads the pool in full again. The view is
+//! rebuilt when something changed, a link came or went, or a consent runs out.
 
-use proxynet_protocol::store::{ExitRecord, Keys, ProvenanceBlock, LIVE_AND_DRAINING_SCRIPT};
+use proxynet_protocol::store::{
+    ExitRecord, Keys, ProvenanceBlock, LIVE_AND_DRAINING_SCRIPT, POOL_DELTA_SCRIPT,
+};
 use rand::Rng;
 use redis::aio::ConnectionManager;
 use std::collections::{HashMap, HashSet};
@@ -64,6 +72,9 @@ pub struct Pool {
     view: RwLock<Arc<PoolView>>,
     /// Last records read from Redis, kept for degraded operation.
     known: RwLock<Known>,
+    /// Serialises refreshes (timer and change events).
+    refreshing: tokio::sync::Mutex<()>,
+    last_rebuild: std::sync::Mutex<Instant>,
 }
 
 #[derive(Default)]
@@ -74,6 +85,41 @@ struct Known {
     records: HashMap<Uuid, Arc<ExitRecord>>,
     last_success: Option<Instant>,
     degraded: bool,
+    /// The last change entry applied; `None` until the first full read.
+    cursor: Option<String>,
+    /// Redis' clock (ms) at the last read: expiries after it are news.
+    read_at_ms: i64,
+}
+
+/// Changes applied per delta read at most; more wait for the next read.
+const DELTA_BATCH: usize = 10_000;
+
+/// Rebuilds happen on change; this bounds how stale a time-based block
+/// (a consent that expires) can get if nothing else changes.
+const REBUILD_AT_LEAST_EVERY: Duration = Duration::from_secs(5);
+
+/// One exit as a delta reports it.
+struct Changed {
+    id: Uuid,
+    live: bool,
+    agent_draining: bool,
+    record: Option<ExitRecord>,
+}
+
+enum Read {
+    Full {
+        now_ms: i64,
+        cursor: String,
+        live: HashSet<Uuid>,
+        agent_draining: HashSet<Uuid>,
+        records: HashMap<Uuid, Arc<ExitRecord>>,
+    },
+    Delta {
+        now_ms: i64,
+        cursor: String,
+        expired: Vec<Uuid>,
+        changed: Vec<Changed>,
+    },
 }
 
 impl PoolView {
@@ -190,6 +236,8 @@ impl Pool {
             registry,
             view: RwLock::new(Arc::new(PoolView::default())),
             known: RwLock::new(Known::default()),
+            refreshing: tokio::sync::Mutex::new(()),
+            last_rebuild: std::sync::Mutex::new(Instant::now()),
         }
     }
 
@@ -254,40 +302,119 @@ impl Pool {
         }
     }
 
-    /// Re-reads liveness and records from Redis, then rebuilds the view.
+    /// Reads what changed in Redis (everything, the first time) and rebuilds
+    /// the view if anything did. Refreshes run one at a time: a change event
+    /// arriving during the timer's read waits for it, then reads on from it.
     pub async fn refresh(&self) {
-        match self.fetch().await {
-            Ok((live, agent_draining, records)) => {
-                if let Ok(mut known) = self.known.write() {
-                    known.live = live;
-                    known.agent_draining = agent_draining;
-                    known.records = records;
-                    known.last_success = Some(Instant::now());
-                    known.degraded = false;
+        let _one_at_a_time = self.refreshing.lock().await;
+        let (cursor, read_at_ms, was_degraded) = match self.known.read() {
+            Ok(k) => (k.cursor.clone(), k.read_at_ms, k.degraded),
+            Err(_) => return,
+        };
+        let read = match cursor {
+            Some(cursor) => {
+                match self.read_delta(&cursor, read_at_ms).await {
+                    Ok(None) => {
+                        tracing::info!("exit change stream no longer holds our place; reading the pool in full");
+                        self.read_full().await
+                    }
+                    Ok(Some(delta)) => Ok(delta),
+                    Err(e) => Err(e),
                 }
-                self.rebuild();
             }
+            None => self.read_full().await,
+        };
+        let changed = match read {
+            Ok(read) => self.apply(read),
             Err(e) => {
                 crate::metrics::store_error("redis", "pool_refresh");
                 tracing::warn!(error = %e, "pool refresh failed; routing on the last known pool");
                 if let Ok(mut known) = self.known.write() {
                     known.degraded = true;
                 }
-                self.rebuild();
+                !was_degraded
+            }
+        };
+        let stale = self
+            .last_rebuild
+            .lock()
+            .map(|t| t.elapsed() >= REBUILD_AT_LEAST_EVERY)
+            .unwrap_or(true);
+        if changed || stale {
+            self.rebuild();
+        }
+    }
+
+    /// Applies a read; true if the pool changed.
+    fn apply(&self, read: Read) -> bool {
+        let Ok(mut known) = self.known.write() else {
+            return false;
+        };
+        let was_degraded = known.degraded;
+        known.last_success = Some(Instant::now());
+        known.degraded = false;
+        match read {
+            Read::Full {
+                now_ms,
+                cursor,
+                live,
+                agent_draining,
+                records,
+            } => {
+                crate::metrics::pool_read("full", live.len());
+                known.live = live;
+                known.agent_draining = agent_draining;
+                known.records = records;
+                known.cursor = Some(cursor);
+                known.read_at_ms = now_ms;
+                true
+            }
+            Read::Delta {
+                now_ms,
+                cursor,
+                expired,
+                changed,
+            } => {
+                crate::metrics::pool_read("delta", changed.len() + expired.len());
+                let any = !changed.is_empty() || !expired.is_empty();
+                for c in changed {
+                    if c.live {
+                        known.live.insert(c.id);
+                    } else {
+                        known.live.remove(&c.id);
+                    }
+                    if c.agent_draining {
+                        known.agent_draining.insert(c.id);
+                    } else {
+                        known.agent_draining.remove(&c.id);
+                    }
+                    match c.record {
+                        Some(record) => {
+                            known.records.insert(c.id, Arc::new(record));
+                        }
+                        None => {
+                            known.records.remove(&c.id);
+                        }
+                    }
+                }
+                for id in expired {
+                    known.live.remove(&id);
+                }
+                known.cursor = Some(cursor);
+                known.read_at_ms = now_ms;
+                any || was_degraded
             }
         }
     }
 
-    #[allow(clippy::type_complexity)]
-    async fn fetch(
-        &self,
-    ) -> Result<(HashSet<Uuid>, HashSet<Uuid>, HashMap<Uuid, Arc<ExitRecord>>), redis::RedisError>
-    {
+    /// The whole pool: live and draining sets, then every live exit's record.
+    async fn read_full(&self) -> Result<Read, redis::RedisError> {
         let mut redis = self.redis.clone();
-        let (ids, draining): (Vec<String>, Vec<String>) =
+        let (now_ms, cursor, ids, draining): (i64, String, Vec<String>, Vec<String>) =
             redis::Script::new(LIVE_AND_DRAINING_SCRIPT)
                 .key(self.keys.exits_live())
                 .key(self.keys.exits_draining())
+                .key(self.keys.exit_changes())
                 .invoke_async(&mut redis)
                 .await?;
         let live: HashSet<Uuid> = ids.iter().filter_map(|s| s.parse().ok()).collect();
@@ -295,6 +422,7 @@ impl Pool {
             draining.iter().filter_map(|s| s.parse().ok()).collect();
         let mut records = HashMap::with_capacity(live.len());
         let ids: Vec<Uuid> = live.iter().copied().collect();
+        // Every record shares the `{exits}` slot, so MGET works on a cluster too.
         for chunk in ids.chunks(1000) {
             let keys: Vec<String> = chunk.iter().map(|id| self.keys.exit(*id)).collect();
             let values: Vec<Option<String>> = redis::cmd("MGET")
@@ -307,7 +435,62 @@ impl Pool {
                 }
             }
         }
-        Ok((live, agent_draining, records))
+        Ok(Read::Full {
+            now_ms,
+            cursor,
+            live,
+            agent_draining,
+            records,
+        })
+    }
+
+    /// What changed since `cursor`; `None` when the stream lost our place.
+    async fn read_delta(
+        &self,
+        cursor: &str,
+        read_at_ms: i64,
+    ) -> Result<Option<Read>, redis::RedisError> {
+        let mut redis = self.redis.clone();
+        type Reply = (i64, i64, String, Vec<String>, Vec<redis::Value>);
+        let (now_ms, complete, cursor, expired, flat): Reply =
+            redis::Script::new(POOL_DELTA_SCRIPT)
+                .key(self.keys.exits_live())
+                .key(self.keys.exits_draining())
+                .key(self.keys.exit_changes())
+                .arg(read_at_ms)
+                .arg(cursor)
+                .arg(DELTA_BATCH)
+                .arg(self.keys.exit_prefix())
+                .invoke_async(&mut redis)
+                .await?;
+        if complete == 0 {
+            return Ok(None);
+        }
+        let text = |v: &redis::Value| -> String {
+            redis::from_redis_value_ref::<String>(v).unwrap_or_default()
+        };
+        let changed = flat
+            .chunks_exact(4)
+            .filter_map(|entry| {
+                let id: Uuid = text(&entry[0]).parse().ok()?;
+                let expiry: Option<i64> = text(&entry[1]).parse::<f64>().ok().map(|s| s as i64);
+                let agent_draining =
+                    redis::from_redis_value_ref::<i64>(&entry[2]).unwrap_or(0) == 1;
+                let record = serde_json::from_str::<ExitRecord>(&text(&entry[3])).ok();
+                Some(Changed {
+                    id,
+                    live: expiry.is_some_and(|e| e > now_ms),
+                    agent_draining,
+                    record,
+                })
+            })
+            .collect();
+        Ok(Some(Read::Delta {
+            now_ms,
+            cursor,
+            expired: expired.iter().filter_map(|s| s.parse().ok()).collect(),
+            changed,
+        }))
     }
 
     /// A live, linked exit blocked by provenance that would match
@@ -321,6 +504,9 @@ impl Pool {
     }
 
     fn rebuild(&self) {
+        if let Ok(mut at) = self.last_rebuild.lock() {
+            *at = Instant::now();
+        }
         let links = self.registry.snapshot();
         let now_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)

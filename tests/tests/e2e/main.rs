@@ -5,6 +5,7 @@
 
 mod api_contract;
 mod clients;
+mod control_plane;
 mod defects;
 mod degraded;
 mod docs;

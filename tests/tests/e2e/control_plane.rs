@@ -1,0 +1,99 @@
+//! Issue 12: the pool follows the exit change stream (O(changes)), and falls
+//! back to one full read when the stream lost its place.
+
+use proxynet_tests::process::eventually;
+use proxynet_tests::stack::{Stack, ADMIN_TOKEN};
+use std::net::SocketAddr;
+use std::time::Duration;
+
+async fn admin_post(stack: &Stack, path: &str) {
+    let r = stack
+        .http
+        .post(stack.api(path))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{path}");
+}
+
+/// `proxynet_pool_reads_total{kind}` on a superproxy.
+async fn pool_reads(stack: &Stack, admin: SocketAddr, kind: &str) -> u64 {
+    let text = stack
+        .http
+        .get(format!("http://{admin}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let series = format!("proxynet_pool_reads_total{{kind=\"{kind}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&series))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map_or(0, |v| v as u64)
+}
+
+async fn eligible(stack: &Stack) -> Vec<String> {
+    stack.pool().await["eligible"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["exit_id"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drains_reach_the_pool_as_deltas_and_a_lost_place_means_one_full_read() {
+    let stack = Stack::start().await;
+    let admin = stack.proxy_addrs.admin;
+    let exit = stack.agents[0].addrs.exit_id;
+    let full_at_start = pool_reads(&stack, admin, "full").await;
+    assert!(full_at_start >= 1, "the pool starts with a full read");
+
+    admin_post(&stack, &format!("/v1/exits/{exit}/drain")).await;
+    eventually(
+        "the drain to reach the pool",
+        Duration::from_secs(5),
+        || async { (!eligible(&stack).await.contains(&exit.to_string())).then_some(()) },
+    )
+    .await;
+    admin_post(&stack, &format!("/v1/exits/{exit}/undrain")).await;
+    eventually(
+        "the undrain to reach the pool",
+        Duration::from_secs(5),
+        || async {
+            eligible(&stack)
+                .await
+                .contains(&exit.to_string())
+                .then_some(())
+        },
+    )
+    .await;
+    assert!(pool_reads(&stack, admin, "delta").await > 0);
+    assert_eq!(
+        pool_reads(&stack, admin, "full").await,
+        full_at_start,
+        "changes were read as deltas, not by re-reading the pool"
+    );
+
+    // The stream loses our place (trimmed away, or Redis restarted empty):
+    // the next read notices, reads the pool in full once, and goes on.
+    let client = redis::Client::open(stack.stores.redis_url.as_str()).unwrap();
+    let mut redis = client.get_multiplexed_async_connection().await.unwrap();
+    let stream = format!("{}{{exits}}:changes", stack.stores.redis_prefix);
+    let _: () = redis::cmd("DEL")
+        .arg(&stream)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    admin_post(&stack, &format!("/v1/exits/{exit}/drain")).await;
+    eventually(
+        "the drain to reach the pool after the stream was lost",
+        Duration::from_secs(5),
+        || async { (!eligible(&stack).await.contains(&exit.to_string())).then_some(()) },
+    )
+    .await;
+    assert_eq!(pool_reads(&stack, admin, "full").await, full_at_start + 1);
+}
