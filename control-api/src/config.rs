@@ -62,6 +62,12 @@ pub struct Config {
     #[arg(long, env = "PROXYNET_HEARTBEAT_PERSIST_MS", default_value_t = 5_000)]
     pub heartbeat_persist_ms: u64,
 
+    /// A live exit's `last_heartbeat_at` in Postgres is refreshed at least
+    /// this often, seconds; beats in between are written only if they change
+    /// the drain flag or the tunnel count (liveness itself is in Redis).
+    #[arg(long, env = "PROXYNET_HEARTBEAT_RECORD_SECS", default_value_t = 60)]
+    pub heartbeat_record_secs: u64,
+
     /// Period of the full Postgres → Redis re-projection, in seconds. It repairs
     /// Redis after an outage or a lost write.
     #[arg(long, env = "PROXYNET_RESYNC_SECS", default_value_t = 30)]

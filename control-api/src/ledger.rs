@@ -21,6 +21,9 @@ use uuid::Uuid;
 
 pub const GROUP: &str = "ledger";
 
+/// How long one read waits for new usage batches.
+const BLOCK: Duration = Duration::from_secs(1);
+
 pub struct LedgerConsumer {
     pub db: PgPool,
     pub redis: redis::Client,
@@ -32,8 +35,16 @@ pub struct LedgerConsumer {
 impl LedgerConsumer {
     pub async fn run(self) {
         loop {
-            // Blocking reads get a connection of their own.
-            match self.redis.get_multiplexed_async_connection().await {
+            // Blocking reads get a connection of their own, whose response
+            // timeout outlasts the block (the client's default of 500 ms
+            // would end every idle one-second XREADGROUP in an error).
+            let config = redis::AsyncConnectionConfig::new()
+                .set_response_timeout(Some(BLOCK + Duration::from_secs(5)));
+            match self
+                .redis
+                .get_multiplexed_async_connection_with_config(&config)
+                .await
+            {
                 Ok(mut conn) => {
                     if let Err(e) = self.consume(&mut conn).await {
                         tracing::warn!(error = %e, "usage consumer interrupted; resuming");
@@ -62,7 +73,7 @@ impl LedgerConsumer {
             let options = StreamReadOptions::default()
                 .group(GROUP, &self.consumer)
                 .count(100)
-                .block(1000);
+                .block(BLOCK.as_millis() as usize);
             let reply: StreamReadReply =
                 conn.xread_options(&[&stream], &[&cursor], &options).await?;
             let entries: Vec<_> = reply.keys.into_iter().flat_map(|k| k.ids).collect();

@@ -84,6 +84,7 @@ pub struct ControlApi {
 
 impl ControlApi {
     pub async fn bind(config: Config) -> Result<Self, StartError> {
+        let heartbeat_record = Duration::from_secs(config.heartbeat_record_secs.max(1));
         let admin_token = config
             .admin_token
             .clone()
@@ -143,7 +144,7 @@ impl ControlApi {
                 hashing: PasswordHashing::default(),
                 admin_token,
                 config: Arc::new(config),
-                heartbeats: Arc::new(liveness::HeartbeatBook::default()),
+                heartbeats: Arc::new(liveness::HeartbeatBook::new(heartbeat_record)),
                 protected: Arc::new(protected),
                 observer: observe::Observer::default(),
                 sessions: routes::dashboard::Sessions::default(),

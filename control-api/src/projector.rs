@@ -33,7 +33,14 @@ pub struct Projector {
     db: PgPool,
     redis: ConnectionManager,
     keys: Keys,
+    /// The live superproxies as last read, for heartbeat replies: every
+    /// agent gets the same list, so 20,000 beats a second share one read.
+    superproxies: std::sync::Arc<std::sync::Mutex<Option<(std::time::Instant, bytes::Bytes)>>>,
 }
+
+/// How long a heartbeat reply may reuse the superproxy list. Well below the
+/// announcement TTL, so a superproxy that joins is dialled within a beat.
+const SUPERPROXY_LIST_REUSE: Duration = Duration::from_millis(500);
 
 #[derive(sqlx::FromRow)]
 struct UserRow {
@@ -180,7 +187,12 @@ const USER_COLUMNS: &str = "id, account_id, username, password_hash, enabled, ve
 
 impl Projector {
     pub fn new(db: PgPool, redis: ConnectionManager, keys: Keys) -> Self {
-        Self { db, redis, keys }
+        Self {
+            db,
+            redis,
+            keys,
+            superproxies: Default::default(),
+        }
     }
 
     pub fn keys(&self) -> &Keys {
@@ -383,6 +395,27 @@ impl Projector {
     }
 
     /// The superproxies currently announcing themselves, for agents to dial.
+    /// The heartbeat reply `build` makes from the live superproxies, as
+    /// JSON, reused while at most [`SUPERPROXY_LIST_REUSE`] old.
+    pub async fn heartbeat_reply<T: serde::Serialize>(
+        &self,
+        build: impl FnOnce(Vec<SuperproxyRecord>) -> T,
+    ) -> Result<bytes::Bytes, ProjectionError> {
+        if let Ok(cached) = self.superproxies.lock() {
+            if let Some((at, reply)) = cached.as_ref() {
+                if at.elapsed() < SUPERPROXY_LIST_REUSE {
+                    return Ok(reply.clone());
+                }
+            }
+        }
+        let reply =
+            bytes::Bytes::from(serde_json::to_vec(&build(self.live_superproxies().await?))?);
+        if let Ok(mut cached) = self.superproxies.lock() {
+            *cached = Some((std::time::Instant::now(), reply.clone()));
+        }
+        Ok(reply)
+    }
+
     pub async fn live_superproxies(&self) -> Result<Vec<SuperproxyRecord>, ProjectionError> {
         let mut redis = self.redis.clone();
         let ids: Vec<String> = redis::Script::new(LIVE_MEMBERS_SCRIPT)
