@@ -68,6 +68,10 @@ struct RunArgs {
     /// Processes whose memory counts (the proxy's), comma-separated pids.
     #[arg(long, value_delimiter = ',')]
     pids: Vec<u32>,
+    /// Tunnels whose client never reads while the target streams, before a
+    /// fresh 1 MB download is timed through the same proxy (0: skip).
+    #[arg(long, default_value_t = 0)]
+    isolation_tunnels: usize,
     /// Bulk cases to run (to profile one): up1, down1, up8, down8.
     #[arg(long, value_delimiter = ',', default_value = "up1,down1,up8,down8")]
     bulk_cases: Vec<String>,
@@ -86,6 +90,10 @@ struct Report {
     idle_tunnels: usize,
     rss_kb_per_tunnel: f64,
     pss_kb_per_tunnel: f64,
+    /// With `isolation_tunnels` stalled tunnels open: a fresh 1 MB download's time...
+    isolation_fresh_1mb_ms: f64,
+    /// ...and what the stalled tunnels made the proxy processes hold (RSS, MB).
+    isolation_rss_mb: f64,
     errors: u64,
 }
 
@@ -273,6 +281,58 @@ async fn bulk(args: &RunArgs, streams: usize, up: bool) -> f64 {
     (per_stream * streams as u64) as f64 / start.elapsed().as_secs_f64() / 1e6
 }
 
+/// Opens `n` tunnels to a target that streams without end and never reads
+/// them; once the proxy holds all it will for them, times a fresh 1 MB
+/// download through the same proxy. (fresh download ms, RSS growth MB).
+async fn isolation(args: &RunArgs, n: usize) -> (f64, f64) {
+    let (rss0, _) = memory_kb(&args.pids);
+    let mut stalled = Vec::with_capacity(n);
+    for _ in 0..n {
+        let Ok(mut s) = open(args, args.bulk).await else {
+            continue;
+        };
+        let mut head = vec![b'D'];
+        head.extend_from_slice(&(u64::MAX / 2).to_be_bytes());
+        if s.write_all(&head).await.is_ok() {
+            stalled.push(s); // never read
+        }
+    }
+    // Settled when the proxies' memory stops growing (bounded: 20 s).
+    let mut last = 0;
+    for _ in 0..100 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let (rss, _) = memory_kb(&args.pids);
+        if rss.abs_diff(last) < 256 {
+            break;
+        }
+        last = rss;
+    }
+    let (rss1, _) = memory_kb(&args.pids);
+    let started = Instant::now();
+    let fresh = async {
+        let mut s = open(args, args.bulk).await?;
+        let mut head = vec![b'D'];
+        head.extend_from_slice(&1_000_000u64.to_be_bytes());
+        s.write_all(&head).await?;
+        let mut got = 0usize;
+        let mut buf = vec![0u8; 64 * 1024];
+        while got < 1_000_000 {
+            let n = s.read(&mut buf).await?;
+            if n == 0 {
+                break;
+            }
+            got += n;
+        }
+        Ok::<_, std::io::Error>(got)
+    };
+    let took = match tokio::time::timeout(Duration::from_secs(30), fresh).await {
+        Ok(Ok(1_000_000)) => started.elapsed().as_secs_f64() * 1000.0,
+        _ => f64::INFINITY,
+    };
+    drop(stalled);
+    (took, rss1.saturating_sub(rss0) as f64 / 1024.0)
+}
+
 /// (RSS, PSS) in kB summed over `pids`, from /proc/PID/smaps_rollup.
 fn memory_kb(pids: &[u32]) -> (u64, u64) {
     let mut rss = 0;
@@ -352,6 +412,12 @@ async fn run_all(args: RunArgs) -> Report {
         drop(idle);
     }
 
+    let (isolation_fresh_1mb_ms, isolation_rss_mb) = if args.isolation_tunnels > 0 {
+        isolation(&args, args.isolation_tunnels).await
+    } else {
+        (f64::NAN, f64::NAN)
+    };
+
     let mut samples = Vec::with_capacity(args.setup_count);
     let deadline = Instant::now() + Duration::from_secs(60);
     for _ in 0..args.setup_count {
@@ -412,6 +478,8 @@ async fn run_all(args: RunArgs) -> Report {
         idle_tunnels: opened,
         rss_kb_per_tunnel: rss_per,
         pss_kb_per_tunnel: pss_per,
+        isolation_fresh_1mb_ms,
+        isolation_rss_mb,
         errors: errors.load(Ordering::Relaxed),
     }
 }
