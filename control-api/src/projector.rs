@@ -586,7 +586,7 @@ impl Projector {
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last_full: Option<std::time::Instant> = None;
-        let marker = format!("{}projection:complete", self.keys.prefix());
+        let marker = self.keys.projection_complete();
         loop {
             tick.tick().await;
             let mut redis = self.redis.clone();

@@ -234,15 +234,22 @@ async fn heartbeat_loop(control: ControlClient, ctx: Arc<TunnelContext>) {
 struct LinkTask {
     record: SuperproxyRecord,
     stop: CancellationToken,
-    /// Consecutive heartbeat replies that did not list this superproxy.
+    /// Consecutive heartbeat replies that did not list this superproxy, and
+    /// since when it has been missing from them.
     missing: u32,
+    missing_since: Option<std::time::Instant>,
     _task: JoinHandle<()>,
 }
 
-/// A superproxy is let go only after this many replies in a row without it:
-/// a Redis that restarted empty lists no superproxy until they re-announce,
-/// and one such reply must not tear every link down.
+/// A superproxy is let go only after this many replies in a row without it,
+/// spanning at least [`WITHDRAWAL_GRACE`]: a Redis that restarted empty lists
+/// no superproxy until each re-announces (after its own reconnect backoff),
+/// and such replies must not tear every link down. Waiting costs nothing: a
+/// superproxy that really left closes its links itself (a drain ends them
+/// with its last tunnel, a crash is caught by the link keepalive), and a
+/// draining one accepts no new tunnels to send down them.
 const MISSING_BEFORE_WINDDOWN: u32 = 2;
+const WITHDRAWAL_GRACE: Duration = Duration::from_secs(10);
 
 fn reconcile(
     links: &mut HashMap<Uuid, LinkTask>,
@@ -254,11 +261,13 @@ fn reconcile(
         let keep = match wanted.get(id) {
             Some(w) => {
                 link.missing = 0;
+                link.missing_since = None;
                 w.link_addr == link.record.link_addr && w.cert_sha256 == link.record.cert_sha256
             }
             None => {
                 link.missing += 1;
-                link.missing < MISSING_BEFORE_WINDDOWN
+                let since = *link.missing_since.get_or_insert_with(std::time::Instant::now);
+                link.missing < MISSING_BEFORE_WINDDOWN || since.elapsed() < WITHDRAWAL_GRACE
             }
         };
         if !keep {
@@ -277,6 +286,7 @@ fn reconcile(
                 record,
                 stop,
                 missing: 0,
+                missing_since: None,
                 _task: task,
             }
         });

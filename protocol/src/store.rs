@@ -126,6 +126,15 @@ impl Keys {
         format!("{}stats:{{{superproxy}}}", self.prefix)
     }
 
+    /// Written by the control-api after each full projection of Postgres into
+    /// Redis. Its absence means Redis lost the projection (a restart without
+    /// persistence, a flush) and it is not yet rebuilt: an absent user or exit
+    /// then proves nothing, so superproxies keep their last known view
+    /// instead of refusing known users or emptying the pool.
+    pub fn projection_complete(&self) -> String {
+        format!("{}projection:complete", self.prefix)
+    }
+
     /// Pub/sub channel announcing changed users and exits (`user:NAME`, `exit:ID`).
     pub fn events(&self) -> String {
         format!("{}events", self.prefix)

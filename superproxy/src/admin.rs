@@ -78,7 +78,7 @@ fn respond(gateway: &AdminState, req: &Request<Incoming>) -> Response<Full<Bytes
                 // balancer may prefer a healthy peer.
                 text(
                     StatusCode::SERVICE_UNAVAILABLE,
-                    "degraded: redis unreachable\n".into(),
+                    "degraded: redis unreachable or not yet re-projected\n".into(),
                 )
             } else {
                 text(

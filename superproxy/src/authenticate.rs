@@ -19,7 +19,6 @@ use argon2::Argon2;
 use hmac::{Hmac, Mac};
 use proxynet_protocol::store::{Keys, UserEntry, UserRecord};
 use redis::aio::ConnectionManager;
-use redis::AsyncCommands;
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -159,11 +158,23 @@ impl Authenticator {
     }
 
     /// What Redis holds for the user now (bypassing the cache, which it
-    /// refreshes). `Err` when Redis cannot say.
+    /// refreshes). `Err` when Redis cannot say — down, or back from a restart
+    /// and not yet re-projected (an absent user proves nothing then, and a
+    /// known user must not be refused and charged as a failed login).
     pub async fn fresh_entry(&self, username: &str) -> Result<UserEntry, redis::RedisError> {
         let mut redis = self.inner.redis.clone();
-        let json: Option<String> = redis.get(self.inner.keys.user(username)).await?;
+        let (json, projected): (Option<String>, bool) = redis::pipe()
+            .get(self.inner.keys.user(username))
+            .exists(self.inner.keys.projection_complete())
+            .query_async(&mut redis)
+            .await?;
         let entry = UserEntry::parse(json.as_deref());
+        if !projected && matches!(entry, UserEntry::Absent) {
+            return Err(redis::RedisError::from((
+                redis::ErrorKind::Client,
+                "user store is being re-projected",
+            )));
+        }
         // A tombstone (a deleted user) or nothing at all is no user to log in as.
         let record = match &entry {
             UserEntry::Present(r) => Some(Arc::new((**r).clone())),

@@ -51,7 +51,7 @@ pub struct Config {
     #[arg(long, env = "PROXYNET_ADMIN_LISTEN", default_value = "127.0.0.1:9090")]
     pub admin_listen: SocketAddr,
 
-    /// Listener agents dial for their links (TLS 1.3 + HTTP/2).
+    /// Listener agents dial for their links (TLS 1.3, then the link mux or HTTP/2).
     #[arg(long, env = "PROXYNET_LINK_LISTEN", default_value = "127.0.0.1:7443")]
     pub link_listen: SocketAddr,
 

@@ -18,6 +18,7 @@ use proxynet_protocol::store::{
 };
 use rand::Rng;
 use redis::aio::ConnectionManager;
+use redis::AsyncCommands;
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 use std::sync::{Arc, RwLock};
@@ -120,6 +121,20 @@ enum Read {
         expired: Vec<Uuid>,
         changed: Vec<Changed>,
     },
+}
+
+/// Why a refresh kept the last known pool.
+enum ReadError {
+    Redis(redis::RedisError),
+    /// Redis answers but lost the projection (restart, flush) and the
+    /// control-api has not rebuilt it yet: an empty read would be a lie.
+    NotProjected,
+}
+
+impl From<redis::RedisError> for ReadError {
+    fn from(e: redis::RedisError) -> Self {
+        Self::Redis(e)
+    }
 }
 
 impl PoolView {
@@ -319,7 +334,7 @@ impl Pool {
                         self.read_full().await
                     }
                     Ok(Some(delta)) => Ok(delta),
-                    Err(e) => Err(e),
+                    Err(e) => Err(ReadError::Redis(e)),
                 }
             }
             None => self.read_full().await,
@@ -327,8 +342,16 @@ impl Pool {
         let changed = match read {
             Ok(read) => self.apply(read),
             Err(e) => {
-                crate::metrics::store_error("redis", "pool_refresh");
-                tracing::warn!(error = %e, "pool refresh failed; routing on the last known pool");
+                match &e {
+                    ReadError::Redis(e) => {
+                        crate::metrics::store_error("redis", "pool_refresh");
+                        tracing::warn!(error = %e, "pool refresh failed; routing on the last known pool");
+                    }
+                    ReadError::NotProjected if !was_degraded => {
+                        tracing::info!("redis holds no complete projection yet; routing on the last known pool");
+                    }
+                    ReadError::NotProjected => {}
+                }
                 if let Ok(mut known) = self.known.write() {
                     known.degraded = true;
                 }
@@ -408,8 +431,15 @@ impl Pool {
     }
 
     /// The whole pool: live and draining sets, then every live exit's record.
-    async fn read_full(&self) -> Result<Read, redis::RedisError> {
+    /// Refused while Redis holds no complete projection (back from a restart,
+    /// not yet re-projected): its exit records would be missing, and an empty
+    /// read must not replace the last known pool.
+    async fn read_full(&self) -> Result<Read, ReadError> {
         let mut redis = self.redis.clone();
+        let projected: bool = redis.exists(self.keys.projection_complete()).await?;
+        if !projected {
+            return Err(ReadError::NotProjected);
+        }
         let (now_ms, cursor, ids, draining): (i64, String, Vec<String>, Vec<String>) =
             redis::Script::new(LIVE_AND_DRAINING_SCRIPT)
                 .key(self.keys.exits_live())
@@ -445,6 +475,8 @@ impl Pool {
     }
 
     /// What changed since `cursor`; `None` when the stream lost our place.
+    /// (A delta needs no projection check: a Redis that lost the projection
+    /// lost the change stream with it, and so our place.)
     async fn read_delta(
         &self,
         cursor: &str,

@@ -75,6 +75,18 @@ async fn a_redis_outage_keeps_known_users_routing_and_recovers_without_restarts(
     );
 
     redis.restart().await; // empty: no persistence
+                           // Redis is back but empty until the control-api re-projects (≤ 1 s): an
+                           // absent user then proves nothing, so known users keep working on their
+                           // last known record instead of being refused (and charged as failed
+                           // logins) and the pool is not emptied by a read of the empty store.
+    let back_since = Instant::now();
+    while back_since.elapsed() < Duration::from_secs(3) {
+        for proxy in proxies {
+            ok_via(proxy, USERNAME, &stack.whoami_url())
+                .await
+                .expect("a known user keeps working while Redis is re-projected");
+        }
+    }
     for admin in [stack.proxy_addrs.admin, second.admin] {
         eventually("readiness to recover", Duration::from_secs(20), || async {
             (readyz(&stack, admin).await == 200).then_some(())
