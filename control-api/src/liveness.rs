@@ -30,6 +30,8 @@ struct Beat {
 }
 
 pub struct HeartbeatBook {
+    /// When each exit's last beat was let through [`Self::pace`].
+    admitted: Mutex<HashMap<Uuid, std::time::Instant>>,
     unsaved: Mutex<HashMap<Uuid, Beat>>,
     /// What Postgres holds for each exit, as last written by us.
     persisted: Mutex<HashMap<Uuid, Beat>>,
@@ -46,6 +48,7 @@ impl Default for HeartbeatBook {
 impl HeartbeatBook {
     pub fn new(record_every: Duration) -> Self {
         Self {
+            admitted: Mutex::new(HashMap::new()),
             unsaved: Mutex::new(HashMap::new()),
             persisted: Mutex::new(HashMap::new()),
             record_every,
@@ -62,6 +65,26 @@ impl HeartbeatBook {
                     || (beat.at - p.at).to_std().unwrap_or(Duration::ZERO) >= self.record_every
             }
         }
+    }
+
+    /// Lets an authenticated exit's beat through unless its previous one was
+    /// less than `min_gap` ago; else how long to wait. A beat can write the
+    /// exit change stream (a drain flip) that every superproxy reads, so one
+    /// agent beating in a loop must not flood it and push every reader out
+    /// of its place. Bounded by the number of enrolled exits.
+    pub fn pace(&self, exit: Uuid, min_gap: Duration) -> Result<(), Duration> {
+        let now = std::time::Instant::now();
+        let Ok(mut admitted) = self.admitted.lock() else {
+            return Ok(());
+        };
+        if let Some(last) = admitted.get(&exit) {
+            let since = now.duration_since(*last);
+            if since < min_gap {
+                return Err(min_gap - since);
+            }
+        }
+        admitted.insert(exit, now);
+        Ok(())
     }
 
     /// Records a beat for the next batch (replacing an older unsaved one).
@@ -155,5 +178,24 @@ impl HeartbeatBook {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod pacing_tests {
+    use super::*;
+
+    #[test]
+    fn beats_closer_than_the_gap_are_refused_with_the_wait() {
+        let book = HeartbeatBook::default();
+        let exit = Uuid::new_v4();
+        let other = Uuid::new_v4();
+        let gap = Duration::from_secs(60);
+        assert!(book.pace(exit, gap).is_ok());
+        let wait = book.pace(exit, gap).unwrap_err();
+        assert!(wait > Duration::from_secs(59) && wait <= gap);
+        // Another exit is not affected, and a zero gap admits everything.
+        assert!(book.pace(other, gap).is_ok());
+        assert!(book.pace(exit, Duration::ZERO).is_ok());
     }
 }

@@ -601,13 +601,19 @@ return now
 
 /// `KEYS[1]` live set, `KEYS[2]` draining set, `KEYS[3]` change stream:
 /// `{now, last change id, live members, draining members}`: the start of a
-/// full pool read, and the point its deltas continue from.
+/// full pool read, and the point its deltas continue from. An empty stream
+/// gets a placeholder entry (no exit id) so the cursor is always a real entry
+/// whose disappearance (a flush, trimming past it) the delta can detect.
 pub const LIVE_AND_DRAINING_SCRIPT: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local last = redis.call('XREVRANGE', KEYS[3], '+', '-', 'COUNT', 1)
-local cursor = '0-0'
-if last[1] then cursor = last[1][1] end
+local cursor
+if last[1] then
+  cursor = last[1][1]
+else
+  cursor = redis.call('XADD', KEYS[3], '*', 'id', '')
+end
 return {now, cursor, redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf'), redis.call('SMEMBERS', KEYS[2])}
 ";
 
@@ -650,7 +656,13 @@ pub const POOL_DELTA_SCRIPT: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local cursor = ARGV[2]
-if cursor ~= '0-0' and #redis.call('XRANGE', KEYS[3], cursor, cursor) == 0 then
+if #redis.call('XRANGE', KEYS[3], cursor, cursor) == 0 then
+  return {now, 0, cursor, {}, {}}
+end
+-- Liveness entries expired longer ago than the heartbeat script keeps them
+-- (an hour) are gone from the live set: a reader that far behind cannot
+-- learn of those expiries from it and must read in full.
+if tonumber(ARGV[1]) < now - 3000000 then
   return {now, 0, cursor, {}, {}}
 end
 local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. ARGV[1], now)
@@ -661,7 +673,7 @@ for _, entry in ipairs(entries) do
   cursor = entry[1]
   local fields = entry[2]
   local id = fields[2]
-  if id and not seen[id] then
+  if id and id ~= '' and not seen[id] then
     seen[id] = true
     local score = redis.call('ZSCORE', KEYS[1], id)
     local record = redis.call('GET', ARGV[4] .. id)

@@ -163,7 +163,9 @@ impl Authenticator {
     /// known user must not be refused and charged as a failed login).
     pub async fn fresh_entry(&self, username: &str) -> Result<UserEntry, redis::RedisError> {
         let mut redis = self.inner.redis.clone();
+        // One MULTI: a flush and re-projection cannot fall between the two.
         let (json, projected): (Option<String>, bool) = redis::pipe()
+            .atomic()
             .get(self.inner.keys.user(username))
             .exists(self.inner.keys.projection_complete())
             .query_async(&mut redis)
@@ -264,6 +266,7 @@ impl Authenticator {
                 Some(running) => running.clone(),
                 None => {
                     charge()?;
+                    metrics::counter!("proxynet_auth_verifications_total").increment(1);
                     let (tx, rx) = watch::channel(None);
                     in_flight.insert(key, rx.clone());
                     tokio::spawn(self.inner.clone().run_verification(

@@ -294,6 +294,20 @@ pub async fn heartbeat(
     if !constant_time_eq(sha256_hex(presented).as_bytes(), stored.as_bytes()) {
         return Err(ApiError::Unauthorized);
     }
+    // An agent beats once per interval (sooner only when retrying after a
+    // failure, at most every half second): a quarter interval apart is
+    // legitimate, anything faster is a loop.
+    let min_gap =
+        (state.config.heartbeat_interval() / 4).min(std::time::Duration::from_millis(500));
+    if let Err(wait) = state.heartbeats.pace(exit_id, min_gap) {
+        return Err(ApiError::Rejected {
+            status: axum::http::StatusCode::TOO_MANY_REQUESTS,
+            detail: format!(
+                "heartbeats come faster than the interval; retry in {} ms",
+                wait.as_millis().max(1)
+            ),
+        });
+    }
     state
         .projector
         .heartbeat(exit_id, body.draining, state.config.heartbeat_ttl())

@@ -51,6 +51,10 @@ pub struct MuxConfig {
     pub keepalive_timeout: Duration,
     /// Streams the peer may have open at once; OPENs beyond are reset.
     pub max_streams: usize,
+    /// Whether the peer may open streams at all. A side that only opens
+    /// (the superproxy) says no, and an OPEN from the peer is then a protocol
+    /// error that ends the link instead of state it would have to hold.
+    pub accepts_streams: bool,
 }
 
 impl Default for MuxConfig {
@@ -59,6 +63,7 @@ impl Default for MuxConfig {
             keepalive_interval: Duration::from_secs(10),
             keepalive_timeout: Duration::from_secs(5),
             max_streams: 100_000,
+            accepts_streams: true,
         }
     }
 }
@@ -72,6 +77,8 @@ pub enum MuxError {
     Protocol(&'static str),
     #[error("peer did not answer a keepalive in time")]
     KeepaliveTimeout,
+    #[error("peer stopped reading the link")]
+    WriteStalled,
     #[error("link closed")]
     Closed,
 }
@@ -97,6 +104,20 @@ const CREDIT_THRESHOLD: u32 = STREAM_WINDOW / 4;
 /// Outgoing bytes queued before writers wait for the driver. Shared fate is
 /// right here: it only fills when the link's own socket is slow.
 const MAX_QUEUED_BYTES: usize = 4 << 20;
+
+/// Frames the driver queues in answer to the peer (PONG, RESET of a refused
+/// OPEN) and credit are not held back by [`MAX_QUEUED_BYTES`]; a peer that
+/// keeps asking for them while it stops reading would grow the outbox
+/// without bound, so past this the link is ended as a protocol violation.
+const OUTBOX_HARD_LIMIT: usize = 2 * MAX_QUEUED_BYTES;
+
+/// Received DATA payloads shorter than this are copied out of the read
+/// buffer; longer ones are handed on as slices of it (no copy). A slice keeps
+/// its whole read block (≥ 256 KiB) alive while a reader holds it, so a peer
+/// sending tiny frames to a stream nobody reads would otherwise pin a block
+/// per frame; at or above this length a held frame pins at most a few times
+/// its own size. Control payloads (OPEN, REPLY, PING) are always copied.
+const COPY_DATA_BELOW: usize = 64 * 1024;
 
 /// How much the driver reads before it turns to writing, and how much it
 /// hands the transport per write call.
@@ -138,7 +159,10 @@ impl Outbox {
     }
 
     pub(crate) fn wait_for_room(&mut self, waker: &Waker) {
-        self.blocked_writers.push(waker.clone());
+        // A writer polled again while still blocked is already registered.
+        if !self.blocked_writers.iter().any(|w| w.will_wake(waker)) {
+            self.blocked_writers.push(waker.clone());
+        }
     }
 
     pub(crate) fn wake_driver(&mut self) {
@@ -224,6 +248,10 @@ pub(crate) struct State {
     peer_goaway: bool,
     handles: usize,
     max_streams: usize,
+    accepts_streams: bool,
+    /// A PONG is queued and not yet taken by the driver: further PINGs
+    /// before it leaves are answered by that one.
+    pong_queued: bool,
 }
 
 impl State {
@@ -322,6 +350,12 @@ impl Incoming {
 }
 
 impl MuxHandle {
+    /// Bytes queued for the driver (tests of the outbox bound).
+    #[cfg(test)]
+    pub(crate) fn queued_bytes(&self) -> usize {
+        self.shared.lock().outbox.bytes
+    }
+
     /// Opens a stream carrying `request`; resolves with the peer's reply.
     pub async fn open(&self, request: Bytes) -> Result<(Bytes, MuxStream), OpenError> {
         let stream = {
@@ -419,6 +453,8 @@ where
             peer_goaway: false,
             handles: 1,
             max_streams: config.max_streams,
+            accepts_streams: config.accepts_streams,
+            pong_queued: false,
         }),
     });
     let now = Instant::now();
@@ -434,6 +470,7 @@ where
         needs_flush: false,
         last_heard: now,
         ping_outstanding: false,
+        write_stalled_since: None,
         keepalive: Box::pin(tokio::time::sleep_until(now + config.keepalive_interval)),
         shut_down: false,
     };
@@ -456,6 +493,9 @@ pub struct Connection<T> {
     needs_flush: bool,
     last_heard: Instant,
     ping_outstanding: bool,
+    /// Since when queued frames have waited for a transport that took none:
+    /// a peer that sends but never reads is given up on like a silent one.
+    write_stalled_since: Option<Instant>,
     keepalive: Pin<Box<Sleep>>,
     shut_down: bool,
 }
@@ -560,8 +600,20 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
                 return Ok(());
             }
             self.read_buf.advance(HEADER_LEN);
-            let payload = self.read_buf.split_to(header.len as usize).freeze();
+            let len = header.len as usize;
+            let payload = if header.kind == Kind::Data && len >= COPY_DATA_BELOW {
+                self.read_buf.split_to(len).freeze()
+            } else {
+                let copied = Bytes::copy_from_slice(&self.read_buf[..len]);
+                self.read_buf.advance(len);
+                copied
+            };
             self.apply(state, header, payload)?;
+            if state.outbox.bytes > OUTBOX_HARD_LIMIT {
+                return Err(MuxError::Protocol(
+                    "peer keeps asking for answers it does not read",
+                ));
+            }
         }
     }
 
@@ -593,6 +645,9 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
                 }
             }
             Kind::Open => {
+                if !state.accepts_streams {
+                    return Err(MuxError::Protocol("peer may not open streams"));
+                }
                 if !self.role.is_peer_id(id) || id <= state.peer_last_id {
                     return Err(MuxError::Protocol("stream id out of order"));
                 }
@@ -647,7 +702,12 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
                     slot.wake_all();
                 }
             }
-            Kind::Ping => state.outbox.push(Frame::new(0, Kind::Pong, 0, payload)),
+            Kind::Ping => {
+                if !state.pong_queued {
+                    state.pong_queued = true;
+                    state.outbox.push(Frame::new(0, Kind::Pong, 0, payload));
+                }
+            }
             Kind::Pong => {}
             Kind::GoAway => {
                 state.peer_goaway = true;
@@ -668,17 +728,26 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
                 let mut state = self.shared.lock();
                 let outbox = &mut state.outbox;
                 if outbox.frames.is_empty() {
+                    self.write_stalled_since = None;
                     break;
                 }
                 let mut taken = 0;
+                let mut pong_taken = false;
                 while taken < MAX_DATA_PAYLOAD * 2 {
                     let Some(frame) = outbox.frames.pop_front() else {
                         break;
                     };
                     taken += frame.wire_len();
+                    if frame.is(Kind::Pong) {
+                        pong_taken = true;
+                    }
                     self.writing.push_back(frame);
                 }
                 outbox.bytes -= taken;
+                if pong_taken {
+                    state.pong_queued = false;
+                }
+                let outbox = &mut state.outbox;
                 if outbox.bytes < MAX_QUEUED_BYTES / 2 {
                     for waker in outbox.blocked_writers.drain(..) {
                         waker.wake();
@@ -703,7 +772,10 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
                 }
             }
             let written = match Pin::new(&mut self.io).poll_write_vectored(cx, &slices[..count]) {
-                Poll::Pending => break,
+                Poll::Pending => {
+                    self.write_stalled_since.get_or_insert_with(Instant::now);
+                    break;
+                }
                 Poll::Ready(Err(e)) => return Err(MuxError::Io(Arc::new(e))),
                 Poll::Ready(Ok(0)) => {
                     return Err(MuxError::Io(Arc::new(io::ErrorKind::WriteZero.into())))
@@ -711,6 +783,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
                 Poll::Ready(Ok(n)) => n,
             };
             wrote = true;
+            self.write_stalled_since = None;
             self.needs_flush = true;
             self.write_offset += written;
             while let Some(front) = self.writing.front() {
@@ -734,8 +807,15 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
     /// Keepalive and graceful close.
     fn poll_lifecycle(&mut self, cx: &mut Context<'_>) -> Result<Lifecycle, MuxError> {
         let silent = self.last_heard.elapsed();
-        if silent >= self.config.keepalive_interval + self.config.keepalive_timeout {
+        let give_up_after = self.config.keepalive_interval + self.config.keepalive_timeout;
+        if silent >= give_up_after {
             return Err(MuxError::KeepaliveTimeout);
+        }
+        if self
+            .write_stalled_since
+            .is_some_and(|since| since.elapsed() >= give_up_after)
+        {
+            return Err(MuxError::WriteStalled);
         }
         let mut state = self.shared.lock();
         let mut queued = false;
@@ -745,8 +825,16 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
             state
                 .outbox
                 .push(Frame::new(0, Kind::Ping, 0, Bytes::from_static(&[0; 8])));
+            // Quiet for a keepalive interval: an idle link gives its read
+            // block back (frames handed on keep their own parts alive).
+            if self.read_buf.is_empty() {
+                self.read_buf = BytesMut::new();
+            }
         }
-        if state.local_goaway && !state.goaway_sent && state.closed.is_none() {
+        // Our GOAWAY also answers the peer's once our streams are done, so it
+        // sees a clean close rather than a lost link.
+        let answer_peer = state.peer_goaway && !self.read_closed && state.streams.is_empty();
+        if (state.local_goaway || answer_peer) && !state.goaway_sent && state.closed.is_none() {
             state.goaway_sent = true;
             queued = true;
             state
@@ -772,11 +860,14 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
                 Poll::Pending => Lifecycle::Running,
             });
         }
-        let next = if self.ping_outstanding {
-            self.last_heard + self.config.keepalive_interval + self.config.keepalive_timeout
+        let mut next = if self.ping_outstanding {
+            self.last_heard + give_up_after
         } else {
             self.last_heard + self.config.keepalive_interval
         };
+        if let Some(since) = self.write_stalled_since {
+            next = next.min(since + give_up_after);
+        }
         if self.keepalive.deadline() != next {
             self.keepalive.as_mut().reset(next);
         }

@@ -142,6 +142,11 @@ impl Frame {
     pub fn wire_len(&self) -> usize {
         HEADER_LEN + self.payload.len()
     }
+
+    /// Whether this frame is of `kind` (read back from the encoded header).
+    pub fn is(&self, kind: Kind) -> bool {
+        self.header[8] == kind as u8
+    }
 }
 
 #[cfg(test)]

@@ -261,3 +261,95 @@ async fn a_spliced_stream_trades_buffers_both_ways_with_half_close() {
         (3_000_000, 2_000_000, End::Closed)
     );
 }
+
+fn wire(frames: &[frame::Frame]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for f in frames {
+        out.extend_from_slice(&f.header);
+        out.extend_from_slice(&f.payload);
+    }
+    out
+}
+
+#[tokio::test]
+async fn a_side_that_only_opens_ends_the_link_on_a_peer_open() {
+    use frame::{Frame, Kind};
+    let (a, mut b) = tokio::io::duplex(64 * 1024);
+    let config = MuxConfig {
+        accepts_streams: false,
+        ..MuxConfig::default()
+    };
+    let (_client, conn) = start(a, Role::Client, config);
+    let task = tokio::spawn(conn);
+    // Even ids are the server's to open.
+    let open = Frame::new(2, Kind::Open, 0, Bytes::from_static(b"x"));
+    b.write_all(&wire(&[open])).await.unwrap();
+    let ended = task.await.unwrap();
+    assert!(
+        matches!(ended, Err(MuxError::Protocol("peer may not open streams"))),
+        "{ended:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_ping_flood_from_a_peer_that_never_reads_queues_one_pong() {
+    use frame::{Frame, Kind};
+    let (a, b) = tokio::io::duplex(16 * 1024);
+    let (server, conn) = start(a, Role::Server, MuxConfig::default());
+    let task = tokio::spawn(conn);
+    let (_never_read, mut write) = tokio::io::split(b);
+    let ping = Frame::new(0, Kind::Ping, 0, Bytes::from_static(&[7; 8]));
+    let batch = wire(&[ping]).repeat(10_000);
+    // 200,000 PINGs (4.4 MB) while our answers have nowhere to go.
+    for _ in 0..20 {
+        write.write_all(&batch).await.unwrap();
+    }
+    // Every PING was read (the writes above completed through a 16 KiB
+    // pipe); the answers waiting are bounded by one PONG, not 200,000.
+    tokio::task::yield_now().await;
+    assert!(server.queued_bytes() <= 64, "{}", server.queued_bytes());
+    assert!(!task.is_finished());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_peer_that_sends_but_never_reads_is_given_up() {
+    use frame::{Frame, Kind};
+    let (a, b) = tokio::io::duplex(64 * 1024);
+    let (client, conn) = start(a, Role::Client, MuxConfig::default());
+    let started = tokio::time::Instant::now();
+    let task = tokio::spawn(conn);
+    let (_never_read, mut write) = tokio::io::split(b);
+    // The peer stays audible (a PING a second), so only the write side stalls.
+    tokio::spawn(async move {
+        let ping = wire(&[Frame::new(0, Kind::Ping, 0, Bytes::from_static(&[0; 8]))]);
+        while write.write_all(&ping).await.is_ok() {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    });
+    // 400 KiB of OPEN requests: more than the pipe holds.
+    for _ in 0..100 {
+        let client = client.clone();
+        tokio::spawn(async move { client.open(Bytes::from(vec![0u8; 4096])).await });
+    }
+    let ended = task.await.unwrap();
+    assert!(matches!(ended, Err(MuxError::WriteStalled)), "{ended:?}");
+    assert!(started.elapsed() >= Duration::from_secs(15));
+    assert!(started.elapsed() < Duration::from_secs(17));
+}
+
+#[tokio::test]
+async fn the_side_told_goaway_answers_so_both_close_cleanly() {
+    let (a, b) = tokio::io::duplex(64 * 1024);
+    let (client, client_conn) = start(a, Role::Client, MuxConfig::default());
+    let (server, server_conn) = start(b, Role::Server, MuxConfig::default());
+    let client_task = tokio::spawn(client_conn);
+    let server_task = tokio::spawn(server_conn);
+    // The client winds down (GOAWAY); the server still holds its handle,
+    // has nothing open, and so finishes too — telling the client first.
+    drop(client);
+    let server_end = server_task.await.unwrap();
+    assert!(server_end.is_ok(), "{server_end:?}");
+    let client_end = client_task.await.unwrap();
+    assert!(client_end.is_ok(), "{client_end:?}");
+    drop(server);
+}

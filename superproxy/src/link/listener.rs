@@ -87,7 +87,16 @@ impl LinkListener {
         let exit_id = hello.exit_id;
         if version == LINK_V2_MUX {
             tls.get_mut().1.set_buffer_limit(Some(TLS_SEND_BUFFER));
-            let (handle, connection) = mux::start(tls, Role::Client, MuxConfig::default());
+            let (handle, connection) = mux::start(
+                tls,
+                Role::Client,
+                // Tunnels are opened by us only: an agent that opens streams
+                // breaks the protocol, and is not left holding our memory.
+                MuxConfig {
+                    accepts_streams: false,
+                    ..MuxConfig::default()
+                },
+            );
             let link_id = self.link_up(exit_id, peer, LinkSender::Mux(handle)).await;
             let ended = connection.await;
             self.link_down(exit_id, link_id, ended.err().map(|e| e.to_string()));
