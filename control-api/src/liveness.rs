@@ -21,6 +21,19 @@ use std::sync::Mutex;
 use std::time::Duration;
 use uuid::Uuid;
 
+/// What [`HeartbeatBook::pace`] remembers of an exit's last admitted beat.
+#[derive(Debug, Clone, Copy)]
+struct Admitted {
+    at: std::time::Instant,
+    draining: bool,
+    /// When its drain flag last flipped.
+    flipped_at: Option<std::time::Instant>,
+}
+
+/// A drain flip is let through at once (an agent announces its drain in an
+/// immediate beat) unless the previous flip was more recent than this.
+const FLIP_GAP: Duration = Duration::from_secs(1);
+
 /// The latest heartbeat of one exit, not yet in Postgres.
 #[derive(Debug, Clone, Copy)]
 struct Beat {
@@ -30,8 +43,8 @@ struct Beat {
 }
 
 pub struct HeartbeatBook {
-    /// When each exit's last beat was let through [`Self::pace`].
-    admitted: Mutex<HashMap<Uuid, std::time::Instant>>,
+    /// Each exit's last beat let through [`Self::pace`].
+    admitted: Mutex<HashMap<Uuid, Admitted>>,
     unsaved: Mutex<HashMap<Uuid, Beat>>,
     /// What Postgres holds for each exit, as last written by us.
     persisted: Mutex<HashMap<Uuid, Beat>>,
@@ -68,22 +81,38 @@ impl HeartbeatBook {
     }
 
     /// Lets an authenticated exit's beat through unless its previous one was
-    /// less than `min_gap` ago; else how long to wait. A beat can write the
-    /// exit change stream (a drain flip) that every superproxy reads, so one
-    /// agent beating in a loop must not flood it and push every reader out
-    /// of its place. Bounded by the number of enrolled exits.
-    pub fn pace(&self, exit: Uuid, min_gap: Duration) -> Result<(), Duration> {
+    /// less than `min_gap` ago; else how long to wait. A beat that flips the
+    /// drain flag passes at once unless the last flip was within a second.
+    /// A beat can write the exit change stream (a flip) that every superproxy
+    /// reads, so one agent beating or flipping in a loop must not flood it
+    /// and push every reader out of its place. Bounded by the number of
+    /// enrolled exits.
+    pub fn pace(&self, exit: Uuid, draining: bool, min_gap: Duration) -> Result<(), Duration> {
         let now = std::time::Instant::now();
         let Ok(mut admitted) = self.admitted.lock() else {
             return Ok(());
         };
+        let mut flipped_at = None;
         if let Some(last) = admitted.get(&exit) {
-            let since = now.duration_since(*last);
-            if since < min_gap {
+            let flips = last.draining != draining;
+            let flip_allowed = flips
+                && last
+                    .flipped_at
+                    .is_none_or(|t| now.duration_since(t) >= FLIP_GAP);
+            let since = now.duration_since(last.at);
+            if since < min_gap && !flip_allowed {
                 return Err(min_gap - since);
             }
+            flipped_at = if flips { Some(now) } else { last.flipped_at };
         }
-        admitted.insert(exit, now);
+        admitted.insert(
+            exit,
+            Admitted {
+                at: now,
+                draining,
+                flipped_at,
+            },
+        );
         Ok(())
     }
 
@@ -191,11 +220,14 @@ mod pacing_tests {
         let exit = Uuid::new_v4();
         let other = Uuid::new_v4();
         let gap = Duration::from_secs(60);
-        assert!(book.pace(exit, gap).is_ok());
-        let wait = book.pace(exit, gap).unwrap_err();
+        assert!(book.pace(exit, false, gap).is_ok());
+        let wait = book.pace(exit, false, gap).unwrap_err();
         assert!(wait > Duration::from_secs(59) && wait <= gap);
+        // An immediate drain announcement passes; flipping back at once does not.
+        assert!(book.pace(exit, true, gap).is_ok());
+        assert!(book.pace(exit, false, gap).is_err());
         // Another exit is not affected, and a zero gap admits everything.
-        assert!(book.pace(other, gap).is_ok());
-        assert!(book.pace(exit, Duration::ZERO).is_ok());
+        assert!(book.pace(other, false, gap).is_ok());
+        assert!(book.pace(exit, false, Duration::ZERO).is_ok());
     }
 }

@@ -295,11 +295,11 @@ pub async fn heartbeat(
         return Err(ApiError::Unauthorized);
     }
     // An agent beats once per interval (sooner only when retrying after a
-    // failure, at most every half second): a quarter interval apart is
-    // legitimate, anything faster is a loop.
+    // failure, at most every half second, or to announce its drain): a
+    // quarter interval apart is legitimate, anything faster is a loop.
     let min_gap =
         (state.config.heartbeat_interval() / 4).min(std::time::Duration::from_millis(500));
-    if let Err(wait) = state.heartbeats.pace(exit_id, min_gap) {
+    if let Err(wait) = state.heartbeats.pace(exit_id, body.draining, min_gap) {
         return Err(ApiError::Rejected {
             status: axum::http::StatusCode::TOO_MANY_REQUESTS,
             detail: format!(
