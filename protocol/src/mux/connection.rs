@@ -8,7 +8,7 @@
 //! its credit bounds, so a stream whose reader stopped cannot hold up the
 //! others.
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Buf, BufMut, Bytes, BytesMut};
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::io::{self, IoSlice};
@@ -111,18 +111,23 @@ const MAX_QUEUED_BYTES: usize = 4 << 20;
 /// without bound, so past this the link is ended as a protocol violation.
 const OUTBOX_HARD_LIMIT: usize = 2 * MAX_QUEUED_BYTES;
 
-/// Received DATA payloads shorter than this are copied out of the read
-/// buffer; longer ones are handed on as slices of it (no copy). A slice keeps
-/// its whole read block (≥ 256 KiB) alive while a reader holds it, so a peer
-/// sending tiny frames to a stream nobody reads would otherwise pin a block
-/// per frame; at or above this length a held frame pins at most a few times
-/// its own size. Control payloads (OPEN, REPLY, PING) are always copied.
-const COPY_DATA_BELOW: usize = 64 * 1024;
+/// DATA payloads of at least this length are read straight from the
+/// transport into a buffer of their own, exactly their size, which becomes
+/// the payload handed to the stream's reader (no copy). Shorter payloads and
+/// every control payload are copied out of the shared header buffer. Either
+/// way a payload owns exactly its memory: a frame a stalled reader holds
+/// never keeps a shared read block alive (slices of one 256 KiB block, held
+/// by a hundred stalled tunnels, once made each hold ~3 MB instead of its
+/// 512 KiB of credit).
+const OWN_BUFFER_FROM: usize = 32 * 1024;
+
+/// How much one read into the header buffer may take: enough for a run of
+/// small frames, little of a large payload (that much of it is copied).
+const HEAD_READ: usize = 8 * 1024;
 
 /// How much the driver reads before it turns to writing, and how much it
 /// hands the transport per write call.
 const READ_BATCH: usize = 1 << 20;
-const READ_RESERVE: usize = 256 * 1024;
 const WRITE_SLICES: usize = 64;
 
 pub(crate) struct Shared {
@@ -464,6 +469,7 @@ where
         role,
         config,
         read_buf: BytesMut::new(),
+        payload: None,
         read_closed: false,
         writing: VecDeque::new(),
         write_offset: 0,
@@ -485,7 +491,10 @@ pub struct Connection<T> {
     shared: Arc<Shared>,
     role: Role,
     config: MuxConfig,
+    /// Headers and short payloads; never shared, so it is reused in place.
     read_buf: BytesMut,
+    /// A long DATA payload being read into its own buffer.
+    payload: Option<(Header, BytesMut)>,
     read_closed: bool,
     /// Frames taken from the outbox, the first `write_offset` bytes written.
     writing: VecDeque<Frame>,
@@ -554,20 +563,33 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
     fn poll_read_frames(&mut self, cx: &mut Context<'_>) -> Result<bool, MuxError> {
         let mut got = 0usize;
         while !self.read_closed && got < READ_BATCH {
-            if self.read_buf.capacity() - self.read_buf.len() < READ_RESERVE / 4 {
-                self.read_buf.reserve(READ_RESERVE);
-            }
-            match tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut self.read_buf) {
+            let read = match self.payload.as_mut() {
+                Some((header, buf)) => {
+                    let missing = header.len as usize - buf.len();
+                    let mut into = (&mut *buf).limit(missing);
+                    tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut into)
+                }
+                None => {
+                    // A short frame is read whole; otherwise a header's worth.
+                    let missing = self.frame_missing().max(HEAD_READ);
+                    self.read_buf.reserve(missing);
+                    let mut into = (&mut self.read_buf).limit(missing);
+                    tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut into)
+                }
+            };
+            match read {
                 Poll::Pending => break,
                 Poll::Ready(Err(e)) => return Err(MuxError::Io(Arc::new(e))),
                 Poll::Ready(Ok(0)) => self.read_closed = true,
-                Poll::Ready(Ok(n)) => got += n,
+                Poll::Ready(Ok(n)) => {
+                    got += n;
+                    self.dispatch()?;
+                }
             }
         }
         if got > 0 {
             self.last_heard = Instant::now();
             self.ping_outstanding = false;
-            self.dispatch()?;
         }
         if self.read_closed {
             // The peer closed its side. After its GOAWAY that is a clean
@@ -581,11 +603,35 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
         Ok(got > 0)
     }
 
-    /// Dispatches every complete frame in the read buffer, under one lock.
+    /// Bytes the short frame at the front of the header buffer still lacks
+    /// (0 when there is none, or it is complete, or it is a long DATA frame).
+    fn frame_missing(&self) -> usize {
+        if self.read_buf.len() < HEADER_LEN {
+            return HEADER_LEN - self.read_buf.len();
+        }
+        let mut raw = [0u8; HEADER_LEN];
+        raw.copy_from_slice(&self.read_buf[..HEADER_LEN]);
+        match Header::decode(&raw) {
+            Ok(h) if !(h.kind == Kind::Data && h.len as usize >= OWN_BUFFER_FROM) => {
+                (HEADER_LEN + h.len as usize).saturating_sub(self.read_buf.len())
+            }
+            _ => 0,
+        }
+    }
+
+    /// Dispatches every complete frame read so far, under one lock.
     fn dispatch(&mut self) -> Result<(), MuxError> {
         let mut guard = self.shared.lock();
         let state = &mut *guard;
         loop {
+            if let Some((header, buf)) = &self.payload {
+                if buf.len() < header.len as usize {
+                    return Ok(());
+                }
+                let (header, buf) = self.payload.take().ok_or(MuxError::Closed)?;
+                self.apply(state, header, buf.freeze())?;
+                continue;
+            }
             if self.read_buf.len() < HEADER_LEN {
                 return Ok(());
             }
@@ -593,21 +639,24 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
             raw.copy_from_slice(&self.read_buf[..HEADER_LEN]);
             let header =
                 Header::decode(&raw).map_err(|_| MuxError::Protocol("malformed frame header"))?;
-            let total = HEADER_LEN + header.len as usize;
-            if self.read_buf.len() < total {
-                // Make room for the rest of this frame in one piece.
-                self.read_buf.reserve(total - self.read_buf.len());
+            let len = header.len as usize;
+            if header.kind == Kind::Data && len >= OWN_BUFFER_FROM {
+                // The rest of this payload is read into its own buffer; what
+                // of it is already here moves there (at most a header read).
+                self.read_buf.advance(HEADER_LEN);
+                let here = self.read_buf.len().min(len);
+                let mut own = BytesMut::with_capacity(len);
+                own.extend_from_slice(&self.read_buf[..here]);
+                self.read_buf.advance(here);
+                self.payload = Some((header, own));
+                continue;
+            }
+            if self.read_buf.len() < HEADER_LEN + len {
                 return Ok(());
             }
             self.read_buf.advance(HEADER_LEN);
-            let len = header.len as usize;
-            let payload = if header.kind == Kind::Data && len >= COPY_DATA_BELOW {
-                self.read_buf.split_to(len).freeze()
-            } else {
-                let copied = Bytes::copy_from_slice(&self.read_buf[..len]);
-                self.read_buf.advance(len);
-                copied
-            };
+            let payload = Bytes::copy_from_slice(&self.read_buf[..len]);
+            self.read_buf.advance(len);
             self.apply(state, header, payload)?;
             if state.outbox.bytes > OUTBOX_HARD_LIMIT {
                 return Err(MuxError::Protocol(
@@ -825,8 +874,8 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
             state
                 .outbox
                 .push(Frame::new(0, Kind::Ping, 0, Bytes::from_static(&[0; 8])));
-            // Quiet for a keepalive interval: an idle link gives its read
-            // block back (frames handed on keep their own parts alive).
+            // Quiet for a keepalive interval: an idle link gives its header
+            // buffer back.
             if self.read_buf.is_empty() {
                 self.read_buf = BytesMut::new();
             }

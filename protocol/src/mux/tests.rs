@@ -353,3 +353,40 @@ async fn the_side_told_goaway_answers_so_both_close_cleanly() {
     assert!(client_end.is_ok(), "{client_end:?}");
     drop(server);
 }
+
+#[tokio::test]
+async fn received_payloads_own_exactly_their_memory() {
+    use crate::splice::ChunkIo;
+    use frame::{Frame, Kind};
+    use std::future::poll_fn;
+    let (a, mut b) = tokio::io::duplex(4 << 20);
+    let (server, conn) = start(a, Role::Server, MuxConfig::default());
+    tokio::spawn(conn);
+    // Long and short DATA frames back to back in one write, so they would
+    // share one read block if payloads were slices of it.
+    let mut frames = vec![Frame::new(1, Kind::Open, 0, Bytes::from_static(b"x"))];
+    for len in [200 * 1024, 100, 40 * 1024, 5, 100 * 1024] {
+        frames.push(Frame::new(1, Kind::Data, 0, Bytes::from(vec![7u8; len])));
+    }
+    b.write_all(&wire(&frames)).await.unwrap();
+    let incoming = server.accept().await.unwrap();
+    let mut stream = incoming.reply(Bytes::new());
+    let mut total = 0;
+    while total < 200 * 1024 + 100 + 40 * 1024 + 5 + 100 * 1024 {
+        let chunk = poll_fn(|cx| std::pin::Pin::new(&mut stream).poll_read_chunk(cx))
+            .await
+            .unwrap()
+            .unwrap();
+        total += chunk.len();
+        assert!(chunk.iter().all(|&x| x == 7));
+        // Unique: no other payload (or read buffer) shares its allocation...
+        let owned = chunk.try_into_mut().expect("a payload owns its buffer");
+        // ...and it is no larger than the payload (nothing else pinned).
+        assert!(
+            owned.capacity() <= owned.len() + 64,
+            "{} for {}",
+            owned.capacity(),
+            owned.len()
+        );
+    }
+}
