@@ -290,7 +290,11 @@ impl Pool {
         };
         let [before_last, last] = &*rounds;
         for id in &now {
-            if !before_last.contains(id) {
+            // Cut unless it was already blocked in both earlier rounds (then
+            // both cut it). Checking only the older round missed an exit
+            // blocked, unblocked and blocked again within three rebuilds
+            // (rebuilds happen on change, so that can take minutes).
+            if !last.contains(id) || !before_last.contains(id) {
                 let cut = self.open_tunnels.cut_exit(*id);
                 if cut > 0 {
                     tracing::info!(exit = %id, tunnels = cut, "exit lost its provenance or consent; open tunnels cut");

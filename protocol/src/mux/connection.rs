@@ -19,6 +19,8 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::time::{Instant, Sleep};
 
+use super::recv_queue::RecvQueue;
+
 use super::frame::{Frame, Header, Kind, FLAG_FIN, HEADER_LEN, MAX_DATA_PAYLOAD, STREAM_WINDOW};
 use super::stream::MuxStream;
 
@@ -105,10 +107,11 @@ const CREDIT_THRESHOLD: u32 = STREAM_WINDOW / 4;
 /// right here: it only fills when the link's own socket is slow.
 const MAX_QUEUED_BYTES: usize = 4 << 20;
 
-/// Frames the driver queues in answer to the peer (PONG, RESET of a refused
-/// OPEN) and credit are not held back by [`MAX_QUEUED_BYTES`]; a peer that
-/// keeps asking for them while it stops reading would grow the outbox
-/// without bound, so past this the link is ended as a protocol violation.
+/// Refusals the driver queues in answer to the peer's OPENs are not held back
+/// by [`MAX_QUEUED_BYTES`] (PONGs are: one at most); a peer that keeps
+/// opening while it stops reading would grow the outbox without bound, so a
+/// refusal that finds the outbox past this ends the link as a protocol
+/// violation. Our own frames never trip it.
 const OUTBOX_HARD_LIMIT: usize = 2 * MAX_QUEUED_BYTES;
 
 /// DATA payloads of at least this length are read straight from the
@@ -119,7 +122,7 @@ const OUTBOX_HARD_LIMIT: usize = 2 * MAX_QUEUED_BYTES;
 /// never keeps a shared read block alive (slices of one 256 KiB block, held
 /// by a hundred stalled tunnels, once made each hold ~3 MB instead of its
 /// 512 KiB of credit).
-const OWN_BUFFER_FROM: usize = 32 * 1024;
+const OWN_BUFFER_FROM: usize = super::recv_queue::SHORT;
 
 /// How much one read into the header buffer may take: enough for a run of
 /// small frames, little of a large payload (that much of it is copied).
@@ -179,7 +182,7 @@ impl Outbox {
 
 /// One stream's half of the shared state.
 pub(crate) struct Slot {
-    pub(crate) recv: VecDeque<Bytes>,
+    pub(crate) recv: RecvQueue,
     pub(crate) recv_fin: bool,
     /// What the peer may still send before we return credit.
     recv_allowed: u32,
@@ -198,7 +201,7 @@ pub(crate) struct Slot {
 impl Slot {
     fn new() -> Self {
         Self {
-            recv: VecDeque::new(),
+            recv: RecvQueue::default(),
             recv_fin: false,
             recv_allowed: STREAM_WINDOW,
             unacked: 0,
@@ -599,6 +602,9 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
             if !self.shared.lock().peer_goaway {
                 return Err(MuxError::Io(Arc::new(io::ErrorKind::UnexpectedEof.into())));
             }
+            if self.payload.is_some() || !self.read_buf.is_empty() {
+                return Err(MuxError::Protocol("link closed in the middle of a frame"));
+            }
         }
         Ok(got > 0)
     }
@@ -658,11 +664,6 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
             let payload = Bytes::copy_from_slice(&self.read_buf[..len]);
             self.read_buf.advance(len);
             self.apply(state, header, payload)?;
-            if state.outbox.bytes > OUTBOX_HARD_LIMIT {
-                return Err(MuxError::Protocol(
-                    "peer keeps asking for answers it does not read",
-                ));
-            }
         }
     }
 
@@ -684,7 +685,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
                     return Ok(());
                 }
                 if len > 0 {
-                    slot.recv.push_back(payload);
+                    slot.recv.push(payload);
                 }
                 if header.flags & FLAG_FIN != 0 {
                     slot.recv_fin = true;
@@ -705,6 +706,11 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
                     || state.closed.is_some()
                     || state.streams.len() >= state.max_streams
                 {
+                    if state.outbox.bytes > OUTBOX_HARD_LIMIT {
+                        return Err(MuxError::Protocol(
+                            "peer keeps opening streams while it does not read",
+                        ));
+                    }
                     state
                         .outbox
                         .push(Frame::new(id, Kind::Reset, 0, Bytes::new()));

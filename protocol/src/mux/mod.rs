@@ -15,6 +15,7 @@
 mod connection;
 pub mod frame;
 pub mod read_ahead;
+mod recv_queue;
 mod stream;
 
 pub use connection::{

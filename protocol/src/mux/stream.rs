@@ -4,7 +4,7 @@
 //! writes queue DATA frames within the stream's credit. Dropping a stream
 //! that has not finished both ways resets it at the peer.
 
-use bytes::{Buf, Bytes};
+use bytes::Bytes;
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -59,19 +59,7 @@ impl AsyncRead for MuxStream {
             return Poll::Ready(Err(io::ErrorKind::NotConnected.into()));
         };
         if !slot.recv.is_empty() {
-            let mut copied = 0;
-            while buf.remaining() > 0 {
-                let Some(front) = slot.recv.front_mut() else {
-                    break;
-                };
-                let n = front.len().min(buf.remaining());
-                buf.put_slice(&front[..n]);
-                front.advance(n);
-                if front.is_empty() {
-                    slot.recv.pop_front();
-                }
-                copied += n;
-            }
+            let copied = slot.recv.read_into(buf);
             if let Some(credit) = slot.consumed(copied) {
                 if !closed {
                     state.outbox.push(credit_frame(self.id, credit));
@@ -108,7 +96,7 @@ impl ChunkIo for MuxStream {
         let Some(slot) = state.streams.get_mut(&self.id) else {
             return Poll::Ready(Err(io::ErrorKind::NotConnected.into()));
         };
-        if let Some(chunk) = slot.recv.pop_front() {
+        if let Some(chunk) = slot.recv.pop_chunk() {
             if let Some(credit) = slot.consumed(chunk.len()) {
                 if !closed {
                     state.outbox.push(credit_frame(self.id, credit));
