@@ -11,6 +11,7 @@
 pub mod certs;
 pub mod client;
 pub mod faults;
+pub mod metrics;
 pub mod process;
 pub mod stack;
 pub mod stores;

@@ -625,7 +625,8 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
         }
     }
 
-    /// Dispatches every complete frame read so far, under one lock.
+    /// Dispatches every complete frame read so far (called after each read,
+    /// under one lock per call).
     fn dispatch(&mut self) -> Result<(), MuxError> {
         let mut guard = self.shared.lock();
         let state = &mut *guard;

@@ -13,6 +13,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use super::connection::Shared;
 use super::frame::{Frame, Kind, FLAG_FIN, MAX_DATA_PAYLOAD};
+use super::recv_queue::RecvQueue;
 use crate::splice::ChunkIo;
 
 pub struct MuxStream {
@@ -21,6 +22,42 @@ pub struct MuxStream {
 }
 
 impl MuxStream {
+    /// What both read paths share: `take` takes received bytes (saying how
+    /// many), whose credit is then returned; with nothing received, the
+    /// peer's FIN is `at_end()`, a reset or lost link an error, else Pending.
+    fn poll_receive<T>(
+        &self,
+        cx: &mut Context<'_>,
+        take: impl FnOnce(&mut RecvQueue) -> Option<(T, usize)>,
+        at_end: impl FnOnce() -> T,
+    ) -> Poll<io::Result<T>> {
+        let mut guard = self.shared.lock();
+        let state = &mut *guard;
+        let closed = state.closed.is_some();
+        let Some(slot) = state.streams.get_mut(&self.id) else {
+            return Poll::Ready(Err(io::ErrorKind::NotConnected.into()));
+        };
+        if let Some((taken, n)) = take(&mut slot.recv) {
+            if let Some(credit) = slot.consumed(n) {
+                if !closed {
+                    state.outbox.push(credit_frame(self.id, credit));
+                }
+            }
+            return Poll::Ready(Ok(taken));
+        }
+        if slot.recv_fin {
+            return Poll::Ready(Ok(at_end()));
+        }
+        if slot.reset {
+            return Poll::Ready(Err(io::ErrorKind::ConnectionReset.into()));
+        }
+        if closed {
+            return Poll::Ready(Err(io::ErrorKind::ConnectionAborted.into()));
+        }
+        slot.read_waker = Some(cx.waker().clone());
+        Poll::Pending
+    }
+
     pub(crate) fn new(shared: Arc<Shared>, id: u64) -> Self {
         Self { shared, id }
     }
@@ -52,32 +89,11 @@ impl AsyncRead for MuxStream {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        let mut guard = self.shared.lock();
-        let state = &mut *guard;
-        let closed = state.closed.is_some();
-        let Some(slot) = state.streams.get_mut(&self.id) else {
-            return Poll::Ready(Err(io::ErrorKind::NotConnected.into()));
-        };
-        if !slot.recv.is_empty() {
-            let copied = slot.recv.read_into(buf);
-            if let Some(credit) = slot.consumed(copied) {
-                if !closed {
-                    state.outbox.push(credit_frame(self.id, credit));
-                }
-            }
-            return Poll::Ready(Ok(()));
-        }
-        if slot.recv_fin {
-            return Poll::Ready(Ok(()));
-        }
-        if slot.reset {
-            return Poll::Ready(Err(io::ErrorKind::ConnectionReset.into()));
-        }
-        if closed {
-            return Poll::Ready(Err(io::ErrorKind::ConnectionAborted.into()));
-        }
-        slot.read_waker = Some(cx.waker().clone());
-        Poll::Pending
+        self.poll_receive(
+            cx,
+            |recv| (!recv.is_empty()).then(|| ((), recv.read_into(buf))),
+            || (),
+        )
     }
 }
 
@@ -90,31 +106,16 @@ impl ChunkIo for MuxStream {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<io::Result<Option<Bytes>>> {
-        let mut guard = self.shared.lock();
-        let state = &mut *guard;
-        let closed = state.closed.is_some();
-        let Some(slot) = state.streams.get_mut(&self.id) else {
-            return Poll::Ready(Err(io::ErrorKind::NotConnected.into()));
-        };
-        if let Some(chunk) = slot.recv.pop_chunk() {
-            if let Some(credit) = slot.consumed(chunk.len()) {
-                if !closed {
-                    state.outbox.push(credit_frame(self.id, credit));
-                }
-            }
-            return Poll::Ready(Ok(Some(chunk)));
-        }
-        if slot.recv_fin {
-            return Poll::Ready(Ok(None));
-        }
-        if slot.reset {
-            return Poll::Ready(Err(io::ErrorKind::ConnectionReset.into()));
-        }
-        if closed {
-            return Poll::Ready(Err(io::ErrorKind::ConnectionAborted.into()));
-        }
-        slot.read_waker = Some(cx.waker().clone());
-        Poll::Pending
+        self.poll_receive(
+            cx,
+            |recv| {
+                recv.pop_chunk().map(|chunk| {
+                    let n = chunk.len();
+                    (Some(chunk), n)
+                })
+            },
+            || None,
+        )
     }
 
     fn poll_write_chunk(

@@ -607,20 +607,13 @@ async fn run(args: Args) -> Report {
         row
     };
     let pool_reads = |http: reqwest::Client, admin: SocketAddr| async move {
-        let text = http
-            .get(format!("http://{admin}/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let text = proxynet_tests::metrics::scrape(&http, admin).await;
         let get = |kind: &str| -> f64 {
-            let series = format!("proxynet_pool_reads_total{{kind=\"{kind}\"}} ");
-            text.lines()
-                .find_map(|l| l.strip_prefix(&series))
-                .and_then(|v| v.trim().parse().ok())
-                .unwrap_or(0.0)
+            proxynet_tests::metrics::sample(
+                &text,
+                "proxynet_pool_reads_total",
+                &[&format!("kind=\"{kind}\"")],
+            )
         };
         (get("full"), get("delta"))
     };

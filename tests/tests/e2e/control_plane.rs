@@ -1,6 +1,7 @@
 //! Issue 12: the pool follows the exit change stream (O(changes)), and falls
 //! back to one full read when the stream lost its place.
 
+use proxynet_tests::metrics::{sample, scrape};
 use proxynet_tests::process::eventually;
 use proxynet_tests::stack::{Stack, ADMIN_TOKEN};
 use std::net::SocketAddr;
@@ -19,20 +20,12 @@ async fn admin_post(stack: &Stack, path: &str) {
 
 /// `proxynet_pool_reads_total{kind}` on a superproxy.
 async fn pool_reads(stack: &Stack, admin: SocketAddr, kind: &str) -> u64 {
-    let text = stack
-        .http
-        .get(format!("http://{admin}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let series = format!("proxynet_pool_reads_total{{kind=\"{kind}\"}} ");
-    text.lines()
-        .find_map(|l| l.strip_prefix(&series))
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .map_or(0, |v| v as u64)
+    let text = scrape(&stack.http, admin).await;
+    sample(
+        &text,
+        "proxynet_pool_reads_total",
+        &[&format!("kind=\"{kind}\"")],
+    ) as u64
 }
 
 async fn eligible(stack: &Stack) -> Vec<String> {

@@ -4,6 +4,7 @@
 //! sessions that keep their IP, API rejections, hardened unit files.
 
 use proxynet_tests::client::{connect_tunnel, curl, raw_request, socks5, status_of};
+use proxynet_tests::metrics::{sample, scrape};
 use proxynet_tests::process::{bin, eventually};
 use proxynet_tests::stack::{
     spawn_superproxy, Stack, StackOptions, ADMIN_TOKEN, PASSWORD, USERNAME,
@@ -25,19 +26,8 @@ fn basic(user: &str, password: &str) -> String {
 /// Reads until the peer closes the connection; true if it did within `within`.
 /// argon2 verifications the superproxy has started (its metrics).
 async fn verifications_started(stack: &Stack) -> f64 {
-    let text = stack
-        .http
-        .get(format!("http://{}/metrics", stack.proxy_addrs.admin))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .filter(|l| l.starts_with("proxynet_auth_verifications_total"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+    let text = scrape(&stack.http, stack.proxy_addrs.admin).await;
+    sample(&text, "proxynet_auth_verifications_total", &[])
 }
 
 async fn closed_within(stream: &mut TcpStream, within: Duration) -> bool {

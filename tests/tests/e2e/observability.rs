@@ -3,6 +3,7 @@
 //! in headless Chromium, the JSON access log, and compose.yaml's flags.
 
 use proxynet_tests::client::{curl, socks5};
+use proxynet_tests::metrics::{sample, scrape};
 use proxynet_tests::process::{bin, eventually};
 use proxynet_tests::stack::{Stack, StackOptions, ADMIN_TOKEN, PASSWORD, USERNAME};
 use serde_json::Value;
@@ -16,25 +17,7 @@ fn repo(path: &str) -> PathBuf {
 }
 
 async fn metrics_text(stack: &Stack, addr: SocketAddr) -> String {
-    stack
-        .http
-        .get(format!("http://{addr}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
-}
-
-/// The value of the series `name{labels...}` (labels given as `k="v"` parts).
-fn sample(text: &str, name: &str, labels: &[&str]) -> f64 {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter(|l| l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} ")))
-        .filter(|l| labels.iter().all(|want| l.contains(want)))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+    scrape(&stack.http, addr).await
 }
 
 async fn promtool_accepts(text: &str) {
