@@ -35,13 +35,8 @@ pub struct Config {
     #[arg(long, env = "PROXYNET_DATABASE_URL", hide_env_values = true)]
     pub database_url: Secret,
 
-    /// Redis URL (the data plane's shared state).
-    #[arg(long, env = "PROXYNET_REDIS_URL", hide_env_values = true)]
-    pub redis_url: Secret,
-
-    /// Prefix of every Redis key this stack writes.
-    #[arg(long, env = "PROXYNET_REDIS_PREFIX", default_value = "pn:")]
-    pub redis_prefix: String,
+    #[command(flatten)]
+    pub redis: proxynet_protocol::redis_target::RedisArgs,
 
     /// Operator token for the admin REST routes (`Authorization: Bearer ...`).
     /// Required: generate one with `openssl rand -hex 32`.

@@ -12,6 +12,7 @@
 //! The same stream carries audit events from the data plane (field `audit`),
 //! recorded into the audit log once each by their id.
 
+use proxynet_protocol::redis_target::{RedisConnection, RedisTarget};
 use proxynet_protocol::store::{AuditEvent, Keys, UsageBatch};
 use redis::streams::{StreamReadOptions, StreamReadReply};
 use redis::AsyncCommands;
@@ -26,7 +27,7 @@ const BLOCK: Duration = Duration::from_secs(1);
 
 pub struct LedgerConsumer {
     pub db: PgPool,
-    pub redis: redis::Client,
+    pub redis: RedisTarget,
     pub keys: Keys,
     /// Stable per control-api instance, so a restart finds its own pending batches.
     pub consumer: String,
@@ -38,11 +39,9 @@ impl LedgerConsumer {
             // Blocking reads get a connection of their own, whose response
             // timeout outlasts the block (the client's default of 500 ms
             // would end every idle one-second XREADGROUP in an error).
-            let config = redis::AsyncConnectionConfig::new()
-                .set_response_timeout(Some(BLOCK + Duration::from_secs(5)));
             match self
                 .redis
-                .get_multiplexed_async_connection_with_config(&config)
+                .connect_with_reply_timeout(BLOCK + Duration::from_secs(5))
                 .await
             {
                 Ok(mut conn) => {
@@ -56,10 +55,7 @@ impl LedgerConsumer {
         }
     }
 
-    async fn consume(
-        &self,
-        conn: &mut redis::aio::MultiplexedConnection,
-    ) -> Result<(), ConsumeError> {
+    async fn consume(&self, conn: &mut RedisConnection) -> Result<(), ConsumeError> {
         let stream = self.keys.usage_stream();
         let created: Result<(), _> = conn.xgroup_create_mkstream(&stream, GROUP, "0").await;
         if let Err(e) = created {

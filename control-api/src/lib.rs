@@ -21,9 +21,9 @@ pub mod passwords;
 pub mod projector;
 mod routes;
 
+use proxynet_protocol::redis_target::RedisConnection;
 use proxynet_protocol::secret::Secret;
-use proxynet_protocol::store::{connect_redis, redact_url, Keys, StoreUnavailable};
-use redis::aio::ConnectionManager;
+use proxynet_protocol::store::{redact_url, Keys, StoreUnavailable};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
 use std::future::Future;
@@ -40,7 +40,7 @@ use projector::Projector;
 #[derive(Clone)]
 pub struct AppState {
     pub db: PgPool,
-    pub redis: ConnectionManager,
+    pub redis: RedisConnection,
     pub projector: Projector,
     pub hashing: PasswordHashing,
     pub admin_token: Secret,
@@ -97,12 +97,12 @@ impl ControlApi {
         }
         let db = connect_postgres(config.database_url.expose()).await?;
         sqlx::migrate!("../migrations").run(&db).await?;
-        let redis = connect_redis(config.redis_url.expose()).await?;
-        let keys = Keys::new(config.redis_prefix.clone());
+        let redis_target = config.redis.target()?;
+        let redis = redis_target.connect().await?;
+        let keys = Keys::new(config.redis.redis_prefix.clone());
         let ledger = ledger::LedgerConsumer {
             db: db.clone(),
-            redis: redis::Client::open(config.redis_url.expose())
-                .map_err(|e| StartError::Config(format!("redis url: {e}")))?,
+            redis: redis_target.clone(),
             keys: keys.clone(),
             consumer: config.instance_name.clone(),
         };
@@ -126,7 +126,10 @@ impl ControlApi {
         })?;
         let mut protected = protected_addresses(
             bound,
-            &[config.redis_url.expose(), config.database_url.expose()],
+            &redis_target
+                .urls()
+                .chain([config.database_url.expose()])
+                .collect::<Vec<_>>(),
         )
         .await;
         if let Ok(admin_addr) = admin.local_addr() {

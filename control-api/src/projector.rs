@@ -9,21 +9,21 @@
 //!
 //! The projection is monotonic. Every projected row carries a version taken
 //! from one database sequence on each change, and Redis is written only
-//! through [`PUT_IF_NEWER_SCRIPT`]: a record never replaces a newer one, so a
+//! through [`PUT_USER_SCRIPT`]: a record never replaces a newer one, so a
 //! resync that read Postgres before a change and writes after it cannot undo
 //! it (no resurrected disabled user). A deleted user leaves a versioned
 //! tombstone for [`TOMBSTONE_TTL_SECS`] for the same reason.
 
+use proxynet_protocol::redis_target::RedisConnection;
 use proxynet_protocol::store::{
-    Channel, ExitRecord, Keys, ProvenanceBlock, QuotaPeriod, SourceType, SuperproxyRecord,
-    Tombstone, UserRecord, DEL_EXIT_SCRIPT, DEL_IF_NOT_NEWER_SCRIPT, EXIT_CHANGES_KEPT,
-    HEARTBEAT_SCRIPT, LIVE_MEMBERS_SCRIPT, PUT_EXIT_SCRIPT, PUT_IF_NEWER_SCRIPT,
-    TOMBSTONE_TTL_SECS,
+    user_bucket, Channel, ExitRecord, Keys, ProvenanceBlock, QuotaPeriod, SourceType,
+    SuperproxyRecord, Tombstone, UserRecord, DEL_EXIT_SCRIPT, DEL_USER_SCRIPT, EXIT_CHANGES_KEPT,
+    HEARTBEAT_SCRIPT, LIVE_MEMBERS_SCRIPT, PUT_EXIT_SCRIPT, PUT_USER_SCRIPT, TOMBSTONE_TTL_SECS,
+    USER_BUCKETS,
 };
-use redis::aio::ConnectionManager;
 use redis::AsyncCommands;
 use sqlx::PgPool;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 use std::time::Duration;
 use uuid::Uuid;
@@ -31,7 +31,7 @@ use uuid::Uuid;
 #[derive(Clone)]
 pub struct Projector {
     db: PgPool,
-    redis: ConnectionManager,
+    redis: RedisConnection,
     keys: Keys,
     /// The live superproxies as last read, for heartbeat replies: every
     /// agent gets the same list, so 20,000 beats a second share one read.
@@ -186,7 +186,7 @@ const USER_COLUMNS: &str = "id, account_id, username, password_hash, enabled, ve
      deleted_at IS NOT NULL AS deleted";
 
 impl Projector {
-    pub fn new(db: PgPool, redis: ConnectionManager, keys: Keys) -> Self {
+    pub fn new(db: PgPool, redis: RedisConnection, keys: Keys) -> Self {
         Self {
             db,
             redis,
@@ -197,6 +197,27 @@ impl Projector {
 
     pub fn keys(&self) -> &Keys {
         &self.keys
+    }
+
+    /// The [`PUT_USER_SCRIPT`] call writing `json` (carrying `version`) as
+    /// `username`'s key unless Redis holds a newer record (1 written, 0 kept).
+    fn put_user(
+        &self,
+        username: &str,
+        json: &str,
+        version: i64,
+        ttl_secs: Option<u64>,
+    ) -> redis::Cmd {
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(PUT_USER_SCRIPT)
+            .arg(2)
+            .arg(self.keys.user(username))
+            .arg(self.keys.users_in_bucket(user_bucket(username)))
+            .arg(json)
+            .arg(version)
+            .arg(ttl_secs.map(|t| t.to_string()).unwrap_or_default())
+            .arg(username);
+        cmd
     }
 
     /// Re-projects one proxy user by name (deleted or missing → key removed).
@@ -227,30 +248,30 @@ impl Projector {
         .fetch_optional(&self.db)
         .await?;
         let mut redis = self.redis.clone();
-        let key = self.keys.user(username);
         match row {
             Some(row) if !row.deleted => {
                 let json = serde_json::to_string(&user_record(&row))?;
-                put_if_newer(&mut redis, &key, &json, row.version, None).await?;
+                let _: i64 = self
+                    .put_user(username, &json, row.version, None)
+                    .query_async(&mut redis)
+                    .await?;
             }
             Some(row) => {
                 let json = serde_json::to_string(&Tombstone {
                     deleted: true,
                     version: row.version,
                 })?;
-                put_if_newer(
-                    &mut redis,
-                    &key,
-                    &json,
-                    row.version,
-                    Some(TOMBSTONE_TTL_SECS),
-                )
-                .await?;
+                let _: i64 = self
+                    .put_user(username, &json, row.version, Some(TOMBSTONE_TTL_SECS))
+                    .query_async(&mut redis)
+                    .await?;
             }
             None => {
-                let _: i64 = redis::Script::new(DEL_IF_NOT_NEWER_SCRIPT)
-                    .key(&key)
+                let _: i64 = redis::Script::new(DEL_USER_SCRIPT)
+                    .key(self.keys.user(username))
+                    .key(self.keys.users_in_bucket(user_bucket(username)))
                     .arg(absent_bound.unwrap_or(i64::MAX))
+                    .arg(username)
                     .invoke_async(&mut redis)
                     .await?;
             }
@@ -498,44 +519,62 @@ impl Projector {
         .fetch_all(&self.db)
         .await?;
         let mut redis = self.redis.clone();
-        let mut wanted = HashSet::with_capacity(users.len());
-        for chunk in users.chunks(500) {
-            let mut pipe = redis::pipe();
-            for row in chunk {
-                let key = self.keys.user(&row.username);
-                wanted.insert(key.clone());
-                pipe.cmd("EVAL")
-                    .arg(PUT_IF_NEWER_SCRIPT)
-                    .arg(1)
-                    .arg(key)
-                    .arg(serde_json::to_string(&user_record(row))?)
-                    .arg(row.version)
-                    .arg("")
-                    .ignore();
-            }
-            let _: () = pipe.query_async(&mut redis).await?;
+        // One pipeline per bucket (one hash slot each), several in flight.
+        let mut by_bucket: HashMap<u8, Vec<&UserRow>> = HashMap::new();
+        for row in &users {
+            by_bucket
+                .entry(user_bucket(&row.username))
+                .or_default()
+                .push(row);
         }
+        let mut puts = Vec::new();
+        for rows in by_bucket.values() {
+            for chunk in rows.chunks(500) {
+                let mut group = Vec::with_capacity(chunk.len());
+                for row in chunk {
+                    let json = serde_json::to_string(&user_record(row))?;
+                    group.push(self.put_user(&row.username, &json, row.version, None));
+                }
+                puts.push(group);
+            }
+        }
+        redis.exec_groups(puts).await?;
         // Keys of users this snapshot does not have: deleted while Redis was
         // away, or created after the snapshot. Each is re-checked on its own,
-        // guarded by the version the key holds now.
-        let pattern = format!("{}user:*", self.keys.prefix());
-        let mut stale = Vec::new();
-        {
-            let mut iter: redis::AsyncIter<String> = redis.scan_match(&pattern).await?;
-            while let Some(key) = iter.next_item().await {
-                let key = key?;
-                if !wanted.contains(&key) {
-                    stale.push(key);
-                }
-            }
-        }
-        for key in stale {
-            let username = key
-                .rsplit_once('{')
-                .and_then(|(_, rest)| rest.strip_suffix('}'))
-                .unwrap_or_default()
-                .to_owned();
+        // guarded by the version the key holds now. The bucket indexes list
+        // every key (SCAN would see one node of a cluster only).
+        let wanted: HashSet<&str> = users.iter().map(|u| u.username.as_str()).collect();
+        let indexed: Vec<Vec<String>> = redis
+            .query_batch(
+                (0..USER_BUCKETS)
+                    .map(|bucket| {
+                        let mut cmd = redis::cmd("SMEMBERS");
+                        cmd.arg(self.keys.users_in_bucket(bucket as u8));
+                        cmd
+                    })
+                    .collect(),
+            )
+            .await?;
+        let stale: Vec<String> = indexed
+            .into_iter()
+            .flatten()
+            .filter(|name| !wanted.contains(name.as_str()))
+            .collect();
+        for username in stale {
+            let key = self.keys.user(&username);
             let held: Option<String> = redis.get(&key).await?;
+            if held.is_none() {
+                // An expired tombstone (or a key lost with its node): only
+                // the index entry is left to drop.
+                let _: i64 = redis::Script::new(DEL_USER_SCRIPT)
+                    .key(&key)
+                    .key(self.keys.users_in_bucket(user_bucket(&username)))
+                    .arg(i64::MAX)
+                    .arg(&username)
+                    .invoke_async(&mut redis)
+                    .await?;
+                continue;
+            }
             let version = held
                 .as_deref()
                 .and_then(|j| serde_json::from_str::<serde_json::Value>(j).ok())
@@ -579,20 +618,22 @@ impl Projector {
     }
 
     /// Runs [`Self::resync`] now, every `period`, and at once whenever Redis
-    /// comes back empty (a restart without persistence, a flush): a marker
-    /// key written after each full resync is checked every second, so users
-    /// and exits reappear within a second of Redis returning.
+    /// (or one cluster node) comes back empty — a restart without
+    /// persistence, a flush: the projection markers written after each full
+    /// resync ([`Keys::projection_markers`]) are counted every second, so
+    /// users and exits reappear within a second of Redis returning.
     pub async fn run_resync_loop(self, period: Duration) {
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last_full: Option<std::time::Instant> = None;
-        let marker = self.keys.projection_complete();
+        let markers = self.keys.projection_markers();
         loop {
             tick.tick().await;
             let mut redis = self.redis.clone();
-            let marker_present: Result<bool, _> = redis.exists(&marker).await;
+            // One EXISTS over every marker (split per node on a cluster).
+            let markers_present: Result<usize, _> = redis.exists(&markers).await;
             let due = last_full.is_none_or(|t| t.elapsed() >= period);
-            match marker_present {
+            match markers_present.map(|n| n == markers.len()) {
                 Ok(true) if !due => continue,
                 Ok(present) => {
                     if !present && last_full.is_some() {
@@ -606,7 +647,8 @@ impl Projector {
             match self.resync().await {
                 Ok(()) => {
                     last_full = Some(std::time::Instant::now());
-                    let _: Result<(), _> = redis.set(&marker, "1").await;
+                    let pairs: Vec<(&String, &str)> = markers.iter().map(|m| (m, "1")).collect();
+                    let _: Result<(), _> = redis.mset(&pairs).await;
                     tracing::debug!("redis projection resynced");
                 }
                 Err(e) => tracing::warn!(error = %e, "redis projection resync failed; retrying"),
@@ -654,13 +696,19 @@ impl Projector {
         if exits.is_empty() {
             return Ok(Vec::new());
         }
-        let mut redis = self.redis.clone();
-        let mut pipe = redis::pipe();
-        for id in exits {
-            pipe.hgetall(self.keys.health(*id));
-        }
-        let reports: Vec<std::collections::HashMap<String, String>> =
-            pipe.query_async(&mut redis).await?;
+        let reports: Vec<HashMap<String, String>> = self
+            .redis
+            .query_batch(
+                exits
+                    .iter()
+                    .map(|id| {
+                        let mut cmd = redis::cmd("HGETALL");
+                        cmd.arg(self.keys.health(*id));
+                        cmd
+                    })
+                    .collect(),
+            )
+            .await?;
         Ok(reports
             .into_iter()
             .map(|by_superproxy| {
@@ -717,24 +765,6 @@ pub struct FleetHealth {
     pub tunnels: u64,
     pub bytes_up: u64,
     pub bytes_down: u64,
-}
-
-/// Writes `json` (carrying `version`) unless Redis holds a newer record.
-async fn put_if_newer(
-    redis: &mut ConnectionManager,
-    key: &str,
-    json: &str,
-    version: i64,
-    ttl_secs: Option<u64>,
-) -> Result<bool, redis::RedisError> {
-    let written: i64 = redis::Script::new(PUT_IF_NEWER_SCRIPT)
-        .key(key)
-        .arg(json)
-        .arg(version)
-        .arg(ttl_secs.map(|t| t.to_string()).unwrap_or_default())
-        .invoke_async(redis)
-        .await?;
-    Ok(written == 1)
 }
 
 fn user_record(row: &UserRow) -> UserRecord {

@@ -2,7 +2,7 @@
 //!
 //! Everything here is spoken by at least two of `superproxy`, `exit-agent` and
 //! `control-api`: the wire format of the agent link ([`link`]), the layout of the
-//! shared Redis state ([`store`]), the egress policy that both the superproxy
+//! shared Redis state ([`store`]) and how to reach it ([`redis_target`]), the egress policy that both the superproxy
 //! (early literal check) and the agent (on the address actually dialled) apply
 //! ([`egress`]), the tunnel byte pump both ends run ([`splice`]), and small
 //! process conventions ([`ready`], [`telemetry`], [`shutdown`]).
@@ -13,6 +13,7 @@ pub mod link;
 pub mod metrics;
 pub mod mux;
 pub mod ready;
+pub mod redis_target;
 pub mod runtime;
 pub mod secret;
 pub mod shutdown;

@@ -7,7 +7,10 @@
 //! prefix so several stacks (or tests) can share one Redis. Keys built from user
 //! input only ever contain validated usernames (`[A-Za-z0-9_.]`, at most 64 bytes)
 //! or UUIDs, so they are bounded and need no escaping. Per-entity keys wrap the
-//! entity id in `{}` so that a Redis Cluster hashes each entity's keys together.
+//! entity id in `{}` so that a Redis Cluster hashes each entity's keys together;
+//! user records are spread over [`USER_BUCKETS`] tags instead, each with its
+//! index and projection marker beside it, so every multi-key operation,
+//! script and transaction stays in one hash slot.
 //!
 //! Liveness uses sorted sets scored by expiry time taken from Redis' own clock
 //! (`TIME` inside a script), so hosts with skewed clocks agree on who is alive.
@@ -33,9 +36,50 @@ impl Keys {
         &self.prefix
     }
 
-    /// `UserRecord` JSON for a proxy username.
+    /// `UserRecord` JSON (or a deletion tombstone) for a proxy username. It
+    /// sits in its bucket's slot, beside the bucket's index and marker.
     pub fn user(&self, username: &str) -> String {
-        format!("{}user:{{{username}}}", self.prefix)
+        format!(
+            "{}user:{{u{:02x}}}:{username}",
+            self.prefix,
+            user_bucket(username)
+        )
+    }
+
+    /// Set of the usernames that have a key ([`Self::user`]) in `bucket`, so
+    /// a full resync finds stale keys without SCAN (which sees one node of a
+    /// cluster only).
+    pub fn users_in_bucket(&self, bucket: u8) -> String {
+        format!("{}users:{{u{bucket:02x}}}", self.prefix)
+    }
+
+    /// The projection marker beside `username`'s key (see [`Self::projection_markers`]).
+    pub fn users_projected(&self, username: &str) -> String {
+        self.users_projected_in_bucket(user_bucket(username))
+    }
+
+    fn users_projected_in_bucket(&self, bucket: u8) -> String {
+        format!("{}projection:complete:{{u{bucket:02x}}}", self.prefix)
+    }
+
+    /// The projection marker beside the exit records.
+    pub fn exits_projected(&self) -> String {
+        format!("{}{{exits}}:projection:complete", self.prefix)
+    }
+
+    /// Written by the control-api after each full projection of Postgres into
+    /// Redis: one beside each user bucket and one beside the exits. A missing
+    /// marker means Redis lost that part of the projection (a restart without
+    /// persistence, a flush, one cluster node restarted empty) and it is not
+    /// yet rebuilt: an absent user or exit there then proves nothing, so
+    /// superproxies keep their last known view instead of refusing known
+    /// users or emptying the pool. Each marker shares its slot with what it
+    /// vouches for, so a reader checks both in one transaction.
+    pub fn projection_markers(&self) -> Vec<String> {
+        (0..USER_BUCKETS)
+            .map(|b| self.users_projected_in_bucket(b as u8))
+            .chain([self.exits_projected()])
+            .collect()
     }
 
     /// `ExitRecord` JSON. Every exit record shares the `{exits}` hash tag with
@@ -126,19 +170,26 @@ impl Keys {
         format!("{}stats:{{{superproxy}}}", self.prefix)
     }
 
-    /// Written by the control-api after each full projection of Postgres into
-    /// Redis. Its absence means Redis lost the projection (a restart without
-    /// persistence, a flush) and it is not yet rebuilt: an absent user or exit
-    /// then proves nothing, so superproxies keep their last known view
-    /// instead of refusing known users or emptying the pool.
-    pub fn projection_complete(&self) -> String {
-        format!("{}projection:complete", self.prefix)
-    }
-
     /// Pub/sub channel announcing changed users and exits (`user:NAME`, `exit:ID`).
     pub fn events(&self) -> String {
         format!("{}events", self.prefix)
     }
+}
+
+/// How many hash tags user records are spread over: enough to spread users
+/// over the masters of any realistic cluster, few enough that the projection
+/// markers (one per bucket) are checked in one cheap read.
+pub const USER_BUCKETS: usize = 256;
+
+/// The bucket of a username: FNV-1a, stable across versions and binaries
+/// (both the control-api and the superproxy derive the key from it).
+pub fn user_bucket(username: &str) -> u8 {
+    let mut hash: u32 = 0x811c_9dc5;
+    for byte in username.bytes() {
+        hash ^= u32::from(byte);
+        hash = hash.wrapping_mul(0x0100_0193);
+    }
+    (hash % USER_BUCKETS as u32) as u8
 }
 
 /// What a superproxy needs to authenticate a proxy user.
@@ -214,10 +265,13 @@ impl UserEntry {
 /// resync that could still carry the user's older record.
 pub const TOMBSTONE_TTL_SECS: u64 = 86_400;
 
-/// `KEYS[1]` record key, `ARGV[1]` JSON, `ARGV[2]` its version, `ARGV[3]`
-/// TTL in seconds or ''. Writes only if no record with this version or a
-/// newer one is there (1 written, 0 kept): the projection is monotonic.
-pub const PUT_IF_NEWER_SCRIPT: &str = r"
+/// `KEYS[1]` user key, `KEYS[2]` its bucket's index ([`Keys::users_in_bucket`]),
+/// `ARGV[1]` JSON, `ARGV[2]` its version, `ARGV[3]` TTL in seconds or '',
+/// `ARGV[4]` the username. Writes only if no record with this version or a
+/// newer one is there (1 written, 0 kept): the projection is monotonic. The
+/// username is indexed either way (a key for it exists).
+pub const PUT_USER_SCRIPT: &str = r"
+redis.call('SADD', KEYS[2], ARGV[4])
 local cur = redis.call('GET', KEYS[1])
 if cur then
   local ok, rec = pcall(cjson.decode, cur)
@@ -233,16 +287,21 @@ end
 return 1
 ";
 
-/// `KEYS[1]` record key, `ARGV[1]` version: deletes the key only if what it
-/// holds is not newer than that version.
-pub const DEL_IF_NOT_NEWER_SCRIPT: &str = r"
+/// `KEYS[1]` user key, `KEYS[2]` its bucket's index, `ARGV[1]` version,
+/// `ARGV[2]` the username: deletes the key only if what it holds is not newer
+/// than that version, and unindexes the name when no key is left.
+pub const DEL_USER_SCRIPT: &str = r"
 local cur = redis.call('GET', KEYS[1])
-if not cur then return 0 end
+if not cur then
+  redis.call('SREM', KEYS[2], ARGV[2])
+  return 0
+end
 local ok, rec = pcall(cjson.decode, cur)
 if ok and type(rec) == 'table' and tonumber(rec['version']) and tonumber(rec['version']) > tonumber(ARGV[1]) then
   return 0
 end
 redis.call('DEL', KEYS[1])
+redis.call('SREM', KEYS[2], ARGV[2])
 return 1
 ";
 
@@ -693,39 +752,6 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 return redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf')
 ";
 
-/// Connects to Redis with a clear error naming the store when it is not there.
-pub async fn connect_redis(url: &str) -> Result<redis::aio::ConnectionManager, StoreUnavailable> {
-    let client = redis::Client::open(url).map_err(|e| StoreUnavailable {
-        what: "Redis",
-        detail: format!("invalid Redis URL: {e}"),
-    })?;
-    let config = redis::aio::ConnectionManagerConfig::new()
-        .set_connection_timeout(Some(std::time::Duration::from_secs(3)))
-        .set_response_timeout(Some(std::time::Duration::from_secs(3)))
-        .set_number_of_retries(1);
-    let mut conn = tokio::time::timeout(
-        std::time::Duration::from_secs(5),
-        redis::aio::ConnectionManager::new_with_config(client, config),
-    )
-    .await
-    .map_err(|_| StoreUnavailable {
-        what: "Redis",
-        detail: format!("no answer from {} within 5 s", redact_url(url)),
-    })?
-    .map_err(|e| StoreUnavailable {
-        what: "Redis",
-        detail: format!("cannot connect to {}: {e}", redact_url(url)),
-    })?;
-    let _: String = redis::cmd("PING")
-        .query_async(&mut conn)
-        .await
-        .map_err(|e| StoreUnavailable {
-            what: "Redis",
-            detail: format!("PING to {} failed: {e}", redact_url(url)),
-        })?;
-    Ok(conn)
-}
-
 /// A backing store could not be reached at start-up.
 #[derive(Debug, thiserror::Error)]
 #[error("{what} is not reachable: {detail}")]
@@ -753,7 +779,11 @@ mod tests {
     #[test]
     fn keys_are_prefixed_and_hash_tagged() {
         let k = Keys::new("t1:");
-        assert_eq!(k.user("alice"), "t1:user:{alice}");
+        // FNV-1a("alice") = 0x872213e7 → bucket 0xe7.
+        assert_eq!(k.user("alice"), "t1:user:{ue7}:alice");
+        assert_eq!(k.users_projected("alice"), "t1:projection:complete:{ue7}");
+        assert_eq!(k.users_in_bucket(user_bucket("alice")), "t1:users:{ue7}");
+        assert_eq!(k.projection_markers().len(), USER_BUCKETS + 1);
         let id = Uuid::nil();
         assert_eq!(k.exit(id), format!("t1:{{exits}}:exit:{id}"));
         assert!(k.exit(id).starts_with(&k.exit_prefix()));

@@ -125,3 +125,45 @@ stop_redis() {
   [ -n "${REDIS_PORT:-}" ] || return 0
   redis-cli -p "$REDIS_PORT" shutdown nosave >/dev/null 2>&1 || true
 }
+
+# start_redis_cluster D   starts a private 3-master Redis Cluster in D (each
+# node and its cluster bus on free ports); sets REDIS_CLUSTER_URL to the
+# comma-separated seed list the binaries take with --redis-cluster.
+start_redis_cluster() {
+  local dir="$1" node port bus seeds=() urls=() i
+  REDIS_CLUSTER_PORTS=""
+  for node in 1 2 3; do
+    mkdir -p "$dir/$node"
+    port="$(free_port)"; bus="$(free_port)"
+    redis-server --bind 127.0.0.1 --port "$port" --cluster-enabled yes --cluster-port "$bus" \
+      --cluster-config-file "$dir/$node/nodes.conf" --cluster-node-timeout 5000 \
+      --dir "$dir/$node" --save "" --appendonly no \
+      --daemonize yes --pidfile "$dir/$node/redis.pid" --logfile "$dir/$node/redis.log" >/dev/null
+    for i in $(seq 1 100); do
+      redis-cli -p "$port" ping >/dev/null 2>&1 && break
+      [ "$i" -eq 100 ] && { cat "$dir/$node/redis.log" >&2; die "Redis Cluster node $node did not start"; }
+      sleep 0.1
+    done
+    seeds+=("127.0.0.1:$port"); urls+=("redis://127.0.0.1:$port/")
+    REDIS_CLUSTER_PORTS="$REDIS_CLUSTER_PORTS $port"
+  done
+  redis-cli --cluster create "${seeds[@]}" --cluster-replicas 0 --cluster-yes >"$dir/create.log" 2>&1 \
+    || { cat "$dir/create.log" >&2; die "redis-cli --cluster create failed"; }
+  # Every node must agree the cluster is whole before anyone uses it.
+  for port in $REDIS_CLUSTER_PORTS; do
+    for i in $(seq 1 200); do
+      redis-cli -p "$port" cluster info 2>/dev/null | grep -q '^cluster_state:ok' && break
+      [ "$i" -eq 200 ] && die "Redis Cluster did not reach cluster_state:ok"
+      sleep 0.1
+    done
+  done
+  REDIS_CLUSTER_URL="$(IFS=,; echo "${urls[*]}")"
+  export REDIS_CLUSTER_PORTS REDIS_CLUSTER_URL
+}
+
+stop_redis_cluster() {
+  local port
+  for port in ${REDIS_CLUSTER_PORTS:-}; do
+    redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true
+  done
+}

@@ -7,8 +7,8 @@
 //! simply expire, so they cannot leak for longer than `lease_ttl`. While Redis
 //! is unreachable, limits fall back to this instance's own count.
 
+use proxynet_protocol::redis_target::RedisConnection;
 use proxynet_protocol::store::{Keys, QuotaPeriod};
-use redis::aio::ConnectionManager;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -55,7 +55,7 @@ return 1
 ";
 
 pub struct Admission {
-    redis: ConnectionManager,
+    redis: RedisConnection,
     keys: Keys,
     superproxy_id: Uuid,
     lease_ttl: Duration,
@@ -108,7 +108,7 @@ pub struct UserLimits {
 
 impl Admission {
     pub fn new(
-        redis: ConnectionManager,
+        redis: RedisConnection,
         keys: Keys,
         superproxy_id: Uuid,
         lease_ttl: Duration,

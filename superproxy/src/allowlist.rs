@@ -13,8 +13,8 @@
 //! step if that grows.
 
 use proxynet_protocol::egress::Cidr;
+use proxynet_protocol::redis_target::RedisConnection;
 use proxynet_protocol::store::Keys;
-use redis::aio::ConnectionManager;
 use redis::AsyncCommands;
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -22,13 +22,13 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 pub struct Allowlist {
-    redis: ConnectionManager,
+    redis: RedisConnection,
     keys: Keys,
     entries: RwLock<Arc<Vec<(Cidr, String)>>>,
 }
 
 impl Allowlist {
-    pub fn new(redis: ConnectionManager, keys: Keys) -> Self {
+    pub fn new(redis: RedisConnection, keys: Keys) -> Self {
         Self {
             redis,
             keys,

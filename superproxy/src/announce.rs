@@ -4,15 +4,15 @@
 //! needs no change on any exit host.
 
 use proxynet_protocol::egress::host_interface_addresses;
+use proxynet_protocol::redis_target::RedisConnection;
 use proxynet_protocol::store::{Keys, SuperproxyRecord, TOUCH_LIVE_SCRIPT};
-use redis::aio::ConnectionManager;
 use redis::AsyncCommands;
 use std::net::SocketAddr;
 use std::time::Duration;
 
 #[derive(Clone)]
 pub struct Announcer {
-    pub redis: ConnectionManager,
+    pub redis: RedisConnection,
     pub keys: Keys,
     pub record: SuperproxyRecord,
     pub interval: Duration,

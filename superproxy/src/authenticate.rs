@@ -17,8 +17,8 @@ use argon2::password_hash::{
 };
 use argon2::Argon2;
 use hmac::{Hmac, Mac};
+use proxynet_protocol::redis_target::RedisConnection;
 use proxynet_protocol::store::{Keys, UserEntry, UserRecord};
-use redis::aio::ConnectionManager;
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -61,7 +61,7 @@ pub struct Authenticator {
 }
 
 struct Inner {
-    redis: ConnectionManager,
+    redis: RedisConnection,
     keys: Keys,
     record_ttl: Duration,
     success_ttl: Duration,
@@ -75,7 +75,7 @@ struct Inner {
 
 impl Authenticator {
     pub fn new(
-        redis: ConnectionManager,
+        redis: RedisConnection,
         keys: Keys,
         record_ttl: Duration,
         success_ttl: Duration,
@@ -163,11 +163,12 @@ impl Authenticator {
     /// known user must not be refused and charged as a failed login).
     pub async fn fresh_entry(&self, username: &str) -> Result<UserEntry, redis::RedisError> {
         let mut redis = self.inner.redis.clone();
-        // One MULTI: a flush and re-projection cannot fall between the two.
+        // One MULTI (the marker shares the user key's slot): a flush and
+        // re-projection cannot fall between the two reads.
         let (json, projected): (Option<String>, bool) = redis::pipe()
             .atomic()
             .get(self.inner.keys.user(username))
-            .exists(self.inner.keys.projection_complete())
+            .exists(self.inner.keys.users_projected(username))
             .query_async(&mut redis)
             .await?;
         let entry = UserEntry::parse(json.as_deref());

@@ -6,7 +6,6 @@
 
 use clap::Parser;
 use proxynet_protocol::egress::EgressArgs;
-use proxynet_protocol::secret::Secret;
 use proxynet_protocol::splice::TunnelLimits;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -74,13 +73,8 @@ pub struct Config {
     #[arg(long, env = "PROXYNET_LINK_KEY", requires = "link_cert")]
     pub link_key: Option<PathBuf>,
 
-    /// Redis URL (shared state with the control-api and other superproxies).
-    #[arg(long, env = "PROXYNET_REDIS_URL", hide_env_values = true)]
-    pub redis_url: Secret,
-
-    /// Prefix of every Redis key of this stack.
-    #[arg(long, env = "PROXYNET_REDIS_PREFIX", default_value = "pn:")]
-    pub redis_prefix: String,
+    #[command(flatten)]
+    pub redis: proxynet_protocol::redis_target::RedisArgs,
 
     /// Time a client has to send a complete request head (slowloris bound), ms.
     #[arg(

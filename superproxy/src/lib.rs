@@ -48,7 +48,8 @@ pub mod usage;
 pub mod username;
 
 use proxynet_protocol::egress::EgressPolicy;
-use proxynet_protocol::store::{connect_redis, Keys, StoreUnavailable, SuperproxyRecord};
+use proxynet_protocol::redis_target::{RedisConnection, RedisTarget};
+use proxynet_protocol::store::{Keys, StoreUnavailable, SuperproxyRecord};
 use serde::{Deserialize, Serialize};
 use std::future::Future;
 use std::net::SocketAddr;
@@ -107,8 +108,8 @@ pub struct Superproxy {
     admin: TcpListener,
     link: TcpListener,
     identity: LinkIdentity,
-    redis_client: redis::Client,
-    redis: redis::aio::ConnectionManager,
+    redis_target: RedisTarget,
+    redis: RedisConnection,
     keys: Keys,
 }
 
@@ -128,11 +129,9 @@ async fn listen(
 
 impl Superproxy {
     pub async fn bind(config: Config) -> Result<Self, StartError> {
-        let redis_url = config.redis_url.expose().to_owned();
-        let redis = connect_redis(&redis_url).await?;
-        let redis_client = redis::Client::open(redis_url.as_str())
-            .map_err(|e| StartError::Other(e.to_string()))?;
-        let keys = Keys::new(config.redis_prefix.clone());
+        let redis_target = config.redis.target()?;
+        let redis = redis_target.connect().await?;
+        let keys = Keys::new(config.redis.redis_prefix.clone());
         let identity = match (&config.link_cert, &config.link_key) {
             (Some(cert), Some(key)) => LinkIdentity::from_pem_files(cert, key)?,
             _ => LinkIdentity::self_signed()?,
@@ -242,7 +241,7 @@ impl Superproxy {
             admin,
             link,
             identity,
-            redis_client,
+            redis_target,
             redis,
             keys,
         })
@@ -295,7 +294,7 @@ impl Superproxy {
                 .run(),
             ),
             tokio::spawn(events::run(
-                self.redis_client,
+                self.redis_target,
                 self.keys.events(),
                 revoker.clone(),
                 pool.clone(),

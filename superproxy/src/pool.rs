@@ -13,11 +13,11 @@
 //! (or a Redis that restarted) reads the pool in full again. The view is
 //! rebuilt when something changed, a link came or went, or a consent runs out.
 
+use proxynet_protocol::redis_target::RedisConnection;
 use proxynet_protocol::store::{
     ExitRecord, Keys, ProvenanceBlock, LIVE_AND_DRAINING_SCRIPT, POOL_DELTA_SCRIPT,
 };
 use rand::Rng;
-use redis::aio::ConnectionManager;
 use redis::AsyncCommands;
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
@@ -67,7 +67,7 @@ pub struct Pool {
     /// Exits blocked by provenance in the last two rebuilds, so a newly
     /// blocked exit's tunnels are cut once more after a racing open.
     recently_blocked: std::sync::Mutex<[HashSet<Uuid>; 2]>,
-    redis: ConnectionManager,
+    redis: RedisConnection,
     keys: Keys,
     registry: Arc<LinkRegistry>,
     view: RwLock<Arc<PoolView>>,
@@ -236,7 +236,7 @@ pub fn matches(record: &ExitRecord, targeting: &Targeting) -> bool {
 
 impl Pool {
     pub fn new(
-        redis: ConnectionManager,
+        redis: RedisConnection,
         keys: Keys,
         registry: Arc<LinkRegistry>,
         health: Arc<HealthBook>,
@@ -440,7 +440,7 @@ impl Pool {
     /// read must not replace the last known pool.
     async fn read_full(&self) -> Result<Read, ReadError> {
         let mut redis = self.redis.clone();
-        let projected: bool = redis.exists(self.keys.projection_complete()).await?;
+        let projected: bool = redis.exists(self.keys.exits_projected()).await?;
         if !projected {
             return Err(ReadError::NotProjected);
         }

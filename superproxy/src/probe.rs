@@ -7,8 +7,9 @@
 //! network blip is visible as exactly that.
 
 use futures_util::future::join_all;
+use proxynet_protocol::redis_target::RedisConnection;
 use proxynet_protocol::store::Keys;
-use redis::aio::ConnectionManager;
+use redis::AsyncCommands;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use uuid::Uuid;
@@ -23,7 +24,7 @@ pub struct Prober {
     pub superproxy_id: Uuid,
     pub registry: Arc<LinkRegistry>,
     pub health: Arc<HealthBook>,
-    pub redis: ConnectionManager,
+    pub redis: RedisConnection,
     pub keys: Keys,
 }
 
@@ -78,15 +79,18 @@ impl Prober {
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
         let ttl_ms = (self.health.config.probe_interval * 3).as_millis() as u64;
-        let mut pipe = redis::pipe();
         // This instance's totals, for the fleet's tunnels/s, errors and bytes/s.
         let stats = serde_json::to_string(&self.stats.snapshot()).unwrap_or_default();
-        pipe.pset_ex(
-            self.keys.stats(self.superproxy_id),
-            stats,
-            ttl_ms.max(10_000),
-        )
-        .ignore();
+        let mut redis = self.redis.clone();
+        let _: () = redis
+            .pset_ex(
+                self.keys.stats(self.superproxy_id),
+                stats,
+                ttl_ms.max(10_000),
+            )
+            .await?;
+        // One group per exit: each exit's health hash is in its own slot.
+        let mut groups = Vec::with_capacity(linked.len());
         for id in linked {
             let mut view =
                 serde_json::to_value(self.health.exit(*id).view(now)).unwrap_or_default();
@@ -95,11 +99,14 @@ impl Prober {
             view["bytes_down"] = down.into();
             view["at_ms"] = at_ms.into();
             let key = self.keys.health(*id);
-            pipe.hset(&key, self.superproxy_id.to_string(), view.to_string())
-                .ignore();
-            pipe.pexpire(&key, ttl_ms as i64).ignore();
+            let mut hset = redis::cmd("HSET");
+            hset.arg(&key)
+                .arg(self.superproxy_id.to_string())
+                .arg(view.to_string());
+            let mut pexpire = redis::cmd("PEXPIRE");
+            pexpire.arg(&key).arg(ttl_ms);
+            groups.push(vec![hset, pexpire]);
         }
-        let mut redis = self.redis.clone();
-        pipe.query_async::<()>(&mut redis).await
+        redis.exec_groups(groups).await
     }
 }

@@ -7,8 +7,8 @@
 //! long the exit stays the same, not an idle timeout). A local copy of recent
 //! pins keeps sessions on their exit while Redis is unreachable.
 
+use proxynet_protocol::redis_target::RedisConnection;
 use proxynet_protocol::store::Keys;
-use redis::aio::ConnectionManager;
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::Mutex;
@@ -66,13 +66,13 @@ impl Pin {
 }
 
 pub struct Sessions {
-    redis: ConnectionManager,
+    redis: RedisConnection,
     keys: Keys,
     local: Mutex<HashMap<String, Pin>>,
 }
 
 impl Sessions {
-    pub fn new(redis: ConnectionManager, keys: Keys) -> Self {
+    pub fn new(redis: RedisConnection, keys: Keys) -> Self {
         Self {
             redis,
             keys,

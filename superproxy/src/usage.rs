@@ -22,8 +22,8 @@
 //! counts twice. A clean shutdown flushes (or spills); `kill -9` loses at
 //! most one flush interval.
 
+use proxynet_protocol::redis_target::RedisConnection;
 use proxynet_protocol::store::{Keys, QuotaPeriod, TargetRow, UsageBatch, UsageRow};
-use redis::aio::ConnectionManager;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::io;
@@ -227,7 +227,7 @@ struct Pending {
 
 pub struct UsageRecorder {
     superproxy_id: Uuid,
-    redis: ConnectionManager,
+    redis: RedisConnection,
     keys: Keys,
     meters: Mutex<Vec<Tracked>>,
     pending: tokio::sync::Mutex<Vec<Pending>>,
@@ -251,7 +251,7 @@ type TargetKey = (Uuid, Uuid, Uuid, std::net::IpAddr, String, u16, i64);
 impl UsageRecorder {
     pub fn new(
         superproxy_id: Uuid,
-        redis: ConnectionManager,
+        redis: RedisConnection,
         keys: Keys,
         spill_dir: Option<PathBuf>,
         memory_batches: usize,
@@ -485,26 +485,35 @@ impl UsageRecorder {
         let json = serde_json::to_string(&next.batch).map_err(|e| {
             redis::RedisError::from((redis::ErrorKind::Client, "encoding", e.to_string()))
         })?;
-        let mut pipe = redis::pipe();
-        pipe.cmd("XADD")
+        let mut redis = self.redis.clone();
+        let _: () = redis::cmd("XADD")
             .arg(self.keys.usage_stream())
             .arg("*")
             .arg("batch")
             .arg(json)
-            .ignore();
-        for delta in &next.quota {
-            pipe.cmd("EVAL")
-                .arg(ADD_ONCE_SCRIPT)
-                .arg(2)
-                .arg(&delta.counter)
-                .arg(format!("{}:applied", delta.counter))
-                .arg(delta.bytes)
-                .arg(delta.expire_at)
-                .arg(next.batch.superproxy_id.to_string())
-                .arg(next.seq);
-        }
-        let mut redis = self.redis.clone();
-        let totals: Vec<u64> = pipe.query_async(&mut redis).await?;
+            .query_async(&mut redis)
+            .await?;
+        // Each user's counter lives in that user's slot (on a cluster, maybe
+        // each on another node).
+        let totals: Vec<u64> = redis
+            .query_batch(
+                next.quota
+                    .iter()
+                    .map(|delta| {
+                        let mut cmd = redis::cmd("EVAL");
+                        cmd.arg(ADD_ONCE_SCRIPT)
+                            .arg(2)
+                            .arg(&delta.counter)
+                            .arg(format!("{}:applied", delta.counter))
+                            .arg(delta.bytes)
+                            .arg(delta.expire_at)
+                            .arg(next.batch.superproxy_id.to_string())
+                            .arg(next.seq);
+                        cmd
+                    })
+                    .collect(),
+            )
+            .await?;
         for (delta, total) in next.quota.iter().zip(totals) {
             // The shared counter is the truth: it includes other instances.
             if let Some(budget) = self

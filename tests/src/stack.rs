@@ -133,6 +133,7 @@ impl Stack {
         let mut stores = TestStores::create().await;
         if let Some(url) = &options.redis_url {
             stores.redis_url = url.clone();
+            stores.redis_cluster = false;
         }
         let dir = tempfile::tempdir().unwrap();
         let http = reqwest::Client::new();
@@ -554,8 +555,6 @@ pub async fn spawn_control_api_at(
     }
     let envs = [
         ("PROXYNET_DATABASE_URL", stores.database_url.clone()),
-        ("PROXYNET_REDIS_URL", stores.redis_url.clone()),
-        ("PROXYNET_REDIS_PREFIX", stores.redis_prefix.clone()),
         ("PROXYNET_ADMIN_TOKEN", ADMIN_TOKEN.to_owned()),
         ("PROXYNET_API_LISTEN", listen.to_string()),
         (
@@ -570,6 +569,7 @@ pub async fn spawn_control_api_at(
         ("PROXYNET_OBSERVE_INTERVAL_SECS", "1".to_owned()),
     ];
     let mut envs = envs.to_vec();
+    envs.extend(stores.redis_env());
     envs.extend(options.api_env.iter().map(|(k, v)| (k.as_str(), v.clone())));
     let log = options.log_dir.as_ref().map(|d| d.join("control-api.log"));
     let (proc, ready) =
@@ -609,12 +609,11 @@ pub async fn spawn_superproxy_with(
         args.extend(["--egress-protected".into(), redis]);
     }
     args.extend_from_slice(extra_args);
-    let mut envs = vec![
-        ("PROXYNET_REDIS_URL", stores.redis_url.clone()),
-        ("PROXYNET_REDIS_PREFIX", stores.redis_prefix.clone()),
+    let mut envs = stores.redis_env().to_vec();
+    envs.extend([
         ("PROXYNET_DRAIN_DELAY_MS", "0".to_owned()),
         ("PROXYNET_DRAIN_TIMEOUT_MS", "10000".to_owned()),
-    ];
+    ]);
     envs.extend(env.iter().map(|(k, v)| (k.as_str(), v.clone())));
     crate::process::spawn_ready_logged::<ProxyAddrs>("superproxy", &args, &envs, log).await
 }

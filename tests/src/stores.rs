@@ -1,5 +1,7 @@
 //! A fresh database and Redis prefix per test.
 
+use proxynet_protocol::redis_target::{RedisConnection, RedisTarget};
+use proxynet_protocol::store::Keys;
 use sqlx::Connection;
 use uuid::Uuid;
 
@@ -7,7 +9,10 @@ use uuid::Uuid;
 pub struct TestStores {
     /// URL of this test's own database.
     pub database_url: String,
+    /// One Redis URL, or with `redis_cluster` the cluster's seed nodes.
     pub redis_url: String,
+    /// The suite runs against a Redis Cluster (`PROXYNET_TEST_REDIS_CLUSTER`).
+    pub redis_cluster: bool,
     /// Key prefix unique to this test.
     pub redis_prefix: String,
 }
@@ -36,8 +41,32 @@ impl TestStores {
         Self {
             database_url,
             redis_url,
+            redis_cluster: std::env::var("PROXYNET_TEST_REDIS_CLUSTER").is_ok_and(|v| v == "true"),
             redis_prefix: format!("{name}:"),
         }
+    }
+
+    /// This test's key layout.
+    pub fn keys(&self) -> Keys {
+        Keys::new(self.redis_prefix.clone())
+    }
+
+    /// A connection to this test's Redis (or cluster), as the binaries make it.
+    pub async fn redis(&self) -> RedisConnection {
+        RedisTarget::new(&self.redis_url, self.redis_cluster)
+            .expect("test Redis URL")
+            .connect()
+            .await
+            .expect("connect to the test Redis")
+    }
+
+    /// The environment that points a binary at this test's Redis.
+    pub fn redis_env(&self) -> [(&'static str, String); 3] {
+        [
+            ("PROXYNET_REDIS_URL", self.redis_url.clone()),
+            ("PROXYNET_REDIS_CLUSTER", self.redis_cluster.to_string()),
+            ("PROXYNET_REDIS_PREFIX", self.redis_prefix.clone()),
+        ]
     }
 }
 

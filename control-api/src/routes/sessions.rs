@@ -76,22 +76,12 @@ pub async fn list(
 ) -> Result<Json<Vec<SessionView>>, ApiError> {
     user_exists(&state, caller, user).await?;
     let prefix = state.projector.keys().session(user, "");
-    let mut redis = state.redis.clone();
-    let mut keys = Vec::new();
-    {
-        let mut iter: redis::AsyncIter<String> = redis
-            .scan_match(format!("{prefix}*"))
-            .await
-            .map_err(|e| ApiError::Unavailable(format!("sessions unavailable: {e}")))?;
-        while let Some(key) = iter.next_item().await {
-            keys.push(
-                key.map_err(|e| ApiError::Unavailable(format!("sessions unavailable: {e}")))?,
-            );
-            if keys.len() >= MAX_LISTED {
-                break;
-            }
-        }
-    }
+    // Every session key of the user shares the user's hash tag.
+    let keys = state
+        .redis
+        .scan_slot_of(&prefix, &format!("{prefix}*"), MAX_LISTED)
+        .await
+        .map_err(|e| ApiError::Unavailable(format!("sessions unavailable: {e}")))?;
     let mut sessions = Vec::with_capacity(keys.len());
     for key in keys {
         let session = key.strip_prefix(&prefix).unwrap_or_default().to_owned();

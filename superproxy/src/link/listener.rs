@@ -8,9 +8,9 @@ use proxynet_protocol::link::{
     LINK_V2_MUX,
 };
 use proxynet_protocol::mux::{self, MuxConfig, ReadAhead, Role};
+use proxynet_protocol::redis_target::RedisConnection;
 use proxynet_protocol::secret::{constant_time_eq, sha256_hex};
 use proxynet_protocol::store::{AuditEvent, ExitRecord, Keys};
-use redis::aio::ConnectionManager;
 use redis::AsyncCommands;
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,7 +26,7 @@ pub struct LinkListener {
     pub listener: TcpListener,
     pub acceptor: TlsAcceptor,
     pub registry: Arc<LinkRegistry>,
-    pub redis: ConnectionManager,
+    pub redis: RedisConnection,
     pub keys: Keys,
     /// This superproxy, for audit events.
     pub superproxy_id: uuid::Uuid,

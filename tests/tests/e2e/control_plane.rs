@@ -73,9 +73,8 @@ async fn drains_reach_the_pool_as_deltas_and_a_lost_place_means_one_full_read() 
 
     // The stream loses our place (trimmed away, or Redis restarted empty):
     // the next read notices, reads the pool in full once, and goes on.
-    let client = redis::Client::open(stack.stores.redis_url.as_str()).unwrap();
-    let mut redis = client.get_multiplexed_async_connection().await.unwrap();
-    let stream = format!("{}{{exits}}:changes", stack.stores.redis_prefix);
+    let mut redis = stack.stores.redis().await;
+    let stream = stack.stores.keys().exit_changes();
     let _: () = redis::cmd("DEL")
         .arg(&stream)
         .query_async(&mut redis)

@@ -234,9 +234,9 @@ async fn a_stale_projection_write_does_not_resurrect_a_disabled_user() {
         curl(&["-p", "-x", &url, &stack.whoami_url()]).await.status,
         200
     );
-    let client = redis::Client::open(stack.stores.redis_url.as_str()).unwrap();
-    let mut redis = client.get_multiplexed_async_connection().await.unwrap();
-    let key = format!("{}user:{{lazarus}}", stack.stores.redis_prefix);
+    let mut redis = stack.stores.redis().await;
+    let keys = stack.stores.keys();
+    let key = keys.user("lazarus");
     let enabled: String = redis::cmd("GET")
         .arg(&key)
         .query_async(&mut redis)
@@ -253,8 +253,9 @@ async fn a_stale_projection_write_does_not_resurrect_a_disabled_user() {
         .unwrap();
     assert!(r.status().is_success());
     // What a resync that read Postgres before the disable would write now.
-    let written: i64 = redis::Script::new(proxynet_protocol::store::PUT_IF_NEWER_SCRIPT)
+    let written: i64 = redis::Script::new(proxynet_protocol::store::PUT_USER_SCRIPT)
         .key(&key)
+        .key(keys.users_in_bucket(proxynet_protocol::store::user_bucket("lazarus")))
         .arg(&enabled)
         .arg(
             serde_json::from_str::<serde_json::Value>(&enabled).unwrap()["version"]
@@ -262,6 +263,7 @@ async fn a_stale_projection_write_does_not_resurrect_a_disabled_user() {
                 .unwrap(),
         )
         .arg("")
+        .arg("lazarus")
         .invoke_async(&mut redis)
         .await
         .unwrap();
@@ -530,8 +532,7 @@ async fn usage_spills_to_disk_during_a_redis_outage_and_is_replayed_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quota_counters_advance_once_per_batch() {
     let stores = proxynet_tests::stores::TestStores::create().await;
-    let client = redis::Client::open(stores.redis_url.as_str()).unwrap();
-    let mut redis = client.get_multiplexed_async_connection().await.unwrap();
+    let mut redis = stores.redis().await;
     let counter = format!("{}quota:{{u1}}:m202611", stores.redis_prefix);
     let applied = format!("{counter}:applied");
     let script = redis::Script::new(superproxy::usage::ADD_ONCE_SCRIPT);

@@ -1,0 +1,423 @@
+//! Where the shared state lives — one Redis, or a Redis Cluster named by its
+//! seed nodes — and the one connection type every binary uses for it.
+//!
+//! Everything above this module is written once against [`RedisConnection`]:
+//! commands, pipelines, transactions and scripts route by key on a cluster
+//! (the key layout in [`crate::store`] keeps every multi-key operation in one
+//! hash slot). What differs is only how to connect and how to subscribe:
+//! classic pub/sub is cluster-wide (a message published on any node reaches
+//! subscribers on every node), so a subscription is simply held on one node,
+//! moving to the next seed when that node goes away.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClientBuilder;
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, Pipeline, RedisFuture, Value};
+
+use crate::secret::Secret;
+use crate::store::{redact_url, StoreUnavailable};
+
+/// How long a connection attempt or a reply may take before the call fails
+/// (and the caller degrades) instead of hanging a request.
+const TIMEOUT: Duration = Duration::from_secs(3);
+
+/// The Redis flags both the superproxy and the control-api take.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RedisArgs {
+    /// Redis URL (shared state with the control-api and other superproxies).
+    /// With `--redis-cluster`, one or more seed nodes of the cluster,
+    /// comma-separated (`redis://h1:7000/,redis://h2:7000/`).
+    #[arg(long, env = "PROXYNET_REDIS_URL", hide_env_values = true)]
+    pub redis_url: Secret,
+
+    /// The shared state is a Redis Cluster: keys are routed by hash slot and
+    /// the topology is discovered from the seed nodes in `--redis-url`.
+    #[arg(long, env = "PROXYNET_REDIS_CLUSTER", default_value_t = false)]
+    pub redis_cluster: bool,
+
+    /// Prefix of every Redis key of this stack (several stacks can share one
+    /// Redis). It may not contain `{` or `}`: those would override the hash
+    /// tags that keep related keys in one cluster slot.
+    #[arg(long, env = "PROXYNET_REDIS_PREFIX", default_value = "pn:", value_parser = key_prefix)]
+    pub redis_prefix: String,
+}
+
+fn key_prefix(value: &str) -> Result<String, String> {
+    if value.contains(['{', '}']) {
+        return Err(
+            "a key prefix may not contain '{' or '}' (they would override hash tags)".into(),
+        );
+    }
+    Ok(value.to_owned())
+}
+
+impl RedisArgs {
+    pub fn target(&self) -> Result<RedisTarget, StoreUnavailable> {
+        RedisTarget::new(self.redis_url.expose(), self.redis_cluster)
+    }
+}
+
+/// A validated Redis location: one server, or a cluster's seed nodes.
+#[derive(Debug)]
+pub struct RedisTarget {
+    nodes: Vec<String>,
+    cluster: bool,
+    /// The seed the next subscription tries first (rotates on failure).
+    next_subscription_node: AtomicUsize,
+}
+
+impl Clone for RedisTarget {
+    fn clone(&self) -> Self {
+        Self {
+            nodes: self.nodes.clone(),
+            cluster: self.cluster,
+            next_subscription_node: AtomicUsize::new(
+                self.next_subscription_node.load(Ordering::Relaxed),
+            ),
+        }
+    }
+}
+
+impl RedisTarget {
+    /// `urls` is one URL, or with `cluster` a comma-separated list of seeds.
+    pub fn new(urls: &str, cluster: bool) -> Result<Self, StoreUnavailable> {
+        let nodes: Vec<String> = urls
+            .split(',')
+            .map(str::trim)
+            .filter(|u| !u.is_empty())
+            .map(str::to_owned)
+            .collect();
+        let invalid = |detail: String| StoreUnavailable {
+            what: "Redis",
+            detail,
+        };
+        if nodes.is_empty() {
+            return Err(invalid("no Redis URL given".into()));
+        }
+        if !cluster && nodes.len() > 1 {
+            return Err(invalid(
+                "several Redis URLs given without --redis-cluster; one server takes one URL".into(),
+            ));
+        }
+        for node in &nodes {
+            let info = redis::IntoConnectionInfo::into_connection_info(node.as_str())
+                .map_err(|e| invalid(format!("invalid Redis URL {}: {e}", redact_url(node))))?;
+            if cluster && info.redis_settings().db() != 0 {
+                return Err(invalid(format!(
+                    "{} selects database {}; a Redis Cluster has only database 0",
+                    redact_url(node),
+                    info.redis_settings().db()
+                )));
+            }
+        }
+        Ok(Self {
+            nodes,
+            cluster,
+            next_subscription_node: AtomicUsize::new(0),
+        })
+    }
+
+    pub fn is_cluster(&self) -> bool {
+        self.cluster
+    }
+
+    /// The URLs as given (one, or every seed), for deriving protected addresses.
+    pub fn urls(&self) -> impl Iterator<Item = &str> {
+        self.nodes.iter().map(String::as_str)
+    }
+
+    /// The target fit for a log line or an error: passwords replaced.
+    pub fn describe(&self) -> String {
+        let nodes: Vec<String> = self.nodes.iter().map(|n| redact_url(n)).collect();
+        if self.cluster {
+            format!("Redis Cluster via {}", nodes.join(","))
+        } else {
+            nodes.join(",")
+        }
+    }
+
+    /// Connects (reconnecting on its own afterwards), with replies bounded by
+    /// 3 s, and checks the server answers and is of the kind configured.
+    pub async fn connect(&self) -> Result<RedisConnection, StoreUnavailable> {
+        self.connect_with_reply_timeout(TIMEOUT).await
+    }
+
+    /// As [`Self::connect`], for a caller whose commands block on the server
+    /// (XREADGROUP ... BLOCK) and so need a longer reply timeout.
+    pub async fn connect_with_reply_timeout(
+        &self,
+        reply_timeout: Duration,
+    ) -> Result<RedisConnection, StoreUnavailable> {
+        let unavailable = |detail: String| StoreUnavailable {
+            what: "Redis",
+            detail,
+        };
+        let connecting = async {
+            if self.cluster {
+                let client = ClusterClientBuilder::new(self.nodes.iter().map(String::as_str))
+                    .connection_timeout(TIMEOUT)
+                    .response_timeout(reply_timeout)
+                    // A few quick retries ride out a failover or a moved slot;
+                    // past them the caller's own degraded mode takes over.
+                    .retries(3)
+                    .min_retry_wait(50)
+                    .max_retry_wait(1_000)
+                    .build()
+                    .map_err(|e| unavailable(format!("invalid cluster seeds: {e}")))?;
+                client
+                    .get_async_connection()
+                    .await
+                    .map(RedisConnection::Cluster)
+                    .map_err(|e| unavailable(format!("cannot join {}: {e}", self.describe())))
+            } else {
+                let client = redis::Client::open(self.nodes[0].as_str())
+                    .map_err(|e| unavailable(format!("invalid Redis URL: {e}")))?;
+                let config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(TIMEOUT))
+                    .set_response_timeout(Some(reply_timeout))
+                    .set_number_of_retries(1);
+                ConnectionManager::new_with_config(client, config)
+                    .await
+                    .map(RedisConnection::Single)
+                    .map_err(|e| unavailable(format!("cannot connect to {}: {e}", self.describe())))
+            }
+        };
+        let mut conn = tokio::time::timeout(TIMEOUT + Duration::from_secs(2), connecting)
+            .await
+            .map_err(|_| unavailable(format!("no answer from {} within 5 s", self.describe())))??;
+        let cluster_info: String = redis::cmd("INFO")
+            .arg("cluster")
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| unavailable(format!("INFO to {} failed: {e}", self.describe())))?;
+        let server_is_cluster = cluster_info.contains("cluster_enabled:1");
+        if server_is_cluster && !self.cluster {
+            return Err(unavailable(format!(
+                "{} is a Redis Cluster node: start with --redis-cluster (PROXYNET_REDIS_CLUSTER=true)",
+                self.describe()
+            )));
+        }
+        Ok(conn)
+    }
+
+    /// A pub/sub connection subscribed to `channel`. On a cluster it is held
+    /// on one node; each call after a failure starts at the next seed, so a
+    /// lost node moves the subscription instead of silencing it.
+    pub async fn subscribe(&self, channel: &str) -> redis::RedisResult<redis::aio::PubSub> {
+        let first = self.next_subscription_node.load(Ordering::Relaxed);
+        let mut last_error = None;
+        for step in 0..self.nodes.len() {
+            let index = (first + step) % self.nodes.len();
+            let attempt = async {
+                let client = redis::Client::open(self.nodes[index].as_str())?;
+                let mut pubsub = client.get_async_pubsub().await?;
+                pubsub.subscribe(channel).await?;
+                Ok::<_, redis::RedisError>(pubsub)
+            };
+            match tokio::time::timeout(TIMEOUT, attempt).await {
+                Ok(Ok(pubsub)) => {
+                    // The next attempt (after this subscription is lost)
+                    // tries another node first.
+                    self.next_subscription_node
+                        .store(index + 1, Ordering::Relaxed);
+                    return Ok(pubsub);
+                }
+                Ok(Err(e)) => last_error = Some(e),
+                Err(_) => {
+                    last_error = Some(redis::RedisError::from((
+                        redis::ErrorKind::Io,
+                        "subscription timed out",
+                    )))
+                }
+            }
+        }
+        self.next_subscription_node
+            .store(first + 1, Ordering::Relaxed);
+        Err(last_error.unwrap_or_else(|| {
+            redis::RedisError::from((redis::ErrorKind::Client, "no Redis node to subscribe on"))
+        }))
+    }
+}
+
+/// One Redis server (reconnecting) or a cluster (routing by slot,
+/// following MOVED/ASK, reconnecting per node). Cheap to clone: clones share
+/// the underlying connections.
+#[derive(Clone)]
+pub enum RedisConnection {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+/// Batches of independent commands: on one server they go out as a few long
+/// pipelines (one round trip per [`COMMANDS_PER_PIPELINE`]); on a cluster,
+/// where keys of one batch live on different nodes, each group is its own
+/// pipeline with [`GROUPS_IN_FLIGHT`] of them outstanding.
+const COMMANDS_PER_PIPELINE: usize = 1_000;
+const GROUPS_IN_FLIGHT: usize = 32;
+
+impl RedisConnection {
+    /// Runs single-key commands that do not depend on each other and
+    /// returns their replies in order.
+    pub async fn query_batch<T: redis::FromRedisValue + Send>(
+        &self,
+        commands: Vec<Cmd>,
+    ) -> redis::RedisResult<Vec<T>> {
+        use futures_util::{StreamExt, TryStreamExt};
+        match self {
+            Self::Single(_) => {
+                let mut replies = Vec::with_capacity(commands.len());
+                for chunk in commands.chunks(COMMANDS_PER_PIPELINE) {
+                    let mut pipe = redis::pipe();
+                    for command in chunk {
+                        pipe.add_command(command.clone());
+                    }
+                    let mut conn = self.clone();
+                    replies.extend(pipe.query_async::<Vec<T>>(&mut conn).await?);
+                }
+                Ok(replies)
+            }
+            Self::Cluster(conn) => {
+                let conn = conn.clone();
+                futures_util::stream::iter(commands)
+                    .map(move |command| {
+                        let mut conn = conn.clone();
+                        async move { command.query_async::<T>(&mut conn).await }
+                    })
+                    .buffered(GROUPS_IN_FLIGHT)
+                    .try_collect()
+                    .await
+            }
+        }
+    }
+
+    /// Up to `limit` keys matching `pattern`, all of which share the hash
+    /// slot of `beside` (the pattern fixes their hash tag). SCAN walks one
+    /// node's keyspace, so on a cluster it is sent to the node owning that
+    /// slot rather than to a random one.
+    pub async fn scan_slot_of(
+        &self,
+        beside: &str,
+        pattern: &str,
+        limit: usize,
+    ) -> redis::RedisResult<Vec<String>> {
+        use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+        let mut keys = Vec::new();
+        let mut cursor: u64 = 0;
+        loop {
+            let mut scan = redis::cmd("SCAN");
+            scan.arg(cursor)
+                .arg("MATCH")
+                .arg(pattern)
+                .arg("COUNT")
+                .arg(1_000);
+            let (next, batch): (u64, Vec<String>) = match self {
+                Self::Single(conn) => scan.query_async(&mut conn.clone()).await?,
+                Self::Cluster(conn) => {
+                    let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
+                        Route::with_key(beside, SlotAddr::Master),
+                    ));
+                    redis::from_redis_value(conn.clone().route_command(scan, route).await?)?
+                }
+            };
+            keys.extend(batch);
+            cursor = next;
+            if cursor == 0 || keys.len() >= limit {
+                keys.truncate(limit);
+                return Ok(keys);
+            }
+        }
+    }
+
+    /// Runs groups of commands whose replies are not needed. Each group stays
+    /// in order and must touch one hash slot (on a cluster it is one
+    /// pipeline to one node); groups are independent of each other.
+    pub async fn exec_groups(&self, groups: Vec<Vec<Cmd>>) -> redis::RedisResult<()> {
+        use futures_util::{StreamExt, TryStreamExt};
+        let pipeline = |commands: &mut dyn Iterator<Item = Cmd>| {
+            let mut pipe = redis::pipe();
+            for command in commands {
+                pipe.add_command(command).ignore();
+            }
+            pipe
+        };
+        match self {
+            Self::Single(_) => {
+                let commands: Vec<Cmd> = groups.into_iter().flatten().collect();
+                for chunk in commands.chunks(COMMANDS_PER_PIPELINE) {
+                    let mut conn = self.clone();
+                    pipeline(&mut chunk.iter().cloned())
+                        .exec_async(&mut conn)
+                        .await?;
+                }
+                Ok(())
+            }
+            Self::Cluster(conn) => {
+                let conn = conn.clone();
+                futures_util::stream::iter(groups)
+                    .map(move |group| {
+                        let mut conn = conn.clone();
+                        let pipe = pipeline(&mut group.into_iter());
+                        async move { pipe.exec_async(&mut conn).await }
+                    })
+                    .buffer_unordered(GROUPS_IN_FLIGHT)
+                    .try_collect::<()>()
+                    .await
+            }
+        }
+    }
+}
+
+impl ConnectionLike for RedisConnection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Self::Single(conn) => conn.req_packed_command(cmd),
+            Self::Cluster(conn) => conn.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Self::Single(conn) => conn.req_packed_commands(pipeline, offset, count),
+            Self::Cluster(conn) => conn.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Self::Single(conn) => conn.get_db(),
+            Self::Cluster(conn) => conn.get_db(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_url_without_cluster_several_with() {
+        assert!(RedisTarget::new("redis://127.0.0.1:1/", false).is_ok());
+        let err = RedisTarget::new("redis://a:1/,redis://b:2/", false).unwrap_err();
+        assert!(err.to_string().contains("--redis-cluster"), "{err}");
+        let target = RedisTarget::new("redis://a:1/, redis://b:2/", true).unwrap();
+        assert_eq!(target.urls().count(), 2);
+        assert!(RedisTarget::new(" , ", true).is_err());
+    }
+
+    #[test]
+    fn cluster_refuses_a_database_number_and_hides_passwords() {
+        let err = RedisTarget::new("redis://:hunter2@a:1/3", true).unwrap_err();
+        assert!(err.to_string().contains("database 3"), "{err}");
+        assert!(!err.to_string().contains("hunter2"), "{err}");
+        let target = RedisTarget::new("redis://:hunter2@a:1/", true).unwrap();
+        assert!(!target.describe().contains("hunter2"));
+    }
+}
