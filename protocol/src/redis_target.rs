@@ -188,13 +188,16 @@ impl RedisTarget {
         let mut conn = tokio::time::timeout(TIMEOUT + Duration::from_secs(2), connecting)
             .await
             .map_err(|_| unavailable(format!("no answer from {} within 5 s", self.describe())))??;
+        if self.cluster {
+            // Joining already read the slot map from a seed: the cluster is there.
+            return Ok(conn);
+        }
         let cluster_info: String = redis::cmd("INFO")
             .arg("cluster")
             .query_async(&mut conn)
             .await
             .map_err(|e| unavailable(format!("INFO to {} failed: {e}", self.describe())))?;
-        let server_is_cluster = cluster_info.contains("cluster_enabled:1");
-        if server_is_cluster && !self.cluster {
+        if cluster_info.contains("cluster_enabled:1") {
             return Err(unavailable(format!(
                 "{} is a Redis Cluster node: start with --redis-cluster (PROXYNET_REDIS_CLUSTER=true)",
                 self.describe()

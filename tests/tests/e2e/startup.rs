@@ -110,3 +110,42 @@ async fn exit_agent_names_an_unreachable_control_api() {
     assert!(!status.success());
     assert!(stderr.contains("control-api unreachable"), "{stderr}");
 }
+
+/// A Redis Cluster node without `--redis-cluster`, or a single Redis with it,
+/// is refused at start with what to change (the suite runs once against each
+/// kind, so both directions are exercised).
+#[tokio::test]
+async fn superproxy_refuses_the_wrong_kind_of_redis() {
+    let stores = proxynet_tests::stores::TestStores::create().await;
+    let first_node = stores.redis_url.split(',').next().unwrap().to_owned();
+    let envs = [
+        ("PROXYNET_REDIS_URL", first_node),
+        (
+            "PROXYNET_REDIS_CLUSTER",
+            (!stores.redis_cluster).to_string(),
+        ),
+    ];
+    let args: Vec<String> = [
+        "--listen",
+        "127.0.0.1:0",
+        "--admin-listen",
+        "127.0.0.1:0",
+        "--link-listen",
+        "127.0.0.1:0",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let (status, stderr) = run_to_exit("superproxy", &args, &envs, Duration::from_secs(30)).await;
+    assert!(!status.success());
+    assert!(stderr.contains("Redis is not reachable"), "{stderr}");
+    if stores.redis_cluster {
+        assert!(
+            stderr.contains("is a Redis Cluster node: start with --redis-cluster"),
+            "{stderr}"
+        );
+    } else {
+        assert!(stderr.contains("cannot join Redis Cluster"), "{stderr}");
+    }
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
