@@ -565,11 +565,12 @@ impl Projector {
             let held: Option<String> = redis.get(&key).await?;
             if held.is_none() {
                 // An expired tombstone (or a key lost with its node): only
-                // the index entry is left to drop.
+                // the index entry is left to drop. Bound 0: a key written for
+                // the name meanwhile (a user created again) is kept.
                 let _: i64 = redis::Script::new(DEL_USER_SCRIPT)
                     .key(&key)
                     .key(self.keys.users_in_bucket(user_bucket(&username)))
-                    .arg(i64::MAX)
+                    .arg(0)
                     .arg(&username)
                     .invoke_async(&mut redis)
                     .await?;
@@ -646,12 +647,54 @@ impl Projector {
             }
             match self.resync().await {
                 Ok(()) => {
+                    if last_full.is_none() {
+                        self.remove_legacy_user_keys().await;
+                    }
                     last_full = Some(std::time::Instant::now());
                     let pairs: Vec<(&String, &str)> = markers.iter().map(|m| (m, "1")).collect();
                     let _: Result<(), _> = redis.mset(&pairs).await;
                     tracing::debug!("redis projection resynced");
                 }
                 Err(e) => tracing::warn!(error = %e, "redis projection resync failed; retrying"),
+            }
+        }
+    }
+
+    /// Releases before bucketed user keys wrote `user:{NAME}` and one
+    /// `projection:complete` marker. Once the new layout is projected they are
+    /// removed, so a superproxy of the old release still running cannot keep
+    /// authenticating from records nobody updates any more (without them it
+    /// falls back to its cache and reports the store degraded until it is
+    /// upgraded). Those releases ran on a single Redis only, so SCAN sees
+    /// every such key; on a cluster there is nothing to remove.
+    async fn remove_legacy_user_keys(&self) {
+        let RedisConnection::Single(conn) = &self.redis else {
+            return;
+        };
+        let mut redis = conn.clone();
+        // `user:{NAME}` ends in `}`; a bucketed key ends in its username,
+        // which never holds a brace.
+        let literal_prefix: String = self
+            .keys
+            .prefix()
+            .chars()
+            .flat_map(|c| {
+                let glob = matches!(c, '*' | '?' | '[' | ']' | '\\');
+                glob.then_some('\\').into_iter().chain([c])
+            })
+            .collect();
+        let pattern = format!("{literal_prefix}user:{{*}}");
+        let mut legacy: Vec<String> = Vec::new();
+        if let Ok(mut keys) = redis.scan_match::<_, String>(&pattern).await {
+            while let Some(Ok(key)) = keys.next_item().await {
+                legacy.push(key);
+            }
+        }
+        legacy.push(format!("{}projection:complete", self.keys.prefix()));
+        for chunk in legacy.chunks(1_000) {
+            let removed: Result<i64, _> = redis.del(chunk).await;
+            if let Ok(n @ 1..) = removed {
+                tracing::info!(removed = n, "removed user keys of the previous key layout");
             }
         }
     }

@@ -61,12 +61,18 @@ impl RedisArgs {
 }
 
 /// A validated Redis location: one server, or a cluster's seed nodes.
-#[derive(Debug)]
 pub struct RedisTarget {
     nodes: Vec<String>,
     cluster: bool,
     /// The seed the next subscription tries first (rotates on failure).
     next_subscription_node: AtomicUsize,
+}
+
+/// Never the raw URLs: they may carry a password.
+impl std::fmt::Debug for RedisTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.describe())
+    }
 }
 
 impl Clone for RedisTarget {
@@ -82,14 +88,22 @@ impl Clone for RedisTarget {
 }
 
 impl RedisTarget {
-    /// `urls` is one URL, or with `cluster` a comma-separated list of seeds.
+    /// `urls` is one URL, or with `cluster` a comma-separated list of seeds
+    /// (a comma inside a password is written `%2C` there).
     pub fn new(urls: &str, cluster: bool) -> Result<Self, StoreUnavailable> {
-        let nodes: Vec<String> = urls
-            .split(',')
-            .map(str::trim)
-            .filter(|u| !u.is_empty())
-            .map(str::to_owned)
-            .collect();
+        let nodes: Vec<String> = if cluster {
+            urls.split(',')
+                .map(str::trim)
+                .filter(|u| !u.is_empty())
+                .map(str::to_owned)
+                .collect()
+        } else {
+            Some(urls.trim())
+                .filter(|u| !u.is_empty())
+                .map(str::to_owned)
+                .into_iter()
+                .collect()
+        };
         let invalid = |detail: String| StoreUnavailable {
             what: "Redis",
             detail,
@@ -192,16 +206,26 @@ impl RedisTarget {
             // Joining already read the slot map from a seed: the cluster is there.
             return Ok(conn);
         }
-        let cluster_info: String = redis::cmd("INFO")
+        // INFO may be refused to a least-privilege ACL user (it is in
+        // @dangerous): then the server cannot say, and PING must do.
+        let cluster_info: Result<String, _> = redis::cmd("INFO")
             .arg("cluster")
             .query_async(&mut conn)
-            .await
-            .map_err(|e| unavailable(format!("INFO to {} failed: {e}", self.describe())))?;
-        if cluster_info.contains("cluster_enabled:1") {
-            return Err(unavailable(format!(
-                "{} is a Redis Cluster node: start with --redis-cluster (PROXYNET_REDIS_CLUSTER=true)",
-                self.describe()
-            )));
+            .await;
+        match cluster_info {
+            Ok(info) if info.contains("cluster_enabled:1") => {
+                return Err(unavailable(format!(
+                    "{} is a Redis Cluster node: start with --redis-cluster (PROXYNET_REDIS_CLUSTER=true)",
+                    self.describe()
+                )));
+            }
+            Ok(_) => {}
+            Err(_) => {
+                let _: String = redis::cmd("PING")
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(|e| unavailable(format!("PING to {} failed: {e}", self.describe())))?;
+            }
         }
         Ok(conn)
     }
@@ -408,8 +432,15 @@ mod tests {
     #[test]
     fn one_url_without_cluster_several_with() {
         assert!(RedisTarget::new("redis://127.0.0.1:1/", false).is_ok());
-        let err = RedisTarget::new("redis://a:1/,redis://b:2/", false).unwrap_err();
-        assert!(err.to_string().contains("--redis-cluster"), "{err}");
+        // Without --redis-cluster the URL is one URL, commas and all (a
+        // password may hold one); the client then refuses it if it is a list.
+        assert_eq!(
+            RedisTarget::new("redis://:pa,ss@a:1/", false)
+                .unwrap()
+                .urls()
+                .count(),
+            1
+        );
         let target = RedisTarget::new("redis://a:1/, redis://b:2/", true).unwrap();
         assert_eq!(target.urls().count(), 2);
         assert!(RedisTarget::new(" , ", true).is_err());
@@ -422,5 +453,6 @@ mod tests {
         assert!(!err.to_string().contains("hunter2"), "{err}");
         let target = RedisTarget::new("redis://:hunter2@a:1/", true).unwrap();
         assert!(!target.describe().contains("hunter2"));
+        assert!(!format!("{target:?}").contains("hunter2"));
     }
 }

@@ -89,3 +89,55 @@ async fn drains_reach_the_pool_as_deltas_and_a_lost_place_means_one_full_read() 
     .await;
     assert_eq!(pool_reads(&stack, admin, "full").await, full_at_start + 1);
 }
+
+/// An upgrade from the key layout before user buckets: the old user keys and
+/// the old single projection marker are removed once the new layout is
+/// projected, so a superproxy of the old release cannot keep authenticating
+/// from records nobody updates any more. Other stacks' keys are not touched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_of_the_previous_user_layout_are_removed_after_the_first_resync() {
+    let mut stack = Stack::start().await;
+    let account = stack.create_account("legacy").await;
+    stack.create_user(account, "current", "pw-current-1").await;
+    let prefix = stack.stores.redis_prefix.clone();
+    let mut redis = stack.stores.redis().await;
+    let legacy_user = format!("{prefix}user:{{oldtimer}}");
+    let legacy_marker = format!("{prefix}projection:complete");
+    let other_stack = format!("other-{prefix}user:{{oldtimer}}");
+    for key in [&legacy_user, &legacy_marker, &other_stack] {
+        let _: () = redis::cmd("SET")
+            .arg(key)
+            .arg(r#"{"version":1}"#)
+            .query_async(&mut redis)
+            .await
+            .unwrap();
+    }
+
+    // The first resync of a (re)started control-api removes them.
+    stack.restart_api_after_kill().await;
+    let exists = |key: String| {
+        let mut redis = redis.clone();
+        async move {
+            redis::cmd("EXISTS")
+                .arg(key)
+                .query_async::<bool>(&mut redis)
+                .await
+                .unwrap()
+        }
+    };
+    eventually(
+        "the old user key and marker to go",
+        Duration::from_secs(20),
+        || {
+            let (user, marker) = (legacy_user.clone(), legacy_marker.clone());
+            let exists = &exists;
+            async move { (!exists(user).await && !exists(marker).await).then_some(()) }
+        },
+    )
+    .await;
+    assert!(exists(other_stack).await, "another stack's key was removed");
+    assert!(
+        exists(stack.stores.keys().user("current")).await,
+        "the current layout's key is gone"
+    );
+}
