@@ -445,3 +445,95 @@ async fn socks_replies_for_no_exit_and_bad_address_types() {
     s.read_exact(&mut reply).await.unwrap();
     assert_eq!(reply, [5, 8]);
 }
+
+/// Reads one response head byte by byte (nothing past it), plus its body when
+/// it has a Content-Length.
+async fn read_response(s: &mut tokio::net::TcpStream) -> (String, String) {
+    use tokio::io::AsyncReadExt;
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        assert_eq!(
+            s.read(&mut byte).await.unwrap(),
+            1,
+            "closed mid-head: {head:?}"
+        );
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8(head).unwrap();
+    let length = head
+        .lines()
+        .find_map(|l| {
+            l.to_ascii_lowercase()
+                .strip_prefix("content-length:")
+                .map(|v| v.trim().parse::<usize>().unwrap())
+        })
+        .unwrap_or(0);
+    let mut body = vec![0u8; length];
+    s.read_exact(&mut body).await.unwrap();
+    (head, String::from_utf8(body).unwrap())
+}
+
+/// A CONNECT refused for want of credentials leaves the connection open for
+/// the retry with them (what curl's --proxy-anyauth and browsers do) — also
+/// when the retry was pipelined behind the refused request — and the retry's
+/// tunnel works. A client that asked to close gets the refusal and the close.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_connect_keeps_the_connection_for_the_retry() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let stack = Stack::start().await;
+    let echo = proxynet_tests::targets::echo_server().await;
+    let bare = format!("CONNECT {echo} HTTP/1.1\r\nHost: {echo}\r\n\r\n");
+    let authed = format!(
+        "CONNECT {echo} HTTP/1.1\r\nHost: {echo}\r\nProxy-Authorization: Basic {}\r\n\r\n",
+        basic_auth()
+    );
+    for pipelined in [false, true] {
+        let mut s = tokio::net::TcpStream::connect(stack.proxy_addrs.proxy)
+            .await
+            .unwrap();
+        if pipelined {
+            s.write_all(format!("{bare}{authed}").as_bytes())
+                .await
+                .unwrap();
+        } else {
+            s.write_all(bare.as_bytes()).await.unwrap();
+        }
+        let (head, body) = read_response(&mut s).await;
+        assert_eq!(status_of(&head), 407, "{head}");
+        assert!(
+            head.to_ascii_lowercase().contains("proxy-status: "),
+            "{head}"
+        );
+        assert!(
+            head.to_ascii_lowercase()
+                .contains("proxy-authenticate: basic"),
+            "{head}"
+        );
+        assert!(!body.is_empty(), "the refusal explains itself");
+        if !pipelined {
+            s.write_all(authed.as_bytes()).await.unwrap();
+        }
+        let (head, _) = read_response(&mut s).await;
+        assert_eq!(status_of(&head), 200, "pipelined={pipelined}: {head}");
+        s.write_all(b"ping through the retry").await.unwrap();
+        let mut echoed = [0u8; 22];
+        s.read_exact(&mut echoed).await.unwrap();
+        assert_eq!(&echoed, b"ping through the retry");
+    }
+
+    let mut s = tokio::net::TcpStream::connect(stack.proxy_addrs.proxy)
+        .await
+        .unwrap();
+    s.write_all(format!("CONNECT {echo} HTTP/1.1\r\nConnection: close\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let (head, _) = read_response(&mut s).await;
+    assert_eq!(status_of(&head), 407, "{head}");
+    let mut rest = Vec::new();
+    let closed = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut rest)).await;
+    assert!(
+        matches!(closed, Ok(Ok(0))),
+        "not closed: {closed:?} {rest:?}"
+    );
+}

@@ -1,13 +1,16 @@
 //! HTTP/1.1 proxy ingress: `CONNECT` tunnels ([`connect`]) and absolute-form
 //! requests ([`forward`]).
 //!
-//! Every request head first passes the strict [`head_guard`]; hyper then
-//! parses it (bounded size, header-read timeout against slowloris). Both
-//! kinds of request run the one tunnel [`crate::pipeline`]; origin-form
-//! requests get 400 (this is a forward proxy, not a web server).
-//! `Proxy-Authorization` ends here.
+//! Every request head first passes the strict [`head_guard`]. A connection's
+//! first request, when it is a plain `CONNECT`, is then served by
+//! [`first_connect`] without hyper; everything else is parsed by hyper
+//! (bounded size, header-read timeout against slowloris). Both kinds of
+//! request run the one tunnel [`crate::pipeline`]; origin-form requests get
+//! 400 (this is a forward proxy, not a web server). `Proxy-Authorization`
+//! ends here.
 
 pub mod connect;
+pub mod first_connect;
 pub mod forward;
 pub mod head_guard;
 pub mod hygiene;
@@ -47,6 +50,12 @@ where
         },
         switch.clone(),
     );
+    let guarded = match first_connect::serve(&pipeline, guarded, &switch, &ticket).await {
+        first_connect::Remaining::Done => return,
+        first_connect::Remaining::Hyper { guarded, prefix } => {
+            first_connect::Rewound::new(prefix, guarded)
+        }
+    };
     let identity = forward::ConnectionIdentity::default();
     let service = {
         let (pipeline, ticket) = (pipeline.clone(), ticket.clone());
