@@ -12,6 +12,11 @@ use proxynet_protocol::redis_target::RedisTarget;
 use crate::pool::Pool;
 use crate::revocation::Revoker;
 
+/// How often the subscription's connection is checked, and how long a PING
+/// may go unanswered before it is given up.
+const PING_EVERY: Duration = Duration::from_secs(5);
+const PING_TIMEOUT: Duration = Duration::from_secs(3);
+
 pub async fn run(
     redis: RedisTarget,
     channel: String,
@@ -22,19 +27,36 @@ pub async fn run(
     let mut backoff = Duration::from_millis(100);
     loop {
         match redis.subscribe(&channel).await {
-            Ok(mut pubsub) => {
+            Ok(pubsub) => {
                 backoff = Duration::from_millis(100);
-                let mut messages = pubsub.on_message();
-                while let Some(msg) = messages.next().await {
-                    let Ok(payload) = msg.get_payload::<String>() else {
-                        continue;
-                    };
-                    if let Some(username) = payload.strip_prefix("user:") {
-                        revoker.user_changed(username).await;
-                    } else if payload.starts_with("exit:") {
-                        pool.refresh().await;
-                    } else if payload == "allowlist" {
-                        allowlist.refresh().await;
+                let (mut sink, mut messages) = pubsub.split();
+                // A node that vanishes without closing the connection (a
+                // partition, a dead host) would leave us waiting forever for
+                // events that never come: a PING unanswered for PING_TIMEOUT
+                // moves the subscription (on a cluster, to the next seed).
+                let mut ping = tokio::time::interval(PING_EVERY);
+                ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    tokio::select! {
+                        msg = messages.next() => {
+                            let Some(msg) = msg else { break };
+                            let Ok(payload) = msg.get_payload::<String>() else {
+                                continue;
+                            };
+                            if let Some(username) = payload.strip_prefix("user:") {
+                                revoker.user_changed(username).await;
+                            } else if payload.starts_with("exit:") {
+                                pool.refresh().await;
+                            } else if payload == "allowlist" {
+                                allowlist.refresh().await;
+                            }
+                        }
+                        _ = ping.tick() => {
+                            let answered = tokio::time::timeout(PING_TIMEOUT, sink.ping::<redis::Value>()).await;
+                            if !matches!(answered, Ok(Ok(_))) {
+                                break;
+                            }
+                        }
                     }
                 }
                 tracing::warn!("change-event subscription lost; reconnecting");
