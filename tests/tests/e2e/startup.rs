@@ -3,6 +3,14 @@
 use proxynet_tests::process::run_to_exit;
 use std::time::Duration;
 
+/// A superproxy's listeners, all on free loopback ports.
+fn superproxy_on_free_ports() -> Vec<String> {
+    ["--listen", "--admin-listen", "--link-listen"]
+        .iter()
+        .flat_map(|flag| [flag.to_string(), "127.0.0.1:0".to_string()])
+        .collect()
+}
+
 /// A loopback port with nothing listening on it.
 fn dead_port() -> u16 {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -68,17 +76,7 @@ async fn superproxy_names_an_unreachable_redis() {
         "PROXYNET_REDIS_URL",
         format!("redis://127.0.0.1:{}/", dead_port()),
     )];
-    let args: Vec<String> = [
-        "--listen",
-        "127.0.0.1:0",
-        "--admin-listen",
-        "127.0.0.1:0",
-        "--link-listen",
-        "127.0.0.1:0",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    let args = superproxy_on_free_ports();
     let (status, stderr) = run_to_exit("superproxy", &args, &envs, Duration::from_secs(30)).await;
     assert!(!status.success());
     assert!(stderr.contains("Redis is not reachable"), "{stderr}");
@@ -125,17 +123,7 @@ async fn superproxy_refuses_the_wrong_kind_of_redis() {
             (!stores.redis_cluster).to_string(),
         ),
     ];
-    let args: Vec<String> = [
-        "--listen",
-        "127.0.0.1:0",
-        "--admin-listen",
-        "127.0.0.1:0",
-        "--link-listen",
-        "127.0.0.1:0",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    let args = superproxy_on_free_ports();
     let (status, stderr) = run_to_exit("superproxy", &args, &envs, Duration::from_secs(30)).await;
     assert!(!status.success());
     assert!(stderr.contains("Redis is not reachable"), "{stderr}");

@@ -2,15 +2,17 @@
 //! `CONNECT` — nearly every tunnel a proxy client opens — is answered here
 //! rather than by hyper: the head the [`super::head_guard`] already validated
 //! is parsed once more with httparse, the one tunnel pipeline opens the
-//! tunnel, and the `200` and the splice run on this task. That saves hyper's
-//! connection state machine, its upgrade hand-off and a task per tunnel.
+//! tunnel, the `200` is written and the splice handed to a task of its own.
+//! That saves hyper's connection state machine and its upgrade hand-off.
 //!
 //! Anything else goes to hyper exactly as before, with the bytes read so far
 //! put back in front of the stream ([`Rewound`]): a first request that is not
-//! `CONNECT`, an unusual request line, and every request after a refused
-//! `CONNECT` on a kept-alive connection. The answers are the same either way:
-//! the `200` carries the same headers, a refusal the same status,
-//! `Proxy-Status` and body ([`ProxyError::to_response`]).
+//! an HTTP/1.1 `CONNECT` to an authority-form target, one that asks to close
+//! the connection or carries header values hyper would not read as text, and
+//! every request after a refused `CONNECT` (the connection stays open for it,
+//! as hyper keeps it). The answers are byte for byte hyper's: the `200`
+//! carries the same headers, a refusal the same status, `Proxy-Status` and
+//! body ([`ProxyError::to_response`]).
 
 use bytes::Bytes;
 use http::{header, HeaderMap, HeaderValue};
@@ -73,6 +75,9 @@ where
             prefix: head,
         };
     };
+    // The head carries the client's password: it does not outlive the parse
+    // (a tunnel may last hours).
+    drop(head);
     let opening = pipeline.open(
         Ingress::Connect,
         request.credentials,
@@ -85,37 +90,42 @@ where
     };
     match opened {
         Ok(tunnel) => {
-            let mut headers = HeaderMap::new();
-            tunnel_headers(&mut headers, &tunnel);
-            let answer = serialize(http::StatusCode::OK, &headers, &[]);
+            let answer = {
+                let mut headers = HeaderMap::new();
+                tunnel_headers(&mut headers, &tunnel);
+                serialize(http::StatusCode::OK, &headers, &[])
+            };
             // Engaged before the answer is written, as on hyper's path: the
             // bytes the client sends after reading `200` are tunnel bytes.
             switch.engage();
-            if guarded.write_all(&answer).await.is_err() {
+            // Flushed: over TLS a written record may still sit in rustls, and
+            // a client that waits for the 200 before speaking would stall.
+            if guarded.write_all(&answer).await.is_err() || guarded.flush().await.is_err() {
                 return Remaining::Done;
             }
-            let outcome = tunnel
-                .splice(Plain(guarded), pipeline.config.tunnel_limits())
-                .await;
-            tracing::debug!(up = outcome.up, down = outcome.down, end = ?outcome.end, "tunnel closed");
+            drop(answer);
+            // The splice gets a small task of its own, as on hyper's path:
+            // this one is sized for every ingress's state (hyper's
+            // connection, TLS, SOCKS) and would hold ~10 KB per idle tunnel.
+            let limits = pipeline.config.tunnel_limits();
+            tokio::spawn(async move {
+                let outcome = tunnel.splice(Plain(guarded), limits).await;
+                tracing::debug!(up = outcome.up, down = outcome.down, end = ?outcome.end, "tunnel closed");
+            });
             Remaining::Done
         }
         Err(error) => {
             tracing::debug!(error = %error, "request refused");
-            // The guard held what followed the head: it is the next request.
+            // The guard held what followed the head: it is the next request,
+            // which hyper serves (hyper flushes the refusal with its first
+            // write of the connection).
             switch.refuse();
-            if request.keep_alive {
-                if guarded.write_all(&refusal(&error)).await.is_err() {
-                    return Remaining::Done;
-                }
-                Remaining::Hyper {
-                    guarded,
-                    prefix: Vec::new(),
-                }
-            } else {
-                let _ = guarded.write_all(&error.to_wire()).await;
-                let _ = guarded.shutdown().await;
-                Remaining::Done
+            if guarded.write_all(&refusal(&error)).await.is_err() {
+                return Remaining::Done;
+            }
+            Remaining::Hyper {
+                guarded,
+                prefix: Vec::new(),
             }
         }
     }
@@ -144,7 +154,6 @@ where
 struct ConnectRequest {
     authority: String,
     credentials: Option<Credentials>,
-    keep_alive: bool,
 }
 
 impl ConnectRequest {
@@ -155,7 +164,8 @@ impl ConnectRequest {
             return None;
         };
         // A CONNECT head is all there is: the guard holds what follows.
-        if len != head.len() || request.method? != "CONNECT" {
+        // HTTP/1.0 (answered as 1.0, closed unless asked) is left to hyper.
+        if len != head.len() || request.method? != "CONNECT" || request.version? != 1 {
             return None;
         }
         // The target as hyper would read it (authority-form `host:port`);
@@ -165,42 +175,38 @@ impl ConnectRequest {
             return None;
         }
         let authority = uri.authority()?.as_str().to_owned();
-        let field = |name: &header::HeaderName| {
-            request
-                .headers
-                .iter()
-                .find(|h| h.name.eq_ignore_ascii_case(name.as_str()))
-                .map(|h| h.value)
-        };
-        // As on hyper's path: a header that does not decode still counts as
-        // presented (and fails).
-        let credentials = field(&header::PROXY_AUTHORIZATION).map(|value| {
-            let (username, password) = std::str::from_utf8(value)
-                .ok()
-                .and_then(parse_basic)
-                .unwrap_or_default();
-            Credentials {
-                username,
-                password: Secret::new(password),
+        // Header values as hyper reads them (`HeaderValue::to_str`: visible
+        // ASCII and tabs); any other byte in a value we read, or a request to
+        // close the connection (hyper then answers with `connection: close`),
+        // is left to hyper.
+        let mut credentials = None;
+        for field in request.headers.iter() {
+            let is = |name: &header::HeaderName| field.name.eq_ignore_ascii_case(name.as_str());
+            if is(&header::CONNECTION) {
+                let value = HeaderValue::from_bytes(field.value).ok()?;
+                let value = value.to_str().ok()?;
+                if value
+                    .split(',')
+                    .any(|token| token.trim().eq_ignore_ascii_case("close"))
+                {
+                    return None;
+                }
+            } else if is(&header::PROXY_AUTHORIZATION) && credentials.is_none() {
+                // The first one counts, as `HeaderMap::get` on hyper's path;
+                // one that does not decode still counts as presented (and fails).
+                let (username, password) = HeaderValue::from_bytes(field.value)
+                    .ok()
+                    .and_then(|v| v.to_str().ok().and_then(parse_basic))
+                    .unwrap_or_default();
+                credentials = Some(Credentials {
+                    username,
+                    password: Secret::new(password),
+                });
             }
-        });
-        let connection = field(&header::CONNECTION)
-            .and_then(|v| std::str::from_utf8(v).ok())
-            .unwrap_or("");
-        let has_token = |token: &str| {
-            connection
-                .split(',')
-                .any(|t| t.trim().eq_ignore_ascii_case(token))
-        };
-        let keep_alive = match request.version? {
-            1 => !has_token("close"),
-            0 => has_token("keep-alive"),
-            _ => return None,
-        };
+        }
         Some(Self {
             authority,
             credentials,
-            keep_alive,
         })
     }
 }
@@ -316,7 +322,6 @@ mod tests {
         let creds = r.credentials.unwrap();
         assert_eq!(creds.username, "alice");
         assert_eq!(creds.password.expose(), "pw");
-        assert!(r.keep_alive);
         // Undecodable credentials still count as presented.
         let r = parse("CONNECT h:1 HTTP/1.1\r\nproxy-authorization: Bearer x\r\n\r\n").unwrap();
         assert_eq!(r.credentials.unwrap().username, "");
@@ -327,18 +332,30 @@ mod tests {
     }
 
     #[test]
-    fn keep_alive_follows_the_version_and_connection_header() {
-        assert!(
-            !parse("CONNECT h:1 HTTP/1.1\r\nConnection: close\r\n\r\n")
-                .unwrap()
-                .keep_alive
-        );
-        assert!(!parse("CONNECT h:1 HTTP/1.0\r\n\r\n").unwrap().keep_alive);
-        assert!(
-            parse("CONNECT h:1 HTTP/1.0\r\nConnection: Keep-Alive\r\n\r\n")
-                .unwrap()
-                .keep_alive
-        );
+    fn closing_requests_and_odd_header_bytes_are_left_to_hyper() {
+        for head in [
+            "CONNECT h:1 HTTP/1.0\r\n\r\n",
+            "CONNECT h:1 HTTP/1.1\r\nConnection: close\r\n\r\n",
+            "CONNECT h:1 HTTP/1.1\r\nConnection: keep-alive\r\nConnection: Close\r\n\r\n",
+            "CONNECT h:1 HTTP/1.1\r\nConnection: foo, close\r\n\r\n",
+            "CONNECT h:1 HTTP/1.1\r\nConnection: keep-alive\u{a0}\r\n\r\n",
+        ] {
+            assert!(parse(head).is_none(), "{head:?}");
+        }
+        // hyper would not read this value as text: neither do we (it counts
+        // as presented and fails, instead of being trimmed into a login).
+        let r = parse(
+            "CONNECT h:1 HTTP/1.1\r\nProxy-Authorization: Basic YWxpY2U6cHc=\u{3000}\r\n\r\n",
+        )
+        .unwrap();
+        assert_eq!(r.credentials.unwrap().username, "");
+        // The first Proxy-Authorization counts.
+        let r = parse(
+            "CONNECT h:1 HTTP/1.1\r\nProxy-Authorization: Basic YWxpY2U6cHc=\r\n\
+             Proxy-Authorization: Basic Ym9iOnB3\r\n\r\n",
+        )
+        .unwrap();
+        assert_eq!(r.credentials.unwrap().username, "alice");
     }
 
     #[test]
