@@ -6,7 +6,7 @@
 //! That saves hyper's connection state machine and its upgrade hand-off.
 //!
 //! Anything else goes to hyper exactly as before, with the bytes read so far
-//! put back in front of the stream ([`Rewound`]): a first request that is not
+//! put back in the guard ([`HeadGuard::put_back`]): a first request that is not
 //! an HTTP/1.1 `CONNECT` to an authority-form target, one that asks to close
 //! the connection or carries header values hyper would not read as text, and
 //! every request after a refused `CONNECT` (the connection stays open for it,
@@ -19,10 +19,8 @@ use http::{header, HeaderMap, HeaderValue};
 use proxynet_protocol::secret::Secret;
 use proxynet_protocol::splice::Plain;
 use std::io;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::head_guard::{HeadGuard, TunnelSwitch};
 use super::response::tunnel_headers;
@@ -34,14 +32,11 @@ use crate::pipeline::{Credentials, Ingress, Pipeline, TargetSpec};
 
 /// What is left of the connection for hyper, if anything.
 pub enum Remaining<IO> {
-    /// The connection is finished with (a tunnel ran and ended, the client
-    /// went away, the head timed out or the guard refused it).
+    /// The connection is finished with (a tunnel is spliced, the client went
+    /// away, the head timed out or the guard refused it).
     Done,
-    /// Serve the rest with hyper; `prefix` was read and must be seen first.
-    Hyper {
-        guarded: HeadGuard<IO>,
-        prefix: Vec<u8>,
-    },
+    /// Serve the rest with hyper (bytes read here were put back in the guard).
+    Hyper(HeadGuard<IO>),
 }
 
 /// Reads the first request head and serves it if it is a `CONNECT`. A cut of
@@ -70,10 +65,8 @@ where
         () = ticket.cut().cancelled() => return Remaining::Done,
     };
     let Some(request) = ConnectRequest::parse(&head) else {
-        return Remaining::Hyper {
-            guarded,
-            prefix: head,
-        };
+        guarded.put_back(head);
+        return Remaining::Hyper(guarded);
     };
     // The head carries the client's password: it does not outlive the parse
     // (a tunnel may last hours).
@@ -123,10 +116,7 @@ where
             if guarded.write_all(&refusal(&error)).await.is_err() {
                 return Remaining::Done;
             }
-            Remaining::Hyper {
-                guarded,
-                prefix: Vec::new(),
-            }
+            Remaining::Hyper(guarded)
         }
     }
 }
@@ -238,71 +228,6 @@ fn serialize(status: http::StatusCode, headers: &HeaderMap, body: &[u8]) -> Vec<
     out
 }
 
-/// `inner` with `prefix` read first: bytes this module read before handing
-/// the connection to hyper.
-pub struct Rewound<IO> {
-    prefix: Vec<u8>,
-    position: usize,
-    inner: IO,
-}
-
-impl<IO> Rewound<IO> {
-    pub fn new(prefix: Vec<u8>, inner: IO) -> Self {
-        Self {
-            prefix,
-            position: 0,
-            inner,
-        }
-    }
-}
-
-impl<IO: AsyncRead + Unpin> AsyncRead for Rewound<IO> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let this = &mut *self;
-        if this.position < this.prefix.len() {
-            let n = (this.prefix.len() - this.position).min(buf.remaining());
-            buf.put_slice(&this.prefix[this.position..this.position + n]);
-            this.position += n;
-            if this.position == this.prefix.len() {
-                this.prefix = Vec::new();
-                this.position = 0;
-            }
-            return Poll::Ready(Ok(()));
-        }
-        Pin::new(&mut this.inner).poll_read(cx, buf)
-    }
-}
-
-impl<IO: AsyncWrite + Unpin> AsyncWrite for Rewound<IO> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
-    }
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
-    }
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -369,16 +294,5 @@ mod tests {
         ] {
             assert!(parse(head).is_none(), "{head:?}");
         }
-    }
-
-    #[tokio::test]
-    async fn rewound_reads_the_prefix_first() {
-        let (mut a, b) = tokio::io::duplex(64);
-        a.write_all(b" world").await.unwrap();
-        drop(a);
-        let mut r = Rewound::new(b"hello".to_vec(), b);
-        let mut out = String::new();
-        r.read_to_string(&mut out).await.unwrap();
-        assert_eq!(out, "hello world");
     }
 }

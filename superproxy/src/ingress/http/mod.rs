@@ -52,9 +52,7 @@ where
     );
     let guarded = match first_connect::serve(&pipeline, guarded, &switch, &ticket).await {
         first_connect::Remaining::Done => return,
-        first_connect::Remaining::Hyper { guarded, prefix } => {
-            first_connect::Rewound::new(prefix, guarded)
-        }
+        first_connect::Remaining::Hyper(guarded) => guarded,
     };
     let identity = forward::ConnectionIdentity::default();
     let service = {
