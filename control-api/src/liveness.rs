@@ -9,8 +9,8 @@
 //! tunnel count that differs from what Postgres holds, or a
 //! `last_heartbeat_at` older than `heartbeat_record_secs`. A database outage
 //! (or a slow database) never delays a beat and never empties the pool, and a
-//! steady fleet of 100,000 exits costs Postgres about 1,700 row updates a
-//! second (every exit once a minute) instead of 20,000 single-row updates. Postgres is asked only when Redis
+//! steady fleet of 100,000 exits costs Postgres about 1,100–1,700 row updates
+//! a second (every exit about once a minute; 1,111/s measured by fleet-sim) instead of 20,000 single-row updates. Postgres is asked only when Redis
 //! has no record of the exit (a Redis that restarted empty, before the
 //! projector repopulated it).
 

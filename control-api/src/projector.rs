@@ -647,13 +647,15 @@ impl Projector {
             }
             match self.resync().await {
                 Ok(()) => {
+                    let pairs: Vec<(&String, &str)> = markers.iter().map(|m| (m, "1")).collect();
+                    let _: Result<(), _> = redis.mset(&pairs).await;
+                    tracing::debug!("redis projection resynced");
+                    // After the markers: superproxies need not wait for a
+                    // walk of the whole keyspace to stop running degraded.
                     if last_full.is_none() {
                         self.remove_legacy_user_keys().await;
                     }
                     last_full = Some(std::time::Instant::now());
-                    let pairs: Vec<(&String, &str)> = markers.iter().map(|m| (m, "1")).collect();
-                    let _: Result<(), _> = redis.mset(&pairs).await;
-                    tracing::debug!("redis projection resynced");
                 }
                 Err(e) => tracing::warn!(error = %e, "redis projection resync failed; retrying"),
             }
@@ -685,7 +687,10 @@ impl Projector {
             .collect();
         let pattern = format!("{literal_prefix}user:{{*}}");
         let mut legacy: Vec<String> = Vec::new();
-        if let Ok(mut keys) = redis.scan_match::<_, String>(&pattern).await {
+        let scan = redis::ScanOptions::default()
+            .with_pattern(pattern)
+            .with_count(1_000);
+        if let Ok(mut keys) = redis.scan_options::<String>(scan).await {
             while let Some(Ok(key)) = keys.next_item().await {
                 legacy.push(key);
             }

@@ -9,7 +9,6 @@
 //! subscribers on every node), so a subscription is simply held on one node,
 //! moving to the next seed when that node goes away.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
@@ -61,11 +60,12 @@ impl RedisArgs {
 }
 
 /// A validated Redis location: one server, or a cluster's seed nodes.
+#[derive(Clone)]
 pub struct RedisTarget {
     nodes: Vec<String>,
     cluster: bool,
     /// The seed the next subscription tries first (rotates on failure).
-    next_subscription_node: AtomicUsize,
+    next_subscription_node: usize,
 }
 
 /// Never the raw URLs: they may carry a password.
@@ -75,46 +75,27 @@ impl std::fmt::Debug for RedisTarget {
     }
 }
 
-impl Clone for RedisTarget {
-    fn clone(&self) -> Self {
-        Self {
-            nodes: self.nodes.clone(),
-            cluster: self.cluster,
-            next_subscription_node: AtomicUsize::new(
-                self.next_subscription_node.load(Ordering::Relaxed),
-            ),
-        }
-    }
-}
-
 impl RedisTarget {
     /// `urls` is one URL, or with `cluster` a comma-separated list of seeds
     /// (a comma inside a password is written `%2C` there).
     pub fn new(urls: &str, cluster: bool) -> Result<Self, StoreUnavailable> {
-        let nodes: Vec<String> = if cluster {
-            urls.split(',')
-                .map(str::trim)
-                .filter(|u| !u.is_empty())
-                .map(str::to_owned)
-                .collect()
+        let given: Vec<&str> = if cluster {
+            urls.split(',').collect()
         } else {
-            Some(urls.trim())
-                .filter(|u| !u.is_empty())
-                .map(str::to_owned)
-                .into_iter()
-                .collect()
+            vec![urls]
         };
+        let nodes: Vec<String> = given
+            .into_iter()
+            .map(str::trim)
+            .filter(|u| !u.is_empty())
+            .map(str::to_owned)
+            .collect();
         let invalid = |detail: String| StoreUnavailable {
             what: "Redis",
             detail,
         };
         if nodes.is_empty() {
             return Err(invalid("no Redis URL given".into()));
-        }
-        if !cluster && nodes.len() > 1 {
-            return Err(invalid(
-                "several Redis URLs given without --redis-cluster; one server takes one URL".into(),
-            ));
         }
         for node in &nodes {
             let info = redis::IntoConnectionInfo::into_connection_info(node.as_str())
@@ -130,12 +111,8 @@ impl RedisTarget {
         Ok(Self {
             nodes,
             cluster,
-            next_subscription_node: AtomicUsize::new(0),
+            next_subscription_node: 0,
         })
-    }
-
-    pub fn is_cluster(&self) -> bool {
-        self.cluster
     }
 
     /// The URLs as given (one, or every seed), for deriving protected addresses.
@@ -233,8 +210,8 @@ impl RedisTarget {
     /// A pub/sub connection subscribed to `channel`. On a cluster it is held
     /// on one node; each call after a failure starts at the next seed, so a
     /// lost node moves the subscription instead of silencing it.
-    pub async fn subscribe(&self, channel: &str) -> redis::RedisResult<redis::aio::PubSub> {
-        let first = self.next_subscription_node.load(Ordering::Relaxed);
+    pub async fn subscribe(&mut self, channel: &str) -> redis::RedisResult<redis::aio::PubSub> {
+        let first = self.next_subscription_node;
         let mut last_error = None;
         for step in 0..self.nodes.len() {
             let index = (first + step) % self.nodes.len();
@@ -248,8 +225,7 @@ impl RedisTarget {
                 Ok(Ok(pubsub)) => {
                     // The next attempt (after this subscription is lost)
                     // tries another node first.
-                    self.next_subscription_node
-                        .store(index + 1, Ordering::Relaxed);
+                    self.next_subscription_node = (index + 1) % self.nodes.len();
                     return Ok(pubsub);
                 }
                 Ok(Err(e)) => last_error = Some(e),
@@ -261,8 +237,7 @@ impl RedisTarget {
                 }
             }
         }
-        self.next_subscription_node
-            .store(first + 1, Ordering::Relaxed);
+        self.next_subscription_node = (first + 1) % self.nodes.len();
         Err(last_error.unwrap_or_else(|| {
             redis::RedisError::from((redis::ErrorKind::Client, "no Redis node to subscribe on"))
         }))
@@ -296,10 +271,11 @@ impl RedisConnection {
         match self {
             Self::Single(_) => {
                 let mut replies = Vec::with_capacity(commands.len());
-                for chunk in commands.chunks(COMMANDS_PER_PIPELINE) {
+                let mut commands = commands.into_iter().peekable();
+                while commands.peek().is_some() {
                     let mut pipe = redis::pipe();
-                    for command in chunk {
-                        pipe.add_command(command.clone());
+                    for command in commands.by_ref().take(COMMANDS_PER_PIPELINE) {
+                        pipe.add_command(command);
                     }
                     let mut conn = self.clone();
                     replies.extend(pipe.query_async::<Vec<T>>(&mut conn).await?);
@@ -372,10 +348,10 @@ impl RedisConnection {
         };
         match self {
             Self::Single(_) => {
-                let commands: Vec<Cmd> = groups.into_iter().flatten().collect();
-                for chunk in commands.chunks(COMMANDS_PER_PIPELINE) {
+                let mut commands = groups.into_iter().flatten().peekable();
+                while commands.peek().is_some() {
                     let mut conn = self.clone();
-                    pipeline(&mut chunk.iter().cloned())
+                    pipeline(&mut commands.by_ref().take(COMMANDS_PER_PIPELINE))
                         .exec_async(&mut conn)
                         .await?;
                 }

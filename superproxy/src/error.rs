@@ -7,7 +7,7 @@
 //! answers the same failure the same way. docs/errors.md is the catalogue.
 
 use bytes::Bytes;
-use http::{header, HeaderValue, Response, StatusCode};
+use http::{header, HeaderMap, HeaderValue, Response, StatusCode};
 use http_body_util::Full;
 use proxynet_protocol::link::Outcome;
 use std::borrow::Cow;
@@ -288,30 +288,45 @@ impl ProxyError {
     /// hyper does not own (the head guard, the connection limit). It closes
     /// the connection, as nothing more will be read from it.
     pub fn to_wire(&self) -> Vec<u8> {
-        let response = self.to_response();
-        let status = response.status();
-        let mut out = format!(
-            "HTTP/1.1 {} {}\r\n",
-            status.as_u16(),
-            status.canonical_reason().unwrap_or("")
-        )
-        .into_bytes();
-        for (name, value) in response.headers() {
-            out.extend_from_slice(name.as_str().as_bytes());
-            out.extend_from_slice(b": ");
-            out.extend_from_slice(value.as_bytes());
-            out.extend_from_slice(b"\r\n");
-        }
-        let body = format!("{}\n", self.detail);
-        out.extend_from_slice(
-            format!(
-                "content-length: {}\r\nconnection: close\r\n\r\n{body}",
-                body.len()
-            )
-            .as_bytes(),
-        );
-        out
+        self.wire(true)
     }
+
+    /// [`Self::to_wire`] for a connection that stays open for the next
+    /// request, as hyper sends it (the first-CONNECT path's refusals).
+    pub fn to_wire_kept_alive(&self) -> Vec<u8> {
+        self.wire(false)
+    }
+
+    fn wire(&self, close: bool) -> Vec<u8> {
+        let response = self.to_response();
+        let body = format!("{}\n", self.detail);
+        let mut headers = response.headers().clone();
+        headers.insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
+        if close {
+            headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        serialize_response(response.status(), &headers, body.as_bytes())
+    }
+}
+
+/// An HTTP/1.1 response as bytes: status line, `headers` in their order, a
+/// blank line, `body` (for connections whose answers hyper does not write).
+pub fn serialize_response(status: StatusCode, headers: &HeaderMap, body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(256 + body.len());
+    out.extend_from_slice(b"HTTP/1.1 ");
+    out.extend_from_slice(status.as_str().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
+    out.extend_from_slice(b"\r\n");
+    for (name, value) in headers {
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+    out.extend_from_slice(body);
+    out
 }
 
 /// Escapes text for an RFC 8941 sf-string: printable ASCII only, `"` and `\` escaped.

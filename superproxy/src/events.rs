@@ -18,7 +18,7 @@ const PING_EVERY: Duration = Duration::from_secs(5);
 const PING_TIMEOUT: Duration = Duration::from_secs(3);
 
 pub async fn run(
-    redis: RedisTarget,
+    mut redis: RedisTarget,
     channel: String,
     revoker: Arc<Revoker>,
     pool: Arc<Pool>,

@@ -9,7 +9,6 @@
 use futures_util::future::join_all;
 use proxynet_protocol::redis_target::RedisConnection;
 use proxynet_protocol::store::Keys;
-use redis::AsyncCommands;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use uuid::Uuid;
@@ -79,18 +78,16 @@ impl Prober {
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
         let ttl_ms = (self.health.config.probe_interval * 3).as_millis() as u64;
-        // This instance's totals, for the fleet's tunnels/s, errors and bytes/s.
+        // This instance's totals, for the fleet's tunnels/s, errors and
+        // bytes/s, then one group per exit (each health hash is in its own
+        // slot): one pipeline on a single Redis.
         let stats = serde_json::to_string(&self.stats.snapshot()).unwrap_or_default();
-        let mut redis = self.redis.clone();
-        let _: () = redis
-            .pset_ex(
-                self.keys.stats(self.superproxy_id),
-                stats,
-                ttl_ms.max(10_000),
-            )
-            .await?;
-        // One group per exit: each exit's health hash is in its own slot.
-        let mut groups = Vec::with_capacity(linked.len());
+        let mut groups = Vec::with_capacity(linked.len() + 1);
+        groups.push(vec![redis::Cmd::pset_ex(
+            self.keys.stats(self.superproxy_id),
+            stats,
+            ttl_ms.max(10_000),
+        )]);
         for id in linked {
             let mut view =
                 serde_json::to_value(self.health.exit(*id).view(now)).unwrap_or_default();
@@ -99,14 +96,11 @@ impl Prober {
             view["bytes_down"] = down.into();
             view["at_ms"] = at_ms.into();
             let key = self.keys.health(*id);
-            let mut hset = redis::cmd("HSET");
-            hset.arg(&key)
-                .arg(self.superproxy_id.to_string())
-                .arg(view.to_string());
-            let mut pexpire = redis::cmd("PEXPIRE");
-            pexpire.arg(&key).arg(ttl_ms);
-            groups.push(vec![hset, pexpire]);
+            groups.push(vec![
+                redis::Cmd::hset(&key, self.superproxy_id.to_string(), view.to_string()),
+                redis::Cmd::pexpire(&key, ttl_ms as i64),
+            ]);
         }
-        redis.exec_groups(groups).await
+        self.redis.exec_groups(groups).await
     }
 }

@@ -207,7 +207,13 @@ pub async fn connect_tunnel(
     s.write_all(format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\nProxy-Authorization: Basic {auth}\r\n\r\n").as_bytes())
         .await
         .expect("send CONNECT");
-    // Byte by byte: nothing of the tunnel may be read past the head.
+    let head = read_head(&mut s).await;
+    (s, head)
+}
+
+/// Reads one response head byte by byte, so nothing after it (tunnel bytes,
+/// a body) is consumed; stops early if the connection ends.
+pub async fn read_head(s: &mut TcpStream) -> String {
     let mut head = Vec::new();
     let mut byte = [0u8; 1];
     while !head.ends_with(b"\r\n\r\n") {
@@ -216,5 +222,5 @@ pub async fn connect_tunnel(
             _ => break,
         }
     }
-    (s, String::from_utf8_lossy(&head).into_owned())
+    String::from_utf8_lossy(&head).into_owned()
 }

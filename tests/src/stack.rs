@@ -243,12 +243,7 @@ impl Stack {
             .send()
             .await
             .unwrap();
-        assert_eq!(r.status(), 201, "create account");
-        r.json::<serde_json::Value>().await.unwrap()["id"]
-            .as_str()
-            .unwrap()
-            .parse()
-            .unwrap()
+        created_id(r, "create account").await
     }
 
     pub async fn create_user(&self, account: Uuid, username: &str, password: &str) -> Uuid {
@@ -260,12 +255,7 @@ impl Stack {
             .send()
             .await
             .unwrap();
-        assert_eq!(r.status(), 201, "create user");
-        r.json::<serde_json::Value>().await.unwrap()["id"]
-            .as_str()
-            .unwrap()
-            .parse()
-            .unwrap()
+        created_id(r, "create user").await
     }
 
     /// A source that answers all four provenance questions: datacenter
@@ -302,17 +292,7 @@ impl Stack {
             .send()
             .await
             .unwrap();
-        assert_eq!(
-            r.status(),
-            201,
-            "create source: {}",
-            r.text().await.unwrap()
-        );
-        r.json::<serde_json::Value>().await.unwrap()["id"]
-            .as_str()
-            .unwrap()
-            .parse()
-            .unwrap()
+        created_id(r, "create source").await
     }
 
     pub async fn enrollment_token(&self, name: &str) -> String {
@@ -534,6 +514,19 @@ impl Stack {
         self.api = api;
         self.api_admin = admin;
     }
+}
+
+/// The `id` of what a `201 Created` answer made; anything else fails the
+/// test, naming `what` and the body.
+pub async fn created_id(r: reqwest::Response, what: &str) -> Uuid {
+    let status = r.status();
+    let body = r.text().await.unwrap();
+    assert_eq!(status, 201, "{what}: {body}");
+    serde_json::from_str::<serde_json::Value>(&body).unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap()
 }
 
 pub async fn spawn_control_api(

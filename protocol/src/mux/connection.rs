@@ -625,9 +625,21 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
         }
     }
 
+    /// Whether a frame is complete (or a header is there to judge): a read
+    /// that only added to a long payload dispatches nothing and takes no lock.
+    fn frame_ready(&self) -> bool {
+        match &self.payload {
+            Some((header, buf)) => buf.len() >= header.len as usize,
+            None => self.read_buf.len() >= HEADER_LEN && self.frame_missing() == 0,
+        }
+    }
+
     /// Dispatches every complete frame read so far (called after each read,
-    /// under one lock per call).
+    /// under one lock per call that has something to dispatch).
     fn dispatch(&mut self) -> Result<(), MuxError> {
+        if !self.frame_ready() {
+            return Ok(());
+        }
         let mut guard = self.shared.lock();
         let state = &mut *guard;
         loop {

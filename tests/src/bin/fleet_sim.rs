@@ -564,9 +564,24 @@ async fn run(args: Args) -> Report {
     }
     tokio::time::sleep(Duration::from_secs(args.warmup_secs)).await;
 
-    // The measurement window.
-    let sample = |superproxies: &Vec<(Proc, SocketAddr, Arc<RelayCounts>)>| {
-        superproxies
+    // The measurement window: every figure is a difference between what
+    // these counters read at its start and at its end.
+    struct Snapshot {
+        /// Per superproxy: CPU seconds, Redis commands, Redis bytes both ways.
+        superproxies: Vec<(f64, u64, u64)>,
+        api_cpu: f64,
+        /// Redis: commands processed, CPU seconds.
+        redis: (f64, f64),
+        /// Postgres: transactions, rows inserted, updated, deleted.
+        postgres: (i64, i64, i64, i64),
+        /// Heartbeats answered, failed.
+        beats: (u64, u64),
+        /// The first superproxy's full and delta pool reads.
+        pool_reads: (f64, f64),
+    }
+    let redis_client = redis::Client::open(args.redis_url.as_str()).unwrap();
+    let snapshot = || async {
+        let per_superproxy = superproxies
             .iter()
             .map(|(p, _, c)| {
                 (
@@ -576,10 +591,12 @@ async fn run(args: Args) -> Report {
                         + c.bytes_from_redis.load(Ordering::Relaxed),
                 )
             })
-            .collect::<Vec<_>>()
-    };
-    let redis_info = |client: redis::Client| async move {
-        let mut redis = client.get_multiplexed_async_connection().await.unwrap();
+            .collect();
+        let api_cpu = cpu_seconds(api.pid());
+        let mut redis = redis_client
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
         let info: String = redis::cmd("INFO")
             .arg("all")
             .query_async(&mut redis)
@@ -591,59 +608,49 @@ async fn run(args: Args) -> Report {
                 .and_then(|v| v.trim().parse().ok())
                 .unwrap_or(0.0)
         };
-        (
+        let redis = (
             field("total_commands_processed"),
             field("used_cpu_user") + field("used_cpu_sys"),
-        )
-    };
-    let pg_stats = |db: sqlx::PgPool, name: String| async move {
-        let row: (i64, i64, i64, i64) = sqlx::query_as(
+        );
+        let postgres = sqlx::query_as(
             "SELECT xact_commit, tup_inserted, tup_updated, tup_deleted FROM pg_stat_database WHERE datname = $1",
         )
-        .bind(name)
-        .fetch_one(&db)
+        .bind(&database)
+        .fetch_one(&admin_db)
         .await
         .unwrap();
-        row
-    };
-    let pool_reads = |http: reqwest::Client, admin: SocketAddr| async move {
-        let text = proxynet_tests::metrics::scrape(&http, admin).await;
-        let get = |kind: &str| -> f64 {
+        let beats = (
+            counts.ok.load(Ordering::Relaxed),
+            counts.failed.load(Ordering::Relaxed),
+        );
+        let text = proxynet_tests::metrics::scrape(&http, superproxies[0].1).await;
+        let reads = |kind: &str| -> f64 {
             proxynet_tests::metrics::sample(
                 &text,
                 "proxynet_pool_reads_total",
                 &[&format!("kind=\"{kind}\"")],
             )
         };
-        (get("full"), get("delta"))
+        Snapshot {
+            superproxies: per_superproxy,
+            api_cpu,
+            redis,
+            postgres,
+            beats,
+            pool_reads: (reads("full"), reads("delta")),
+        }
     };
-    let redis_client = redis::Client::open(args.redis_url.as_str()).unwrap();
     counts.latencies_us.lock().unwrap().clear();
     let t0 = Instant::now();
-    let sp0 = sample(&superproxies);
-    let api_cpu0 = cpu_seconds(api.pid());
-    let (cmds0, rcpu0) = redis_info(redis_client.clone()).await;
-    let pg0 = pg_stats(admin_db.clone(), database.clone()).await;
-    let beats0 = (
-        counts.ok.load(Ordering::Relaxed),
-        counts.failed.load(Ordering::Relaxed),
-    );
-    let reads0 = pool_reads(http.clone(), superproxies[0].1).await;
+    let start = snapshot().await;
     tokio::time::sleep(Duration::from_secs(args.measure_secs)).await;
     let secs = t0.elapsed().as_secs_f64();
-    let sp1 = sample(&superproxies);
-    let api_cpu1 = cpu_seconds(api.pid());
-    let (cmds1, rcpu1) = redis_info(redis_client.clone()).await;
-    let pg1 = pg_stats(admin_db.clone(), database.clone()).await;
-    let beats1 = (
-        counts.ok.load(Ordering::Relaxed),
-        counts.failed.load(Ordering::Relaxed),
-    );
-    let reads1 = pool_reads(http.clone(), superproxies[0].1).await;
+    let end = snapshot().await;
 
-    let per_sp: Vec<(f64, f64, f64)> = sp0
+    let per_sp: Vec<(f64, f64, f64)> = start
+        .superproxies
         .iter()
-        .zip(&sp1)
+        .zip(&end.superproxies)
         .map(|(a, b)| {
             (
                 (b.0 - a.0) / secs * 100.0,
@@ -666,23 +673,25 @@ async fn run(args: Args) -> Report {
         superproxies: args.superproxies,
         heartbeat_interval_ms: args.heartbeat_interval_ms,
         measure_secs: secs,
-        heartbeats_per_s: (beats1.0 - beats0.0) as f64 / secs,
+        heartbeats_per_s: (end.beats.0 - start.beats.0) as f64 / secs,
         heartbeats_target_per_s: args.exits as f64 / interval.as_secs_f64(),
-        heartbeat_failures: beats1.1 - beats0.1,
+        heartbeat_failures: end.beats.1 - start.beats.1,
         heartbeat_p50_ms: pct(0.5),
         heartbeat_p99_ms: pct(0.99),
         redis_commands_per_s_per_superproxy: per_sp.iter().map(|s| s.1).sum::<f64>() / n,
         redis_bytes_per_s_per_superproxy: per_sp.iter().map(|s| s.2).sum::<f64>() / n,
-        redis_commands_per_s_total: (cmds1 - cmds0) / secs,
-        redis_cpu_percent: (rcpu1 - rcpu0) / secs * 100.0,
-        postgres_transactions_per_s: (pg1.0 - pg0.0) as f64 / secs,
-        postgres_rows_written_per_s: ((pg1.1 - pg0.1) + (pg1.2 - pg0.2) + (pg1.3 - pg0.3)) as f64
+        redis_commands_per_s_total: (end.redis.0 - start.redis.0) / secs,
+        redis_cpu_percent: (end.redis.1 - start.redis.1) / secs * 100.0,
+        postgres_transactions_per_s: (end.postgres.0 - start.postgres.0) as f64 / secs,
+        postgres_rows_written_per_s: ((end.postgres.1 - start.postgres.1)
+            + (end.postgres.2 - start.postgres.2)
+            + (end.postgres.3 - start.postgres.3)) as f64
             / secs,
         superproxy_cpu_percent_mean: per_sp.iter().map(|s| s.0).sum::<f64>() / n,
         superproxy_cpu_percent_max: per_sp.iter().map(|s| s.0).fold(0.0, f64::max),
-        control_api_cpu_percent: (api_cpu1 - api_cpu0) / secs * 100.0,
-        pool_full_reads_in_window: reads1.0 - reads0.0,
-        pool_delta_reads_per_s: (reads1.1 - reads0.1) / secs,
+        control_api_cpu_percent: (end.api_cpu - start.api_cpu) / secs * 100.0,
+        pool_full_reads_in_window: end.pool_reads.0 - start.pool_reads.0,
+        pool_delta_reads_per_s: (end.pool_reads.1 - start.pool_reads.1) / secs,
         projection_secs,
         ..Default::default()
     };
@@ -802,12 +811,7 @@ async fn create_source(http: &reqwest::Client, api: &str) -> Uuid {
         .send()
         .await
         .unwrap();
-    assert_eq!(r.status(), 201);
-    r.json::<serde_json::Value>().await.unwrap()["id"]
-        .as_str()
-        .unwrap()
-        .parse()
-        .unwrap()
+    proxynet_tests::stack::created_id(r, "create source").await
 }
 
 async fn enrollment_token(http: &reqwest::Client, api: &str, source: Uuid, name: &str) -> String {

@@ -23,13 +23,13 @@ fn basic(user: &str, password: &str) -> String {
     base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"))
 }
 
-/// Reads until the peer closes the connection; true if it did within `within`.
 /// argon2 verifications the superproxy has started (its metrics).
 async fn verifications_started(stack: &Stack) -> f64 {
     let text = scrape(&stack.http, stack.proxy_addrs.admin).await;
     sample(&text, "proxynet_auth_verifications_total", &[])
 }
 
+/// Reads until the peer closes the connection; true if it did within `within`.
 async fn closed_within(stream: &mut TcpStream, within: Duration) -> bool {
     let mut buf = [0u8; 1024];
     tokio::time::timeout(within, async {

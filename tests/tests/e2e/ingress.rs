@@ -450,17 +450,8 @@ async fn socks_replies_for_no_exit_and_bad_address_types() {
 /// it has a Content-Length.
 async fn read_response(s: &mut tokio::net::TcpStream) -> (String, String) {
     use tokio::io::AsyncReadExt;
-    let mut head = Vec::new();
-    let mut byte = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        assert_eq!(
-            s.read(&mut byte).await.unwrap(),
-            1,
-            "closed mid-head: {head:?}"
-        );
-        head.push(byte[0]);
-    }
-    let head = String::from_utf8(head).unwrap();
+    let head = proxynet_tests::client::read_head(s).await;
+    assert!(head.ends_with("\r\n\r\n"), "closed mid-head: {head:?}");
     let length = head
         .lines()
         .find_map(|l| {

@@ -43,11 +43,9 @@ async fn quota_user(stack: &Stack, name: &str) -> String {
         .send()
         .await
         .unwrap();
-    assert_eq!(r.status(), 201);
-    r.json::<serde_json::Value>().await.unwrap()["id"]
-        .as_str()
-        .unwrap()
-        .to_owned()
+    proxynet_tests::stack::created_id(r, "create quota user")
+        .await
+        .to_string()
 }
 
 /// CONNECT and read until the tunnel ends; returns (response head, bytes received).

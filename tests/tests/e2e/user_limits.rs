@@ -21,11 +21,9 @@ async fn limited_user(stack: &Stack, name: &str, limits: serde_json::Value) -> S
         .send()
         .await
         .unwrap();
-    assert_eq!(r.status(), 201);
-    r.json::<serde_json::Value>().await.unwrap()["id"]
-        .as_str()
-        .unwrap()
-        .to_owned()
+    proxynet_tests::stack::created_id(r, "create limited user")
+        .await
+        .to_string()
 }
 
 async fn hold_tunnel(proxy: SocketAddr, user: &str, target: SocketAddr) -> (TcpStream, String) {

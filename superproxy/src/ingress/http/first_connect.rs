@@ -14,7 +14,6 @@
 //! carries the same headers, a refusal the same status, `Proxy-Status` and
 //! body ([`ProxyError::to_response`]).
 
-use bytes::Bytes;
 use http::{header, HeaderMap, HeaderValue};
 use proxynet_protocol::secret::Secret;
 use proxynet_protocol::splice::Plain;
@@ -27,7 +26,7 @@ use super::response::tunnel_headers;
 use super::MAX_HEADERS;
 use crate::accept::ConnectionTicket;
 use crate::authenticate::parse_basic;
-use crate::error::ProxyError;
+use crate::error::serialize_response;
 use crate::pipeline::{Credentials, Ingress, Pipeline, TargetSpec};
 
 /// What is left of the connection for hyper, if anything.
@@ -86,7 +85,7 @@ where
             let answer = {
                 let mut headers = HeaderMap::new();
                 tunnel_headers(&mut headers, &tunnel);
-                serialize(http::StatusCode::OK, &headers, &[])
+                serialize_response(http::StatusCode::OK, &headers, &[])
             };
             // Engaged before the answer is written, as on hyper's path: the
             // bytes the client sends after reading `200` are tunnel bytes.
@@ -113,7 +112,11 @@ where
             // which hyper serves (hyper flushes the refusal with its first
             // write of the connection).
             switch.refuse();
-            if guarded.write_all(&refusal(&error)).await.is_err() {
+            if guarded
+                .write_all(&error.to_wire_kept_alive())
+                .await
+                .is_err()
+            {
                 return Remaining::Done;
             }
             Remaining::Hyper(guarded)
@@ -199,33 +202,6 @@ impl ConnectRequest {
             credentials,
         })
     }
-}
-
-/// The refusal as hyper sends it on a kept-alive connection.
-fn refusal(error: &ProxyError) -> Vec<u8> {
-    let response = error.to_response();
-    let body: Bytes = format!("{}\n", error.detail).into();
-    let mut headers = response.headers().clone();
-    headers.insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
-    serialize(response.status(), &headers, &body)
-}
-
-fn serialize(status: http::StatusCode, headers: &HeaderMap, body: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(256 + body.len());
-    out.extend_from_slice(b"HTTP/1.1 ");
-    out.extend_from_slice(status.as_str().as_bytes());
-    out.push(b' ');
-    out.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
-    out.extend_from_slice(b"\r\n");
-    for (name, value) in headers {
-        out.extend_from_slice(name.as_str().as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value.as_bytes());
-        out.extend_from_slice(b"\r\n");
-    }
-    out.extend_from_slice(b"\r\n");
-    out.extend_from_slice(body);
-    out
 }
 
 #[cfg(test)]
