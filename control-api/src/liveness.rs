@@ -34,6 +34,11 @@ struct Admitted {
 /// immediate beat) unless the previous flip was more recent than this.
 const FLIP_GAP: Duration = Duration::from_secs(1);
 
+/// How often an unchanged admin address is written again: well inside
+/// [`crate::projector::AGENT_ADMIN_KEPT`], so a running agent's address is
+/// never pruned.
+const ADMIN_ADDRS_REFRESH: Duration = Duration::from_secs(3600);
+
 /// The latest heartbeat of one exit, not yet in Postgres.
 #[derive(Debug, Clone, Copy)]
 struct Beat {
@@ -43,6 +48,10 @@ struct Beat {
 }
 
 pub struct HeartbeatBook {
+    /// The admin addresses each exit last reported, and when they were last
+    /// written to Redis (rewritten every [`ADMIN_ADDRS_REFRESH`] so their
+    /// entries outlive the pruning horizon).
+    admin_addrs: Mutex<HashMap<Uuid, (Vec<std::net::SocketAddr>, std::time::Instant)>>,
     /// Each exit's last beat let through [`Self::pace`].
     admitted: Mutex<HashMap<Uuid, Admitted>>,
     unsaved: Mutex<HashMap<Uuid, Beat>>,
@@ -61,6 +70,7 @@ impl Default for HeartbeatBook {
 impl HeartbeatBook {
     pub fn new(record_every: Duration) -> Self {
         Self {
+            admin_addrs: Mutex::new(HashMap::new()),
             admitted: Mutex::new(HashMap::new()),
             unsaved: Mutex::new(HashMap::new()),
             persisted: Mutex::new(HashMap::new()),
@@ -114,6 +124,35 @@ impl HeartbeatBook {
             },
         );
         Ok(())
+    }
+
+    /// Whether `addrs` (an exit's admin listener) must be written to Redis
+    /// now: new or changed for this exit, or last written long ago. Bounded
+    /// by the number of enrolled exits.
+    pub fn admin_addrs_due(&self, exit: Uuid, addrs: &[std::net::SocketAddr]) -> bool {
+        if addrs.is_empty() {
+            return false;
+        }
+        let Ok(mut known) = self.admin_addrs.lock() else {
+            return true;
+        };
+        let now = std::time::Instant::now();
+        match known.get(&exit) {
+            Some((last, at)) if last == addrs && now.duration_since(*at) < ADMIN_ADDRS_REFRESH => {
+                false
+            }
+            _ => {
+                known.insert(exit, (addrs.to_vec(), now));
+                true
+            }
+        }
+    }
+
+    /// Forgets what [`Self::admin_addrs_due`] recorded (the write failed).
+    pub fn forget_admin_addrs(&self, exit: Uuid) {
+        if let Ok(mut known) = self.admin_addrs.lock() {
+            known.remove(&exit);
+        }
     }
 
     /// Records a beat for the next batch (replacing an older unsaved one).

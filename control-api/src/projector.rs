@@ -33,14 +33,29 @@ pub struct Projector {
     db: PgPool,
     redis: RedisConnection,
     keys: Keys,
-    /// The live superproxies as last read, for heartbeat replies: every
-    /// agent gets the same list, so 20,000 beats a second share one read.
-    superproxies: std::sync::Arc<std::sync::Mutex<Option<(std::time::Instant, bytes::Bytes)>>>,
+    /// The heartbeat reply as last built, one for agents whose policy
+    /// reaches internal ranges and one for the rest: every agent of a kind
+    /// gets the same answer, so 20,000 beats a second share one read.
+    replies: std::sync::Arc<std::sync::Mutex<[Option<(std::time::Instant, bytes::Bytes)>; 2]>>,
 }
 
 /// How long a heartbeat reply may reuse the superproxy list. Well below the
 /// announcement TTL, so a superproxy that joins is dialled within a beat.
 const SUPERPROXY_LIST_REUSE: Duration = Duration::from_millis(500);
+
+/// How long an agent admin address nobody reported again stays denied.
+pub const AGENT_ADMIN_KEPT: Duration = Duration::from_secs(86_400);
+
+/// Most agent admin addresses sent to exits: agents on loopback or private
+/// addresses (the default) cost nothing here, since only agents that may
+/// reach internal ranges are told those.
+const AGENT_ADMIN_MAX: isize = 4096;
+
+/// What every exit must deny, as the heartbeat reply builder receives it.
+pub struct DenyInputs {
+    pub superproxies: Vec<SuperproxyRecord>,
+    pub agent_admin: Vec<std::net::SocketAddr>,
+}
 
 #[derive(sqlx::FromRow)]
 struct UserRow {
@@ -191,7 +206,7 @@ impl Projector {
             db,
             redis,
             keys,
-            superproxies: Default::default(),
+            replies: Default::default(),
         }
     }
 
@@ -415,26 +430,70 @@ impl Projector {
         Ok(ids.iter().filter_map(|s| s.parse().ok()).collect())
     }
 
-    /// The superproxies currently announcing themselves, for agents to dial.
-    /// The heartbeat reply `build` makes from the live superproxies, as
-    /// JSON, reused while at most [`SUPERPROXY_LIST_REUSE`] old.
+    /// The heartbeat reply `build` makes from the live superproxies and the
+    /// agents' admin addresses, as JSON, reused while at most
+    /// [`SUPERPROXY_LIST_REUSE`] old; `internal` picks the variant for agents
+    /// whose policy reaches internal ranges.
     pub async fn heartbeat_reply<T: serde::Serialize>(
         &self,
-        build: impl FnOnce(Vec<SuperproxyRecord>) -> T,
+        internal: bool,
+        build: impl FnOnce(DenyInputs) -> T,
     ) -> Result<bytes::Bytes, ProjectionError> {
-        if let Ok(cached) = self.superproxies.lock() {
-            if let Some((at, reply)) = cached.as_ref() {
+        let slot = usize::from(internal);
+        if let Ok(cached) = self.replies.lock() {
+            if let Some((at, reply)) = cached[slot].as_ref() {
                 if at.elapsed() < SUPERPROXY_LIST_REUSE {
                     return Ok(reply.clone());
                 }
             }
         }
-        let reply =
-            bytes::Bytes::from(serde_json::to_vec(&build(self.live_superproxies().await?))?);
-        if let Ok(mut cached) = self.superproxies.lock() {
-            *cached = Some((std::time::Instant::now(), reply.clone()));
+        let inputs = DenyInputs {
+            superproxies: self.live_superproxies().await?,
+            agent_admin: self.agent_admin_addrs().await?,
+        };
+        let reply = bytes::Bytes::from(serde_json::to_vec(&build(inputs))?);
+        if let Ok(mut cached) = self.replies.lock() {
+            cached[slot] = Some((std::time::Instant::now(), reply.clone()));
         }
         Ok(reply)
+    }
+
+    /// Records an agent's admin listener addresses (see
+    /// [`Keys::agent_admin_addrs`]).
+    pub async fn record_agent_admin(
+        &self,
+        addrs: &[std::net::SocketAddr],
+    ) -> Result<(), ProjectionError> {
+        let now_ms = chrono::Utc::now().timestamp_millis();
+        let mut redis = self.redis.clone();
+        let mut cmd = redis::cmd("ZADD");
+        cmd.arg(self.keys.agent_admin_addrs());
+        for addr in addrs {
+            cmd.arg(now_ms).arg(addr.to_string());
+        }
+        let _: i64 = cmd.query_async(&mut redis).await?;
+        Ok(())
+    }
+
+    /// Agent admin addresses reported within [`AGENT_ADMIN_KEPT`] (older
+    /// ones are pruned here), newest first, at most [`AGENT_ADMIN_MAX`].
+    async fn agent_admin_addrs(&self) -> Result<Vec<std::net::SocketAddr>, ProjectionError> {
+        let horizon = chrono::Utc::now().timestamp_millis() - AGENT_ADMIN_KEPT.as_millis() as i64;
+        let key = self.keys.agent_admin_addrs();
+        let mut redis = self.redis.clone();
+        let (_, addrs): (i64, Vec<String>) = redis::pipe()
+            .cmd("ZREMRANGEBYSCORE")
+            .arg(&key)
+            .arg("-inf")
+            .arg(horizon)
+            .cmd("ZRANGE")
+            .arg(&key)
+            .arg(0)
+            .arg(AGENT_ADMIN_MAX - 1)
+            .arg("REV")
+            .query_async(&mut redis)
+            .await?;
+        Ok(addrs.iter().filter_map(|a| a.parse().ok()).collect())
     }
 
     pub async fn live_superproxies(&self) -> Result<Vec<SuperproxyRecord>, ProjectionError> {

@@ -1,10 +1,15 @@
 //! Admin listener: `/healthz` (process alive), `/readyz` (a link is up and
-//! we are not draining), and `/opt-out` (the owner withdraws this exit: POST
-//! to withdraw, GET for the state). It listens on loopback by default: the
-//! host's own users are the ones who may withdraw it.
+//! we are not draining), `/metrics`, and `/opt-out` (the owner withdraws this
+//! exit: POST to withdraw, DELETE to undo their own withdrawal, GET for the
+//! state). It listens on loopback by default. Every state-changing route
+//! needs the local admin token and refuses browser requests and non-loopback
+//! `Host`s ([`crate::admin_token`]): the exit's controls belong to whoever
+//! holds the host, not to a web page its owner happens to visit.
 
-use axum::extract::State;
-use axum::http::StatusCode;
+use axum::extract::{Request, State};
+use axum::http::{Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Json;
 use axum::Router;
@@ -17,9 +22,44 @@ pub fn router(ctx: Arc<TunnelContext>) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
-        .route("/opt-out", get(opt_out_status).post(opt_out))
+        .route(
+            "/opt-out",
+            get(opt_out_status).post(opt_out).delete(opt_in),
+        )
         .route("/metrics", get(metrics))
+        .layer(axum::middleware::from_fn_with_state(
+            ctx.clone(),
+            guard_state_changes,
+        ))
         .with_state(ctx)
+}
+
+/// Anything but GET and HEAD changes state: it needs the token, a loopback
+/// `Host` and no browser origin.
+async fn guard_state_changes(
+    State(ctx): State<Arc<TunnelContext>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    if matches!(*request.method(), Method::GET | Method::HEAD) {
+        return next.run(request).await;
+    }
+    match crate::admin_token::check(request.headers(), &ctx.admin_token) {
+        Ok(()) => next.run(request).await,
+        Err(refusal) => {
+            tracing::warn!(
+                method = %request.method(),
+                path = request.uri().path(),
+                refusal = ?refusal,
+                "admin request refused"
+            );
+            let status = match refusal {
+                crate::admin_token::Refusal::BadToken => StatusCode::UNAUTHORIZED,
+                _ => StatusCode::FORBIDDEN,
+            };
+            (status, refusal.message()).into_response()
+        }
+    }
 }
 
 /// Prometheus text: tunnels by outcome, active tunnels, links, DNS, state.
@@ -56,6 +96,13 @@ async fn opt_out(
         "requested_at": state.requested_at,
         "acknowledged_at": state.acknowledged_at,
     })))
+}
+
+async fn opt_in(
+    State(ctx): State<Arc<TunnelContext>>,
+) -> Result<Json<serde_json::Value>, (StatusCode, String)> {
+    crate::optout::undo(&ctx).map_err(|e| (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+    Ok(Json(serde_json::json!({"withdrawn": false})))
 }
 
 async fn opt_out_status(State(ctx): State<Arc<TunnelContext>>) -> Json<serde_json::Value> {

@@ -55,13 +55,19 @@ pub struct Config {
     #[arg(long, env = "PROXYNET_WORKER_THREADS")]
     pub worker_threads: Option<usize>,
 
-    /// Admin listener: /healthz, /readyz.
+    /// Admin listener: /healthz, /readyz, /metrics, /opt-out.
     #[arg(
         long,
         env = "PROXYNET_AGENT_ADMIN_LISTEN",
         default_value = "127.0.0.1:9091"
     )]
     pub admin_listen: SocketAddr,
+
+    /// The secret that state-changing admin routes (`POST /opt-out`) require
+    /// as `Authorization: Bearer`; created (mode 0600) at the first start.
+    /// Default: next to the state file, with the extension `.admin-token`.
+    #[arg(long, env = "PROXYNET_AGENT_ADMIN_TOKEN_FILE")]
+    pub admin_token_file: Option<PathBuf>,
 
     /// Upper bound on one target connect, ms. The superproxy's remaining budget
     /// lowers it further, so the exit always gives up before the superproxy does.
@@ -129,9 +135,19 @@ pub enum Command {
     /// plane unreachable: the agent refuses tunnels and retries until it is
     /// acknowledged.
     OptOut,
+    /// Undo this host's own withdrawal (the person behind the exit agreed
+    /// again): the running agent takes tunnels again once the operator has
+    /// also reinstated the exit with a fresh consent record.
+    OptIn,
 }
 
 impl Config {
+    /// Where the admin token lives (see `admin_token.rs`).
+    pub fn admin_token_path(&self) -> PathBuf {
+        self.admin_token_file
+            .clone()
+            .unwrap_or_else(|| crate::admin_token::default_path(&self.state_file))
+    }
     pub fn target_connect_timeout(&self) -> Duration {
         Duration::from_millis(self.target_connect_timeout_ms)
     }

@@ -38,17 +38,32 @@ struct EnrollResponse {
 }
 
 #[derive(Serialize)]
-struct HeartbeatRequest {
+struct HeartbeatRequest<'a> {
     draining: bool,
     active_tunnels: u64,
+    /// This agent's admin listener: the control plane tells every other exit
+    /// to deny it, so a tunnel through a neighbour cannot reach it.
+    admin_addrs: &'a [std::net::SocketAddr],
+    /// Whether this agent's egress policy widens a built-in special range
+    /// (`--egress-allow`): only then must it be told about service
+    /// addresses in those ranges (everyone else denies them anyway).
+    internal_targets: bool,
+}
+
+/// What this agent tells the control plane about itself in each beat.
+#[derive(Debug, Clone, Default)]
+pub struct BeatInfo {
+    pub admin_addrs: Vec<std::net::SocketAddr>,
+    pub internal_targets: bool,
 }
 
 #[derive(Debug, Clone, Deserialize)]
 pub struct HeartbeatReply {
     pub heartbeat_interval_ms: u64,
     pub superproxies: Vec<SuperproxyRecord>,
-    /// The control plane's own service addresses (API, Redis, Postgres): never
-    /// tunnel targets.
+    /// Addresses that are never tunnel targets, unlabelled: the stack's own
+    /// services and other agents' admin listeners, as far as this agent's
+    /// policy could otherwise reach them.
     #[serde(default)]
     pub protected: Vec<std::net::SocketAddr>,
 }
@@ -103,11 +118,14 @@ impl ControlClient {
         state: &AgentState,
         draining: bool,
         active_tunnels: u64,
+        info: &BeatInfo,
     ) -> Result<HeartbeatReply, ControlError> {
         let path = format!("/v1/agent/exits/{}/heartbeat", state.exit_id);
         let request = HeartbeatRequest {
             draining,
             active_tunnels,
+            admin_addrs: &info.admin_addrs,
+            internal_targets: info.internal_targets,
         };
         self.post(&path, Some(&state.credential), &request, "heartbeat")
             .await

@@ -10,6 +10,7 @@
 //! drains: announce → wait → stop accepting → finish in-flight → close.
 
 pub mod admin;
+pub mod admin_token;
 pub mod config;
 pub mod control;
 pub mod dns;
@@ -53,6 +54,11 @@ pub enum StartError {
     Control(#[from] ControlError),
     #[error(transparent)]
     State(#[from] StateError),
+    #[error("cannot read or create the admin token file {path}: {source}")]
+    AdminToken {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("cannot listen on {addr}: {source}")]
     Listen {
         addr: SocketAddr,
@@ -90,6 +96,13 @@ impl ExitAgent {
                 state
             }
         };
+        let token_path = config.admin_token_path();
+        let admin_token = admin_token::load_or_create(&token_path).map_err(|source| {
+            StartError::AdminToken {
+                path: token_path.display().to_string(),
+                source,
+            }
+        })?;
         let admin = TcpListener::bind(config.admin_listen)
             .await
             .map_err(|source| StartError::Listen {
@@ -114,7 +127,6 @@ impl ExitAgent {
         }
         let opt_out = std::sync::Mutex::new(identity.opted_out.clone());
         let ctx = Arc::new(TunnelContext {
-            config,
             identity,
             policy,
             dns,
@@ -123,9 +135,15 @@ impl ExitAgent {
             draining: AtomicBool::new(false),
             refusing: AtomicBool::new(false),
             withdrawn: AtomicBool::new(withdrawn),
-            cut_all: CancellationToken::new(),
+            beat_info: control::BeatInfo {
+                admin_addrs: expand_unspecified(admin_addr),
+                internal_targets: !config.egress.egress_allow.is_empty(),
+            },
+            cut_all: std::sync::Mutex::new(CancellationToken::new()),
+            admin_token,
             opt_out,
             metrics: proxynet_protocol::metrics::install(),
+            config,
         });
         Ok(Self {
             ctx,
@@ -160,7 +178,7 @@ impl ExitAgent {
         ctx.draining.store(true, Ordering::Relaxed);
         if let Err(e) = self
             .control
-            .heartbeat(&ctx.identity, true, active(&ctx))
+            .heartbeat(&ctx.identity, true, active(&ctx), &ctx.beat_info)
             .await
         {
             tracing::warn!(error = %e, "could not announce draining; superproxies will notice the heartbeat expiry");
@@ -183,6 +201,18 @@ fn active(ctx: &TunnelContext) -> u64 {
     ctx.active.load(Ordering::Relaxed) as u64
 }
 
+/// A listener's addresses as others would dial them: an unspecified bind
+/// answers on every interface address of this host.
+fn expand_unspecified(addr: SocketAddr) -> Vec<SocketAddr> {
+    if !addr.ip().is_unspecified() {
+        return vec![addr];
+    }
+    proxynet_protocol::egress::host_interface_addresses()
+        .into_iter()
+        .map(|ip| SocketAddr::new(ip, addr.port()))
+        .collect()
+}
+
 /// The control-api's own address, when its URL names an IP literal: protected
 /// from being used as a tunnel target.
 fn control_api_addr(url: &str) -> Option<SocketAddr> {
@@ -201,7 +231,7 @@ async fn heartbeat_loop(control: ControlClient, ctx: Arc<TunnelContext>) {
     loop {
         let draining = ctx.announces_draining();
         match control
-            .heartbeat(&ctx.identity, draining, active(&ctx))
+            .heartbeat(&ctx.identity, draining, active(&ctx), &ctx.beat_info)
             .await
         {
             Ok(reply) => {

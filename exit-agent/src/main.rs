@@ -21,14 +21,22 @@ fn main() -> std::process::ExitCode {
 
 async fn run(config: Config) -> std::process::ExitCode {
     telemetry::init(telemetry::DEFAULT_FILTER, config.log_format);
-    if let Some(exit_agent::config::Command::OptOut) = config.command {
-        return match exit_agent::optout::run_cli(&config).await {
+    if let Some(command) = &config.command {
+        let (name, result) = match command {
+            exit_agent::config::Command::OptOut => {
+                ("opt-out", exit_agent::optout::run_cli(&config).await)
+            }
+            exit_agent::config::Command::OptIn => {
+                ("opt-in", exit_agent::optout::run_opt_in_cli(&config).await)
+            }
+        };
+        return match result {
             Ok(message) => {
                 println!("{message}");
                 std::process::ExitCode::SUCCESS
             }
             Err(e) => {
-                eprintln!("exit-agent opt-out: {e}");
+                eprintln!("exit-agent {name}: {e}");
                 std::process::ExitCode::FAILURE
             }
         };

@@ -30,7 +30,7 @@ pub fn status(ctx: &TunnelContext) -> Option<OptOutState> {
 /// Withdraws the exit: refuse new tunnels, end open ones, persist. Idempotent.
 pub fn withdraw(ctx: &TunnelContext) -> Result<OptOutState, StateError> {
     ctx.withdrawn.store(true, Ordering::Relaxed);
-    ctx.cut_all.cancel();
+    ctx.cut_token().cancel();
     let mut current = ctx.opt_out.lock().map_err(|_| StateError::Poisoned)?;
     if let Some(existing) = current.as_ref() {
         return Ok(existing.clone());
@@ -43,6 +43,24 @@ pub fn withdraw(ctx: &TunnelContext) -> Result<OptOutState, StateError> {
     *current = Some(state.clone());
     tracing::warn!(exit = %ctx.identity.exit_id, "exit withdrawn by its owner: no more tunnels");
     Ok(state)
+}
+
+/// Undoes this host's own withdrawal (the owner agreed again). The control
+/// plane keeps the exit withdrawn until an operator reinstates it with a
+/// fresh consent record, so both sides must agree before tunnels flow.
+pub fn undo(ctx: &TunnelContext) -> Result<(), StateError> {
+    let mut current = ctx.opt_out.lock().map_err(|_| StateError::Poisoned)?;
+    if current.is_none() {
+        return Ok(());
+    }
+    persist(ctx, None)?;
+    *current = None;
+    if let Ok(mut cut) = ctx.cut_all.lock() {
+        *cut = tokio_util::sync::CancellationToken::new();
+    }
+    ctx.withdrawn.store(false, Ordering::Relaxed);
+    tracing::warn!(exit = %ctx.identity.exit_id, "the owner undid the withdrawal: tunnels resume once the operator reinstates the exit");
+    Ok(())
 }
 
 fn persist(ctx: &TunnelContext, opted_out: Option<OptOutState>) -> Result<(), StateError> {
@@ -92,20 +110,57 @@ pub async fn acknowledge_until_done(ctx: Arc<TunnelContext>, control: ControlCli
     }
 }
 
-/// `exit-agent opt-out`: asks the running agent (its admin listener); if
-/// none answers, records the withdrawal in the state file itself and tells
-/// the control plane once (a later agent start keeps retrying).
-pub async fn run_cli(config: &crate::Config) -> Result<String, String> {
+/// Sends `method` to the running agent's `/opt-out` with the admin token;
+/// `Ok(None)` when no agent answers there.
+async fn ask_running_agent(
+    config: &crate::Config,
+    method: reqwest::Method,
+) -> Result<Option<String>, String> {
+    let token = crate::admin_token::read(&config.admin_token_path())
+        .map_err(|e| format!("cannot read the admin token: {e}"))?;
     let url = format!("http://{}/opt-out", config.admin_listen);
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(5))
         .build()
         .map_err(|e| e.to_string())?;
-    if let Ok(response) = client.post(&url).send().await {
-        if response.status().is_success() {
-            let body = response.text().await.unwrap_or_default();
-            return Ok(format!("the running agent withdrew this exit: {body}"));
+    let mut request = client.request(method, &url);
+    if let Some(token) = &token {
+        request = request.bearer_auth(token.expose());
+    }
+    match request.send().await {
+        Ok(response) if response.status().is_success() => {
+            Ok(Some(response.text().await.unwrap_or_default()))
         }
+        Ok(response) => Err(format!(
+            "the running agent at {url} refused: {} {}",
+            response.status(),
+            response.text().await.unwrap_or_default().trim()
+        )),
+        Err(_) => Ok(None),
+    }
+}
+
+/// `exit-agent opt-in`: undoes this host's withdrawal, through the running
+/// agent or, if none answers, in the state file.
+pub async fn run_opt_in_cli(config: &crate::Config) -> Result<String, String> {
+    if let Some(body) = ask_running_agent(config, reqwest::Method::DELETE).await? {
+        return Ok(format!("the running agent undid the withdrawal: {body}"));
+    }
+    let mut state = AgentState::load(&config.state_file)
+        .map_err(|e| e.to_string())?
+        .ok_or_else(|| format!("not enrolled: no state file at {}", config.state_file.display()))?;
+    state.opted_out = None;
+    state.save(&config.state_file).map_err(|e| e.to_string())?;
+    Ok("withdrawal undone on this host; tunnels resume once the operator reinstates the exit".into())
+}
+
+/// `exit-agent opt-out`: asks the running agent (its admin listener, with
+/// the admin token); if none answers, records the withdrawal in the state
+/// file itself and tells the control plane once (a later agent start keeps
+/// retrying).
+pub async fn run_cli(config: &crate::Config) -> Result<String, String> {
+    if let Some(body) = ask_running_agent(config, reqwest::Method::POST).await? {
+        return Ok(format!("the running agent withdrew this exit: {body}"));
     }
     // No agent running here: do it on disk.
     let mut state = AgentState::load(&config.state_file)

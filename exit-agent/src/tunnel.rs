@@ -50,8 +50,13 @@ pub struct TunnelContext {
     pub refusing: AtomicBool,
     /// The owner withdrew this exit: it carries nothing from now on.
     pub withdrawn: AtomicBool,
-    /// Cancelled at a withdrawal: every open tunnel ends at once.
-    pub cut_all: tokio_util::sync::CancellationToken,
+    /// Cancelled at a withdrawal: every open tunnel ends at once. Replaced
+    /// by a fresh token when the owner undoes the withdrawal.
+    pub cut_all: std::sync::Mutex<tokio_util::sync::CancellationToken>,
+    /// What each heartbeat says about this agent (its admin listener).
+    pub beat_info: crate::control::BeatInfo,
+    /// The admin listener's secret for state-changing routes.
+    pub admin_token: proxynet_protocol::secret::Secret,
     /// The withdrawal, as persisted in the state file.
     pub opt_out: std::sync::Mutex<Option<crate::state::OptOutState>>,
     /// `/metrics` on the admin listener.
@@ -59,6 +64,14 @@ pub struct TunnelContext {
 }
 
 impl TunnelContext {
+    /// The token a tunnel opened now is cut by at a withdrawal.
+    pub fn cut_token(&self) -> tokio_util::sync::CancellationToken {
+        self.cut_all
+            .lock()
+            .map(|t| t.clone())
+            .unwrap_or_else(|poisoned| poisoned.into_inner().clone())
+    }
+
     /// Draining or withdrawn: what the heartbeat announces.
     pub fn announces_draining(&self) -> bool {
         self.draining.load(Ordering::Relaxed) || self.withdrawn.load(Ordering::Relaxed)
@@ -178,13 +191,8 @@ pub async fn serve_stream(ctx: Arc<TunnelContext>, incoming: Incoming) {
     count(Outcome::Connected);
     let stream = incoming.reply(Bytes::from_static(Outcome::Connected.as_str().as_bytes()));
     let _guard = guard;
-    let outcome = splice_until(
-        stream,
-        tcp,
-        ctx.config.tunnel_limits(),
-        ctx.cut_all.cancelled(),
-    )
-    .await;
+    let cut = ctx.cut_token();
+    let outcome = splice_until(stream, tcp, ctx.config.tunnel_limits(), cut.cancelled()).await;
     tracing::debug!(up = outcome.up, down = outcome.down, end = ?outcome.end, "tunnel closed");
 }
 
@@ -219,7 +227,7 @@ pub async fn handle(
     };
     let on_upgrade = hyper::upgrade::on(&mut req);
     let limits = ctx.config.tunnel_limits();
-    let cut = ctx.cut_all.clone();
+    let cut = ctx.cut_token();
     tokio::spawn(async move {
         let _guard = guard;
         match on_upgrade.await {

@@ -15,8 +15,10 @@
 //! 6. everything else is allowed.
 //!
 //! IPv6 addresses that embed an IPv4 address (mapped `::ffff:a.b.c.d`, compatible
-//! `::a.b.c.d`, NAT64 `64:ff9b::/96`, 6to4 `2002::/16`) are judged by the embedded
-//! IPv4 address as well, so `::ffff:127.0.0.1` is loopback.
+//! `::a.b.c.d`, translated `::ffff:0:a.b.c.d`, NAT64 `64:ff9b::/96`, 6to4
+//! `2002::/16`, Teredo `2001::/32`) are judged by the embedded IPv4 address as
+//! well, so `::ffff:127.0.0.1` is loopback; the compatible and translated forms
+//! are refused outright besides.
 //!
 //! [`parse_ip_literal`] normalises every numeric spelling `inet_aton` accepts
 //! (`127.1`, `0x7f.1`, `2130706433`, `0177.0.0.1`), because resolvers accept them
@@ -140,6 +142,11 @@ const SPECIAL_RANGES: &[(Cidr, &str)] = &[
     (Cidr::v4(240, 0, 0, 0, 4), "reserved"),
     (Cidr::v6([0, 0, 0, 0, 0, 0, 0, 0], 128), "unspecified"),
     (Cidr::v6([0, 0, 0, 0, 0, 0, 0, 1], 128), "loopback"),
+    // Deprecated IPv4-compatible (RFC 4291 §2.5.5.1) and IPv4-translated
+    // (RFC 2765 SIIT) forms: no public service is reached through them, so
+    // they are refused outright, and judged by the IPv4 address they carry.
+    (Cidr::v6([0, 0, 0, 0, 0, 0, 0, 0], 96), "ipv4-compatible"),
+    (Cidr::v6([0, 0, 0, 0, 0xffff, 0, 0, 0], 96), "ipv4-translated"),
     (
         Cidr::v6([0x64, 0xff9b, 1, 0, 0, 0, 0, 0], 48),
         "local-nat64",
@@ -332,6 +339,16 @@ impl EgressPolicy {
     }
 }
 
+/// Whether a built-in special-purpose range (loopback, private, link-local,
+/// ...) holds `ip` or an IPv4 address it embeds: an agent whose policy
+/// widens none of them cannot reach it anyway, so it need not be told it.
+pub fn in_special_range(ip: IpAddr) -> bool {
+    denoted_hosts(canonical(ip))
+        .iter()
+        .flatten()
+        .any(|h| SPECIAL_RANGES.iter().any(|(c, _)| c.contains(*h)))
+}
+
 /// This host's interface addresses (empty if they cannot be read).
 pub fn host_interface_addresses() -> Vec<IpAddr> {
     match if_addrs::get_if_addrs() {
@@ -369,7 +386,8 @@ fn v4_from_segments(hi: u16, lo: u16) -> Ipv4Addr {
     Ipv4Addr::from((u32::from(hi) << 16) | u32::from(lo))
 }
 
-/// The IPv4 addresses embedded in an IPv4-compatible (`::a.b.c.d`), NAT64
+/// The IPv4 addresses embedded in an IPv4-compatible (`::a.b.c.d`),
+/// IPv4-translated (`::ffff:0:a.b.c.d`, RFC 2765), NAT64
 /// (`64:ff9b::/96`, RFC 6052), 6to4 (`2002:AABB:CCDD::/48`, RFC 3056) or
 /// Teredo (`2001:0::/32`, RFC 4380: server in bits 32–63, client obfuscated
 /// in the last 32 bits) address. Teredo yields both server and client.
@@ -379,7 +397,7 @@ fn embedded_ipv4(v6: Ipv6Addr) -> [Option<Ipv4Addr>; 2] {
     if s[..6] == [0, 0, 0, 0, 0, 0] && u32::from(low) > 1 {
         return [Some(low), None]; // IPv4-compatible (deprecated), excluding :: and ::1
     }
-    if s[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
+    if s[..6] == [0x64, 0xff9b, 0, 0, 0, 0] || s[..6] == [0, 0, 0, 0, 0xffff, 0] {
         return [Some(low), None];
     }
     if s[0] == 0x2002 {
@@ -528,6 +546,43 @@ mod tests {
         ] {
             assert_eq!(p.check(sa(allowed)), Ok(()), "{allowed} should be allowed");
         }
+    }
+
+    /// Every way IPv6 spells an IPv4 host, for denied hosts (loopback, the
+    /// cloud metadata address, private) and a public one.
+    #[test]
+    fn every_ipv4_embedding_is_judged_by_its_ipv4_host() {
+        let p = EgressPolicy::default();
+        // (form, spelling of 127.0.0.1, of 169.254.169.254, of 10.0.0.1,
+        // of 93.184.216.34, whether the public one is allowed in this form)
+        let table: &[(&str, [&str; 4], bool)] = &[
+            ("mapped", ["::ffff:127.0.0.1", "::ffff:a9fe:a9fe", "::ffff:a00:1", "::ffff:5db8:d822"], true),
+            ("compatible", ["::7f00:1", "::a9fe:a9fe", "::a00:1", "::5db8:d822"], false),
+            ("translated", ["::ffff:0:7f00:1", "::ffff:0:a9fe:a9fe", "::ffff:0:a00:1", "::ffff:0:5db8:d822"], false),
+            ("nat64", ["64:ff9b::7f00:1", "64:ff9b::a9fe:a9fe", "64:ff9b::a00:1", "64:ff9b::5db8:d822"], true),
+            ("6to4", ["2002:7f00:1::1", "2002:a9fe:a9fe::1", "2002:a00:1::1", "2002:5db8:d822::1"], true),
+            // Teredo: server 65.54.227.120, client obfuscated (bits inverted);
+            // 2001::/23 is an IETF protocol range, refused whatever it carries.
+            ("teredo", ["2001:0:4136:e378:8000:63bf:80ff:fffe", "2001:0:4136:e378:8000:63bf:5601:5601", "2001:0:4136:e378:8000:63bf:f5ff:fffe", "2001:0:4136:e378:8000:63bf:a247:27dd"], false),
+        ];
+        for (form, spellings, public_allowed) in table {
+            for denied in &spellings[..3] {
+                let addr = SocketAddr::new(denied.parse::<IpAddr>().unwrap(), 80);
+                assert!(p.check(addr).is_err(), "{form} {addr} must be denied");
+            }
+            let public = SocketAddr::new(spellings[3].parse::<IpAddr>().unwrap(), 80);
+            assert_eq!(
+                p.check(public).is_ok(),
+                *public_allowed,
+                "{form} {public}: {:?}",
+                p.check(public)
+            );
+        }
+        // The case: the metadata address in the translated form.
+        assert_eq!(
+            p.check(sa("[::ffff:0:a9fe:a9fe]:80")),
+            Err(Denial::SpecialRange("ipv4-translated"))
+        );
     }
 
     #[test]

@@ -115,6 +115,13 @@ impl Keys {
         format!("{}{{exits}}:draining", self.prefix)
     }
 
+    /// Sorted set: an agent admin listener's address → when an agent last
+    /// reported it (ms). Every exit is told to deny these, so a tunnel
+    /// through one exit cannot reach a neighbour's admin routes.
+    pub fn agent_admin_addrs(&self) -> String {
+        format!("{}agent-admin", self.prefix)
+    }
+
     /// `SuperproxyRecord` JSON.
     pub fn superproxy(&self, id: Uuid) -> String {
         format!("{}superproxy:{{{id}}}", self.prefix)

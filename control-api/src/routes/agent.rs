@@ -233,6 +233,47 @@ pub async fn enroll(
     ))
 }
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_deny_list_is_unlabelled_and_only_what_the_agent_could_reach() {
+        let a = |s: &str| -> std::net::SocketAddr { s.parse().unwrap() };
+        let inputs = || crate::projector::DenyInputs {
+            superproxies: vec![SuperproxyRecord {
+                id: Uuid::nil(),
+                link_addr: a("203.0.113.10:7000"),
+                cert_sha256: "ab".into(),
+                service_addrs: vec![a("203.0.113.10:8080"), a("10.0.0.5:8080")],
+            }],
+            agent_admin: vec![a("127.0.0.1:9091"), a("198.51.100.7:9091")],
+        };
+        let own = [a("10.0.0.9:6379"), a("192.0.2.44:5432")];
+        let (records, public) = deny_list(&own, inputs(), false);
+        assert!(records[0].service_addrs.is_empty(), "no labelled listeners");
+        // 203.0.113.0/24, 198.51.100.0/24 and 192.0.2.0/24 are documentation
+        // ranges (special), so an agent without internal targets needs none.
+        assert!(public.is_empty(), "{public:?}");
+        let (_, internal) = deny_list(&own, inputs(), true);
+        for addr in [
+            "10.0.0.9:6379",
+            "192.0.2.44:5432",
+            "203.0.113.10:7000",
+            "203.0.113.10:8080",
+            "10.0.0.5:8080",
+            "127.0.0.1:9091",
+            "198.51.100.7:9091",
+        ] {
+            assert!(internal.contains(&a(addr)), "{addr} missing");
+        }
+        let mut with_public = inputs();
+        with_public.agent_admin.push(a("93.184.216.34:9091"));
+        let (_, public) = deny_list(&own, with_public, false);
+        assert_eq!(public, vec![a("93.184.216.34:9091")]);
+    }
+}
+
 fn truncate(s: &str, max: usize) -> String {
     s.chars().take(max).collect()
 }
@@ -244,15 +285,49 @@ pub struct Heartbeat {
     draining: bool,
     #[serde(default)]
     active_tunnels: u64,
+    /// The agent's admin listener (denied to every other exit's tunnels).
+    #[serde(default)]
+    admin_addrs: Vec<std::net::SocketAddr>,
+    /// The agent's egress policy widens a built-in special range.
+    #[serde(default)]
+    internal_targets: bool,
 }
+
+/// Most admin addresses one agent may report.
+const MAX_ADMIN_ADDRS: usize = 16;
 
 #[derive(Serialize)]
 pub struct HeartbeatReply {
     heartbeat_interval_ms: u64,
     heartbeat_ttl_ms: u64,
+    /// Where to dial, and whose certificate to expect: nothing else.
     superproxies: Vec<SuperproxyRecord>,
-    /// The control plane's own service addresses: agents never dial them.
+    /// Addresses never to dial, unlabelled: the control plane's services and
+    /// stores, every superproxy's listeners and every agent's admin
+    /// listener. Agents that cannot reach internal ranges anyway are told
+    /// only the public ones: an exit learns what it must deny, nothing more.
     protected: Vec<std::net::SocketAddr>,
+}
+
+/// The reply's deny list and superproxy records from what the projector read.
+fn deny_list(
+    own: &[std::net::SocketAddr],
+    inputs: crate::projector::DenyInputs,
+    internal: bool,
+) -> (Vec<SuperproxyRecord>, Vec<std::net::SocketAddr>) {
+    let mut deny: Vec<std::net::SocketAddr> = own.to_vec();
+    let mut superproxies = inputs.superproxies;
+    for s in &mut superproxies {
+        deny.extend(std::mem::take(&mut s.service_addrs));
+        deny.push(s.link_addr);
+    }
+    deny.extend(inputs.agent_admin);
+    if !internal {
+        deny.retain(|a| !proxynet_protocol::egress::in_special_range(a.ip()));
+    }
+    deny.sort_unstable();
+    deny.dedup();
+    (superproxies, deny)
 }
 
 /// Answers from Redis alone (liveness must not wait for Postgres, see
@@ -316,13 +391,24 @@ pub async fn heartbeat(
     state
         .heartbeats
         .beat(exit_id, body.draining, body.active_tunnels);
+    let admin_addrs = &body.admin_addrs[..body.admin_addrs.len().min(MAX_ADMIN_ADDRS)];
+    if state.heartbeats.admin_addrs_due(exit_id, admin_addrs) {
+        if let Err(e) = state.projector.record_agent_admin(admin_addrs).await {
+            tracing::warn!(error = %e, "cannot record the agent's admin address; retried at its next beat");
+            state.heartbeats.forget_admin_addrs(exit_id);
+        }
+    }
     let reply = state
         .projector
-        .heartbeat_reply(|superproxies| HeartbeatReply {
-            heartbeat_interval_ms: state.config.heartbeat_interval_ms,
-            heartbeat_ttl_ms: state.config.heartbeat_ttl_ms,
-            superproxies,
-            protected: state.protected.as_ref().clone(),
+        .heartbeat_reply(body.internal_targets, |inputs| {
+            let (superproxies, protected) =
+                deny_list(&state.protected, inputs, body.internal_targets);
+            HeartbeatReply {
+                heartbeat_interval_ms: state.config.heartbeat_interval_ms,
+                heartbeat_ttl_ms: state.config.heartbeat_ttl_ms,
+                superproxies,
+                protected,
+            }
         })
         .await
         .map_err(|e| ApiError::Unavailable(format!("cannot list superproxies: {e}")))?;
