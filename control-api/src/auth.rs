@@ -5,6 +5,9 @@
 //! every query (`$n::uuid IS NULL OR account_id = $n`), so another account's
 //! rows are never read, let alone changed: they answer 404 as if absent.
 //! Operator-only routes take [`Operator`], which answers 403 to account keys.
+//! Routes that must know *which* key is calling (minting a key records its
+//! parent; a dashboard session is bound to the key it logged in with) take
+//! [`KeyCaller`].
 
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
@@ -46,29 +49,103 @@ impl FromRequestParts<AppState> for Caller {
         parts: &mut Parts,
         state: &AppState,
     ) -> Result<Self, Self::Rejection> {
+        Ok(KeyCaller::from_request_parts(parts, state).await?.caller)
+    }
+}
+
+/// A caller and the API key it presented (`None`: the bootstrap admin token).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyCaller {
+    pub caller: Caller,
+    pub key_id: Option<uuid::Uuid>,
+}
+
+impl FromRequestParts<AppState> for KeyCaller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &AppState,
+    ) -> Result<Self, Self::Rejection> {
         let presented = bearer(parts).ok_or(ApiError::Unauthorized)?;
         caller_for_key(state, presented).await
     }
 }
 
-/// Who a presented key (the admin token or an API key) belongs to.
-pub async fn caller_for_key(state: &AppState, presented: &str) -> Result<Caller, ApiError> {
+/// Who a presented key (the admin token or an API key) belongs to. A key is
+/// valid while neither it nor its account is revoked or deleted.
+pub async fn caller_for_key(state: &AppState, presented: &str) -> Result<KeyCaller, ApiError> {
     let digest = sha256_hex(presented);
     // Compare digests so the comparison time does not depend on the token's length.
     let admin = sha256_hex(state.admin_token.expose());
     if constant_time_eq(digest.as_bytes(), admin.as_bytes()) {
-        return Ok(Caller::Operator);
+        return Ok(KeyCaller {
+            caller: Caller::Operator,
+            key_id: None,
+        });
     }
-    let key: Option<(Option<uuid::Uuid>,)> = sqlx::query_as(
-        "SELECT account_id FROM api_keys WHERE key_sha256 = $1 AND revoked_at IS NULL",
+    let key: Option<(uuid::Uuid, Option<uuid::Uuid>)> = sqlx::query_as(
+        "SELECT k.id, k.account_id FROM api_keys k LEFT JOIN accounts a ON a.id = k.account_id
+          WHERE k.key_sha256 = $1 AND k.revoked_at IS NULL AND a.deleted_at IS NULL",
     )
     .bind(&digest)
     .fetch_optional(&state.db)
     .await?;
-    match key {
-        Some((None,)) => Ok(Caller::Operator),
-        Some((Some(account),)) => Ok(Caller::Account(account)),
-        None => Err(ApiError::Unauthorized),
+    let (id, account) = key.ok_or(ApiError::Unauthorized)?;
+    state.key_use.touch(&state.db, id).await;
+    Ok(KeyCaller {
+        caller: account.map_or(Caller::Operator, Caller::Account),
+        key_id: Some(id),
+    })
+}
+
+/// Whether key `id` is still valid (not revoked, its account not deleted).
+pub async fn key_is_valid(state: &AppState, id: uuid::Uuid) -> Result<bool, sqlx::Error> {
+    let row: Option<(uuid::Uuid,)> = sqlx::query_as(
+        "SELECT k.id FROM api_keys k LEFT JOIN accounts a ON a.id = k.account_id
+          WHERE k.id = $1 AND k.revoked_at IS NULL AND a.deleted_at IS NULL",
+    )
+    .bind(id)
+    .fetch_optional(&state.db)
+    .await?;
+    Ok(row.is_some())
+}
+
+/// When each key was last used, written at most once a minute per key (a
+/// busy key must not cost a row update per request).
+#[derive(Default)]
+pub struct KeyUse(std::sync::Mutex<std::collections::HashMap<uuid::Uuid, std::time::Instant>>);
+
+/// How stale `last_used_at` may be.
+const LAST_USED_GRANULARITY: std::time::Duration = std::time::Duration::from_secs(60);
+
+impl KeyUse {
+    async fn touch(&self, db: &sqlx::PgPool, id: uuid::Uuid) {
+        let now = std::time::Instant::now();
+        let due = match self.0.lock() {
+            Ok(mut seen) => {
+                if seen.len() > 100_000 {
+                    seen.retain(|_, at| now.duration_since(*at) < LAST_USED_GRANULARITY);
+                }
+                match seen.get(&id) {
+                    Some(at) if now.duration_since(*at) < LAST_USED_GRANULARITY => false,
+                    _ => {
+                        seen.insert(id, now);
+                        true
+                    }
+                }
+            }
+            Err(_) => false,
+        };
+        if due {
+            let written = sqlx::query("UPDATE api_keys SET last_used_at = now() WHERE id = $1")
+                .bind(id)
+                .execute(db)
+                .await;
+            if let Err(e) = written {
+                tracing::debug!(error = %e, "cannot record a key's last use");
+            }
+        }
     }
 }
 

@@ -31,6 +31,12 @@ pub struct Config {
     #[arg(long, env = "PROXYNET_METRICS_EXIT_LIMIT", default_value_t = 10_000)]
     pub metrics_exit_limit: usize,
 
+    /// Mark the dashboard's session cookie `Secure`: set it when users reach
+    /// the dashboard over TLS (a terminating proxy that sends
+    /// `X-Forwarded-Proto: https` turns it on per request anyway).
+    #[arg(long, env = "PROXYNET_DASHBOARD_SECURE_COOKIE")]
+    pub dashboard_secure_cookie: bool,
+
     /// Postgres URL (durable truth). Migrations are applied at start.
     #[arg(long, env = "PROXYNET_DATABASE_URL", hide_env_values = true)]
     pub database_url: Secret,

@@ -148,21 +148,10 @@ impl LedgerConsumer {
             tracing::info!(batch = %batch.batch_id, "usage batch already recorded; skipped");
             return Ok(());
         }
-        for row in &batch.rows {
-            sqlx::query(
-                "INSERT INTO usage_ledger (batch_id, account_id, user_id, exit_id, minute, bytes_up, bytes_down)
-                 VALUES ($1, $2, $3, $4, to_timestamp($5), $6, $7)",
-            )
-            .bind(batch.batch_id)
-            .bind(row.account_id)
-            .bind(row.user_id)
-            .bind(row.exit_id)
-            .bind(row.minute as f64)
-            .bind(i64::try_from(row.bytes_up).unwrap_or(i64::MAX))
-            .bind(i64::try_from(row.bytes_down).unwrap_or(i64::MAX))
-            .execute(&mut *tx)
-            .await?;
-        }
+        // Fix the money now: each row carries the source type the superproxy
+        // saw when the bytes moved (older superproxies send none: the exit's
+        // type now, the nearest record there is) and the account's plan and
+        // price at this moment, so nothing later can re-price it.
         let exits: Vec<Uuid> = batch.rows.iter().map(|r| r.exit_id).collect();
         let types: std::collections::HashMap<Uuid, String> = sqlx::query_as::<_, (Uuid, String)>(
             "SELECT id, source_type FROM exits WHERE id = ANY($1)",
@@ -172,6 +161,52 @@ impl LedgerConsumer {
         .await?
         .into_iter()
         .collect();
+        let accounts: Vec<Uuid> = batch.rows.iter().map(|r| r.account_id).collect();
+        let mut plans: std::collections::HashMap<Uuid, Uuid> = Default::default();
+        let mut prices: std::collections::HashMap<(Uuid, String), i64> = Default::default();
+        for (account, plan, source_type, cents) in
+            sqlx::query_as::<_, (Uuid, Option<Uuid>, Option<String>, Option<i64>)>(
+                "SELECT a.id, a.plan_id, p.source_type, p.cents_per_gb
+                   FROM accounts a LEFT JOIN plan_prices p ON p.plan_id = a.plan_id
+                  WHERE a.id = ANY($1)",
+            )
+            .bind(&accounts)
+            .fetch_all(&mut *tx)
+            .await?
+        {
+            if let Some(plan) = plan {
+                plans.insert(account, plan);
+            }
+            if let (Some(t), Some(c)) = (source_type, cents) {
+                prices.insert((account, t), c);
+            }
+        }
+        for row in &batch.rows {
+            let source_type = row
+                .source_type
+                .map(|t| t.as_str().to_owned())
+                .or_else(|| types.get(&row.exit_id).cloned());
+            let cents = source_type
+                .as_ref()
+                .and_then(|t| prices.get(&(row.account_id, t.clone())).copied());
+            sqlx::query(
+                "INSERT INTO usage_ledger (batch_id, account_id, user_id, exit_id, minute, bytes_up, bytes_down,
+                                           source_type, plan_id, cents_per_gb)
+                 VALUES ($1, $2, $3, $4, to_timestamp($5), $6, $7, $8, $9, $10)",
+            )
+            .bind(batch.batch_id)
+            .bind(row.account_id)
+            .bind(row.user_id)
+            .bind(row.exit_id)
+            .bind(row.minute as f64)
+            .bind(i64::try_from(row.bytes_up).unwrap_or(i64::MAX))
+            .bind(i64::try_from(row.bytes_down).unwrap_or(i64::MAX))
+            .bind(&source_type)
+            .bind(plans.get(&row.account_id))
+            .bind(cents)
+            .execute(&mut *tx)
+            .await?;
+        }
         for t in &batch.targets {
             sqlx::query(
                 "INSERT INTO target_log (minute, egress_ip, exit_id, account_id, user_id, target_host, target_port, tunnels)
@@ -193,9 +228,10 @@ impl LedgerConsumer {
         tx.commit().await?;
         metrics::counter!("proxynet_usage_batches_recorded_total").increment(1);
         for row in &batch.rows {
-            let source_type = types
-                .get(&row.exit_id)
-                .cloned()
+            let source_type = row
+                .source_type
+                .map(|t| t.as_str().to_owned())
+                .or_else(|| types.get(&row.exit_id).cloned())
                 .unwrap_or_else(|| "unknown".into());
             metrics::counter!("proxynet_usage_bytes_total", "account" => row.account_id.to_string(), "source_type" => source_type)
                 .increment(row.bytes_up + row.bytes_down);

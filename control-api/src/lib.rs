@@ -10,6 +10,7 @@
 
 pub mod audit;
 pub mod auth;
+pub mod ceilings;
 pub mod config;
 pub mod error;
 pub mod extract;
@@ -54,6 +55,8 @@ pub struct AppState {
     pub observer: observe::Observer,
     /// Dashboard logins.
     pub sessions: routes::dashboard::Sessions,
+    /// When API keys were last used (debounced writes).
+    pub key_use: Arc<auth::KeyUse>,
 }
 
 /// Why the control-api could not start.
@@ -151,6 +154,7 @@ impl ControlApi {
                 protected: Arc::new(protected),
                 observer: observe::Observer::default(),
                 sessions: routes::dashboard::Sessions::default(),
+                key_use: Arc::default(),
             },
         })
     }
@@ -198,9 +202,12 @@ impl ControlApi {
         let admin = tokio::spawn(serve_admin(self.admin, self.metrics));
         let (heartbook, db) = (self.state.heartbeats.clone(), self.state.db.clone());
         let app = routes::router(self.state);
-        let result = axum::serve(self.listener, app)
-            .with_graceful_shutdown(shutdown)
-            .await;
+        let result = axum::serve(
+            self.listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .with_graceful_shutdown(shutdown)
+        .await;
         resync.abort();
         ledger.abort();
         heartbeats.abort();

@@ -16,7 +16,7 @@
 
 use proxynet_protocol::redis_target::RedisConnection;
 use proxynet_protocol::store::{
-    user_bucket, Channel, ExitRecord, Keys, ProvenanceBlock, QuotaPeriod, SourceType,
+    user_bucket, AccountLimits, Channel, ExitRecord, Keys, ProvenanceBlock, QuotaPeriod, SourceType,
     SuperproxyRecord, Tombstone, UserRecord, DEL_EXIT_SCRIPT, DEL_USER_SCRIPT, EXIT_CHANGES_KEPT,
     HEARTBEAT_SCRIPT, LIVE_MEMBERS_SCRIPT, PUT_EXIT_SCRIPT, PUT_USER_SCRIPT, TOMBSTONE_TTL_SECS,
     USER_BUCKETS,
@@ -74,6 +74,10 @@ struct UserRow {
     allowed_channels: Option<Vec<String>>,
     allowlist_options: String,
     deleted: bool,
+    ceilings: sqlx::types::Json<crate::ceilings::Limits>,
+    entitlements: sqlx::types::Json<crate::ceilings::Entitlements>,
+    /// Source types the account's plan prices; `None` without a plan.
+    plan_types: Option<Vec<String>>,
 }
 
 #[derive(sqlx::FromRow)]
@@ -195,10 +199,17 @@ const EXIT_SELECT: &str = "SELECT e.id, e.name, e.source_type, e.owner, e.countr
      LEFT JOIN LATERAL (SELECT state, expires_at FROM consent_records \
                          WHERE exit_id = e.id ORDER BY version DESC LIMIT 1) c ON true";
 
-const USER_COLUMNS: &str = "id, account_id, username, password_hash, enabled, version, \
-     max_concurrent_tunnels, max_new_tunnels_per_second, bandwidth_bytes, quota_period, \
-     allowed_source_types, allowed_countries, allowed_channels, allowlist_options, \
-     deleted_at IS NOT NULL AS deleted";
+/// A user with its account's entitlements and plan (`FROM USERS_FROM`).
+const USER_COLUMNS: &str = "u.id, u.account_id, u.username, u.password_hash, \
+     u.enabled AND a.deleted_at IS NULL AS enabled, u.version, \
+     u.max_concurrent_tunnels, u.max_new_tunnels_per_second, u.bandwidth_bytes, u.quota_period, \
+     u.allowed_source_types, u.allowed_countries, u.allowed_channels, u.allowlist_options, \
+     u.deleted_at IS NOT NULL AS deleted, u.ceilings, a.entitlements, \
+     CASE WHEN a.plan_id IS NULL THEN NULL ELSE \
+       ARRAY(SELECT p.source_type FROM plan_prices p WHERE p.plan_id = a.plan_id ORDER BY 1) END \
+       AS plan_types";
+
+const USERS_FROM: &str = "proxy_users u JOIN accounts a ON a.id = u.account_id";
 
 impl Projector {
     pub fn new(db: PgPool, redis: RedisConnection, keys: Keys) -> Self {
@@ -256,8 +267,8 @@ impl Projector {
         absent_bound: Option<i64>,
     ) -> Result<(), ProjectionError> {
         let row: Option<UserRow> = sqlx::query_as(&format!(
-            "SELECT {USER_COLUMNS} FROM proxy_users WHERE username = $1
-              ORDER BY (deleted_at IS NULL) DESC, version DESC LIMIT 1"
+            "SELECT {USER_COLUMNS} FROM {USERS_FROM} WHERE u.username = $1
+              ORDER BY (u.deleted_at IS NULL) DESC, u.version DESC LIMIT 1"
         ))
         .bind(username)
         .fetch_optional(&self.db)
@@ -295,6 +306,26 @@ impl Projector {
             .publish(self.keys.events(), format!("user:{username}"))
             .await?;
         Ok(())
+    }
+
+    /// Re-projects every user of an account (after its entitlements, plan or
+    /// existence changed). The caller bumped their versions in Postgres.
+    pub async fn account(&self, account: Uuid) {
+        let names: Result<Vec<(String,)>, _> =
+            sqlx::query_as("SELECT username FROM proxy_users WHERE account_id = $1 AND deleted_at IS NULL")
+                .bind(account)
+                .fetch_all(&self.db)
+                .await;
+        match names {
+            Ok(names) => {
+                for (name,) in names {
+                    self.user(&name).await;
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "account projection failed; the next resync repairs it")
+            }
+        }
     }
 
     /// Re-projects the whole IP allow-list (CIDR → username of live, enabled
@@ -573,7 +604,7 @@ impl Projector {
     /// correspond to a live user.
     pub async fn resync(&self) -> Result<(), ProjectionError> {
         let users: Vec<UserRow> = sqlx::query_as(&format!(
-            "SELECT {USER_COLUMNS} FROM proxy_users WHERE deleted_at IS NULL"
+            "SELECT {USER_COLUMNS} FROM {USERS_FROM} WHERE u.deleted_at IS NULL"
         ))
         .fetch_all(&self.db)
         .await?;
@@ -765,9 +796,43 @@ impl Projector {
 
     /// Quota counters that Redis lost (restart, flush) are rebuilt from the
     /// ledger, never left at zero; live counters are not touched (`SET NX`).
+    /// The accounts' totals too.
     async fn rebuild_quota_counters(&self, users: &[UserRow]) -> Result<(), ProjectionError> {
         let now = chrono::Utc::now().timestamp();
         let mut redis = self.redis.clone();
+        let mut accounts_done = HashSet::new();
+        for user in users
+            .iter()
+            .filter(|u| u.entitlements.0.limits.bandwidth_bytes.is_some())
+        {
+            if !accounts_done.insert(user.account_id) {
+                continue;
+            }
+            let period = user.entitlements.0.limits.period();
+            let (window, start, end) = period.window(now);
+            let key = self.keys.account_quota_used(user.account_id, &window);
+            let exists: bool = redis.exists(&key).await?;
+            if exists {
+                continue;
+            }
+            let (used,): (i64,) = sqlx::query_as(
+                "SELECT COALESCE(SUM(bytes_up + bytes_down), 0)::bigint FROM usage_ledger
+                  WHERE account_id = $1 AND minute >= to_timestamp($2) AND minute < to_timestamp($3)",
+            )
+            .bind(user.account_id)
+            .bind(start as f64)
+            .bind(end as f64)
+            .fetch_one(&self.db)
+            .await?;
+            let _: Option<String> = redis::cmd("SET")
+                .arg(&key)
+                .arg(used)
+                .arg("NX")
+                .arg("EXAT")
+                .arg(end + 7 * 86_400)
+                .query_async(&mut redis)
+                .await?;
+        }
         for user in users.iter().filter(|u| u.bandwidth_bytes.is_some()) {
             let period = QuotaPeriod::parse(&user.quota_period).unwrap_or_default();
             let (window, start, end) = period.window(now);
@@ -874,7 +939,37 @@ pub struct FleetHealth {
     pub bytes_down: u64,
 }
 
+/// What the superproxy enforces for a user: its own limits (never looser
+/// than its operator ceilings), the account's restrictions intersected with
+/// its own, the account's totals, and the source types its plan prices.
 fn user_record(row: &UserRow) -> UserRecord {
+    use crate::ceilings::{intersect, min_some};
+    let ceilings = &row.ceilings.0;
+    let account = &row.entitlements.0.limits;
+    let count = |v: Option<i32>| v.and_then(|v| u32::try_from(v).ok());
+    let restrict = |own: &Option<Vec<String>>, ceiling: &Option<Vec<String>>, account: &Option<Vec<String>>| {
+        intersect(
+            intersect(own.as_deref(), ceiling.as_deref()).as_deref(),
+            account.as_deref(),
+        )
+    };
+    let source_types = restrict(
+        &row.allowed_source_types,
+        &ceilings.allowed_source_types,
+        &account.allowed_source_types,
+    );
+    let channels = restrict(
+        &row.allowed_channels,
+        &ceilings.allowed_channels,
+        &account.allowed_channels,
+    );
+    // A user's quota is its own (its period); a ceiling of the same period
+    // bounds it, one of another period is the account's total's business.
+    let period = QuotaPeriod::parse(&row.quota_period).unwrap_or_default();
+    let bandwidth = match ceilings.bandwidth_bytes {
+        Some(c) if ceilings.period() == period => min_some(row.bandwidth_bytes, Some(c)),
+        _ => row.bandwidth_bytes,
+    };
     UserRecord {
         id: row.id,
         account_id: row.account_id,
@@ -882,24 +977,36 @@ fn user_record(row: &UserRow) -> UserRecord {
         password_hash: row.password_hash.clone(),
         enabled: row.enabled,
         version: row.version,
-        max_concurrent_tunnels: row
-            .max_concurrent_tunnels
-            .and_then(|v| u32::try_from(v).ok()),
-        max_new_tunnels_per_second: row
-            .max_new_tunnels_per_second
-            .and_then(|v| u32::try_from(v).ok()),
-        bandwidth_bytes: row.bandwidth_bytes.and_then(|v| u64::try_from(v).ok()),
-        quota_period: QuotaPeriod::parse(&row.quota_period).unwrap_or_default(),
-        allowed_source_types: row
-            .allowed_source_types
+        max_concurrent_tunnels: count(min_some(
+            row.max_concurrent_tunnels,
+            ceilings.max_concurrent_tunnels,
+        )),
+        max_new_tunnels_per_second: count(min_some(
+            row.max_new_tunnels_per_second,
+            ceilings.max_new_tunnels_per_second,
+        )),
+        bandwidth_bytes: bandwidth.and_then(|v| u64::try_from(v).ok()),
+        quota_period: period,
+        allowed_source_types: source_types
+            .map(|types| types.iter().filter_map(|t| SourceType::parse(t)).collect()),
+        allowed_countries: restrict(
+            &row.allowed_countries,
+            &ceilings.allowed_countries,
+            &account.allowed_countries,
+        ),
+        allowlist_options: Some(row.allowlist_options.clone()).filter(|o| !o.is_empty()),
+        allowed_channels: channels
+            .map(|channels| channels.iter().filter_map(|c| Channel::parse(c)).collect()),
+        account_limits: account.has_totals().then(|| AccountLimits {
+            max_concurrent_tunnels: count(account.max_concurrent_tunnels),
+            max_new_tunnels_per_second: count(account.max_new_tunnels_per_second),
+            bandwidth_bytes: account.bandwidth_bytes.and_then(|v| u64::try_from(v).ok()),
+            quota_period: account.period(),
+        }),
+        plan_source_types: row
+            .plan_types
             .as_ref()
             .map(|types| types.iter().filter_map(|t| SourceType::parse(t)).collect()),
-        allowed_countries: row.allowed_countries.clone(),
-        allowlist_options: Some(row.allowlist_options.clone()).filter(|o| !o.is_empty()),
-        allowed_channels: row
-            .allowed_channels
-            .as_ref()
-            .map(|channels| channels.iter().filter_map(|c| Channel::parse(c)).collect()),
     }
 }
 

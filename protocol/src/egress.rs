@@ -57,6 +57,22 @@ impl Cidr {
         self.prefix
     }
 
+    /// The address as written (its family is the network's).
+    pub fn network(&self) -> IpAddr {
+        self.addr
+    }
+
+    /// Whether the two networks share any address.
+    pub fn overlaps(&self, other: &Cidr) -> bool {
+        self.contains(other.addr) || other.contains(self.addr)
+    }
+
+    /// Whether the network shares any address with a built-in special-purpose
+    /// range (private, loopback, link-local, multicast, documentation, ...).
+    pub fn touches_special_range(&self) -> bool {
+        SPECIAL_RANGES.iter().any(|(c, _)| c.overlaps(self))
+    }
+
     pub fn contains(&self, ip: IpAddr) -> bool {
         match (self.addr, ip) {
             (IpAddr::V4(net), IpAddr::V4(ip)) => prefix_eq(
@@ -677,6 +693,18 @@ mod tests {
             p.check(sa("127.0.0.5:80")),
             Err(Denial::DenyList(_))
         ));
+    }
+
+    #[test]
+    fn special_range_overlaps() {
+        for special in ["10.1.0.0/16", "0.0.0.0/0", "127.0.0.1/32", "::/0", "fe80::/64"] {
+            let c: Cidr = special.parse().unwrap();
+            assert!(c.touches_special_range(), "{special}");
+        }
+        for public in ["93.184.216.0/24", "128.0.0.0/4", "2606:2800::/32"] {
+            let c: Cidr = public.parse().unwrap();
+            assert!(!c.touches_special_range(), "{public}");
+        }
     }
 
     #[test]

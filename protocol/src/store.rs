@@ -147,9 +147,32 @@ impl Keys {
         format!("{}quota:{{{user}}}:{period_key}", self.prefix)
     }
 
+    /// Bytes an account (all its users) has used in one quota period: its
+    /// entitlement's bandwidth total.
+    pub fn account_quota_used(&self, account: Uuid, period_key: &str) -> String {
+        format!("{}acctquota:{{{account}}}:{period_key}", self.prefix)
+    }
+
+    /// Sorted set of an account's tunnel leases (its concurrency total).
+    pub fn account_leases(&self, account: Uuid) -> String {
+        format!("{}acctleases:{{{account}}}", self.prefix)
+    }
+
+    /// GCRA state of an account's new-tunnel rate total.
+    pub fn account_tunnel_rate(&self, account: Uuid) -> String {
+        format!("{}acctrate:{{{account}}}", self.prefix)
+    }
+
     /// GCRA state of a user's new-tunnel rate.
     pub fn tunnel_rate(&self, user: Uuid) -> String {
         format!("{}rate:{{{user}}}", self.prefix)
+    }
+
+    /// Sorted set of a user's live sessions: session id → pin expiry (ms,
+    /// Redis clock), in the user's slot beside the pins, so a new pin and
+    /// the per-user session cap are one script.
+    pub fn session_index(&self, user_id: Uuid) -> String {
+        format!("{}sessions:{{{user_id}}}", self.prefix)
     }
 
     /// A sticky session's pin: the exit id, with the session's TTL.
@@ -233,6 +256,27 @@ pub struct UserRecord {
     /// Username-grammar options for this user's IP-allow-listed traffic.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allowlist_options: Option<String>,
+    /// The account's totals (its entitlements), enforced over all of its
+    /// users together; the user's own limits apply besides.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub account_limits: Option<AccountLimits>,
+    /// Source types the account's plan prices: the only ones it may route
+    /// through (`None`: the account has no plan, any type).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan_source_types: Option<Vec<SourceType>>,
+}
+
+/// An account's totals over all of its users, from its entitlements.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AccountLimits {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_concurrent_tunnels: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_new_tunnels_per_second: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bandwidth_bytes: Option<u64>,
+    #[serde(default)]
+    pub quota_period: QuotaPeriod,
 }
 
 /// What the user key holds: a live user, the tombstone of a deleted one, or
@@ -586,6 +630,9 @@ pub struct UsageRow {
     pub bytes_up: u64,
     /// Target → client.
     pub bytes_down: u64,
+    /// The exit's source type when the bytes moved (what they are billed as).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_type: Option<SourceType>,
 }
 
 /// Something a data-plane process saw that belongs in the control plane's

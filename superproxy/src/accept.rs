@@ -7,6 +7,12 @@
 //! cut token (revoking a user, a consent or a drain deadline cancels it and the
 //! connection ends). Tickets are shared, not moved: a CONNECT tunnel spliced
 //! after hyper has finished with the connection still holds it.
+//!
+//! Until its first successful login a connection also holds a pre-auth slot
+//! of its source address ([`PreAuth`]): at most
+//! `max_unauthenticated_per_source` per address (IPv6 per /64), each cut
+//! `unauthenticated_timeout_ms` after accept if it has not logged in by then.
+//! One address cannot hold the connection slots with sockets that never speak.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -29,6 +35,8 @@ struct TicketInner {
     peer: SocketAddr,
     _counted: OpenConnection,
     cut: CancellationToken,
+    /// Released at the first successful login (or when the connection ends).
+    pre_auth: std::sync::Mutex<Option<PreAuthSlot>>,
     _permit: OwnedSemaphorePermit,
     _alive: mpsc::Sender<()>,
 }
@@ -36,6 +44,14 @@ struct TicketInner {
 impl ConnectionTicket {
     pub fn peer(&self) -> SocketAddr {
         self.0.peer
+    }
+
+    /// The connection has logged in: it no longer counts against its
+    /// address's pre-auth bound nor runs against the pre-auth deadline.
+    pub fn authenticated(&self) {
+        if let Ok(mut slot) = self.0.pre_auth.lock() {
+            slot.take();
+        }
     }
 
     /// Cancelled when the connection must end now (revocation, drain deadline).
@@ -86,32 +102,154 @@ async fn accept_tls(
     }
 }
 
+/// Connections that have not logged in yet, per source address.
+pub struct PreAuth {
+    max_per_source: usize,
+    timeout: Duration,
+    state: std::sync::Mutex<PreAuthState>,
+}
+
+#[derive(Default)]
+struct PreAuthState {
+    per_source: std::collections::HashMap<std::net::IpAddr, usize>,
+    /// Slot id → (deadline, the connection's cut token).
+    pending: std::collections::HashMap<u64, (tokio::time::Instant, CancellationToken)>,
+    next_id: u64,
+}
+
+/// One unauthenticated connection's place in [`PreAuth`]; dropping it frees
+/// the place.
+struct PreAuthSlot {
+    registry: Arc<PreAuth>,
+    source: std::net::IpAddr,
+    id: u64,
+}
+
+impl Drop for PreAuthSlot {
+    fn drop(&mut self) {
+        if let Ok(mut state) = self.registry.state.lock() {
+            state.pending.remove(&self.id);
+            if let Some(n) = state.per_source.get_mut(&self.source) {
+                *n -= 1;
+                if *n == 0 {
+                    state.per_source.remove(&self.source);
+                }
+            }
+        }
+    }
+}
+
+impl PreAuth {
+    pub fn new(max_per_source: usize, timeout: Duration) -> Arc<Self> {
+        Arc::new(Self {
+            max_per_source: max_per_source.max(1),
+            timeout,
+            state: Default::default(),
+        })
+    }
+
+    /// A place for one more unauthenticated connection from `peer`, or
+    /// `None` when its address holds the most already.
+    fn admit(self: &Arc<Self>, peer: SocketAddr, cut: &CancellationToken) -> Option<PreAuthSlot> {
+        let source = crate::limits::limit_key(peer.ip());
+        let mut state = self.state.lock().ok()?;
+        let held = state.per_source.entry(source).or_insert(0);
+        if *held >= self.max_per_source {
+            return None;
+        }
+        *held += 1;
+        state.next_id += 1;
+        let id = state.next_id;
+        state
+            .pending
+            .insert(id, (tokio::time::Instant::now() + self.timeout, cut.clone()));
+        Some(PreAuthSlot {
+            registry: self.clone(),
+            source,
+            id,
+        })
+    }
+
+    /// Unauthenticated connections held now (for tests and metrics).
+    pub fn held(&self) -> usize {
+        self.state.lock().map(|s| s.pending.len()).unwrap_or(0)
+    }
+
+    /// Cuts connections past their pre-auth deadline, every quarter second:
+    /// one sweep for all connections instead of a timer each.
+    pub async fn run_deadlines(self: Arc<Self>) {
+        let mut tick = tokio::time::interval(Duration::from_millis(250));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let now = tokio::time::Instant::now();
+            let expired: Vec<CancellationToken> = match self.state.lock() {
+                Ok(state) => state
+                    .pending
+                    .values()
+                    .filter(|(deadline, _)| *deadline <= now)
+                    .map(|(_, cut)| cut.clone())
+                    .collect(),
+                Err(_) => continue,
+            };
+            if !expired.is_empty() {
+                metrics::counter!("proxynet_limit_refusals_total", "limit" => "unauthenticated_timeout")
+                    .increment(expired.len() as u64);
+            }
+            for cut in expired {
+                cut.cancel();
+            }
+        }
+    }
+}
+
 /// Connection permits and the drain counter.
 pub struct Gate {
     permits: Arc<Semaphore>,
     alive: Option<mpsc::Sender<()>>,
     all_done: mpsc::Receiver<()>,
     cut_all: CancellationToken,
+    pre_auth: Arc<PreAuth>,
+}
+
+/// Why a connection got no ticket.
+enum NoTicket {
+    /// `max_connections` are open.
+    Full,
+    /// Its source address holds the most unauthenticated connections.
+    SourceBusy,
+    /// Draining.
+    Closing,
 }
 
 impl Gate {
-    pub fn new(max_connections: usize) -> Self {
+    pub fn new(max_connections: usize, pre_auth: Arc<PreAuth>) -> Self {
         let (alive, all_done) = mpsc::channel(1);
         Self {
             permits: Arc::new(Semaphore::new(max_connections.max(1))),
             alive: Some(alive),
             all_done,
             cut_all: CancellationToken::new(),
+            pre_auth,
         }
     }
 
-    fn ticket(&self, peer: SocketAddr) -> Option<ConnectionTicket> {
-        let permit = self.permits.clone().try_acquire_owned().ok()?;
-        let alive = self.alive.clone()?;
-        Some(ConnectionTicket(Arc::new(TicketInner {
+    fn ticket(&self, peer: SocketAddr) -> Result<ConnectionTicket, NoTicket> {
+        let cut = self.cut_all.child_token();
+        // The per-source bound first: a flood from one address is closed
+        // without taking (or even asking for) a connection slot.
+        let slot = self.pre_auth.admit(peer, &cut).ok_or(NoTicket::SourceBusy)?;
+        let permit = self
+            .permits
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| NoTicket::Full)?;
+        let alive = self.alive.clone().ok_or(NoTicket::Closing)?;
+        Ok(ConnectionTicket(Arc::new(TicketInner {
             peer,
             _counted: OpenConnection::new(),
-            cut: self.cut_all.child_token(),
+            cut,
+            pre_auth: std::sync::Mutex::new(Some(slot)),
             _permit: permit,
             _alive: alive,
         })))
@@ -161,14 +299,26 @@ pub async fn run(
                 continue;
             }
         };
-        let Some(ticket) = gate.ticket(peer) else {
-            metrics::counter!("proxynet_limit_refusals_total", "limit" => "connections")
-                .increment(1);
-            // Over TLS a plain-text answer would be noise: just close.
-            if !matches!(door, Door::Tls) {
-                tokio::spawn(refuse_over_limit(stream, matches!(door, Door::Socks)));
+        let ticket = match gate.ticket(peer) {
+            Ok(ticket) => ticket,
+            Err(NoTicket::Full) => {
+                metrics::counter!("proxynet_limit_refusals_total", "limit" => "connections")
+                    .increment(1);
+                // Over TLS a plain-text answer would be noise: just close.
+                if !matches!(door, Door::Tls) {
+                    tokio::spawn(refuse_over_limit(stream, matches!(door, Door::Socks)));
+                }
+                continue;
             }
-            continue;
+            Err(NoTicket::SourceBusy) => {
+                // Closed at once, unanswered: answering would cost the
+                // flooding address more of our time than its connection.
+                metrics::counter!("proxynet_limit_refusals_total", "limit" => "unauthenticated_per_source")
+                    .increment(1);
+                drop(stream);
+                continue;
+            }
+            Err(NoTicket::Closing) => continue,
         };
         let pipeline = pipeline.clone();
         let acceptor = listeners.tls.as_ref().map(|(_, a)| a.clone());
@@ -179,15 +329,15 @@ pub async fn run(
                 Door::Tls => {
                     let Some(acceptor) = acceptor else { return };
                     let _ = stream.set_nodelay(true);
-                    let handshake = tokio::time::timeout(
-                        pipeline.config.header_read_timeout(),
-                        acceptor.accept(stream),
-                    )
-                    .await;
+                    // The pre-auth deadline bounds the handshake too.
+                    let handshake = tokio::select! {
+                        done = acceptor.accept(stream) => Some(done),
+                        () = ticket.cut().cancelled() => None,
+                    };
                     match handshake {
-                        Ok(Ok(tls)) => ingress::http::serve_connection(pipeline, tls, ticket).await,
-                        Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
-                        Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+                        Some(Ok(tls)) => ingress::http::serve_connection(pipeline, tls, ticket).await,
+                        Some(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+                        None => tracing::debug!(%peer, "TLS handshake not done before the pre-auth deadline"),
                     }
                 }
             }

@@ -1,5 +1,9 @@
-//! Per-user tunnel limits shared by every superproxy: new tunnels per second
-//! (GCRA in Redis) and concurrent tunnels (leases in Redis).
+//! Per-user and per-account tunnel limits shared by every superproxy: new
+//! tunnels per second (GCRA in Redis) and concurrent tunnels (leases in
+//! Redis), the user's own and the account's totals (its entitlements). A
+//! user without a concurrency limit of its own is held to a default cap
+//! counted on this instance alone (`default_user_max_tunnels`), which costs
+//! no Redis round trip.
 //!
 //! A lease is a member of the user's sorted set scored by its expiry on Redis'
 //! clock. This superproxy renews its leases every third of `lease_ttl` and
@@ -8,13 +12,14 @@
 //! is unreachable, limits fall back to this instance's own count.
 
 use proxynet_protocol::redis_target::RedisConnection;
-use proxynet_protocol::store::{Keys, QuotaPeriod};
+use proxynet_protocol::store::{AccountLimits, Keys, QuotaPeriod};
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use uuid::Uuid;
 
 use crate::error::{ErrorKind, ProxyError};
+use crate::usage::QuotaOwner;
 
 /// `KEYS[1]` rate key, `ARGV[1]` tunnels per second. GCRA with one second of
 /// burst. Returns 0 when allowed, else milliseconds until the next tunnel fits.
@@ -59,42 +64,75 @@ pub struct Admission {
     keys: Keys,
     superproxy_id: Uuid,
     lease_ttl: Duration,
-    /// This instance's leases per user: renewed by [`Self::run_renewals`],
-    /// and the fallback count while Redis is away.
-    held: Mutex<HashMap<Uuid, HashSet<String>>>,
+    /// Tunnels a user without a concurrency limit of its own may hold here.
+    default_user_max: usize,
+    /// This instance's leases per lease set (a user's or an account's):
+    /// renewed by [`Self::run_renewals`], and the fallback count while Redis
+    /// is away.
+    held: Mutex<HashMap<String, HashSet<String>>>,
+    /// Tunnels held here per user without a limit of its own.
+    local: Mutex<HashMap<Uuid, usize>>,
 }
 
-/// A concurrency slot; released when dropped.
+/// A concurrency slot in one lease set; released when dropped.
 pub struct Lease {
     admission: Arc<Admission>,
-    user: Uuid,
+    set: String,
     id: String,
 }
 
 impl Drop for Lease {
     fn drop(&mut self) {
         if let Ok(mut held) = self.admission.held.lock() {
-            if let Some(set) = held.get_mut(&self.user) {
-                set.remove(&self.id);
-                if set.is_empty() {
-                    held.remove(&self.user);
+            if let Some(ids) = held.get_mut(&self.set) {
+                ids.remove(&self.id);
+                if ids.is_empty() {
+                    held.remove(&self.set);
                 }
             }
         }
-        let (admission, user, id) = (
+        let (admission, set, id) = (
             self.admission.clone(),
-            self.user,
+            std::mem::take(&mut self.set),
             std::mem::take(&mut self.id),
         );
         tokio::spawn(async move {
             let mut redis = admission.redis.clone();
             let _: Result<i64, _> = redis::cmd("ZREM")
-                .arg(admission.keys.leases(user))
+                .arg(set)
                 .arg(id)
                 .query_async(&mut redis)
                 .await;
         });
     }
+}
+
+/// A slot in this instance's count of a user without a limit of its own.
+pub struct LocalSlot {
+    admission: Arc<Admission>,
+    user: Uuid,
+}
+
+impl Drop for LocalSlot {
+    fn drop(&mut self) {
+        if let Ok(mut local) = self.admission.local.lock() {
+            if let Some(n) = local.get_mut(&self.user) {
+                *n -= 1;
+                if *n == 0 {
+                    local.remove(&self.user);
+                }
+            }
+        }
+    }
+}
+
+/// Everything a tunnel holds against concurrency limits: the user's lease
+/// (or its slot in the local default count) and the account's lease.
+#[derive(Default)]
+pub struct Leases {
+    _user: Option<Lease>,
+    _local: Option<LocalSlot>,
+    _account: Option<Lease>,
 }
 
 /// The limits of one user, from their record.
@@ -104,6 +142,8 @@ pub struct UserLimits {
     pub max_new_tunnels_per_second: Option<u32>,
     /// Bytes (up + down) per period.
     pub bandwidth: Option<(u64, QuotaPeriod)>,
+    /// The account's totals over all its users (its entitlements).
+    pub account: Option<AccountLimits>,
 }
 
 impl Admission {
@@ -112,46 +152,43 @@ impl Admission {
         keys: Keys,
         superproxy_id: Uuid,
         lease_ttl: Duration,
+        default_user_max: usize,
     ) -> Self {
         Self {
             redis,
             keys,
             superproxy_id,
             lease_ttl,
+            default_user_max: default_user_max.max(1),
             held: Mutex::new(HashMap::new()),
+            local: Mutex::new(HashMap::new()),
         }
     }
 
-    /// Admits one new tunnel for `user` or says why not (429 + Retry-After).
-    pub async fn admit(
-        self: &Arc<Self>,
-        user: Uuid,
-        limits: UserLimits,
-    ) -> Result<Option<Lease>, ProxyError> {
-        if let Some(rate) = limits.max_new_tunnels_per_second {
-            let mut redis = self.redis.clone();
-            let wait_ms: Result<i64, _> = redis::Script::new(RATE_SCRIPT)
-                .key(self.keys.tunnel_rate(user))
-                .arg(rate)
-                .invoke_async(&mut redis)
-                .await;
-            // Redis away: the rate limit is not enforced (the concurrency one still is).
-            if let Ok(ms) = wait_ms {
-                if ms > 0 {
-                    return Err(limited(
-                        format!("new-tunnel rate limit ({rate}/s) reached"),
-                        ms as u64,
-                    ));
-                }
-            }
+    /// One GCRA check of `key` at `rate` per second; Redis away: allowed
+    /// (the concurrency limits still hold).
+    async fn rate(&self, key: String, rate: u32, whose: &str) -> Result<(), ProxyError> {
+        let mut redis = self.redis.clone();
+        let wait_ms: Result<i64, _> = redis::Script::new(RATE_SCRIPT)
+            .key(key)
+            .arg(rate)
+            .invoke_async(&mut redis)
+            .await;
+        match wait_ms {
+            Ok(ms) if ms > 0 => Err(limited(
+                format!("{whose} new-tunnel rate limit ({rate}/s) reached"),
+                ms as u64,
+            )),
+            _ => Ok(()),
         }
-        let Some(max) = limits.max_concurrent_tunnels else {
-            return Ok(None);
-        };
+    }
+
+    /// Takes one of `max` leases in the set `set`, or says why not.
+    async fn lease(self: &Arc<Self>, set: String, max: u32, whose: &str) -> Result<Lease, ProxyError> {
         let id = format!("{}:{}", self.superproxy_id, Uuid::new_v4().simple());
         let mut redis = self.redis.clone();
         let acquired: Result<i64, _> = redis::Script::new(ACQUIRE_SCRIPT)
-            .key(self.keys.leases(user))
+            .key(&set)
             .arg(&id)
             .arg(max)
             .arg(self.lease_ttl.as_millis() as u64)
@@ -160,28 +197,85 @@ impl Admission {
         let granted = match acquired {
             Ok(n) => n == 1,
             // Redis away: hold the line with what this instance alone holds.
-            Err(_) => self.held_by_us(user) < max as usize,
+            Err(_) => self.held_by_us(&set) < max as usize,
         };
         if !granted {
             return Err(limited(
-                format!("concurrent tunnel limit ({max}) reached"),
+                format!("{whose} concurrent tunnel limit ({max}) reached"),
                 1000,
             ));
         }
         if let Ok(mut held) = self.held.lock() {
-            held.entry(user).or_default().insert(id.clone());
+            held.entry(set.clone()).or_default().insert(id.clone());
         }
-        Ok(Some(Lease {
+        Ok(Lease {
             admission: self.clone(),
-            user,
+            set,
             id,
-        }))
+        })
     }
 
-    fn held_by_us(&self, user: Uuid) -> usize {
+    /// Admits one new tunnel for `user` of `account` or says why not (429 +
+    /// Retry-After): the user's own limits, or this instance's default cap
+    /// when it has none, and the account's totals.
+    pub async fn admit(
+        self: &Arc<Self>,
+        user: Uuid,
+        account: Uuid,
+        limits: UserLimits,
+    ) -> Result<Leases, ProxyError> {
+        if let Some(rate) = limits.max_new_tunnels_per_second {
+            self.rate(self.keys.tunnel_rate(user), rate, "the user's")
+                .await?;
+        }
+        if let Some(rate) = limits.account.and_then(|a| a.max_new_tunnels_per_second) {
+            self.rate(self.keys.account_tunnel_rate(account), rate, "the account's")
+                .await?;
+        }
+        let mut leases = Leases::default();
+        match limits.max_concurrent_tunnels {
+            Some(max) => {
+                leases._user = Some(self.lease(self.keys.leases(user), max, "the user's").await?);
+            }
+            None => leases._local = Some(self.local_slot(user)?),
+        }
+        if let Some(max) = limits.account.and_then(|a| a.max_concurrent_tunnels) {
+            leases._account = Some(
+                self.lease(self.keys.account_leases(account), max, "the account's")
+                    .await?,
+            );
+        }
+        Ok(leases)
+    }
+
+    /// A slot of the default per-user cap, counted on this instance only (no
+    /// Redis round trip for users without limits).
+    fn local_slot(self: &Arc<Self>, user: Uuid) -> Result<LocalSlot, ProxyError> {
+        let mut local = self
+            .local
+            .lock()
+            .map_err(|_| ProxyError::new(ErrorKind::Internal, "admission state poisoned"))?;
+        let held = local.entry(user).or_insert(0);
+        if *held >= self.default_user_max {
+            return Err(limited(
+                format!(
+                    "default per-user tunnel limit ({}) reached on this superproxy",
+                    self.default_user_max
+                ),
+                1000,
+            ));
+        }
+        *held += 1;
+        Ok(LocalSlot {
+            admission: self.clone(),
+            user,
+        })
+    }
+
+    fn held_by_us(&self, set: &str) -> usize {
         self.held
             .lock()
-            .map(|h| h.get(&user).map_or(0, HashSet::len))
+            .map(|h| h.get(set).map_or(0, HashSet::len))
             .unwrap_or(0)
     }
 
@@ -190,12 +284,12 @@ impl Admission {
         let mut tick = tokio::time::interval(self.lease_ttl / 3);
         loop {
             tick.tick().await;
-            let snapshot: Vec<(Uuid, Vec<String>)> = self
+            let snapshot: Vec<(String, Vec<String>)> = self
                 .held
                 .lock()
                 .map(|h| {
                     h.iter()
-                        .map(|(u, ids)| (*u, ids.iter().cloned().collect()))
+                        .map(|(set, ids)| (set.clone(), ids.iter().cloned().collect()))
                         .collect()
                 })
                 .unwrap_or_default();
@@ -204,8 +298,8 @@ impl Admission {
             }
             let mut redis = self.redis.clone();
             let script = redis::Script::new(RENEW_SCRIPT);
-            for (user, ids) in snapshot {
-                let mut invocation = script.key(self.keys.leases(user));
+            for (set, ids) in snapshot {
+                let mut invocation = script.key(set);
                 invocation.arg(self.lease_ttl.as_millis() as u64);
                 for id in &ids {
                     invocation.arg(id);
@@ -226,16 +320,20 @@ fn limited(detail: String, retry_after_ms: u64) -> ProxyError {
 }
 
 impl Admission {
-    /// Bytes `user` has used this period according to the shared counter
-    /// (`None` when Redis cannot say).
-    pub async fn quota_used(&self, user: Uuid, period: QuotaPeriod) -> Option<u64> {
+    /// Bytes a quota owner has used this period according to the shared
+    /// counter (`None` when Redis cannot say).
+    pub async fn quota_used(&self, owner: QuotaOwner, period: QuotaPeriod) -> Option<u64> {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs() as i64);
         let (window, _, _) = period.window(now);
+        let key = match owner {
+            QuotaOwner::User(id) => self.keys.quota_used(id, &window),
+            QuotaOwner::Account(id) => self.keys.account_quota_used(id, &window),
+        };
         let mut redis = self.redis.clone();
         let used: Result<Option<u64>, _> = redis::cmd("GET")
-            .arg(self.keys.quota_used(user, &window))
+            .arg(key)
             .query_async(&mut redis)
             .await;
         used.ok().map(|u| u.unwrap_or(0))

@@ -11,6 +11,11 @@
 //! longest prefix first anyway. A lookup is a scan of the list: fine for the
 //! thousands of networks customers allow-list; a prefix trie is the next
 //! step if that grows.
+//!
+//! A tunnel let in by a network remembers it; when a refresh no longer maps
+//! that network to the tunnel's user (removed, given to nobody, the user
+//! disabled), the tunnel is cut: within `allowlist_refresh_ms` at worst,
+//! at once on the change event.
 
 use proxynet_protocol::egress::Cidr;
 use proxynet_protocol::redis_target::RedisConnection;
@@ -25,28 +30,31 @@ pub struct Allowlist {
     redis: RedisConnection,
     keys: Keys,
     entries: RwLock<Arc<Vec<(Cidr, String)>>>,
+    open_tunnels: Arc<crate::open_tunnels::OpenTunnels>,
 }
 
 impl Allowlist {
-    pub fn new(redis: RedisConnection, keys: Keys) -> Self {
+    pub fn new(
+        redis: RedisConnection,
+        keys: Keys,
+        open_tunnels: Arc<crate::open_tunnels::OpenTunnels>,
+    ) -> Self {
         Self {
             redis,
             keys,
             entries: RwLock::new(Arc::new(Vec::new())),
+            open_tunnels,
         }
     }
 
-    /// The user whose allow-listed network contains `ip`.
-    pub fn lookup(&self, ip: IpAddr) -> Option<String> {
+    /// The allow-listed network containing `ip` and the user it belongs to.
+    pub fn lookup(&self, ip: IpAddr) -> Option<(Cidr, String)> {
         let ip = match ip {
             IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
             v4 => v4,
         };
         let entries = self.entries.read().ok()?.clone();
-        entries
-            .iter()
-            .find(|(cidr, _)| cidr.contains(ip))
-            .map(|(_, user)| user.clone())
+        entries.iter().find(|(cidr, _)| cidr.contains(ip)).cloned()
     }
 
     /// Re-reads the map; on failure the last one stays in use.
@@ -60,8 +68,16 @@ impl Allowlist {
                     .filter_map(|(cidr, user)| Some((cidr.parse().ok()?, user)))
                     .collect();
                 entries.sort_by_key(|(cidr, _)| std::cmp::Reverse(cidr.prefix_len()));
+                let entries = Arc::new(entries);
                 if let Ok(mut current) = self.entries.write() {
-                    *current = Arc::new(entries);
+                    *current = entries.clone();
+                }
+                // Tunnels whose network no longer lets their user in end now.
+                let cut = self.open_tunnels.cut_where_network(|network, user| {
+                    !entries.iter().any(|(c, u)| c == network && u == user)
+                });
+                if cut > 0 {
+                    tracing::info!(tunnels = cut, "allow-listed network removed; its tunnels cut");
                 }
             }
             Err(e) => {

@@ -41,6 +41,30 @@ pub struct Config {
     #[arg(long, env = "PROXYNET_MAX_CONNECTIONS", default_value_t = 10_000)]
     pub max_connections: usize,
 
+    /// Most connections one source address (IPv6: one /64) may hold before
+    /// it has authenticated; beyond it new ones are closed at once, so one
+    /// address cannot sit on the connection slots with silent sockets.
+    #[arg(long, env = "PROXYNET_MAX_UNAUTHENTICATED_PER_SOURCE", default_value_t = 64)]
+    pub max_unauthenticated_per_source: usize,
+
+    /// A connection that has not authenticated this long after it was
+    /// accepted (TLS handshake and first head included) is closed, ms.
+    /// Shorter than the header read timeout: an unknown client gets less
+    /// patience than a known one.
+    #[arg(long, env = "PROXYNET_UNAUTHENTICATED_TIMEOUT_MS", default_value_t = 10_000)]
+    pub unauthenticated_timeout_ms: u64,
+
+    /// Tunnels one user may hold open on this instance when its record sets
+    /// no concurrency limit of its own (counted here, no Redis round trip):
+    /// one customer cannot take every connection slot.
+    #[arg(long, env = "PROXYNET_DEFAULT_USER_MAX_TUNNELS", default_value_t = 2_000)]
+    pub default_user_max_tunnels: usize,
+
+    /// Live sticky sessions one user may hold; a new session beyond it is
+    /// refused with 429 (existing ones keep working).
+    #[arg(long, env = "PROXYNET_MAX_SESSIONS_PER_USER", default_value_t = 10_000)]
+    pub max_sessions_per_user: usize,
+
     /// Worker threads of the runtime; default: one per core this process
     /// may run on.
     #[arg(long, env = "PROXYNET_WORKER_THREADS")]
@@ -225,6 +249,9 @@ pub struct Config {
 }
 
 impl Config {
+    pub fn unauthenticated_timeout(&self) -> Duration {
+        Duration::from_millis(self.unauthenticated_timeout_ms.max(100))
+    }
     pub fn header_read_timeout(&self) -> Duration {
         Duration::from_millis(self.header_read_timeout_ms)
     }

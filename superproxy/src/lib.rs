@@ -192,7 +192,11 @@ impl Superproxy {
         );
         let opener = TunnelOpener {
             pool: pool.clone(),
-            sessions: session::Sessions::new(redis.clone(), keys.clone()),
+            sessions: session::Sessions::new(
+                redis.clone(),
+                keys.clone(),
+                config.max_sessions_per_user,
+            ),
             policy,
             connect_budget: config.connect_budget(),
             retry_budget: RetryBudget::new(config.retry_budget_percent),
@@ -216,13 +220,18 @@ impl Superproxy {
                 keys.clone(),
                 id,
                 Duration::from_millis(config.lease_ttl_ms.max(300)),
+                config.default_user_max_tunnels,
             )),
             config: Arc::new(config),
             auth,
             opener,
-            open_tunnels,
+            open_tunnels: open_tunnels.clone(),
             stats: Arc::new(metrics::Stats::default()),
-            allowlist: Arc::new(allowlist::Allowlist::new(redis.clone(), keys.clone())),
+            allowlist: Arc::new(allowlist::Allowlist::new(
+                redis.clone(),
+                keys.clone(),
+                open_tunnels.clone(),
+            )),
         });
         let _ = pipeline.usage.stats.set(pipeline.stats.clone());
         let admin_state = Arc::new(AdminState {
@@ -329,7 +338,12 @@ impl Superproxy {
         // Drain in the order that loses nothing (seed 000 §5.9): readiness
         // red first while still serving, then close the listeners, then let
         // open tunnels finish, then cut the rest, then flush usage.
-        let mut gate = Gate::new(config.max_connections);
+        let pre_auth = accept::PreAuth::new(
+            config.max_unauthenticated_per_source,
+            config.unauthenticated_timeout(),
+        );
+        let pre_auth_deadlines = tokio::spawn(pre_auth.clone().run_deadlines());
+        let mut gate = Gate::new(config.max_connections, pre_auth);
         let stop = {
             let admin_state = admin_state.clone();
             let delay = config.drain_delay();
@@ -361,6 +375,7 @@ impl Superproxy {
             gate.cut_all();
             let _ = gate.wait_idle(Duration::from_secs(5)).await;
         }
+        pre_auth_deadlines.abort();
         for task in background.into_iter().chain(reloads) {
             task.abort();
         }

@@ -43,7 +43,7 @@ struct Block {
 }
 
 /// The address a limit applies to: IPv4 as is, IPv6 by its /64.
-fn limit_key(ip: IpAddr) -> IpAddr {
+pub fn limit_key(ip: IpAddr) -> IpAddr {
     match ip {
         IpAddr::V4(_) => ip,
         IpAddr::V6(v6) => match v6.to_ipv4_mapped() {

@@ -22,6 +22,8 @@ pub struct Entry {
     /// SHA-256 of the password hash the user was verified against.
     pub credential_digest: [u8; 32],
     pub exit_id: Uuid,
+    /// The allow-listed network that let the tunnel in (no credentials).
+    pub network: Option<proxynet_protocol::egress::Cidr>,
     cut: CancellationToken,
 }
 
@@ -53,6 +55,7 @@ impl OpenTunnels {
         username: &str,
         credential_digest: [u8; 32],
         exit_id: Uuid,
+        network: Option<proxynet_protocol::egress::Cidr>,
         cut: CancellationToken,
     ) -> Registration {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
@@ -64,6 +67,7 @@ impl OpenTunnels {
                     username: username.to_owned(),
                     credential_digest,
                     exit_id,
+                    network,
                     cut,
                 },
             );
@@ -99,6 +103,15 @@ impl OpenTunnels {
         self.cut_where(|e| e.username == username && revoked(e))
     }
 
+    /// Cuts the allow-listed tunnels for which `gone(network, username)`
+    /// says their network no longer admits their user; returns how many.
+    pub fn cut_where_network(
+        &self,
+        gone: impl Fn(&proxynet_protocol::egress::Cidr, &str) -> bool,
+    ) -> usize {
+        self.cut_where(|e| e.network.as_ref().is_some_and(|n| gone(n, &e.username)))
+    }
+
     /// Cuts every tunnel through `exit_id`; returns how many.
     pub fn cut_exit(&self, exit_id: Uuid) -> usize {
         self.cut_where(|e| e.exit_id == exit_id)
@@ -129,8 +142,10 @@ mod tests {
         let registry = Arc::new(OpenTunnels::default());
         let (alice, bob, exit) = (Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4());
         let (a, b) = (CancellationToken::new(), CancellationToken::new());
-        let ra = registry.register(alice, "alice", [1; 32], exit, a.clone());
-        let _rb = registry.register(bob, "bob", [2; 32], Uuid::new_v4(), b.clone());
+        let ra = registry.register(alice, "alice", [1; 32], exit, None, a.clone());
+        let net: proxynet_protocol::egress::Cidr = "192.0.2.0/24".parse().unwrap();
+        let _rb = registry.register(bob, "bob", [2; 32], Uuid::new_v4(), Some(net), b.clone());
+        assert_eq!(registry.cut_where_network(|_, user| user != "bob"), 0);
         assert_eq!(registry.usernames(), vec!["alice", "bob"]);
         assert_eq!(
             registry.cut_user_if("alice", |e| e.credential_digest != [1; 32]),
@@ -141,5 +156,7 @@ mod tests {
         drop(ra);
         assert_eq!(registry.cut_exit(exit), 0);
         assert_eq!(registry.len(), 1);
+        assert_eq!(registry.cut_where_network(|n, _| *n == net), 1);
+        assert!(b.is_cancelled());
     }
 }

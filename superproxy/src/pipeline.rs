@@ -20,7 +20,7 @@ use std::time::Instant;
 use uuid::Uuid;
 
 use crate::accept::ConnectionTicket;
-use crate::admission::{Admission, Lease, UserLimits};
+use crate::admission::{Admission, Leases, UserLimits};
 use crate::authenticate::Authenticator;
 use crate::config::Config;
 use crate::error::{ErrorKind, ProxyError};
@@ -30,7 +30,7 @@ use crate::open_tunnels::{OpenTunnels, Registration};
 use crate::session::Pin;
 use crate::target::Target;
 use crate::tunnel::TunnelOpener;
-use crate::usage::{Meter, Metered, UsageRecorder};
+use crate::usage::{Meter, Metered, QuotaOwner, QuotaSpec, UsageRecorder};
 use crate::username::{self, ParsedUsername};
 
 /// Which client protocol a tunnel came in on.
@@ -88,6 +88,8 @@ pub struct Client {
     pub credential_digest: [u8; 32],
     pub limits: UserLimits,
     pub request: ParsedUsername,
+    /// The allow-listed network it logged in by (no credentials).
+    pub network: Option<proxynet_protocol::egress::Cidr>,
 }
 
 /// The stages, each owned by its module; [`Pipeline::open`] runs them in order.
@@ -114,7 +116,7 @@ impl Pipeline {
         ticket: &ConnectionTicket,
     ) -> Result<Tunnel, ProxyError> {
         let started = Instant::now();
-        match self.authenticate(credentials, ticket.peer().ip()).await {
+        match self.authenticate(credentials, ticket).await {
             Ok(client) => self.open_as(client, ingress, target, ticket, started).await,
             Err(e) => {
                 self.stats.tunnel_failed(ingress, e.kind);
@@ -139,12 +141,12 @@ impl Pipeline {
             let target = target.parse()?;
             // Literal addresses the policy forbids never cost an exit a stream.
             self.opener.check_literal(&target)?;
-            let lease = self.admit(&client).await?;
+            let (lease, quotas) = self.admit(&client).await?;
             let opened = self.opener.open(&target, &client).await?;
-            Ok::<_, ProxyError>((target, lease, opened))
+            Ok::<_, ProxyError>((target, lease, quotas, opened))
         }
         .await;
-        let (target, lease, opened) = match opened {
+        let (target, lease, quotas, opened) = match opened {
             Ok(done) => done,
             Err(e) => {
                 self.stats.tunnel_failed(ingress, e.kind);
@@ -157,7 +159,8 @@ impl Pipeline {
             client.account_id,
             client.user_id,
             opened.exit_id,
-            client.limits.bandwidth,
+            opened.source_type,
+            &quotas,
         );
         self.usage.record_target(
             client.account_id,
@@ -173,6 +176,7 @@ impl Pipeline {
             &client.username,
             client.credential_digest,
             opened.exit_id,
+            client.network,
             ticket.cut().clone(),
         );
         Ok(Tunnel {
@@ -181,6 +185,7 @@ impl Pipeline {
             pin: opened.pin,
             holds: Holds {
                 credential_digest: client.credential_digest,
+                network: client.network,
                 log: AccessLog {
                     id: Uuid::new_v4(),
                     ingress,
@@ -207,12 +212,16 @@ impl Pipeline {
     /// Parses the username grammar, then checks the base user's password.
     /// A grammar error is a 400 naming the problem; any credential failure is
     /// the one indistinguishable 407. Both are charged to the source address.
+    /// A success frees the connection's pre-auth slot.
     pub async fn authenticate(
         &self,
         credentials: Option<Credentials>,
-        peer: IpAddr,
+        ticket: &ConnectionTicket,
     ) -> Result<Client, ProxyError> {
-        let result = self.check_credentials(credentials, peer).await;
+        let result = self.check_credentials(credentials, ticket.peer().ip()).await;
+        if result.is_ok() {
+            ticket.authenticated();
+        }
         crate::metrics::auth(match &result {
             Ok(_) => "ok",
             Err(e) if e.kind == ErrorKind::TooManyRequests => "limited",
@@ -259,7 +268,7 @@ impl Pipeline {
     /// A request without credentials from an allow-listed address: the
     /// user's `allowlist_options` stand in for the username's grammar.
     async fn allowlisted(&self, peer: IpAddr) -> Result<Client, ProxyError> {
-        let username = self
+        let (network, username) = self
             .allowlist
             .lookup(peer)
             .ok_or_else(ProxyError::auth_required)?;
@@ -274,7 +283,9 @@ impl Pipeline {
                 format!("allow-list options of this user: {e}"),
             )
         })?;
-        self.client(request, verified)
+        let mut client = self.client(request, verified)?;
+        client.network = Some(network);
+        Ok(client)
     }
 
     /// The authenticated client, its username's asks bounded by what the
@@ -311,9 +322,21 @@ impl Pipeline {
                 ));
             }
         }
+        if let (Some(asked), Some(priced)) = (targeting.source_type, &user.plan_source_types) {
+            if !priced.contains(&asked) {
+                return Err(ProxyError::new(
+                    ErrorKind::TargetingNotAllowed,
+                    format!(
+                        "the account's plan does not price type={} exits",
+                        asked.as_str()
+                    ),
+                ));
+            }
+        }
         targeting.allowed_types = user.allowed_source_types.clone();
         targeting.allowed_countries = user.allowed_countries.clone();
         targeting.allowed_channels = user.allowed_channels.clone();
+        targeting.plan_types = user.plan_source_types.clone();
         Ok(Client {
             user_id: user.id,
             account_id: user.account_id,
@@ -323,33 +346,61 @@ impl Pipeline {
                 max_concurrent_tunnels: user.max_concurrent_tunnels,
                 max_new_tunnels_per_second: user.max_new_tunnels_per_second,
                 bandwidth: user.bandwidth_bytes.map(|b| (b, user.quota_period)),
+                account: user.account_limits,
             },
             request,
+            network: None,
         })
     }
 
-    /// Applies the user's quota and tunnel limits; the lease (if any) lives as
-    /// long as the tunnel.
-    async fn admit(&self, client: &Client) -> Result<Option<Lease>, ProxyError> {
-        if let Some((quota, period)) = client.limits.bandwidth {
+    /// Applies the user's and the account's quotas and tunnel limits; the
+    /// leases live as long as the tunnel. Returns the quotas the tunnel's
+    /// bytes count against, for its meter.
+    async fn admit(&self, client: &Client) -> Result<(Leases, Vec<QuotaSpec>), ProxyError> {
+        let mut quotas = Vec::new();
+        let account_bandwidth = client
+            .limits
+            .account
+            .and_then(|a| a.bandwidth_bytes.map(|b| (b, a.quota_period)));
+        for (owner, bandwidth, whose) in [
+            (QuotaOwner::User(client.user_id), client.limits.bandwidth, "user"),
+            (
+                QuotaOwner::Account(client.account_id),
+                account_bandwidth,
+                "account",
+            ),
+        ] {
+            let Some((limit, period)) = bandwidth else {
+                continue;
+            };
             // Redis away: judge by this instance's budget alone.
             let used = self
                 .admission
-                .quota_used(client.user_id, period)
+                .quota_used(owner, period)
                 .await
                 .unwrap_or(0);
-            let left = self.usage.budget_left(client.user_id, quota, used);
-            if used >= quota || left <= 0 {
+            let spec = QuotaSpec {
+                owner,
+                limit,
+                period,
+                used,
+            };
+            if used >= limit || self.usage.budget_left(&spec) <= 0 {
                 return Err(ProxyError::new(
                     ErrorKind::QuotaExhausted,
                     format!(
-                        "bandwidth quota exhausted: {quota} bytes per {} period",
+                        "bandwidth quota exhausted: the {whose}'s {limit} bytes per {} period",
                         period.as_str()
                     ),
                 ));
             }
+            quotas.push(spec);
         }
-        self.admission.admit(client.user_id, client.limits).await
+        let leases = self
+            .admission
+            .admit(client.user_id, client.account_id, client.limits)
+            .await?;
+        Ok((leases, quotas))
     }
 }
 
@@ -367,8 +418,10 @@ pub struct Tunnel {
 pub struct Holds {
     /// Who the tunnel runs for, as revocation sees it.
     pub credential_digest: [u8; 32],
+    /// The allow-listed network it came in by, if any.
+    network: Option<proxynet_protocol::egress::Cidr>,
     log: AccessLog,
-    _lease: Option<Lease>,
+    _lease: Leases,
     _in_flight: InFlight,
     _registration: Registration,
     ticket: ConnectionTicket,
@@ -384,6 +437,7 @@ impl Holds {
             &self.log.username,
             self.credential_digest,
             Uuid::nil(),
+            self.network,
             self.ticket.cut().clone(),
         )
     }

@@ -232,6 +232,10 @@ pub fn matches(record: &ExitRecord, targeting: &Targeting) -> bool {
             .allowed_channels
             .as_ref()
             .is_none_or(|channels| record.channel.is_some_and(|c| channels.contains(&c)))
+        && targeting
+            .plan_types
+            .as_ref()
+            .is_none_or(|types| types.contains(&record.source_type))
 }
 
 impl Pool {

@@ -22,13 +22,27 @@ if not v then return nil end
 return {v, redis.call('PTTL', KEYS[1])}
 ";
 
-/// `ARGV[1]` expected current exit ('' for none), `ARGV[2]` new exit, `ARGV[3]`
-/// ttl ms. Sets the pin only if it is still what the caller saw; returns the
-/// pin in force afterwards as `{exit, pttl_ms}`.
+/// `KEYS[1]` the pin, `KEYS[2]` the user's session index; `ARGV[1]`
+/// expected current exit ('' for none), `ARGV[2]` new exit, `ARGV[3]` ttl
+/// ms, `ARGV[4]` the session id, `ARGV[5]` the most live sessions the user
+/// may hold. Sets the pin only if it is still what the caller saw; returns
+/// the pin in force afterwards as `{exit, pttl_ms}`, or `{'', -2}` when a
+/// new session would exceed the cap.
 const SET_PIN: &str = r"
 local v = redis.call('GET', KEYS[1])
 if (v == false and ARGV[1] == '') or v == ARGV[1] then
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  if v == false then
+    redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+    if redis.call('ZSCORE', KEYS[2], ARGV[4]) == false
+       and redis.call('ZCARD', KEYS[2]) >= tonumber(ARGV[5]) then
+      return {'', -2}
+    end
+  end
   redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+  redis.call('ZADD', KEYS[2], now + tonumber(ARGV[3]), ARGV[4])
+  redis.call('PEXPIRE', KEYS[2], math.max(tonumber(ARGV[3]), redis.call('PTTL', KEYS[2])))
   return {ARGV[2], tonumber(ARGV[3])}
 end
 return {v, redis.call('PTTL', KEYS[1])}
@@ -69,14 +83,35 @@ pub struct Sessions {
     redis: RedisConnection,
     keys: Keys,
     local: Mutex<HashMap<String, Pin>>,
+    /// Live sessions one user may hold.
+    max_per_user: usize,
+}
+
+/// A new session was refused: the user holds the most live sessions.
+#[derive(Debug, Clone, Copy)]
+pub struct TooManySessions(pub usize);
+
+impl From<TooManySessions> for crate::error::ProxyError {
+    fn from(e: TooManySessions) -> Self {
+        let mut error = crate::error::ProxyError::new(
+            crate::error::ErrorKind::TooManyRequests,
+            format!(
+                "this user holds {} live sessions, the most allowed; reuse one or wait for one to expire",
+                e.0
+            ),
+        );
+        error.retry_after = Some(60);
+        error
+    }
 }
 
 impl Sessions {
-    pub fn new(redis: RedisConnection, keys: Keys) -> Self {
+    pub fn new(redis: RedisConnection, keys: Keys, max_per_user: usize) -> Self {
         Self {
             redis,
             keys,
             local: Mutex::new(HashMap::new()),
+            max_per_user: max_per_user.max(1),
         }
     }
 
@@ -103,7 +138,8 @@ impl Sessions {
 
     /// Pins `exit` (and `egress_ip`) if the pin is still `expected`; returns
     /// the pin in force. Re-pinning keeps the expected pin's expiry: the
-    /// session's lifetime is fixed when it starts.
+    /// session's lifetime is fixed when it starts. A new session beyond the
+    /// user's cap is refused.
     pub async fn set(
         &self,
         user: Uuid,
@@ -112,7 +148,7 @@ impl Sessions {
         exit: Uuid,
         egress_ip: Option<IpAddr>,
         ttl: Duration,
-    ) -> Pin {
+    ) -> Result<Pin, TooManySessions> {
         let ttl = match expected {
             Some(p) if p.exit == exit => p
                 .expires
@@ -125,6 +161,7 @@ impl Sessions {
         let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1);
         let answer: Result<(String, i64), _> = redis::Script::new(SET_PIN)
             .key(&key)
+            .key(self.keys.session_index(user))
             .arg(
                 expected
                     .map(|p| Pin::value(p.exit, p.egress_ip))
@@ -132,9 +169,12 @@ impl Sessions {
             )
             .arg(Pin::value(exit, egress_ip))
             .arg(ttl_ms)
+            .arg(session)
+            .arg(self.max_per_user)
             .invoke_async(&mut redis)
             .await;
         let pin = match answer {
+            Ok((_, -2)) => return Err(TooManySessions(self.max_per_user)),
             Ok((current, pttl)) => to_pin(&current, pttl),
             Err(e) => {
                 tracing::debug!(error = %e, "session pin not stored in Redis; pinned locally");
@@ -147,7 +187,7 @@ impl Sessions {
             expires: Instant::now() + ttl,
         });
         self.remember(&key, Some(pin));
-        pin
+        Ok(pin)
     }
 
     fn remember(&self, key: &str, pin: Option<Pin>) {

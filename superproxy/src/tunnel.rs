@@ -24,7 +24,7 @@ use crate::pipeline::Client;
 use crate::pool::{matches, Candidate, Pool};
 use crate::session::{Pin, Sessions};
 use crate::target::{Host, Target};
-use crate::username::SessionMode;
+use crate::username::{SessionMode, Targeting};
 
 /// Exits tried for one tunnel before giving up.
 pub const MAX_ATTEMPTS: usize = 3;
@@ -33,6 +33,8 @@ pub const MAX_ATTEMPTS: usize = 3;
 pub struct Opened {
     pub io: ExitStream,
     pub exit_id: Uuid,
+    /// The exit's source type as its record says now (what the bytes bill as).
+    pub source_type: Option<proxynet_protocol::store::SourceType>,
     pub egress_ip: IpAddr,
     /// Set for sticky sessions.
     pub pin: Option<Pin>,
@@ -170,7 +172,7 @@ impl TunnelOpener {
                                         ip,
                                         session.ttl,
                                     )
-                                    .await;
+                                    .await?;
                                 pin = Some(new_pin);
                                 // Another superproxy may have re-pinned first: follow it.
                                 self.pool.eligible(&new_pin.exit).or(Some(c))
@@ -192,7 +194,7 @@ impl TunnelOpener {
                                 ip,
                                 session.ttl,
                             )
-                            .await;
+                            .await?;
                         pin = Some(new_pin);
                         self.pool.eligible(&new_pin.exit).or(Some(c))
                     }
@@ -228,7 +230,7 @@ impl TunnelOpener {
                                 Some(egress_ip),
                                 session.ttl,
                             )
-                            .await,
+                            .await?,
                     );
                 }
             }
@@ -252,6 +254,7 @@ impl TunnelOpener {
                     return Ok(Opened {
                         io,
                         exit_id: exit.record.id,
+                        source_type: Some(exit.record.source_type),
                         egress_ip,
                         pin,
                         in_flight,
@@ -281,6 +284,24 @@ impl TunnelOpener {
                         why.as_str()
                     ),
                 );
+            }
+            // The account's plan is what keeps the matching exits out:
+            // say so (403), not "none available" (503).
+            if let Some(priced) = &targeting.plan_types {
+                let unpriced = Targeting {
+                    plan_types: None,
+                    ..targeting.clone()
+                };
+                if self.pool.pick(&[], &unpriced).is_some() {
+                    let names: Vec<&str> = priced.iter().map(|t| t.as_str()).collect();
+                    return ProxyError::new(
+                        ErrorKind::TargetingNotAllowed,
+                        format!(
+                            "the account's plan does not price the source type of the exits that match; it prices: {}",
+                            if names.is_empty() { "none".to_owned() } else { names.join(", ") }
+                        ),
+                    );
+                }
             }
             let detail = if targeting.is_empty() {
                 "no exit is available right now".to_owned()

@@ -60,6 +60,9 @@ pub struct Targeting {
     pub allowed_countries: Option<Vec<String>>,
     /// The user's policy: channels it may use at all.
     pub allowed_channels: Option<Vec<Channel>>,
+    /// Not from the username: the source types the account's plan prices
+    /// (`None`: no plan, any type).
+    pub plan_types: Option<Vec<SourceType>>,
 }
 
 impl Targeting {

@@ -1,15 +1,18 @@
-//! Accounts: the customers that own proxy users.
+//! Accounts: the customers that own proxy users, and what the operator
+//! grants each one (its entitlements).
 
 use crate::extract::Json;
-use crate::extract::Path;
+use crate::extract::{Path, Query};
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::auth::{Caller, Operator};
+use crate::ceilings::Entitlements;
 use crate::error::ApiError;
+use crate::routes::page::{finish, PageQuery};
 use crate::{audit, AppState};
 
 #[derive(Deserialize)]
@@ -22,8 +25,12 @@ pub struct CreateAccount {
 pub struct Account {
     id: Uuid,
     name: String,
+    plan_id: Option<Uuid>,
+    entitlements: sqlx::types::Json<Entitlements>,
     created_at: DateTime<Utc>,
 }
+
+const ACCOUNT_COLUMNS: &str = "id, name, plan_id, entitlements, created_at";
 
 pub async fn create(
     _: Operator,
@@ -37,9 +44,9 @@ pub async fn create(
         ));
     }
     let mut tx = state.db.begin().await?;
-    let account: Account = sqlx::query_as(
-        "INSERT INTO accounts (id, name) VALUES ($1, $2) RETURNING id, name, created_at",
-    )
+    let account: Account = sqlx::query_as(&format!(
+        "INSERT INTO accounts (id, name) VALUES ($1, $2) RETURNING {ACCOUNT_COLUMNS}"
+    ))
     .bind(Uuid::new_v4())
     .bind(name)
     .fetch_one(&mut *tx)
@@ -56,25 +63,158 @@ pub async fn create(
     Ok((StatusCode::CREATED, Json(account)))
 }
 
+/// `GET /v1/accounts?limit=&after=ID` (operators), by id.
+pub async fn list(
+    _: Operator,
+    State(state): State<AppState>,
+    Query(page): Query<PageQuery>,
+) -> Result<(HeaderMap, Json<Vec<Account>>), ApiError> {
+    let limit = page.limit()?;
+    let after = match &page.after {
+        Some(a) => Some(
+            a.parse::<Uuid>()
+                .map_err(|_| ApiError::BadRequest("after: an account id".into()))?,
+        ),
+        None => None,
+    };
+    let accounts: Vec<Account> = sqlx::query_as(&format!(
+        "SELECT {ACCOUNT_COLUMNS} FROM accounts
+          WHERE deleted_at IS NULL AND ($1::uuid IS NULL OR id > $1)
+          ORDER BY id LIMIT $2"
+    ))
+    .bind(after)
+    .bind(limit + 1)
+    .fetch_all(&state.db)
+    .await?;
+    let (headers, accounts) = finish(accounts, limit, "/v1/accounts", |a| a.id.to_string());
+    Ok((headers, Json(accounts)))
+}
+
 pub async fn get_one(
     caller: Caller,
     State(state): State<AppState>,
     Path(id): Path<Uuid>,
 ) -> Result<Json<Account>, ApiError> {
     caller.check_account(id)?;
-    sqlx::query_as("SELECT id, name, created_at FROM accounts WHERE id = $1")
-        .bind(id)
-        .fetch_optional(&state.db)
-        .await?
-        .map(Json)
-        .ok_or(ApiError::NotFound("account"))
+    sqlx::query_as(&format!(
+        "SELECT {ACCOUNT_COLUMNS} FROM accounts WHERE id = $1 AND deleted_at IS NULL"
+    ))
+    .bind(id)
+    .fetch_optional(&state.db)
+    .await?
+    .map(Json)
+    .ok_or(ApiError::NotFound("account"))
 }
 
-/// 404 unless the account exists.
-pub async fn ensure_exists(state: &AppState, id: Uuid) -> Result<(), ApiError> {
-    let found: Option<(Uuid,)> = sqlx::query_as("SELECT id FROM accounts WHERE id = $1")
+/// `PUT /v1/accounts/{id}/entitlements` (operators): replaces what the
+/// account is granted. Every user of the account is re-projected at once, so
+/// the superproxies enforce the new bounds on the next tunnel.
+pub async fn set_entitlements(
+    _: Operator,
+    State(state): State<AppState>,
+    Path(id): Path<Uuid>,
+    Json(body): Json<Entitlements>,
+) -> Result<Json<Account>, ApiError> {
+    body.validate()?;
+    let mut tx = state.db.begin().await?;
+    let account: Account = sqlx::query_as(&format!(
+        "UPDATE accounts SET entitlements = $2 WHERE id = $1 AND deleted_at IS NULL
+         RETURNING {ACCOUNT_COLUMNS}"
+    ))
+    .bind(id)
+    .bind(sqlx::types::Json(&body))
+    .fetch_optional(&mut *tx)
+    .await?
+    .ok_or(ApiError::NotFound("account"))?;
+    touch_users(&mut tx, id).await?;
+    audit::record(
+        &mut tx,
+        "operator",
+        "account.entitlements",
+        &id.to_string(),
+        serde_json::to_value(&body).unwrap_or_default(),
+    )
+    .await?;
+    tx.commit().await?;
+    state.projector.account(id).await;
+    Ok(Json(account))
+}
+
+/// `DELETE /v1/accounts/{id}` (operators): the account's users are disabled
+/// (and so cut on every superproxy at once), its keys revoked and its
+/// allow-listed networks released; its ledger, invoices and audit trail stay.
+pub async fn delete(
+    _: Operator,
+    State(state): State<AppState>,
+    Path(id): Path<Uuid>,
+) -> Result<StatusCode, ApiError> {
+    let mut tx = state.db.begin().await?;
+    let deleted = sqlx::query(
+        "UPDATE accounts SET deleted_at = now() WHERE id = $1 AND deleted_at IS NULL",
+    )
+    .bind(id)
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    if deleted == 0 {
+        return Err(ApiError::NotFound("account"));
+    }
+    sqlx::query("UPDATE proxy_users SET enabled = false, updated_at = now() WHERE account_id = $1")
         .bind(id)
-        .fetch_optional(&state.db)
+        .execute(&mut *tx)
         .await?;
+    let keys = sqlx::query(
+        "UPDATE api_keys SET revoked_at = now() WHERE account_id = $1 AND revoked_at IS NULL",
+    )
+    .bind(id)
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    let networks = sqlx::query(
+        "DELETE FROM user_source_cidrs c USING proxy_users u
+          WHERE u.id = c.user_id AND u.account_id = $1",
+    )
+    .bind(id)
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    audit::record(
+        &mut tx,
+        "operator",
+        "account.delete",
+        &id.to_string(),
+        serde_json::json!({"keys_revoked": keys, "networks_released": networks}),
+    )
+    .await?;
+    tx.commit().await?;
+    state.projector.account(id).await;
+    if networks > 0 {
+        state.projector.allowlist().await;
+    }
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Bumps every user of the account (their projected records carry the
+/// account's entitlements and plan, and the projection is monotonic).
+pub async fn touch_users(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    account: Uuid,
+) -> Result<(), ApiError> {
+    sqlx::query(
+        "UPDATE proxy_users SET updated_at = now() WHERE account_id = $1 AND deleted_at IS NULL",
+    )
+    .bind(account)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+/// 404 unless the account exists (and is not deleted).
+pub async fn ensure_exists(state: &AppState, id: Uuid) -> Result<(), ApiError> {
+    let found: Option<(Uuid,)> =
+        sqlx::query_as("SELECT id FROM accounts WHERE id = $1 AND deleted_at IS NULL")
+            .bind(id)
+            .fetch_optional(&state.db)
+            .await?;
     found.map(|_| ()).ok_or(ApiError::NotFound("account"))
 }

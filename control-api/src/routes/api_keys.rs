@@ -1,16 +1,23 @@
 //! API keys: account keys see only their account; operator keys see all.
 //! A key is shown once, when created; only its SHA-256 is stored.
+//!
+//! Keys have lineage: each records the key that minted it, and revoking a
+//! key revokes everything it minted, transitively, in one statement. So a
+//! leaked key cannot leave its holder a second one behind. Dashboard
+//! sessions opened with a revoked key end within seconds (`dashboard.rs`).
 
 use crate::extract::Json;
-use crate::extract::Path;
+use crate::extract::{Path, Query};
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
+use chrono::{DateTime, Utc};
 use proxynet_protocol::secret::sha256_hex;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::auth::{new_secret, Caller, Operator};
+use crate::auth::{new_secret, Caller, KeyCaller, Operator};
 use crate::error::ApiError;
+use crate::routes::page::{finish, PageQuery};
 use crate::routes::users::actor;
 use crate::{audit, AppState};
 
@@ -26,13 +33,32 @@ pub struct NewKey {
     id: Uuid,
     /// `None` for an operator key.
     account_id: Option<Uuid>,
+    /// The key that minted this one (`None`: the bootstrap admin token).
+    minted_by: Option<Uuid>,
     /// Shown once.
     key: String,
 }
 
+/// A key as listed: never any secret material.
+#[derive(Serialize, sqlx::FromRow)]
+pub struct KeyInfo {
+    id: Uuid,
+    account_id: Option<Uuid>,
+    name: String,
+    minted_by: Option<Uuid>,
+    created_at: DateTime<Utc>,
+    /// To the minute.
+    last_used_at: Option<DateTime<Utc>>,
+    revoked_at: Option<DateTime<Utc>>,
+}
+
+/// Most keys one account may hold unrevoked: enough for every service of a
+/// customer, few enough that a loop minting keys stops early.
+const MAX_LIVE_KEYS_PER_ACCOUNT: i64 = 1000;
+
 async fn insert(
     state: &AppState,
-    caller: Caller,
+    caller: KeyCaller,
     account: Option<Uuid>,
     name: &str,
 ) -> Result<NewKey, ApiError> {
@@ -42,37 +68,59 @@ async fn insert(
     let key = new_secret("pnkey");
     let id = Uuid::new_v4();
     let mut tx = state.db.begin().await?;
-    sqlx::query("INSERT INTO api_keys (id, account_id, name, key_sha256) VALUES ($1, $2, $3, $4)")
-        .bind(id)
+    if let Some(account) = account {
+        // Serialise key creation per account so the bound holds.
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1::text))")
+            .bind(account)
+            .execute(&mut *tx)
+            .await?;
+        let (live,): (i64,) = sqlx::query_as(
+            "SELECT count(*) FROM api_keys WHERE account_id = $1 AND revoked_at IS NULL",
+        )
         .bind(account)
-        .bind(name)
-        .bind(sha256_hex(&key))
-        .execute(&mut *tx)
+        .fetch_one(&mut *tx)
         .await?;
+        if live >= MAX_LIVE_KEYS_PER_ACCOUNT {
+            return Err(ApiError::Conflict(format!(
+                "the account holds {live} live keys (at most {MAX_LIVE_KEYS_PER_ACCOUNT}); revoke some first"
+            )));
+        }
+    }
+    sqlx::query(
+        "INSERT INTO api_keys (id, account_id, name, key_sha256, minted_by) VALUES ($1, $2, $3, $4, $5)",
+    )
+    .bind(id)
+    .bind(account)
+    .bind(name)
+    .bind(sha256_hex(&key))
+    .bind(caller.key_id)
+    .execute(&mut *tx)
+    .await?;
     audit::record(
         &mut tx,
-        &actor(caller),
+        &actor(caller.caller),
         "api_key.create",
         &id.to_string(),
-        serde_json::json!({"account_id": account, "name": name}),
+        serde_json::json!({"account_id": account, "name": name, "minted_by": caller.key_id}),
     )
     .await?;
     tx.commit().await?;
     Ok(NewKey {
         id,
         account_id: account,
+        minted_by: caller.key_id,
         key,
     })
 }
 
 /// `POST /v1/accounts/{id}/api-keys`: a key for that account (the operator, or the account itself).
 pub async fn create_for_account(
-    caller: Caller,
+    caller: KeyCaller,
     State(state): State<AppState>,
     Path(account): Path<Uuid>,
     body: Option<Json<CreateKey>>,
 ) -> Result<(StatusCode, Json<NewKey>), ApiError> {
-    caller.check_account(account)?;
+    caller.caller.check_account(account)?;
     super::accounts::ensure_exists(&state, account).await?;
     let name = body.map(|Json(b)| b.name).unwrap_or_default();
     Ok((
@@ -81,46 +129,100 @@ pub async fn create_for_account(
     ))
 }
 
+/// `GET /v1/accounts/{id}/api-keys?limit=&after=ID`: the account's keys,
+/// revoked ones included, by id.
+pub async fn list_for_account(
+    caller: Caller,
+    State(state): State<AppState>,
+    Path(account): Path<Uuid>,
+    Query(page): Query<PageQuery>,
+) -> Result<(HeaderMap, Json<Vec<KeyInfo>>), ApiError> {
+    caller.check_account(account)?;
+    super::accounts::ensure_exists(&state, account).await?;
+    let limit = page.limit()?;
+    let after = match &page.after {
+        Some(a) => Some(
+            a.parse::<Uuid>()
+                .map_err(|_| ApiError::BadRequest("after: a key id".into()))?,
+        ),
+        None => None,
+    };
+    let keys: Vec<KeyInfo> = sqlx::query_as(
+        "SELECT id, account_id, name, minted_by, created_at, last_used_at, revoked_at FROM api_keys
+          WHERE account_id = $1 AND ($2::uuid IS NULL OR id > $2) ORDER BY id LIMIT $3",
+    )
+    .bind(account)
+    .bind(after)
+    .bind(limit + 1)
+    .fetch_all(&state.db)
+    .await?;
+    let (headers, keys) = finish(
+        keys,
+        limit,
+        &format!("/v1/accounts/{account}/api-keys"),
+        |k| k.id.to_string(),
+    );
+    Ok((headers, Json(keys)))
+}
+
 /// `POST /v1/api-keys`: an operator key (operators only).
 pub async fn create_operator(
     _: Operator,
+    caller: KeyCaller,
     State(state): State<AppState>,
     body: Option<Json<CreateKey>>,
 ) -> Result<(StatusCode, Json<NewKey>), ApiError> {
     let name = body.map(|Json(b)| b.name).unwrap_or_default();
     Ok((
         StatusCode::CREATED,
-        Json(insert(&state, Caller::Operator, None, &name).await?),
+        Json(insert(&state, caller, None, &name).await?),
     ))
 }
 
-/// `DELETE /v1/api-keys/{id}`: revoke (the operator any key, an account its own).
+/// `DELETE /v1/api-keys/{id}`: revoke a key and every key it minted,
+/// transitively (the operator any key, an account its own).
 pub async fn revoke(
     caller: Caller,
     State(state): State<AppState>,
     Path(id): Path<Uuid>,
 ) -> Result<StatusCode, ApiError> {
     let mut tx = state.db.begin().await?;
-    let revoked = sqlx::query(
-        "UPDATE api_keys SET revoked_at = now()
-          WHERE id = $1 AND revoked_at IS NULL AND ($2::uuid IS NULL OR account_id = $2)",
+    let revoked: Vec<(Uuid,)> = sqlx::query_as(
+        "WITH RECURSIVE lineage AS (
+             SELECT id FROM api_keys
+              WHERE id = $1 AND revoked_at IS NULL AND ($2::uuid IS NULL OR account_id = $2)
+             UNION
+             SELECT k.id FROM api_keys k JOIN lineage l ON k.minted_by = l.id
+         )
+         UPDATE api_keys SET revoked_at = now()
+          WHERE id IN (SELECT id FROM lineage) AND revoked_at IS NULL
+         RETURNING id",
     )
     .bind(id)
     .bind(caller.scope())
-    .execute(&mut *tx)
-    .await?
-    .rows_affected();
-    if revoked == 0 {
+    .fetch_all(&mut *tx)
+    .await?;
+    if !revoked.iter().any(|(r,)| *r == id) {
         return Err(ApiError::NotFound("api key"));
     }
+    let descendants: Vec<Uuid> = revoked
+        .iter()
+        .map(|(r,)| *r)
+        .filter(|r| *r != id)
+        .collect();
     audit::record(
         &mut tx,
         &actor(caller),
         "api_key.revoke",
         &id.to_string(),
-        serde_json::json!({}),
+        serde_json::json!({"descendants_revoked": descendants}),
     )
     .await?;
     tx.commit().await?;
+    // Dashboard sessions of these keys end now on this instance (others
+    // notice within their re-check interval).
+    state
+        .sessions
+        .end_keys(revoked.iter().map(|(r,)| *r).collect());
     Ok(StatusCode::NO_CONTENT)
 }

@@ -1,9 +1,16 @@
 //! Plans, invoices and quota state.
 //!
-//! An invoice line is the ledger's bytes for one exit source type in one
-//! calendar month, times the account's plan price per GB (10^9 bytes, up +
-//! down). Amounts are integer cents, rounded up per line, so a customer is
-//! never billed for bytes we did not carry and we never lose a fraction.
+//! An invoice line is the ledger's bytes for one exit source type at one
+//! price in one calendar month, times that price per GB (10^9 bytes, up +
+//! down). Every ledger row carries the source type and price in force when
+//! its bytes were recorded, so re-typing a source or changing an account's
+//! plan never re-prices the past. Amounts are integer cents, rounded up per
+//! line, so a customer is never billed for bytes we did not carry and we
+//! never lose a fraction.
+//!
+//! An account on a plan routes only through the source types its plan
+//! prices (the superproxy refuses the rest, 403); an account without a plan
+//! routes through any type and its invoice lines are priced 0.
 
 use crate::extract::Json;
 use crate::extract::{Path, Query};
@@ -109,7 +116,7 @@ pub async fn set_plan(
     Json(body): Json<SetPlan>,
 ) -> Result<StatusCode, ApiError> {
     let mut tx = state.db.begin().await?;
-    let updated = sqlx::query("UPDATE accounts SET plan_id = $2 WHERE id = $1 AND EXISTS (SELECT 1 FROM plans WHERE id = $2)")
+    let updated = sqlx::query("UPDATE accounts SET plan_id = $2 WHERE id = $1 AND deleted_at IS NULL AND EXISTS (SELECT 1 FROM plans WHERE id = $2)")
         .bind(account)
         .bind(body.plan_id)
         .execute(&mut *tx)
@@ -118,6 +125,8 @@ pub async fn set_plan(
     if updated == 0 {
         return Err(ApiError::NotFound("account or plan"));
     }
+    // The users' records carry which source types the plan prices.
+    super::accounts::touch_users(&mut tx, account).await?;
     audit::record(
         &mut tx,
         "operator",
@@ -127,7 +136,37 @@ pub async fn set_plan(
     )
     .await?;
     tx.commit().await?;
+    state.projector.account(account).await;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// `GET /v1/plans?limit=&after=NAME` (operators), by name.
+pub async fn list_plans(
+    _: Operator,
+    State(state): State<AppState>,
+    Query(page): Query<crate::routes::page::PageQuery>,
+) -> Result<(axum::http::HeaderMap, Json<Vec<Plan>>), ApiError> {
+    let limit = page.limit()?;
+    let rows: Vec<(Uuid, String, Vec<String>, Vec<i64>)> = sqlx::query_as(
+        "SELECT p.id, p.name,
+                ARRAY(SELECT source_type FROM plan_prices WHERE plan_id = p.id ORDER BY source_type),
+                ARRAY(SELECT cents_per_gb FROM plan_prices WHERE plan_id = p.id ORDER BY source_type)
+           FROM plans p WHERE ($1::text IS NULL OR p.name > $1) ORDER BY p.name LIMIT $2",
+    )
+    .bind(&page.after)
+    .bind(limit + 1)
+    .fetch_all(&state.db)
+    .await?;
+    let plans = rows
+        .into_iter()
+        .map(|(id, name, types, cents)| Plan {
+            id,
+            name,
+            prices: types.into_iter().zip(cents).collect(),
+        })
+        .collect();
+    let (headers, plans) = crate::routes::page::finish(plans, limit, "/v1/plans", |p| p.name.clone());
+    Ok((headers, Json(plans)))
 }
 
 #[derive(Deserialize)]
@@ -192,19 +231,18 @@ pub async fn invoice(
         .with_ymd_and_hms(ny, nm, 1, 0, 0, 0)
         .single()
         .ok_or_else(|| ApiError::BadRequest("month: invalid".into()))?;
+    // Priced from the rows themselves: what was in force when the bytes moved.
     let rows: Vec<(String, i64, i64, Option<i64>)> = sqlx::query_as(
-        "SELECT e.source_type, SUM(l.bytes_up)::bigint, SUM(l.bytes_down)::bigint, p.cents_per_gb
+        "SELECT COALESCE(l.source_type, 'unknown'), SUM(l.bytes_up)::bigint,
+                SUM(l.bytes_down)::bigint, l.cents_per_gb
            FROM usage_ledger l
-           JOIN exits e ON e.id = l.exit_id
-           LEFT JOIN plan_prices p ON p.plan_id = $4 AND p.source_type = e.source_type
           WHERE l.account_id = $1 AND l.minute >= $2 AND l.minute < $3
-          GROUP BY e.source_type, p.cents_per_gb
-          ORDER BY e.source_type",
+          GROUP BY 1, l.cents_per_gb
+          ORDER BY 1, l.cents_per_gb",
     )
     .bind(account)
     .bind(start)
     .bind(end)
-    .bind(plan_id)
     .fetch_all(&state.db)
     .await?;
     let lines: Vec<InvoiceLine> = rows

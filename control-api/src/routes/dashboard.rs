@@ -5,9 +5,18 @@
 //! (`observe.rs`), so the pages work without Prometheus.
 //!
 //! Login: an API key (or the admin token) posted once from a form becomes a
-//! random session id in an `HttpOnly; SameSite=Strict` cookie — never a token
-//! in a URL. Operator sessions see the fleet, the exit table and each exit's
-//! last hour; account sessions see their own usage page only (403 elsewhere).
+//! random session id in an `HttpOnly; SameSite=Strict` cookie (`Secure`
+//! behind TLS) — never a token in a URL. Operator sessions see the fleet, the
+//! exit table and each exit's last hour; account sessions see their own usage
+//! page only (403 elsewhere).
+//!
+//! Hardening: every state-changing request (login, logout) must come from
+//! this origin (`Origin`/`Sec-Fetch-Site`), so another site can neither log a
+//! browser in as someone else nor out; every page forbids framing and
+//! caching and runs only its own script (CSP with the script's hash); logins
+//! are throttled per address (every attempt counts); a session is bound to the key it logged
+//! in with and ends within [`SESSION_RECHECK`] of that key's revocation; a
+//! key holds at most [`MAX_SESSIONS_PER_KEY`] sessions.
 
 use axum::extract::{Form, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
@@ -29,40 +38,140 @@ use crate::AppState;
 const COOKIE: &str = "pn_dashboard";
 const SESSION_TTL: Duration = Duration::from_secs(12 * 3600);
 const MAX_SESSIONS: usize = 10_000;
+/// Sessions one key may hold; the oldest goes when another opens.
+pub const MAX_SESSIONS_PER_KEY: usize = 16;
+/// How often a session re-checks that its key is still valid: a revoked
+/// key's sessions end within this (at once on the instance that revoked it).
+pub const SESSION_RECHECK: Duration = Duration::from_secs(2);
+/// Logins attempts allowed per source address (IPv6 per /64) per minute.
+const LOGIN_ATTEMPTS_PER_MINUTE: u32 = 10;
 
-/// Logged-in dashboard sessions: SHA-256 of the cookie → who and until when.
-#[derive(Clone, Default)]
-pub struct Sessions(Arc<Mutex<HashMap<String, (Caller, Instant)>>>);
+struct Session {
+    caller: Caller,
+    /// The key it logged in with (`None`: the bootstrap admin token).
+    key_id: Option<Uuid>,
+    opened: Instant,
+    until: Instant,
+    checked: Instant,
+}
+
+/// Logged-in dashboard sessions (SHA-256 of the cookie → the session) and
+/// the login throttle.
+#[derive(Clone)]
+pub struct Sessions {
+    map: Arc<Mutex<HashMap<String, Session>>>,
+    failures: Arc<governor::DefaultKeyedRateLimiter<std::net::IpAddr>>,
+}
+
+impl Default for Sessions {
+    fn default() -> Self {
+        let per_minute = std::num::NonZeroU32::new(LOGIN_ATTEMPTS_PER_MINUTE)
+            .unwrap_or(std::num::NonZeroU32::MIN);
+        Self {
+            map: Arc::default(),
+            failures: Arc::new(governor::RateLimiter::keyed(governor::Quota::per_minute(
+                per_minute,
+            ))),
+        }
+    }
+}
 
 impl Sessions {
-    fn open(&self, caller: Caller) -> String {
+    fn open(&self, caller: Caller, key_id: Option<Uuid>) -> String {
         let token = crate::auth::new_secret("pndash");
-        if let Ok(mut m) = self.0.lock() {
+        if let Ok(mut m) = self.map.lock() {
+            let now = Instant::now();
             if m.len() >= MAX_SESSIONS {
-                let now = Instant::now();
-                m.retain(|_, (_, until)| *until > now);
+                m.retain(|_, s| s.until > now);
+            }
+            // A key's sessions are bounded: the oldest gives way.
+            let mut own: Vec<(String, Instant)> = m
+                .iter()
+                .filter(|(_, s)| s.key_id == key_id && s.caller == caller)
+                .map(|(k, s)| (k.clone(), s.opened))
+                .collect();
+            if own.len() >= MAX_SESSIONS_PER_KEY {
+                own.sort_by_key(|(_, opened)| *opened);
+                for (k, _) in own.iter().take(own.len() + 1 - MAX_SESSIONS_PER_KEY) {
+                    m.remove(k);
+                }
             }
             m.insert(
                 proxynet_protocol::secret::sha256_hex(&token),
-                (caller, Instant::now() + SESSION_TTL),
+                Session {
+                    caller,
+                    key_id,
+                    opened: now,
+                    until: now + SESSION_TTL,
+                    checked: now,
+                },
             );
         }
         token
     }
 
-    fn caller(&self, headers: &HeaderMap) -> Option<Caller> {
+    /// The session's caller, if it is open and its key still valid.
+    async fn caller(&self, state: &AppState, headers: &HeaderMap) -> Option<Caller> {
         let token = cookie(headers)?;
-        let key = proxynet_protocol::secret::sha256_hex(&token);
-        let m = self.0.lock().ok()?;
-        m.get(&key)
-            .filter(|(_, until)| *until > Instant::now())
-            .map(|(c, _)| *c)
+        let digest = proxynet_protocol::secret::sha256_hex(&token);
+        let now = Instant::now();
+        let (caller, recheck) = {
+            let m = self.map.lock().ok()?;
+            let s = m.get(&digest).filter(|s| s.until > now)?;
+            let due = now.duration_since(s.checked) >= SESSION_RECHECK;
+            (s.caller, s.key_id.filter(|_| due))
+        };
+        if let Some(key) = recheck {
+            // Revoked (here or on another control-api): the session ends.
+            // The database unreachable: refuse too (fail closed).
+            let valid = crate::auth::key_is_valid(state, key).await.unwrap_or(false);
+            let mut m = self.map.lock().ok()?;
+            if !valid {
+                m.remove(&digest);
+                return None;
+            }
+            if let Some(s) = m.get_mut(&digest) {
+                s.checked = now;
+            }
+        }
+        Some(caller)
     }
 
     fn close(&self, headers: &HeaderMap) {
-        if let (Some(token), Ok(mut m)) = (cookie(headers), self.0.lock()) {
+        if let (Some(token), Ok(mut m)) = (cookie(headers), self.map.lock()) {
             m.remove(&proxynet_protocol::secret::sha256_hex(&token));
         }
+    }
+
+    /// Ends every session opened with one of `keys` (they were revoked).
+    pub fn end_keys(&self, keys: Vec<Uuid>) {
+        if let Ok(mut m) = self.map.lock() {
+            m.retain(|_, s| s.key_id.is_none_or(|k| !keys.contains(&k)));
+        }
+    }
+
+    /// Charges one login attempt to `ip`; false when its budget is spent.
+    /// Every attempt counts (as proxy logins do): a person logs in a few
+    /// times a day, a guesser thousands of times a minute.
+    fn login_attempt(&self, ip: std::net::IpAddr) -> bool {
+        if self.failures.len() > 100_000 {
+            self.failures.retain_recent();
+        }
+        self.failures.check_key(&limit_key(ip)).is_ok()
+    }
+}
+
+/// The throttled address: IPv4 as is, IPv6 by its /64.
+fn limit_key(ip: std::net::IpAddr) -> std::net::IpAddr {
+    match ip {
+        std::net::IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => std::net::IpAddr::V4(v4),
+            None => {
+                let s = v6.segments();
+                std::net::IpAddr::V6(std::net::Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0))
+            }
+        },
+        v4 => v4,
     }
 }
 
@@ -104,12 +213,16 @@ impl IntoResponse for Refusal {
 }
 
 /// The session's caller, or the way to the login form.
-fn session(state: &AppState, headers: &HeaderMap) -> Result<Caller, Refusal> {
-    state.sessions.caller(headers).ok_or(Refusal::Login)
+async fn session(state: &AppState, headers: &HeaderMap) -> Result<Caller, Refusal> {
+    state
+        .sessions
+        .caller(state, headers)
+        .await
+        .ok_or(Refusal::Login)
 }
 
-fn operator_only(state: &AppState, headers: &HeaderMap) -> Result<(), Refusal> {
-    match session(state, headers)? {
+async fn operator_only(state: &AppState, headers: &HeaderMap) -> Result<(), Refusal> {
+    match session(state, headers).await? {
         Caller::Operator => Ok(()),
         Caller::Account(_) => Err(Refusal::Forbidden),
     }
@@ -156,14 +269,31 @@ pub struct LoginForm {
     key: String,
 }
 
-pub async fn login(State(state): State<AppState>, Form(form): Form<LoginForm>) -> Response {
+pub async fn login(
+    State(state): State<AppState>,
+    peer: Peer,
+    headers: HeaderMap,
+    Form(form): Form<LoginForm>,
+) -> Response {
+    if let Err(r) = same_origin(&headers) {
+        return r;
+    }
+    if !state.sessions.login_attempt(peer.0) {
+        return (
+            StatusCode::TOO_MANY_REQUESTS,
+            [(header::RETRY_AFTER, "60")],
+            Html("<p>Too many login attempts from this address; try again in a minute.</p>".to_owned()),
+        )
+            .into_response();
+    }
     match caller_for_key(&state, form.key.trim()).await {
-        Ok(caller) => {
-            let token = state.sessions.open(caller);
+        Ok(who) => {
+            let token = state.sessions.open(who.caller, who.key_id);
             let mut r = Redirect::to("/dashboard").into_response();
             if let Ok(v) = HeaderValue::from_str(&format!(
-                "{COOKIE}={token}; HttpOnly; SameSite=Strict; Path=/dashboard; Max-Age={}",
-                SESSION_TTL.as_secs()
+                "{COOKIE}={token}; HttpOnly; SameSite=Strict; Path=/dashboard; Max-Age={}{}",
+                SESSION_TTL.as_secs(),
+                secure_attr(&state, &headers),
             )) {
                 r.headers_mut().insert(header::SET_COOKIE, v);
             }
@@ -181,15 +311,126 @@ pub async fn login(State(state): State<AppState>, Form(form): Form<LoginForm>) -
 }
 
 pub async fn logout(State(state): State<AppState>, headers: HeaderMap) -> Response {
+    if let Err(r) = same_origin(&headers) {
+        return r;
+    }
     state.sessions.close(&headers);
     let mut r = Redirect::to("/dashboard/login").into_response();
-    r.headers_mut().insert(
-        header::SET_COOKIE,
-        HeaderValue::from_static(
-            "pn_dashboard=; HttpOnly; SameSite=Strict; Path=/dashboard; Max-Age=0",
-        ),
-    );
+    if let Ok(v) = HeaderValue::from_str(&format!(
+        "{COOKIE}=; HttpOnly; SameSite=Strict; Path=/dashboard; Max-Age=0{}",
+        secure_attr(&state, &headers)
+    )) {
+        r.headers_mut().insert(header::SET_COOKIE, v);
+    }
     r
+}
+
+/// The client's address (unspecified when the server was not told it).
+pub struct Peer(std::net::IpAddr);
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Peer {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        _: &S,
+    ) -> Result<Self, Self::Rejection> {
+        Ok(Peer(
+            parts
+                .extensions
+                .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+                .map_or(std::net::IpAddr::from([0, 0, 0, 0]), |c| c.0.ip()),
+        ))
+    }
+}
+
+/// A state-changing dashboard request must come from a page of this origin:
+/// a browser sends `Origin` (and `Sec-Fetch-Site`) with every cross-site
+/// POST, so a foreign page cannot log a visitor in (login CSRF) or out.
+/// Tools that send neither (curl) pass: they carry no ambient cookie.
+fn same_origin(headers: &HeaderMap) -> Result<(), Response> {
+    let forbidden = || {
+        (
+            StatusCode::FORBIDDEN,
+            Html("<p>Cross-site requests to the dashboard are refused.</p>".to_owned()),
+        )
+            .into_response()
+    };
+    if let Some(site) = headers.get("sec-fetch-site").and_then(|v| v.to_str().ok()) {
+        if site != "same-origin" && site != "none" {
+            return Err(forbidden());
+        }
+    }
+    let Some(origin) = headers.get(header::ORIGIN) else {
+        return Ok(());
+    };
+    let host = headers.get(header::HOST).and_then(|v| v.to_str().ok());
+    let origin_host = origin
+        .to_str()
+        .ok()
+        .and_then(|o| o.split_once("://"))
+        .map(|(_, rest)| rest);
+    match (origin_host, host) {
+        (Some(o), Some(h)) if o.eq_ignore_ascii_case(h) => Ok(()),
+        _ => Err(forbidden()),
+    }
+}
+
+/// `; Secure` when the dashboard is reached over TLS: the operator says so
+/// (`--dashboard-secure-cookie`), or the terminating proxy does
+/// (`X-Forwarded-Proto: https`).
+fn secure_attr(state: &AppState, headers: &HeaderMap) -> &'static str {
+    let forwarded_tls = headers
+        .get("x-forwarded-proto")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|p| p.eq_ignore_ascii_case("https"));
+    if state.config.dashboard_secure_cookie || forwarded_tls {
+        "; Secure"
+    } else {
+        ""
+    }
+}
+
+/// Headers on every dashboard response: no framing, no caching, and only
+/// this page's own script may run.
+pub async fn security_headers(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let mut response = next.run(request).await;
+    let h = response.headers_mut();
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_str(csp()).unwrap_or(HeaderValue::from_static("default-src 'none'")),
+    );
+    h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    h.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("same-origin"),
+    );
+    response
+}
+
+/// The Content-Security-Policy: the table script by its hash, inline styles,
+/// requests to this origin only, no framing.
+fn csp() -> &'static str {
+    static CSP: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    CSP.get_or_init(|| {
+        use base64::Engine as _;
+        use sha2::Digest as _;
+        let hash = base64::engine::general_purpose::STANDARD
+            .encode(sha2::Sha256::digest(TABLE_SCRIPT.as_bytes()));
+        format!(
+            "default-src 'none'; script-src 'sha256-{hash}'; style-src 'unsafe-inline'; \
+             img-src 'self' data:; connect-src 'self'; form-action 'self'; \
+             frame-ancestors 'none'; base-uri 'none'"
+        )
+    })
 }
 
 // ---- fleet -------------------------------------------------------------------
@@ -241,7 +482,7 @@ refresh(); setInterval(refresh, 2000);
 "#;
 
 pub async fn overview(State(state): State<AppState>, headers: HeaderMap) -> Response {
-    match session(&state, &headers) {
+    match session(&state, &headers).await {
         Err(r) => return r.into_response(),
         Ok(Caller::Account(_)) => return Redirect::to("/dashboard/usage").into_response(),
         Ok(Caller::Operator) => {}
@@ -304,7 +545,7 @@ pub async fn overview(State(state): State<AppState>, headers: HeaderMap) -> Resp
 
 /// The table's data, refreshed by the page's script.
 pub async fn data(State(state): State<AppState>, headers: HeaderMap) -> Response {
-    if let Err(r) = operator_only(&state, &headers) {
+    if let Err(r) = operator_only(&state, &headers).await {
         return r.into_response();
     }
     let mut cards = serde_json::Map::new();
@@ -375,7 +616,7 @@ pub async fn exit_page(
     headers: HeaderMap,
     Path(id): Path<Uuid>,
 ) -> Response {
-    if let Err(r) = operator_only(&state, &headers) {
+    if let Err(r) = operator_only(&state, &headers).await {
         return r.into_response();
     }
     let Some((now, points, events)) = state.observer.exit(id) else {
@@ -450,7 +691,7 @@ struct UsageRow {
 
 /// Usage over the last 24 hours: an account its own users; the operator all.
 pub async fn usage(State(state): State<AppState>, headers: HeaderMap) -> Response {
-    let caller = match session(&state, &headers) {
+    let caller = match session(&state, &headers).await {
         Ok(c) => c,
         Err(r) => return r.into_response(),
     };

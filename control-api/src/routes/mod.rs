@@ -27,8 +27,15 @@ pub fn router(state: AppState) -> Router {
             "/openapi.json",
             get(|| async { axum::Json(crate::openapi::document()) }),
         )
-        .route("/v1/accounts", post(accounts::create))
-        .route("/v1/accounts/{id}", get(accounts::get_one))
+        .route("/v1/accounts", post(accounts::create).get(accounts::list))
+        .route(
+            "/v1/accounts/{id}",
+            get(accounts::get_one).delete(accounts::delete),
+        )
+        .route(
+            "/v1/accounts/{id}/entitlements",
+            axum::routing::put(accounts::set_entitlements),
+        )
         .route(
             "/v1/accounts/{id}/users",
             post(users::create).get(users::list),
@@ -45,11 +52,14 @@ pub fn router(state: AppState) -> Router {
             "/v1/accounts/{id}/plan",
             axum::routing::put(billing::set_plan),
         )
-        .route("/v1/plans", post(billing::create_plan))
+        .route(
+            "/v1/plans",
+            post(billing::create_plan).get(billing::list_plans),
+        )
         .route("/v1/users/{id}/quota", get(billing::quota))
         .route(
             "/v1/accounts/{id}/api-keys",
-            post(api_keys::create_for_account),
+            post(api_keys::create_for_account).get(api_keys::list_for_account),
         )
         .route("/v1/api-keys", post(api_keys::create_operator))
         .route("/v1/api-keys/{id}", axum::routing::delete(api_keys::revoke))
@@ -88,6 +98,7 @@ pub fn router(state: AppState) -> Router {
             "/v1/exits/{id}/consent/revoke",
             post(provenance::revoke_consent),
         )
+        .route("/v1/exits/{id}/reinstate", post(provenance::reinstate))
         .route(
             "/v1/exits/{id}/provenance",
             get(provenance::exit_provenance),
@@ -98,14 +109,18 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/v1/abuse/lookup", get(abuse::lookup))
         .route("/v1/audit", get(abuse::audit_log))
-        .route("/dashboard", get(dashboard::overview))
-        .route(
-            "/dashboard/login",
-            get(dashboard::login_form).post(dashboard::login),
+        .merge(
+            Router::new()
+                .route("/dashboard", get(dashboard::overview))
+                .route(
+                    "/dashboard/login",
+                    get(dashboard::login_form).post(dashboard::login),
+                )
+                .route("/dashboard/logout", post(dashboard::logout))
+                .route("/dashboard/data.json", get(dashboard::data))
+                .route("/dashboard/exits/{id}", get(dashboard::exit_page))
+                .route("/dashboard/usage", get(dashboard::usage))
+                .layer(axum::middleware::from_fn(dashboard::security_headers)),
         )
-        .route("/dashboard/logout", post(dashboard::logout))
-        .route("/dashboard/data.json", get(dashboard::data))
-        .route("/dashboard/exits/{id}", get(dashboard::exit_page))
-        .route("/dashboard/usage", get(dashboard::usage))
         .with_state(state)
 }

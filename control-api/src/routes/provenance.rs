@@ -425,15 +425,39 @@ async fn append_consent(
     state: &AppState,
     exit: Uuid,
     actor: &str,
+    mode: Append,
     next: impl FnOnce(Option<ConsentRecord>) -> Result<ConsentInsert, ApiError>,
 ) -> Result<ConsentRecord, ApiError> {
     let mut tx = state.db.begin().await?;
     // Serialise writers of one exit's history.
-    sqlx::query("SELECT id FROM exits WHERE id = $1 FOR UPDATE")
-        .bind(exit)
-        .fetch_optional(&mut *tx)
-        .await?
-        .ok_or(ApiError::NotFound("exit"))?;
+    let (withdrawn,): (bool,) =
+        sqlx::query_as("SELECT withdrawn_at IS NOT NULL FROM exits WHERE id = $1 FOR UPDATE")
+            .bind(exit)
+            .fetch_optional(&mut *tx)
+            .await?
+            .ok_or(ApiError::NotFound("exit"))?;
+    match mode {
+        Append::Record => {}
+        Append::Reinstate if !withdrawn => {
+            return Err(ApiError::Conflict(
+                "the exit is not withdrawn; grant consent instead".into(),
+            ))
+        }
+        Append::Reinstate => {
+            sqlx::query("UPDATE exits SET withdrawn_at = NULL WHERE id = $1")
+                .bind(exit)
+                .execute(&mut *tx)
+                .await?;
+            audit::record(
+                &mut tx,
+                actor,
+                "exit.reinstate",
+                &exit.to_string(),
+                serde_json::json!({}),
+            )
+            .await?;
+        }
+    }
     let latest: Option<ConsentRecord> = sqlx::query_as(&format!(
         "SELECT {CONSENT_COLUMNS} FROM consent_records WHERE exit_id = $1 ORDER BY version DESC LIMIT 1"
     ))
@@ -488,6 +512,15 @@ async fn append_consent(
     Ok(record)
 }
 
+/// What else a consent append does in its transaction.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Append {
+    /// Only the new consent version.
+    Record,
+    /// Also lifts the exit's withdrawal: only a fresh grant may do that.
+    Reinstate,
+}
+
 pub struct ConsentInsert {
     state: &'static str,
     granted_at: DateTime<Utc>,
@@ -506,6 +539,28 @@ pub async fn grant_consent(
     State(state): State<AppState>,
     Path(exit): Path<Uuid>,
     Json(body): Json<GrantConsent>,
+) -> Result<(StatusCode, Json<ConsentRecord>), ApiError> {
+    grant(state, exit, body, Append::Record).await
+}
+
+/// `POST /v1/exits/{id}/reinstate` (operators): brings back an exit its owner
+/// withdrew, only together with a fresh consent record (same body as a
+/// grant) in one transaction. The agent itself stays withdrawn until its
+/// owner runs `exit-agent opt-in` on the host: both sides must agree.
+pub async fn reinstate(
+    _: Operator,
+    State(state): State<AppState>,
+    Path(exit): Path<Uuid>,
+    Json(body): Json<GrantConsent>,
+) -> Result<(StatusCode, Json<ConsentRecord>), ApiError> {
+    grant(state, exit, body, Append::Reinstate).await
+}
+
+async fn grant(
+    state: AppState,
+    exit: Uuid,
+    body: GrantConsent,
+    mode: Append,
 ) -> Result<(StatusCode, Json<ConsentRecord>), ApiError> {
     if !["in_app_opt_in", "click_through_terms", "signed_contract"].contains(&body.method.as_str())
     {
@@ -540,7 +595,7 @@ pub async fn grant_consent(
             ));
         }
     }
-    let record = append_consent(&state, exit, "operator", |_| {
+    let record = append_consent(&state, exit, "operator", mode, |_| {
         Ok(ConsentInsert {
             state: "granted",
             granted_at,
@@ -588,7 +643,7 @@ pub async fn revoke_consent(
         return Err(ApiError::BadRequest("reason: 1 to 500 characters".into()));
     }
     let reason = body.reason.trim().to_owned();
-    let record = append_consent(&state, exit, "operator", |latest| {
+    let record = append_consent(&state, exit, "operator", Append::Record, |latest| {
         revocation(latest, reason)
     })
     .await?;
@@ -758,7 +813,7 @@ pub async fn agent_opt_out(
         .and_then(|Json(b)| b.reason)
         .map(|r| r.chars().take(500).collect::<String>())
         .unwrap_or_else(|| "withdrawn by the exit's owner (exit-agent opt-out)".into());
-    let revoked = append_consent(&state, exit, "agent", |latest| match latest {
+    let revoked = append_consent(&state, exit, "agent", Append::Record, |latest| match latest {
         Some(l) if l.state == "granted" => revocation(Some(l), reason.clone()),
         _ => Err(ApiError::Conflict("no consent to revoke".into())),
     })

@@ -7,7 +7,6 @@ use crate::extract::Json;
 use crate::extract::Path;
 use axum::extract::State;
 use axum::http::StatusCode;
-use redis::AsyncCommands;
 use serde::Serialize;
 use uuid::Uuid;
 
@@ -115,8 +114,13 @@ pub async fn end(
     valid_session(&session)?;
     user_exists(&state, caller, user).await?;
     let mut redis = state.redis.clone();
-    let removed: i64 = redis
-        .del(state.projector.keys().session(user, &session))
+    let keys = state.projector.keys();
+    // The pin and its entry in the user's session index (same slot): an
+    // ended session no longer counts against the user's session cap.
+    let (removed, _): (i64, i64) = redis::pipe()
+        .del(keys.session(user, &session))
+        .zrem(keys.session_index(user), &session)
+        .query_async(&mut redis)
         .await
         .map_err(|e| ApiError::Unavailable(format!("sessions unavailable: {e}")))?;
     if removed == 0 {

@@ -4,6 +4,11 @@
 //! number of the projection sequence) and is projected to Redis at once, so
 //! superproxies see revocations and password rotations without waiting for a
 //! cache to expire.
+//!
+//! Limits an operator writes become the user's ceilings; an account key's
+//! writes are fitted under them and under the account's entitlements
+//! ([`crate::ceilings`]). Allow-listed networks obey the account's
+//! [`AllowlistRules`] and never overlap another user's.
 
 use crate::extract::Json;
 use crate::extract::{Path, Query};
@@ -16,6 +21,7 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::auth::Caller;
+use crate::ceilings::{fit_under, AllowlistRules, Ceiling, Entitlements, Limits};
 use crate::error::{conflict_on_unique, ApiError};
 use crate::passwords::{validate_password, validate_username};
 use crate::routes::page::{finish, PageQuery};
@@ -39,16 +45,23 @@ pub struct CreateUser {
     allowlist_options: String,
 }
 
-/// Checks CIDRs (address/prefix, IPv4 or IPv6) and allow-list options.
-fn validate_allowlist(cidrs: &[String], options: &str) -> Result<(), ApiError> {
+/// Checks CIDRs (address/prefix, IPv4 or IPv6) against the account's rules
+/// (prefix length, special ranges) and the allow-list options.
+fn validate_allowlist(
+    cidrs: &[String],
+    options: &str,
+    rules: &AllowlistRules,
+) -> Result<(), ApiError> {
     if cidrs.len() > 256 {
         return Err(ApiError::BadRequest(
             "allowed_source_cidrs: at most 256".into(),
         ));
     }
     for c in cidrs {
-        c.parse::<proxynet_protocol::egress::Cidr>()
+        let cidr = c
+            .parse::<proxynet_protocol::egress::Cidr>()
             .map_err(|e| ApiError::BadRequest(format!("allowed_source_cidrs: {e}")))?;
+        check_allowlist_network(&cidr, rules)?;
     }
     if options.is_empty() {
         return Ok(());
@@ -79,8 +92,45 @@ fn validate_allowlist(cidrs: &[String], options: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// One allow-listed network against the account's rules: no wider than the
+/// account may claim (IPv4 /24, IPv6 /48 unless the operator allowed more),
+/// and no special-purpose range (private, loopback, multicast, ...) unless the
+/// operator allowed those: anyone behind such an address could otherwise
+/// ride the account without a password.
+fn check_allowlist_network(
+    cidr: &proxynet_protocol::egress::Cidr,
+    rules: &AllowlistRules,
+) -> Result<(), ApiError> {
+    let (min, family) = match cidr.network() {
+        std::net::IpAddr::V4(_) => (
+            rules
+                .min_prefix_v4
+                .unwrap_or(crate::ceilings::MIN_PREFIX_V4),
+            "IPv4",
+        ),
+        std::net::IpAddr::V6(_) => (
+            rules
+                .min_prefix_v6
+                .unwrap_or(crate::ceilings::MIN_PREFIX_V6),
+            "IPv6",
+        ),
+    };
+    if cidr.prefix_len() < min {
+        return Err(ApiError::Forbidden(format!(
+            "allowed_source_cidrs: {cidr} is wider than this account may allow-list ({family} /{min} or narrower; an operator can allow more in the account's entitlements)"
+        )));
+    }
+    if !rules.special_ranges && cidr.touches_special_range() {
+        return Err(ApiError::Forbidden(format!(
+            "allowed_source_cidrs: {cidr} is in a private, loopback, multicast or other special-purpose range (an operator can allow these in the account's entitlements)"
+        )));
+    }
+    Ok(())
+}
+
 /// Replaces a user's allow-listed CIDRs inside `tx`; an overlap with another
-/// user's is a 409.
+/// user's is a 409 that names neither that user, nor its account, nor its
+/// network.
 async fn set_cidrs(
     tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
     user: Uuid,
@@ -101,89 +151,13 @@ async fn set_cidrs(
                     if matches!(db.code().as_deref(), Some("23P01") | Some("23505")) =>
                 {
                     ApiError::Conflict(format!(
-                        "allowed_source_cidrs: {c} overlaps a network already allow-listed for a user"
+                        "allowed_source_cidrs: {c} cannot be allow-listed: it overlaps a network already in use"
                     ))
                 }
                 _ => ApiError::from(e),
             })?;
     }
     Ok(())
-}
-
-/// Per-user limits, enforced across all superproxies. `null` removes a limit.
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-pub struct Limits {
-    max_concurrent_tunnels: Option<i32>,
-    max_new_tunnels_per_second: Option<i32>,
-    /// Bytes (up + down) per `period`.
-    bandwidth_bytes: Option<i64>,
-    /// `daily` or `monthly` (UTC calendar); default monthly.
-    period: Option<String>,
-    /// Soft warning threshold, percent of `bandwidth_bytes` (default 80).
-    warn_percent: Option<i32>,
-    /// Exit source types the user may use (default: any).
-    allowed_source_types: Option<Vec<String>>,
-    /// Exit countries (ISO 3166-1 alpha-2, upper case) the user may use (default: any).
-    allowed_countries: Option<Vec<String>>,
-    /// Acquisition channels of exit sources the user may use (default: any),
-    /// e.g. `["owned", "leased"]` for datacenter addresses we own or lease only.
-    allowed_channels: Option<Vec<String>>,
-}
-
-impl Limits {
-    fn validate(&self) -> Result<(), ApiError> {
-        for (field, value) in [
-            ("limits.max_concurrent_tunnels", self.max_concurrent_tunnels),
-            (
-                "limits.max_new_tunnels_per_second",
-                self.max_new_tunnels_per_second,
-            ),
-        ] {
-            if value.is_some_and(|v| v <= 0) {
-                return Err(ApiError::BadRequest(format!(
-                    "{field}: must be a positive number"
-                )));
-            }
-        }
-        if self.bandwidth_bytes.is_some_and(|v| v <= 0) {
-            return Err(ApiError::BadRequest(
-                "limits.bandwidth_bytes: must be a positive number".into(),
-            ));
-        }
-        if self.warn_percent.is_some_and(|w| !(1..=100).contains(&w)) {
-            return Err(ApiError::BadRequest("limits.warn_percent: 1 to 100".into()));
-        }
-        for t in self.allowed_source_types.iter().flatten() {
-            if proxynet_protocol::store::SourceType::parse(t).is_none() {
-                return Err(ApiError::BadRequest(format!(
-                    "limits.allowed_source_types: {t:?} is not dc, isp, res or mobile"
-                )));
-            }
-        }
-        for c in self.allowed_countries.iter().flatten() {
-            if c.len() != 2 || !c.bytes().all(|b| b.is_ascii_uppercase()) {
-                return Err(ApiError::BadRequest(format!(
-                    "limits.allowed_countries: {c:?} is not an upper-case alpha-2 code"
-                )));
-            }
-        }
-        for c in self.allowed_channels.iter().flatten() {
-            if proxynet_protocol::store::Channel::parse(c).is_none() {
-                return Err(ApiError::BadRequest(format!(
-                    "limits.allowed_channels: {c:?} is not owned, leased, isp, sdk, extension, sharing or reseller"
-                )));
-            }
-        }
-        if let Some(p) = &self.period {
-            if proxynet_protocol::store::QuotaPeriod::parse(p).is_none() {
-                return Err(ApiError::BadRequest(
-                    "limits.period: daily or monthly".into(),
-                ));
-            }
-        }
-        Ok(())
-    }
 }
 
 #[derive(Deserialize)]
@@ -215,15 +189,50 @@ pub struct User {
     allowed_channels: Option<Vec<String>>,
     allowed_source_cidrs: Vec<String>,
     allowlist_options: String,
+    /// The limits an operator set: an account key may not exceed them.
+    ceilings: sqlx::types::Json<Limits>,
     created_at: DateTime<Utc>,
     updated_at: DateTime<Utc>,
 }
+
 
 const USER_COLUMNS: &str = "id, account_id, username, enabled, version, max_concurrent_tunnels, \
      max_new_tunnels_per_second, bandwidth_bytes, quota_period, quota_warn_percent, \
      allowed_source_types, allowed_countries, allowed_channels, \
      ARRAY(SELECT c.cidr::text FROM user_source_cidrs c WHERE c.user_id = proxy_users.id ORDER BY c.cidr) \
-       AS allowed_source_cidrs, allowlist_options, created_at, updated_at";
+       AS allowed_source_cidrs, allowlist_options, ceilings, created_at, updated_at";
+
+/// The account's entitlements, 404 if the account is absent or deleted.
+pub async fn entitlements(
+    db: impl sqlx::PgExecutor<'_>,
+    account: Uuid,
+) -> Result<Entitlements, ApiError> {
+    let row: Option<(sqlx::types::Json<Entitlements>,)> =
+        sqlx::query_as("SELECT entitlements FROM accounts WHERE id = $1 AND deleted_at IS NULL")
+            .bind(account)
+            .fetch_optional(db)
+            .await?;
+    row.map(|(e,)| e.0).ok_or(ApiError::NotFound("account"))
+}
+
+/// What the caller may store as a user's limits and ceilings: an operator's
+/// limits become the ceilings; an account key's are fitted under the user's
+/// ceilings and the account's entitlements.
+fn limits_to_store(
+    caller: Caller,
+    mut limits: Limits,
+    ceilings: &Limits,
+    entitled: &Entitlements,
+) -> Result<(Limits, Limits), ApiError> {
+    match caller {
+        Caller::Operator => Ok((limits.clone(), limits)),
+        Caller::Account(_) => {
+            fit_under(&mut limits, ceilings, Ceiling::User)?;
+            fit_under(&mut limits, &entitled.limits, Ceiling::Account)?;
+            Ok((limits, ceilings.clone()))
+        }
+    }
+}
 
 pub async fn create(
     caller: Caller,
@@ -235,29 +244,38 @@ pub async fn create(
     validate_username(&body.username)?;
     validate_password(body.password.expose())?;
     body.limits.validate()?;
-    validate_allowlist(&body.allowed_source_cidrs, &body.allowlist_options)?;
-    super::accounts::ensure_exists(&state, account_id).await?;
+    let entitled = entitlements(&state.db, account_id).await?;
+    validate_allowlist(
+        &body.allowed_source_cidrs,
+        &body.allowlist_options,
+        &entitled.allowlist,
+    )?;
+    let (limits, ceilings) =
+        limits_to_store(caller, body.limits, &Limits::default(), &entitled)?;
     let hash = state.hashing.hash(body.password).await?;
     let mut tx = state.db.begin().await?;
     let user: User = sqlx::query_as(&format!(
         "INSERT INTO proxy_users (id, account_id, username, password_hash, max_concurrent_tunnels,
                                   max_new_tunnels_per_second, bandwidth_bytes, quota_period, quota_warn_percent,
-                                  allowed_source_types, allowed_countries, allowed_channels, allowlist_options)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, COALESCE($8, 'monthly'), COALESCE($9, 80), $10, $11, $12, $13) RETURNING {USER_COLUMNS}"
+                                  allowed_source_types, allowed_countries, allowed_channels, allowlist_options,
+                                  ceilings)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, COALESCE($8, 'monthly'), COALESCE($9, 80), $10, $11, $12, $13, $14)
+         RETURNING {USER_COLUMNS}"
     ))
     .bind(Uuid::new_v4())
     .bind(account_id)
     .bind(&body.username)
     .bind(&hash)
-    .bind(body.limits.max_concurrent_tunnels)
-    .bind(body.limits.max_new_tunnels_per_second)
-    .bind(body.limits.bandwidth_bytes)
-    .bind(&body.limits.period)
-    .bind(body.limits.warn_percent)
-    .bind(&body.limits.allowed_source_types)
-    .bind(&body.limits.allowed_countries)
-    .bind(&body.limits.allowed_channels)
+    .bind(limits.max_concurrent_tunnels)
+    .bind(limits.max_new_tunnels_per_second)
+    .bind(limits.bandwidth_bytes)
+    .bind(&limits.period)
+    .bind(limits.warn_percent)
+    .bind(&limits.allowed_source_types)
+    .bind(&limits.allowed_countries)
+    .bind(&limits.allowed_channels)
     .bind(&body.allowlist_options)
+    .bind(sqlx::types::Json(&ceilings))
     .fetch_one(&mut *tx)
     .await
     .map_err(|e| conflict_on_unique(e, "username: already taken"))?;
@@ -346,10 +364,21 @@ pub async fn update(
     if let Some(limits) = &body.limits {
         limits.validate()?;
     }
+    // Who the user belongs to and what bounds it (404 for another account's).
+    let (account_id, ceilings) = {
+        let current = fetch(&state, caller, id).await?;
+        (current.account_id, current.ceilings.0)
+    };
+    let entitled = entitlements(&state.db, account_id).await?;
     validate_allowlist(
         body.allowed_source_cidrs.as_deref().unwrap_or_default(),
         body.allowlist_options.as_deref().unwrap_or_default(),
+        &entitled.allowlist,
     )?;
+    let stored = match body.limits {
+        Some(limits) => Some(limits_to_store(caller, limits, &ceilings, &entitled)?),
+        None => None,
+    };
     let new_hash = match body.password {
         Some(password) => {
             validate_password(password.expose())?;
@@ -357,6 +386,7 @@ pub async fn update(
         }
         None => None,
     };
+    let limits = stored.as_ref().map(|(limits, _)| limits);
     let mut tx = state.db.begin().await?;
     let user: User = sqlx::query_as(&format!(
         "UPDATE proxy_users
@@ -371,6 +401,7 @@ pub async fn update(
                 allowed_countries = CASE WHEN $4 THEN $12 ELSE allowed_countries END,
                 allowed_channels = CASE WHEN $4 THEN $13 ELSE allowed_channels END,
                 allowlist_options = COALESCE($14, allowlist_options),
+                ceilings = CASE WHEN $4 THEN $15 ELSE ceilings END,
                 updated_at = now()
           WHERE id = $1 AND deleted_at IS NULL AND ($7::uuid IS NULL OR account_id = $7)
         RETURNING {USER_COLUMNS}"
@@ -378,17 +409,20 @@ pub async fn update(
     .bind(id)
     .bind(body.enabled)
     .bind(new_hash.as_deref())
-    .bind(body.limits.is_some())
-    .bind(body.limits.as_ref().and_then(|l| l.max_concurrent_tunnels))
-    .bind(body.limits.as_ref().and_then(|l| l.max_new_tunnels_per_second))
+    .bind(limits.is_some())
+    .bind(limits.and_then(|l| l.max_concurrent_tunnels))
+    .bind(limits.and_then(|l| l.max_new_tunnels_per_second))
     .bind(caller.scope())
-    .bind(body.limits.as_ref().and_then(|l| l.bandwidth_bytes))
-    .bind(body.limits.as_ref().and_then(|l| l.period.clone()))
-    .bind(body.limits.as_ref().and_then(|l| l.warn_percent))
-    .bind(body.limits.as_ref().and_then(|l| l.allowed_source_types.clone()))
-    .bind(body.limits.as_ref().and_then(|l| l.allowed_countries.clone()))
-    .bind(body.limits.as_ref().and_then(|l| l.allowed_channels.clone()))
+    .bind(limits.and_then(|l| l.bandwidth_bytes))
+    .bind(limits.and_then(|l| l.period.clone()))
+    .bind(limits.and_then(|l| l.warn_percent))
+    .bind(limits.and_then(|l| l.allowed_source_types.clone()))
+    .bind(limits.and_then(|l| l.allowed_countries.clone()))
+    .bind(limits.and_then(|l| l.allowed_channels.clone()))
     .bind(body.allowlist_options.as_deref())
+    .bind(sqlx::types::Json(
+        stored.as_ref().map(|(_, c)| c.clone()).unwrap_or_default(),
+    ))
     .fetch_optional(&mut *tx)
     .await?
     .ok_or(ApiError::NotFound("user"))?;
@@ -408,7 +442,7 @@ pub async fn update(
     let detail = serde_json::json!({
         "enabled": body.enabled,
         "password_rotated": new_hash.is_some(),
-        "limits_changed": body.limits.is_some(),
+        "limits_changed": stored.is_some(),
         "allowed_source_cidrs": body.allowed_source_cidrs,
     });
     audit::record(

@@ -17,11 +17,14 @@ use crate::pipeline::Pipeline;
 /// Peeks at the first byte and hands the connection to the right protocol.
 pub async fn serve_any(pipeline: Arc<Pipeline>, stream: TcpStream, ticket: ConnectionTicket) {
     let mut first = [0u8; 1];
-    let peeked = tokio::time::timeout(
-        pipeline.config.header_read_timeout(),
-        stream.peek(&mut first),
-    )
-    .await;
+    let peeked = tokio::select! {
+        peeked = tokio::time::timeout(
+            pipeline.config.header_read_timeout(),
+            stream.peek(&mut first),
+        ) => peeked,
+        // The pre-auth deadline (or a drain) ends a silent connection.
+        () = ticket.cut().cancelled() => return,
+    };
     match peeked {
         Ok(Ok(1)) if first[0] == 0x05 => socks5::serve_connection(pipeline, stream, ticket).await,
         Ok(Ok(1)) => {

@@ -31,11 +31,17 @@ pub async fn serve_connection(
     let _ = stream.set_nodelay(true);
     let started = Instant::now();
     let peer = ticket.peer();
-    let handshake = tokio::time::timeout(
-        pipeline.config.header_read_timeout(),
-        handshake(&pipeline, stream, peer),
-    )
-    .await;
+    let handshake = tokio::select! {
+        done = tokio::time::timeout(
+            pipeline.config.header_read_timeout(),
+            handshake(&pipeline, stream, &ticket),
+        ) => done,
+        // The pre-auth deadline (or a drain) ends a handshake too.
+        () = ticket.cut().cancelled() => {
+            tracing::debug!(%peer, "SOCKS handshake cut");
+            return;
+        }
+    };
     let (proto, target, client) = match handshake {
         Err(_) => {
             tracing::debug!(%peer, "SOCKS handshake timed out");
@@ -87,8 +93,9 @@ pub async fn serve_connection(
 async fn handshake(
     pipeline: &Pipeline,
     stream: TcpStream,
-    peer: SocketAddr,
+    ticket: &ConnectionTicket,
 ) -> Result<Option<(CommandRead, Target, Client)>, String> {
+    let peer = ticket.peer();
     let auth = Socks5ServerProtocol::start(stream)
         .negotiate_auth(&[PasswordAuthentication])
         .await
@@ -101,7 +108,7 @@ async fn handshake(
         username,
         password: Secret::new(password),
     };
-    let (accepted, client) = match pipeline.authenticate(Some(credentials), peer.ip()).await {
+    let (accepted, client) = match pipeline.authenticate(Some(credentials), ticket).await {
         Ok(client) => (pending.accept().await.map_err(|e| e.to_string())?, client),
         Err(e) => {
             tracing::debug!(%peer, error = %e, "SOCKS login refused");

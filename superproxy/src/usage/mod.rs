@@ -1,5 +1,9 @@
 //! Exact byte accounting: meters on every tunnel, flushed to the ledger.
 //!
+//! Three rooms: [`meter`] (the hot path: counting and quota budgets),
+//! this module (batches to the Redis usage stream and the shared quota
+//! counters) and [`spill`] (the disk file for batches Redis did not take).
+//!
 //! Every stream to an exit is wrapped in a [`Metered`] reader/writer that
 //! counts bytes as they cross it: written to the exit = up (client → target),
 //! read from the exit = down. For CONNECT and SOCKS5 that is exactly the tunnel
@@ -7,33 +11,40 @@
 //! (heads included, hop-by-hop fields already removed) — see docs/usage.md.
 //!
 //! Once a second the [`UsageRecorder`] takes every meter's delta, sums them per
-//! (account, user, exit, minute) and appends one batch with a fresh id to the
-//! Redis usage stream; meters of finished tunnels are flushed one last time and
-//! dropped. If Redis is unreachable the batch is kept and retried (the same
-//! batch id, so the ledger cannot count it twice); beyond
-//! `usage_memory_batches` in memory, batches go to an append-only spill file
-//! (`usage_spill_dir`) and are replayed, oldest first, when Redis answers
-//! again — also by the next superproxy started on the same directory.
+//! (account, user, exit, source type, minute) and appends one batch with a
+//! fresh id to the Redis usage stream; meters of finished tunnels are flushed
+//! one last time and dropped. If Redis does not take a batch, it goes to the
+//! append-only spill file (`usage_spill_dir`) at once — the first failed send,
+//! not a memory bound — and is replayed, oldest first, when Redis answers
+//! again (the same batch id, so the ledger cannot count it twice), also by the
+//! next superproxy started on the same directory. So `kill -9` during a Redis
+//! outage loses at most the one flush interval not yet collected. Without a
+//! spill directory batches wait in memory (at most `usage_memory_batches`).
 //!
-//! Each batch also advances the shared quota counters of its users. That
+//! Each batch also advances the shared quota counters of its users and
+//! accounts. That
 //! update is idempotent too: every batch carries this instance's sequence
 //! number, and a counter moves only for a sequence number above the last one
 //! it applied from this instance, so a batch re-sent after a lost reply never
 //! counts twice. A clean shutdown flushes (or spills); `kill -9` loses at
 //! most one flush interval.
 
+mod meter;
+mod spill;
+
+pub use meter::{Budget, Meter, MeterHandle, Metered, QuotaBinding, QuotaOwner};
+
 use proxynet_protocol::redis_target::RedisConnection;
-use proxynet_protocol::store::{Keys, QuotaPeriod, TargetRow, UsageBatch, UsageRow};
+use proxynet_protocol::store::{
+    Keys, QuotaPeriod, SourceType, TargetRow, UsageBatch, UsageRow,
+};
 use serde::{Deserialize, Serialize};
+use spill::Spill;
 use std::collections::HashMap;
-use std::io;
 use std::path::PathBuf;
-use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use uuid::Uuid;
 
 /// (Public so tests can run it against a real Redis.)
@@ -52,152 +63,6 @@ end
 return tonumber(redis.call('GET', KEYS[1]) or '0')
 ";
 
-/// Counters of one tunnel (or one forwarded request's upstream connection).
-#[derive(Debug)]
-pub struct Meter {
-    pub account_id: Uuid,
-    pub user_id: Uuid,
-    pub exit_id: Uuid,
-    /// The user's bandwidth quota, if any: its bytes count against it.
-    pub quota: Option<(u64, QuotaPeriod)>,
-    up: AtomicU64,
-    down: AtomicU64,
-    done: AtomicBool,
-    /// Set when the user's quota is exhausted: the stream fails its next I/O.
-    cut: AtomicBool,
-    /// Bytes the user may still move through this instance; shared by all the
-    /// user's tunnels here, so one stream is cut within one chunk of its quota.
-    budget: Option<Arc<AtomicI64>>,
-}
-
-impl Meter {
-    pub fn up(&self) -> u64 {
-        self.up.load(Ordering::Relaxed)
-    }
-    pub fn down(&self) -> u64 {
-        self.down.load(Ordering::Relaxed)
-    }
-}
-
-/// Marks its meter finished when dropped, so the next flush is its last.
-pub struct MeterHandle(pub Arc<Meter>);
-
-impl Drop for MeterHandle {
-    fn drop(&mut self) {
-        self.0.done.store(true, Ordering::Release);
-    }
-}
-
-/// An I/O stream to an exit that counts what crosses it.
-pub struct Metered<IO> {
-    io: IO,
-    meter: MeterHandle,
-}
-
-impl<IO> Metered<IO> {
-    pub fn new(io: IO, meter: MeterHandle) -> Self {
-        Self { io, meter }
-    }
-
-    fn count(&self, n: u64) {
-        if let Some(budget) = &self.meter.0.budget {
-            let n = i64::try_from(n).unwrap_or(i64::MAX);
-            if budget.fetch_sub(n, Ordering::Relaxed) - n <= 0 {
-                self.meter.0.cut.store(true, Ordering::Relaxed);
-            }
-        }
-    }
-}
-
-fn quota_cut() -> io::Error {
-    io::Error::new(
-        io::ErrorKind::ConnectionAborted,
-        "bandwidth quota exhausted",
-    )
-}
-
-impl<IO: AsyncRead + Unpin> AsyncRead for Metered<IO> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        if self.meter.0.cut.load(Ordering::Relaxed) {
-            return Poll::Ready(Err(quota_cut()));
-        }
-        let before = buf.filled().len();
-        let result = Pin::new(&mut self.io).poll_read(cx, buf);
-        let n = (buf.filled().len() - before) as u64;
-        if n > 0 {
-            self.meter.0.down.fetch_add(n, Ordering::Relaxed);
-            self.count(n);
-        }
-        result
-    }
-}
-
-impl<IO: proxynet_protocol::splice::ChunkIo> proxynet_protocol::splice::ChunkIo for Metered<IO> {
-    fn chunked(&self) -> bool {
-        self.io.chunked()
-    }
-
-    fn poll_read_chunk(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<io::Result<Option<bytes::Bytes>>> {
-        if self.meter.0.cut.load(Ordering::Relaxed) {
-            return Poll::Ready(Err(quota_cut()));
-        }
-        let result = Pin::new(&mut self.io).poll_read_chunk(cx);
-        if let Poll::Ready(Ok(Some(chunk))) = &result {
-            let n = chunk.len() as u64;
-            self.meter.0.down.fetch_add(n, Ordering::Relaxed);
-            self.count(n);
-        }
-        result
-    }
-
-    fn poll_write_chunk(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        chunk: &mut bytes::Bytes,
-    ) -> Poll<io::Result<usize>> {
-        if self.meter.0.cut.load(Ordering::Relaxed) {
-            return Poll::Ready(Err(quota_cut()));
-        }
-        let result = Pin::new(&mut self.io).poll_write_chunk(cx, chunk);
-        if let Poll::Ready(Ok(n)) = &result {
-            self.meter.0.up.fetch_add(*n as u64, Ordering::Relaxed);
-            self.count(*n as u64);
-        }
-        result
-    }
-}
-
-impl<IO: AsyncWrite + Unpin> AsyncWrite for Metered<IO> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        if self.meter.0.cut.load(Ordering::Relaxed) {
-            return Poll::Ready(Err(quota_cut()));
-        }
-        let result = Pin::new(&mut self.io).poll_write(cx, buf);
-        if let Poll::Ready(Ok(n)) = &result {
-            self.meter.0.up.fetch_add(*n as u64, Ordering::Relaxed);
-            self.count(*n as u64);
-        }
-        result
-    }
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_flush(cx)
-    }
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_shutdown(cx)
-    }
-}
-
 /// What a meter had reported at the last flush.
 struct Tracked {
     meter: Arc<Meter>,
@@ -205,15 +70,22 @@ struct Tracked {
     sent_down: u64,
 }
 
-/// One user's share of a batch, for their quota counter.
+/// One quota owner's share of a batch, for its shared counter.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct QuotaDelta {
-    user: Uuid,
+    /// The user or account whose counter this is.
+    #[serde(alias = "user")]
+    owner: Uuid,
     counter: String,
     bytes: u64,
     limit: u64,
     /// Counter expiry, Unix seconds.
     expire_at: i64,
+    /// The owner's budget's `spent` when the batch was collected: what it
+    /// spent after that is not in this batch (not in the spill file: a
+    /// replayed batch leaves budgets alone).
+    #[serde(skip)]
+    spent_at_collect: Option<u64>,
 }
 
 /// A batch, the quota counters it advances and its place in this instance's
@@ -225,6 +97,16 @@ struct Pending {
     quota: Vec<QuotaDelta>,
 }
 
+/// What one quota is, as the pipeline asks for it on a new tunnel.
+#[derive(Debug, Clone, Copy)]
+pub struct QuotaSpec {
+    pub owner: QuotaOwner,
+    pub limit: u64,
+    pub period: QuotaPeriod,
+    /// Bytes used this period according to the shared counter.
+    pub used: u64,
+}
+
 pub struct UsageRecorder {
     superproxy_id: Uuid,
     redis: RedisConnection,
@@ -233,10 +115,10 @@ pub struct UsageRecorder {
     pending: tokio::sync::Mutex<Vec<Pending>>,
     next_seq: AtomicU64,
     spill: Option<Spill>,
-    /// Most unsent batches kept in memory; older ones are spilled.
+    /// Most unsent batches kept in memory (only without a spill directory).
     memory_batches: usize,
-    /// Per-user byte budgets of users with quotas and tunnels here.
-    budgets: Mutex<HashMap<Uuid, Arc<AtomicI64>>>,
+    /// Byte budgets of the quota owners (users, accounts) with tunnels here.
+    budgets: Mutex<HashMap<Uuid, Arc<Budget>>>,
     /// Tunnels opened since the last flush, per abuse-lookup key.
     targets: Mutex<HashMap<TargetKey, u32>>,
     /// Bytes (up, down) per exit since start, for the fleet view.
@@ -247,6 +129,9 @@ pub struct UsageRecorder {
 
 /// (account, user, exit, egress IP, target host, target port, minute)
 type TargetKey = (Uuid, Uuid, Uuid, std::net::IpAddr, String, u16, i64);
+
+/// (account, user, exit, source type): one ledger row per minute.
+type RowKey = (Uuid, Uuid, Uuid, Option<SourceType>);
 
 impl UsageRecorder {
     pub fn new(
@@ -311,47 +196,51 @@ impl UsageRecorder {
         }
     }
 
-    /// What `user` may still move here: the running budget if the user has
-    /// tunnels on this instance, else `quota - used` from the shared counter.
-    pub fn budget_left(&self, user: Uuid, quota: u64, used: u64) -> i64 {
-        let fresh = i64::try_from(quota.saturating_sub(used)).unwrap_or(i64::MAX);
-        self.budgets
-            .lock()
-            .map(|mut b| {
-                b.entry(user)
-                    .or_insert_with(|| Arc::new(AtomicI64::new(fresh)))
-                    .load(Ordering::Relaxed)
-            })
-            .unwrap_or(fresh)
+    /// The budget of a quota owner: the running one if it has tunnels here,
+    /// else a fresh one of `limit - used` from the shared counter.
+    fn budget(&self, spec: &QuotaSpec) -> Arc<Budget> {
+        let fresh = || {
+            Arc::new(Budget::new(
+                i64::try_from(spec.limit.saturating_sub(spec.used)).unwrap_or(i64::MAX),
+            ))
+        };
+        match self.budgets.lock() {
+            Ok(mut b) => b.entry(spec.owner.id()).or_insert_with(fresh).clone(),
+            Err(_) => fresh(),
+        }
     }
 
-    /// A new meter for a tunnel through `exit_id` on behalf of the user.
+    /// What the owner may still move here (≤ 0: nothing).
+    pub fn budget_left(&self, spec: &QuotaSpec) -> i64 {
+        self.budget(spec).left()
+    }
+
+    /// A new meter for a tunnel through `exit_id` on behalf of the user,
+    /// bound to `quotas` (the user's and the account's, where set).
     pub fn meter(
         &self,
         account_id: Uuid,
         user_id: Uuid,
         exit_id: Uuid,
-        quota: Option<(u64, QuotaPeriod)>,
+        source_type: Option<SourceType>,
+        quotas: &[QuotaSpec],
     ) -> MeterHandle {
-        let budget = quota.and_then(|(limit, _)| {
-            let fresh = i64::try_from(limit).unwrap_or(i64::MAX);
-            self.budgets.lock().ok().map(|mut b| {
-                b.entry(user_id)
-                    .or_insert_with(|| Arc::new(AtomicI64::new(fresh)))
-                    .clone()
+        let bindings = quotas
+            .iter()
+            .map(|spec| QuotaBinding {
+                owner: spec.owner,
+                limit: spec.limit,
+                period: spec.period,
+                budget: self.budget(spec),
             })
-        });
-        let meter = Arc::new(Meter {
+            .collect();
+        let meter = Arc::new(Meter::new(
             account_id,
             user_id,
             exit_id,
-            quota,
-            up: AtomicU64::new(0),
-            down: AtomicU64::new(0),
-            done: AtomicBool::new(false),
-            cut: AtomicBool::new(false),
-            budget,
-        });
+            source_type,
+            bindings,
+        ));
         if let Ok(mut meters) = self.meters.lock() {
             meters.push(Tracked {
                 meter: meter.clone(),
@@ -362,14 +251,32 @@ impl UsageRecorder {
         MeterHandle(meter)
     }
 
+    /// The shared counter's key for a quota owner in the window of `now`.
+    fn counter(&self, owner: QuotaOwner, period: QuotaPeriod, now: i64) -> (String, i64) {
+        let (window, _, end) = period.window(now);
+        let key = match owner {
+            QuotaOwner::User(id) => self.keys.quota_used(id, &window),
+            QuotaOwner::Account(id) => self.keys.account_quota_used(id, &window),
+        };
+        (key, end)
+    }
+
     /// Collects every meter's delta into a batch (none if nothing moved).
     fn collect(&self) -> Option<Pending> {
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs() as i64);
         let minute = now / 60 * 60;
-        let mut sums: HashMap<(Uuid, Uuid, Uuid), (u64, u64)> = HashMap::new();
-        let mut quota: HashMap<(Uuid, String), (u64, u64, i64)> = HashMap::new();
+        // Each budget's spend is read before the meters: whatever is spent
+        // after it is counted as not yet in the shared counter, so a budget
+        // refreshed from this batch errs low, never high.
+        let spent: HashMap<Uuid, u64> = self
+            .budgets
+            .lock()
+            .map(|b| b.iter().map(|(id, b)| (*id, b.spent())).collect())
+            .unwrap_or_default();
+        let mut sums: HashMap<RowKey, (u64, u64)> = HashMap::new();
+        let mut quota: HashMap<(QuotaOwner, String), (u64, u64, i64)> = HashMap::new();
         let mut meters = self.meters.lock().ok()?;
         meters.retain_mut(|t| {
             // Read `done` first: bytes counted before it was set are then seen below.
@@ -377,18 +284,16 @@ impl UsageRecorder {
             let (up, down) = (t.meter.up(), t.meter.down());
             let delta = (up - t.sent_up, down - t.sent_down);
             if delta != (0, 0) {
+                let m = &t.meter;
                 let entry = sums
-                    .entry((t.meter.account_id, t.meter.user_id, t.meter.exit_id))
+                    .entry((m.account_id, m.user_id, m.exit_id, m.source_type))
                     .or_default();
                 entry.0 += delta.0;
                 entry.1 += delta.1;
-                if let Some((limit, period)) = t.meter.quota {
-                    let (window, _, end) = period.window(now);
-                    let key = self.keys.quota_used(t.meter.user_id, &window);
-                    let q = quota
-                        .entry((t.meter.user_id, key))
-                        .or_insert((0, limit, end));
-                    q.0 += delta.0 + delta.1;
+                for q in &m.quotas {
+                    let (key, end) = self.counter(q.owner, q.period, now);
+                    let e = quota.entry((q.owner, key)).or_insert((0, q.limit, end));
+                    e.0 += delta.0 + delta.1;
                 }
                 t.sent_up = up;
                 t.sent_down = down;
@@ -400,7 +305,7 @@ impl UsageRecorder {
             .values()
             .fold((0, 0), |(u, d), (du, dd)| (u + du, d + dd));
         if let Ok(mut exits) = self.exit_bytes.lock() {
-            for ((_, _, exit), (du, dd)) in &sums {
+            for ((_, _, exit, _), (du, dd)) in &sums {
                 let e = exits.entry(*exit).or_default();
                 e.0 += du;
                 e.1 += dd;
@@ -439,13 +344,14 @@ impl UsageRecorder {
         let rows = sums
             .into_iter()
             .map(
-                |((account_id, user_id, exit_id), (bytes_up, bytes_down))| UsageRow {
+                |((account_id, user_id, exit_id, source_type), (bytes_up, bytes_down))| UsageRow {
                     account_id,
                     user_id,
                     exit_id,
                     minute,
                     bytes_up,
                     bytes_down,
+                    source_type,
                 },
             )
             .collect();
@@ -459,27 +365,32 @@ impl UsageRecorder {
             seq: self.next_seq.fetch_add(1, Ordering::Relaxed),
             quota: quota
                 .into_iter()
-                .map(|((user, counter), (bytes, limit, end))| QuotaDelta {
-                    user,
+                .map(|((owner, counter), (bytes, limit, end))| QuotaDelta {
+                    owner: owner.id(),
                     counter,
                     bytes,
                     limit,
                     expire_at: end + 7 * 86_400,
+                    spent_at_collect: spent.get(&owner.id()).copied(),
                 })
                 .collect(),
         })
     }
 
-    /// Stops every tunnel of `user` on this instance at its next read or write.
-    fn cut_user(&self, user: Uuid) {
+    /// Stops every tunnel whose bytes count against `owner`'s quota (a user
+    /// or an account) on this instance, at its next read or write.
+    fn cut_owner(&self, owner: Uuid) {
         if let Ok(meters) = self.meters.lock() {
-            for t in meters.iter().filter(|t| t.meter.user_id == user) {
-                t.meter.cut.store(true, Ordering::Relaxed);
+            for t in meters
+                .iter()
+                .filter(|t| t.meter.quotas.iter().any(|q| q.owner.id() == owner))
+            {
+                t.meter.cut();
             }
         }
     }
 
-    /// Sends one batch: the stream entry, then each user's quota counter
+    /// Sends one batch: the stream entry, then each owner's quota counter
     /// (both idempotent, so a retry after a lost reply counts nothing twice).
     async fn send(&self, next: &Pending) -> Result<(), redis::RedisError> {
         let json = serde_json::to_string(&next.batch).map_err(|e| {
@@ -493,8 +404,8 @@ impl UsageRecorder {
             .arg(json)
             .query_async(&mut redis)
             .await?;
-        // Each user's counter lives in that user's slot (on a cluster, maybe
-        // each on another node).
+        // Each owner's counter lives in that owner's slot (on a cluster,
+        // maybe each on another node).
         let totals: Vec<u64> = redis
             .query_batch(
                 next.quota
@@ -515,25 +426,30 @@ impl UsageRecorder {
             )
             .await?;
         for (delta, total) in next.quota.iter().zip(totals) {
-            // The shared counter is the truth: it includes other instances.
-            if let Some(budget) = self
-                .budgets
-                .lock()
-                .ok()
-                .and_then(|b| b.get(&delta.user).cloned())
-            {
-                budget.store(delta.limit as i64 - total as i64, Ordering::Relaxed);
+            // The shared counter is the truth (it includes other instances),
+            // less what this instance spent since the batch was collected.
+            if let (Some(at_collect), Some(budget)) = (
+                delta.spent_at_collect,
+                self.budgets
+                    .lock()
+                    .ok()
+                    .and_then(|b| b.get(&delta.owner).cloned()),
+            ) {
+                let unsent = budget.spent().saturating_sub(at_collect);
+                budget.reset(delta.limit as i64 - total as i64 - unsent as i64);
             }
             if total >= delta.limit {
-                tracing::info!(user = %delta.user, total, limit = delta.limit, "bandwidth quota exhausted; cutting the user's tunnels");
-                self.cut_user(delta.user);
+                tracing::info!(owner = %delta.owner, total, limit = delta.limit, "bandwidth quota exhausted; cutting its tunnels");
+                self.cut_owner(delta.owner);
             }
         }
         Ok(())
     }
 
     /// Collects and sends everything not yet in the stream: spilled batches
-    /// first (they are older), then those in memory.
+    /// first (they are older), then those in memory. A batch Redis does not
+    /// take goes to the spill file at once (with a spill directory), so
+    /// nothing collected lives only in memory beyond one failed send.
     pub async fn flush(&self) {
         let mut pending = self.pending.lock().await;
         if let Some(batch) = self.collect() {
@@ -542,7 +458,11 @@ impl UsageRecorder {
         if let Some(spill) = &self.spill {
             if let Err(e) = self.replay(spill).await {
                 tracing::warn!(error = %e, "replaying spilled usage failed; keeping it for the next try");
-                self.spill_overflow(&mut pending).await;
+                // Older batches are still on disk: the new ones follow them
+                // there, so the replay order stays oldest first.
+                let unsent = std::mem::take(&mut *pending);
+                self.spill_or_drop(unsent).await;
+                crate::metrics::usage_batches(0);
                 return;
             }
         }
@@ -555,28 +475,36 @@ impl UsageRecorder {
                 Err(e) => {
                     crate::metrics::store_error("redis", "usage_flush");
                     tracing::warn!(error = %e, unsent = pending.len(), "usage flush failed; keeping the batches for the next try");
+                    if self.spill.is_some() {
+                        let unsent = std::mem::take(&mut *pending);
+                        self.spill_or_drop(unsent).await;
+                    }
                     break;
                 }
             }
         }
-        // Budgets of users with no tunnel here any more are rebuilt from the
-        // shared counter on their next tunnel.
+        // Budgets of owners with no tunnel here any more are rebuilt from
+        // the shared counter on their next tunnel.
         if pending.is_empty() {
             let active: std::collections::HashSet<Uuid> = self
                 .meters
                 .lock()
-                .map(|m| m.iter().map(|t| t.meter.user_id).collect())
+                .map(|m| {
+                    m.iter()
+                        .flat_map(|t| t.meter.quotas.iter().map(|q| q.owner.id()))
+                        .collect()
+                })
                 .unwrap_or_default();
             if let Ok(mut budgets) = self.budgets.lock() {
-                budgets.retain(|user, _| active.contains(user));
+                budgets.retain(|owner, _| active.contains(owner));
             }
         }
         self.spill_overflow(&mut pending).await;
         crate::metrics::usage_batches(pending.len());
     }
 
-    /// Moves batches beyond the in-memory bound to the spill file (or, with
-    /// no spill directory, drops them with an error).
+    /// Without a spill directory: drops batches beyond the in-memory bound
+    /// (with an error); with one, nothing stays in memory to bound.
     async fn spill_overflow(&self, pending: &mut Vec<Pending>) {
         if pending.len() <= self.memory_batches {
             return;
@@ -653,86 +581,5 @@ impl UsageRecorder {
             tick.tick().await;
             self.flush().await;
         }
-    }
-}
-
-/// The spill directory: one append-only JSON-lines file per superproxy
-/// instance (`usage-<id>.jsonl`), each line a [`Pending`] batch.
-struct Spill {
-    dir: PathBuf,
-}
-
-impl Spill {
-    async fn append(&self, superproxy: Uuid, batches: &[Pending]) -> std::io::Result<()> {
-        use tokio::io::AsyncWriteExt;
-        tokio::fs::create_dir_all(&self.dir).await?;
-        let mut text = String::new();
-        for b in batches {
-            text.push_str(&serde_json::to_string(b).map_err(std::io::Error::other)?);
-            text.push('\n');
-        }
-        let mut file = tokio::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.dir.join(format!("usage-{superproxy}.jsonl")))
-            .await?;
-        file.write_all(text.as_bytes()).await?;
-        file.sync_data().await
-    }
-
-    async fn files(&self) -> std::io::Result<Vec<PathBuf>> {
-        let mut out = Vec::new();
-        let mut entries = match tokio::fs::read_dir(&self.dir).await {
-            Ok(entries) => entries,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
-            Err(e) => return Err(e),
-        };
-        while let Some(entry) = entries.next_entry().await? {
-            let name = entry.file_name();
-            let name = name.to_string_lossy();
-            if name.starts_with("usage-") && name.ends_with(".jsonl") {
-                out.push(entry.path());
-            }
-        }
-        out.sort();
-        Ok(out)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-    #[tokio::test]
-    async fn metered_streams_count_exactly_what_crosses_them() {
-        let (near, mut far) = tokio::io::duplex(1024);
-        let meter = Arc::new(Meter {
-            account_id: Uuid::nil(),
-            user_id: Uuid::nil(),
-            exit_id: Uuid::nil(),
-            quota: None,
-            up: AtomicU64::new(0),
-            down: AtomicU64::new(0),
-            done: AtomicBool::new(false),
-            cut: AtomicBool::new(false),
-            budget: None,
-        });
-        let mut metered = Metered::new(near, MeterHandle(meter.clone()));
-        let writer = tokio::spawn(async move {
-            metered.write_all(&vec![1u8; 100_000]).await.unwrap();
-            let mut back = vec![0u8; 3_000];
-            metered.read_exact(&mut back).await.unwrap();
-            drop(metered);
-        });
-        let mut got = vec![0u8; 100_000];
-        far.read_exact(&mut got).await.unwrap();
-        far.write_all(&[2u8; 3_000]).await.unwrap();
-        writer.await.unwrap();
-        assert_eq!((meter.up(), meter.down()), (100_000, 3_000));
-        assert!(
-            meter.done.load(Ordering::Acquire),
-            "dropping the stream finishes the meter"
-        );
     }
 }

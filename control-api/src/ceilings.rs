@@ -1,0 +1,405 @@
+//! Limits and the ceilings an operator puts over them.
+//!
+//! A user's [`Limits`] (tunnels at once, new tunnels a second, bandwidth per
+//! period, which exits it may use) are set by whoever manages the user. What
+//! an operator sets is a ceiling for the account's own keys: on a user (its
+//! `ceilings`, the limits the operator last wrote) and on an account (its
+//! [`Entitlements`]). An account key may lower a limit below a ceiling,
+//! never raise or remove it: [`fit_under`] fills what it leaves out from the
+//! user's ceiling and refuses what exceeds either, naming the field (403).
+//! The superproxy enforces the stricter of account and user (the projection
+//! writes both into the user's record).
+
+use proxynet_protocol::store::{Channel, QuotaPeriod, SourceType};
+use serde::{Deserialize, Serialize};
+
+use crate::error::ApiError;
+
+/// Per-user (or, as entitlements, per-account) limits. `null` or absent: no
+/// limit of that kind (under a ceiling: the ceiling's).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_concurrent_tunnels: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_new_tunnels_per_second: Option<i32>,
+    /// Bytes (up + down) per `period`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bandwidth_bytes: Option<i64>,
+    /// `daily` or `monthly` (UTC calendar); default monthly.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub period: Option<String>,
+    /// Soft warning threshold, percent of `bandwidth_bytes` (default 80).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warn_percent: Option<i32>,
+    /// Exit source types the user may use (default: any).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allowed_source_types: Option<Vec<String>>,
+    /// Exit countries (ISO 3166-1 alpha-2, upper case) the user may use (default: any).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allowed_countries: Option<Vec<String>>,
+    /// Acquisition channels of exit sources the user may use (default: any),
+    /// e.g. `["owned", "leased"]` for datacenter addresses we own or lease only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allowed_channels: Option<Vec<String>>,
+}
+
+impl Limits {
+    pub fn validate(&self) -> Result<(), ApiError> {
+        for (field, value) in [
+            ("limits.max_concurrent_tunnels", self.max_concurrent_tunnels),
+            (
+                "limits.max_new_tunnels_per_second",
+                self.max_new_tunnels_per_second,
+            ),
+        ] {
+            if value.is_some_and(|v| v <= 0) {
+                return Err(ApiError::BadRequest(format!(
+                    "{field}: must be a positive number"
+                )));
+            }
+        }
+        if self.bandwidth_bytes.is_some_and(|v| v <= 0) {
+            return Err(ApiError::BadRequest(
+                "limits.bandwidth_bytes: must be a positive number".into(),
+            ));
+        }
+        if self.warn_percent.is_some_and(|w| !(1..=100).contains(&w)) {
+            return Err(ApiError::BadRequest("limits.warn_percent: 1 to 100".into()));
+        }
+        for t in self.allowed_source_types.iter().flatten() {
+            if SourceType::parse(t).is_none() {
+                return Err(ApiError::BadRequest(format!(
+                    "limits.allowed_source_types: {t:?} is not dc, isp, res or mobile"
+                )));
+            }
+        }
+        for c in self.allowed_countries.iter().flatten() {
+            if c.len() != 2 || !c.bytes().all(|b| b.is_ascii_uppercase()) {
+                return Err(ApiError::BadRequest(format!(
+                    "limits.allowed_countries: {c:?} is not an upper-case alpha-2 code"
+                )));
+            }
+        }
+        for c in self.allowed_channels.iter().flatten() {
+            if Channel::parse(c).is_none() {
+                return Err(ApiError::BadRequest(format!(
+                    "limits.allowed_channels: {c:?} is not owned, leased, isp, sdk, extension, sharing or reseller"
+                )));
+            }
+        }
+        if let Some(p) = &self.period {
+            if QuotaPeriod::parse(p).is_none() {
+                return Err(ApiError::BadRequest(
+                    "limits.period: daily or monthly".into(),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The quota period, defaulted.
+    pub fn period(&self) -> QuotaPeriod {
+        self.period
+            .as_deref()
+            .and_then(QuotaPeriod::parse)
+            .unwrap_or_default()
+    }
+
+    /// Whether any limit of the account-wide kind is set.
+    pub fn has_totals(&self) -> bool {
+        self.max_concurrent_tunnels.is_some()
+            || self.max_new_tunnels_per_second.is_some()
+            || self.bandwidth_bytes.is_some()
+    }
+}
+
+/// How wide an account's allow-listed networks may be (operator-set).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct AllowlistRules {
+    /// Shortest IPv4 prefix allowed (default [`MIN_PREFIX_V4`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_prefix_v4: Option<u8>,
+    /// Shortest IPv6 prefix allowed (default [`MIN_PREFIX_V6`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_prefix_v6: Option<u8>,
+    /// Allow special-purpose ranges (private, loopback, multicast, ...).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub special_ranges: bool,
+}
+
+/// Default shortest allow-listed IPv4 prefix: one /24 is a site; anything
+/// wider is a claim on other people's addresses.
+pub const MIN_PREFIX_V4: u8 = 24;
+/// Default shortest allow-listed IPv6 prefix: a /48 is one site's assignment.
+pub const MIN_PREFIX_V6: u8 = 48;
+
+/// What an operator grants an account (`PUT /v1/accounts/{id}/entitlements`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Entitlements {
+    /// Account-wide totals (tunnels at once, new tunnels a second, bytes per
+    /// period, summed over every user of the account) and restrictions
+    /// (source types, countries, channels) every user of the account is held
+    /// to; each also bounds what an account key may set on a user.
+    #[serde(default)]
+    pub limits: Limits,
+    #[serde(default)]
+    pub allowlist: AllowlistRules,
+}
+
+impl Entitlements {
+    pub fn validate(&self) -> Result<(), ApiError> {
+        self.limits.validate().map_err(|e| match e {
+            ApiError::BadRequest(m) => ApiError::BadRequest(format!("entitlements.{m}")),
+            other => other,
+        })?;
+        if self.allowlist.min_prefix_v4.is_some_and(|p| p > 32) {
+            return Err(ApiError::BadRequest(
+                "entitlements.allowlist.min_prefix_v4: 0 to 32".into(),
+            ));
+        }
+        if self.allowlist.min_prefix_v6.is_some_and(|p| p > 128) {
+            return Err(ApiError::BadRequest(
+                "entitlements.allowlist.min_prefix_v6: 0 to 128".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Whose ceiling a refusal names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ceiling {
+    /// The limits an operator set on this user: absent fields take them.
+    User,
+    /// The account's entitlements: checked, not copied (they already bound
+    /// the account as a whole).
+    Account,
+}
+
+impl Ceiling {
+    fn whose(self) -> &'static str {
+        match self {
+            Ceiling::User => "the operator's ceiling for this user",
+            Ceiling::Account => "the account's entitlement",
+        }
+    }
+}
+
+fn over(field: &str, ceiling: Ceiling, allowed: impl std::fmt::Display) -> ApiError {
+    ApiError::Forbidden(format!(
+        "limits.{field}: {} is {allowed}; an account key may lower it, not raise or remove it",
+        ceiling.whose()
+    ))
+}
+
+/// Fits `limits` (what an account key asked for) under `ceiling`: refuses
+/// anything above it (403 naming the field) and, for [`Ceiling::User`],
+/// takes the ceiling's value where the request left a field out.
+pub fn fit_under(limits: &mut Limits, ceiling: &Limits, kind: Ceiling) -> Result<(), ApiError> {
+    fn number<T: Copy + PartialOrd + std::fmt::Display>(
+        field: &str,
+        value: &mut Option<T>,
+        ceiling: Option<T>,
+        kind: Ceiling,
+    ) -> Result<(), ApiError> {
+        let Some(max) = ceiling else { return Ok(()) };
+        match *value {
+            Some(v) if v > max => Err(over(field, kind, max)),
+            Some(_) => Ok(()),
+            None if kind == Ceiling::User => {
+                *value = Some(max);
+                Ok(())
+            }
+            None => Ok(()),
+        }
+    }
+    fn subset(
+        field: &str,
+        value: &mut Option<Vec<String>>,
+        ceiling: &Option<Vec<String>>,
+        kind: Ceiling,
+    ) -> Result<(), ApiError> {
+        let Some(allowed) = ceiling else {
+            return Ok(());
+        };
+        match value {
+            Some(asked) => match asked.iter().find(|a| !allowed.contains(a)) {
+                Some(extra) => Err(ApiError::Forbidden(format!(
+                    "limits.{field}: {extra:?} is outside {} ({}); an account key may narrow it, not widen it",
+                    kind.whose(),
+                    allowed.join(", ")
+                ))),
+                None => Ok(()),
+            },
+            None if kind == Ceiling::User => {
+                *value = Some(allowed.clone());
+                Ok(())
+            }
+            None => Ok(()),
+        }
+    }
+    number(
+        "max_concurrent_tunnels",
+        &mut limits.max_concurrent_tunnels,
+        ceiling.max_concurrent_tunnels,
+        kind,
+    )?;
+    number(
+        "max_new_tunnels_per_second",
+        &mut limits.max_new_tunnels_per_second,
+        ceiling.max_new_tunnels_per_second,
+        kind,
+    )?;
+    if ceiling.bandwidth_bytes.is_some() {
+        // A daily and a monthly quota cannot be compared: keep the period.
+        let asked = limits.period.as_deref().map(QuotaPeriod::parse);
+        let period = ceiling.period();
+        if asked.is_some_and(|p| p != Some(period)) && limits.bandwidth_bytes.is_some() {
+            return Err(over("period", kind, period.as_str()));
+        }
+        number(
+            "bandwidth_bytes",
+            &mut limits.bandwidth_bytes,
+            ceiling.bandwidth_bytes,
+            kind,
+        )?;
+        if kind == Ceiling::User || limits.bandwidth_bytes.is_some() {
+            limits.period = Some(period.as_str().to_owned());
+        }
+    }
+    subset(
+        "allowed_source_types",
+        &mut limits.allowed_source_types,
+        &ceiling.allowed_source_types,
+        kind,
+    )?;
+    subset(
+        "allowed_countries",
+        &mut limits.allowed_countries,
+        &ceiling.allowed_countries,
+        kind,
+    )?;
+    subset(
+        "allowed_channels",
+        &mut limits.allowed_channels,
+        &ceiling.allowed_channels,
+        kind,
+    )?;
+    Ok(())
+}
+
+/// Where both restrict, what both allow; where one does, that one.
+pub fn intersect(a: Option<&[String]>, b: Option<&[String]>) -> Option<Vec<String>> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.iter().filter(|x| b.contains(x)).cloned().collect()),
+        (Some(one), None) | (None, Some(one)) => Some(one.to_vec()),
+        (None, None) => None,
+    }
+}
+
+/// The stricter of two optional numbers.
+pub fn min_some<T: Ord + Copy>(a: Option<T>, b: Option<T>) -> Option<T> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (one, None) | (None, one) => one,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ceiling() -> Limits {
+        Limits {
+            max_concurrent_tunnels: Some(1),
+            bandwidth_bytes: Some(300_000),
+            period: Some("daily".into()),
+            allowed_source_types: Some(vec!["dc".into()]),
+            allowed_channels: Some(vec!["owned".into(), "leased".into()]),
+            ..Limits::default()
+        }
+    }
+
+    #[test]
+    fn an_empty_request_keeps_the_user_ceiling() {
+        let mut asked = Limits::default();
+        fit_under(&mut asked, &ceiling(), Ceiling::User).unwrap();
+        assert_eq!(asked.max_concurrent_tunnels, Some(1));
+        assert_eq!(asked.bandwidth_bytes, Some(300_000));
+        assert_eq!(asked.period.as_deref(), Some("daily"));
+        assert_eq!(asked.allowed_source_types, Some(vec!["dc".to_owned()]));
+        assert_eq!(asked.max_new_tunnels_per_second, None, "no ceiling, no limit");
+    }
+
+    #[test]
+    fn lowering_passes_and_raising_or_widening_names_the_field() {
+        let mut lower = Limits {
+            bandwidth_bytes: Some(1000),
+            allowed_channels: Some(vec!["owned".into()]),
+            ..Limits::default()
+        };
+        fit_under(&mut lower, &ceiling(), Ceiling::User).unwrap();
+        assert_eq!(lower.bandwidth_bytes, Some(1000));
+        for (asked, field) in [
+            (
+                Limits {
+                    max_concurrent_tunnels: Some(2),
+                    ..Limits::default()
+                },
+                "limits.max_concurrent_tunnels",
+            ),
+            (
+                Limits {
+                    allowed_source_types: Some(vec!["dc".into(), "res".into()]),
+                    ..Limits::default()
+                },
+                "limits.allowed_source_types",
+            ),
+            (
+                Limits {
+                    bandwidth_bytes: Some(10),
+                    period: Some("monthly".into()),
+                    ..Limits::default()
+                },
+                "limits.period",
+            ),
+        ] {
+            let mut asked = asked;
+            match fit_under(&mut asked, &ceiling(), Ceiling::User) {
+                Err(ApiError::Forbidden(m)) => assert!(m.starts_with(field), "{m}"),
+                other => panic!("{field}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn account_entitlements_are_checked_not_copied() {
+        let mut asked = Limits::default();
+        fit_under(&mut asked, &ceiling(), Ceiling::Account).unwrap();
+        assert_eq!(asked, Limits::default());
+        let mut over = Limits {
+            max_concurrent_tunnels: Some(5),
+            ..Limits::default()
+        };
+        assert!(matches!(
+            fit_under(&mut over, &ceiling(), Ceiling::Account),
+            Err(ApiError::Forbidden(_))
+        ));
+    }
+
+    #[test]
+    fn intersections_and_minimums() {
+        let a = vec!["dc".to_owned(), "res".to_owned()];
+        let b = vec!["res".to_owned(), "isp".to_owned()];
+        assert_eq!(intersect(Some(&a), Some(&b)), Some(vec!["res".to_owned()]));
+        assert_eq!(intersect(None, Some(&b)), Some(b.clone()));
+        assert_eq!(intersect(None, None), None);
+        assert_eq!(min_some(Some(3), Some(2)), Some(2));
+        assert_eq!(min_some(None, Some(2)), Some(2));
+        assert_eq!(min_some::<i32>(None, None), None);
+    }
+}
