@@ -56,10 +56,34 @@ const OPERATIONS: &[Operation] = &[
     ),
     (
         "get",
+        "/v1/accounts",
+        "List accounts (?limit=&after=, Link rel=next)",
+        Auth::Operator,
+        None,
+        200,
+    ),
+    (
+        "get",
         "/v1/accounts/{id}",
-        "Read an account",
+        "Read an account (with its plan and entitlements)",
         Auth::Account,
         None,
+        200,
+    ),
+    (
+        "delete",
+        "/v1/accounts/{id}",
+        "Delete an account: its users disabled and cut, its keys revoked, its ledger kept",
+        Auth::Operator,
+        None,
+        204,
+    ),
+    (
+        "put",
+        "/v1/accounts/{id}/entitlements",
+        "Replace what the account is granted: totals, restrictions, allow-list bounds",
+        Auth::Operator,
+        Some("Entitlements"),
         200,
     ),
     (
@@ -105,10 +129,18 @@ const OPERATIONS: &[Operation] = &[
     (
         "post",
         "/v1/accounts/{id}/api-keys",
-        "Create an account API key",
+        "Create an account API key (records the key that minted it)",
         Auth::Account,
         Some("CreateKey"),
         201,
+    ),
+    (
+        "get",
+        "/v1/accounts/{id}/api-keys",
+        "List the account's keys: who minted each, last use, revocation; never secrets",
+        Auth::Account,
+        None,
+        200,
     ),
     (
         "post",
@@ -133,6 +165,14 @@ const OPERATIONS: &[Operation] = &[
         Auth::Operator,
         Some("CreatePlan"),
         201,
+    ),
+    (
+        "get",
+        "/v1/plans",
+        "List plans with their prices (?limit=&after=, Link rel=next)",
+        Auth::Operator,
+        None,
+        200,
     ),
     (
         "get",
@@ -335,6 +375,14 @@ const OPERATIONS: &[Operation] = &[
         200,
     ),
     (
+        "post",
+        "/v1/exits/{id}/reinstate",
+        "Bring back an exit its owner withdrew, with a fresh consent record (the owner must also run exit-agent opt-in)",
+        Auth::Operator,
+        Some("GrantConsent"),
+        201,
+    ),
+    (
         "get",
         "/v1/exits/{id}/provenance",
         "Provenance: full for operators, the customer view for accounts whose traffic the exit carried",
@@ -449,6 +497,12 @@ fn schemas() -> Value {
         "CreateAccount": {"type": "object", "additionalProperties": false, "required": ["name"],
             "properties": {"name": {"type": "string", "minLength": 1, "maxLength": 200}}},
         "Limits": limits,
+        "Entitlements": {"type": "object", "additionalProperties": false,
+            "properties": {"limits": {"$ref": "#/components/schemas/Limits"},
+                "allowlist": {"type": "object", "additionalProperties": false,
+                    "properties": {"min_prefix_v4": {"type": "integer", "minimum": 0, "maximum": 32},
+                        "min_prefix_v6": {"type": "integer", "minimum": 0, "maximum": 128},
+                        "special_ranges": {"type": "boolean"}}}}},
         "CreateUser": {"type": "object", "additionalProperties": false, "required": ["username", "password"],
             "properties": {"username": {"type": "string", "pattern": "^[A-Za-z0-9_.]{1,64}$"},
                 "password": {"type": "string", "minLength": 8, "maxLength": 255},
@@ -491,7 +545,9 @@ fn schemas() -> Value {
             "properties": {"token": {"type": "string"}, "egress_ips": {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 256},
                 "hostname": {"type": "string"}, "agent_version": {"type": "string"}}},
         "Heartbeat": {"type": "object", "additionalProperties": false,
-            "properties": {"draining": {"type": "boolean"}, "active_tunnels": {"type": "integer", "minimum": 0}}}
+            "properties": {"draining": {"type": "boolean"}, "active_tunnels": {"type": "integer", "minimum": 0},
+                "admin_addrs": {"type": "array", "items": {"type": "string"}, "maxItems": 16},
+                "internal_targets": {"type": "boolean"}}}
     })
 }
 

@@ -246,6 +246,30 @@ impl Stack {
         created_id(r, "create account").await
     }
 
+    /// Replaces an account's entitlements (operator), asserting success.
+    pub async fn set_entitlements(&self, account: Uuid, entitlements: serde_json::Value) {
+        let r = self
+            .http
+            .put(self.api(&format!("/v1/accounts/{account}/entitlements")))
+            .bearer_auth(ADMIN_TOKEN)
+            .json(&entitlements)
+            .send()
+            .await
+            .unwrap();
+        let status = r.status();
+        assert_eq!(status, 200, "entitlements: {}", r.text().await.unwrap_or_default());
+    }
+
+    /// Lets an account allow-list loopback networks as wide as a /8: the
+    /// test clients all come from 127.0.0.1.
+    pub async fn allow_loopback_allowlists(&self, account: Uuid) {
+        self.set_entitlements(
+            account,
+            json!({"allowlist": {"min_prefix_v4": 8, "special_ranges": true}}),
+        )
+        .await;
+    }
+
     pub async fn create_user(&self, account: Uuid, username: &str, password: &str) -> Uuid {
         let r = self
             .http

@@ -162,6 +162,7 @@ async fn create_user(stack: &Stack, account: uuid::Uuid, body: Value) -> (u16, V
 async fn an_allow_listed_address_tunnels_without_credentials_and_is_billed() {
     let stack = Stack::start().await;
     let account = stack.create_account("office").await;
+    stack.allow_loopback_allowlists(account).await;
     let (status, user) = create_user(
         &stack,
         account,
@@ -253,6 +254,7 @@ async fn python_node_and_chromium_clients_work_through_every_ingress() {
     let stack = Stack::start_with(tls_stack()).await;
     let files = stack.tls.as_ref().unwrap();
     let account = stack.create_account("browsers").await;
+    stack.allow_loopback_allowlists(account).await;
     let (status, body) = create_user(
         &stack,
         account,

@@ -3,17 +3,22 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod agent_admin;
+mod allowlist;
 mod api_contract;
 mod clients;
+mod connection_bounds;
 mod control_plane;
 mod defects;
 mod degraded;
 mod docs;
 mod enrollment;
+mod entitlements;
 mod hardening;
 mod health;
 mod ingress;
 mod isolation;
+mod key_lifecycle;
 mod limits;
 mod link_versions;
 mod observability;

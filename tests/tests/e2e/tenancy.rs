@@ -121,6 +121,7 @@ async fn an_account_key_cannot_read_or_change_another_account() {
             format!("/v1/accounts/{b}/api-keys"),
             Some(json!({})),
         ),
+        (Method::GET, format!("/v1/accounts/{b}/api-keys"), None),
         (Method::DELETE, format!("/v1/api-keys/{key_b_id}"), None),
         // An exit that never carried this account's traffic.
         (Method::GET, format!("/v1/exits/{exit}/provenance"), None),
@@ -183,6 +184,19 @@ async fn an_account_key_cannot_read_or_change_another_account() {
             None,
         ),
         (Method::GET, "/v1/audit".into(), None),
+        (Method::GET, "/v1/accounts".into(), None),
+        (Method::GET, "/v1/plans".into(), None),
+        (
+            Method::PUT,
+            format!("/v1/accounts/{a}/entitlements"),
+            Some(json!({})),
+        ),
+        (Method::DELETE, format!("/v1/accounts/{a}"), None),
+        (
+            Method::POST,
+            format!("/v1/exits/{exit}/reinstate"),
+            Some(json!({"method": "signed_contract", "notice_version": "v1", "evidence_ref": "x", "opt_out": "x"})),
+        ),
     ];
     for (method, path, body) in operator_only {
         let status = call(&stack, &key_a, method.clone(), &path, body).await;

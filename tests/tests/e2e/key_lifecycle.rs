@@ -1,0 +1,211 @@
+//! API keys have lineage: a key records the key that minted it, an account
+//! lists and revokes its own keys, revoking a key revokes what it minted, and
+//! dashboard sessions end with the key they logged in with. Accounts and
+//! plans can be listed; a deleted account's users are cut at once.
+
+use proxynet_tests::client::connect_tunnel;
+use proxynet_tests::process::eventually;
+use proxynet_tests::stack::{Stack, ADMIN_TOKEN, PASSWORD, USERNAME};
+use serde_json::{json, Value};
+use std::time::Duration;
+use tokio::io::AsyncReadExt;
+use uuid::Uuid;
+
+async fn mint(stack: &Stack, with: &str, account: Uuid, name: &str) -> (String, Uuid, Value) {
+    let r = stack
+        .http
+        .post(stack.api(&format!("/v1/accounts/{account}/api-keys")))
+        .bearer_auth(with)
+        .json(&json!({ "name": name }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let body: Value = r.json().await.unwrap();
+    (
+        body["key"].as_str().unwrap().to_owned(),
+        body["id"].as_str().unwrap().parse().unwrap(),
+        body,
+    )
+}
+
+async fn status_with(stack: &Stack, key: &str, path: &str) -> u16 {
+    stack
+        .http
+        .get(stack.api(path))
+        .bearer_auth(key)
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+/// Logs in to the dashboard with `key`; the session cookie.
+async fn dashboard_login(stack: &Stack, key: &str) -> String {
+    let client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let r = client
+        .post(stack.api("/dashboard/login"))
+        .form(&[("key", key)])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 303);
+    let cookie = r
+        .headers()
+        .get("set-cookie")
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_owned();
+    cookie.split(';').next().unwrap().to_owned()
+}
+
+async fn dashboard_status(stack: &Stack, cookie: &str, path: &str) -> u16 {
+    let client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    client
+        .get(stack.api(path))
+        .header("cookie", cookie)
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revoking_a_key_revokes_what_it_minted_and_its_dashboard_sessions() {
+    let stack = Stack::start().await;
+    let account = stack.create_account("lineage").await;
+    let (k1, k1_id, _) = mint(&stack, ADMIN_TOKEN, account, "k1").await;
+    let (k2, k2_id, k2_body) = mint(&stack, &k1, account, "k2").await;
+    assert_eq!(k2_body["minted_by"], k1_id.to_string());
+    let (k3, _, _) = mint(&stack, &k2, account, "k3").await;
+
+    // The account lists its keys, with lineage and last use, no secrets.
+    let list = stack
+        .http
+        .get(stack.api(&format!("/v1/accounts/{account}/api-keys")))
+        .bearer_auth(&k2)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(list.status(), 200);
+    let text = list.text().await.unwrap();
+    for secret in [&k1, &k2, &k3] {
+        assert!(!text.contains(secret.as_str()), "a secret in the listing");
+    }
+    let keys: Vec<Value> = serde_json::from_str(&text).unwrap();
+    assert_eq!(keys.len(), 3, "{text}");
+    let k2_row = keys.iter().find(|k| k["id"] == k2_id.to_string()).unwrap();
+    assert_eq!(k2_row["minted_by"], k1_id.to_string());
+    assert!(k2_row["last_used_at"].is_string(), "k2 was used: {k2_row}");
+
+    let session = dashboard_login(&stack, &k3).await;
+    assert_eq!(dashboard_status(&stack, &session, "/dashboard/usage").await, 200);
+
+    // The account revokes its first key: the ones it minted go with it.
+    let r = stack
+        .http
+        .delete(stack.api(&format!("/v1/api-keys/{k1_id}")))
+        .bearer_auth(&k3)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 204);
+    eventually(
+        "the minted keys to answer 401",
+        Duration::from_secs(5),
+        || async {
+            let path = format!("/v1/accounts/{account}");
+            (status_with(&stack, &k2, &path).await == 401
+                && status_with(&stack, &k3, &path).await == 401)
+                .then_some(())
+        },
+    )
+    .await;
+    eventually(
+        "the dashboard session of a revoked key to end",
+        Duration::from_secs(5),
+        || async {
+            (dashboard_status(&stack, &session, "/dashboard/usage").await == 303).then_some(())
+        },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operators_list_accounts_and_plans_and_a_deleted_accounts_tunnels_are_cut() {
+    let stack = Stack::start().await;
+    let accounts = stack.admin_get_json("/v1/accounts?limit=100").await;
+    let demo = accounts
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["name"] == "acme")
+        .cloned()
+        .unwrap_or_else(|| panic!("the stack's account is listed: {accounts}"));
+    let demo_id: Uuid = demo["id"].as_str().unwrap().parse().unwrap();
+    let r = stack
+        .http
+        .post(stack.api("/v1/plans"))
+        .bearer_auth(ADMIN_TOKEN)
+        .json(&json!({"name": "listed", "prices": {"dc": 100, "res": 700}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let plans = stack.admin_get_json("/v1/plans").await;
+    let listed = plans
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "listed")
+        .unwrap();
+    assert_eq!(listed["prices"], json!({"dc": 100, "res": 700}));
+
+    let (key, _, _) = mint(&stack, ADMIN_TOKEN, demo_id, "doomed").await;
+    assert_eq!(status_with(&stack, &key, "/v1/accounts").await, 403, "operators only");
+    let (mut open, head) =
+        connect_tunnel(stack.proxy_addrs.proxy, USERNAME, PASSWORD, stack.whoami).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let r = stack
+        .http
+        .delete(stack.api(&format!("/v1/accounts/{demo_id}")))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 204);
+    // Cut at once, refused from now on; its keys are dead; its ledger stays.
+    let mut buf = [0u8; 16];
+    let closed = tokio::time::timeout(Duration::from_secs(5), open.read(&mut buf)).await;
+    assert!(
+        matches!(closed, Ok(Ok(0)) | Ok(Err(_))),
+        "the open tunnel survived the account's deletion"
+    );
+    let (_, refused) =
+        connect_tunnel(stack.proxy_addrs.proxy, USERNAME, PASSWORD, stack.whoami).await;
+    assert!(refused.starts_with("HTTP/1.1 407"), "{refused}");
+    assert_eq!(status_with(&stack, &key, &format!("/v1/accounts/{demo_id}")).await, 401);
+    assert_eq!(
+        status_with(&stack, ADMIN_TOKEN, &format!("/v1/accounts/{demo_id}")).await,
+        404
+    );
+    assert_eq!(
+        status_with(
+            &stack,
+            ADMIN_TOKEN,
+            &format!("/v1/accounts/{demo_id}/invoices")
+        )
+        .await,
+        200,
+        "the ledger is kept"
+    );
+}
