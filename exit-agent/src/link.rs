@@ -104,6 +104,8 @@ async fn connect(
     .map_err(|e| format!("TLS: {e}"))?;
     let offered = &ctx.config.link_versions;
     let hello = AgentHello {
+        // A v1-only agent sends exactly what v1 releases sent.
+        open_window: !offered.is_v1_only(),
         version: HELLO_VERSION,
         exit_id: ctx.identity.exit_id,
         credential: ctx.identity.credential.clone(),

@@ -170,7 +170,12 @@ pub async fn serve_stream(ctx: Arc<TunnelContext>, incoming: Incoming) {
             target,
             egress_ip,
             budget_ms,
+            window,
         }) => {
+            // Before anything is sent: the superproxy grants what it named.
+            if let Some(window) = window {
+                incoming.start_window(window);
+            }
             let Some(guard) = admit(&ctx) else {
                 reply(incoming, Outcome::Capacity);
                 return;

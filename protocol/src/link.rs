@@ -106,6 +106,11 @@ pub enum StreamRequest {
         target: String,
         egress_ip: std::net::IpAddr,
         budget_ms: u64,
+        /// The credit the agent starts the stream with, when the agent said
+        /// in its hello that it reads this (`open_window`); absent: the full
+        /// mux window. The superproxy grants less under memory pressure.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        window: Option<u32>,
     },
     /// A health probe: answered `connected` by a live agent that is not
     /// draining, without dialling anything.
@@ -169,6 +174,11 @@ pub struct AgentHello {
     /// Link versions the agent speaks; absent means v1 only.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub link_versions: Vec<u16>,
+    /// The agent starts a v2 tunnel stream with the credit its OPEN names
+    /// (`StreamRequest::Tunnel::window`). Older agents say nothing and get
+    /// full windows.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub open_window: bool,
 }
 
 impl AgentHello {
@@ -371,6 +381,7 @@ mod tests {
             exit_id: Uuid::new_v4(),
             credential: Secret::new("c"),
             link_versions: LINK_VERSIONS.to_vec(),
+            open_window: true,
         };
         write_frame(&mut a, &hello).await.unwrap();
         a.write_all(b"PRI * HTTP/2.0").await.unwrap();

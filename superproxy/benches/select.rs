@@ -29,7 +29,10 @@ fn link(rt: &tokio::runtime::Runtime) -> Link {
             id: 1,
             exit_id: Uuid::nil(),
             peer: "127.0.0.1:1".parse().unwrap(),
-            sender: LinkSender::Mux(handle),
+            sender: LinkSender::Mux(superproxy::link::registry::MuxLink {
+                handle,
+                open_window: true,
+            }),
         }
     })
 }

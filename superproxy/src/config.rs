@@ -60,6 +60,14 @@ pub struct Config {
     #[arg(long, env = "PROXYNET_DEFAULT_USER_MAX_TUNNELS", default_value_t = 2_000)]
     pub default_user_max_tunnels: usize,
 
+    /// What every tunnel stream of every agent link may hold between them
+    /// for client readers that stopped reading, MiB. Below half of it each
+    /// stream gets the full 512 KiB window; above, new and refilled windows
+    /// shrink towards 32 KiB, so 1,000 stalled tunnels hold about this plus
+    /// 32 KiB each instead of 512 KiB each.
+    #[arg(long, env = "PROXYNET_LINK_RECEIVE_BUDGET_MB", default_value_t = 64)]
+    pub link_receive_budget_mb: usize,
+
     /// Live sticky sessions one user may hold; a new session beyond it is
     /// refused with 429 (existing ones keep working).
     #[arg(long, env = "PROXYNET_MAX_SESSIONS_PER_USER", default_value_t = 10_000)]

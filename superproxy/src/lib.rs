@@ -299,6 +299,9 @@ impl Superproxy {
                     keys: self.keys.clone(),
                     superproxy_id: pipeline.id,
                     versions: config.link_versions.clone(),
+                    recv_budget: proxynet_protocol::mux::RecvBudget::new(
+                        config.link_receive_budget_mb.saturating_mul(1 << 20),
+                    ),
                 }
                 .run(),
             ),

@@ -726,3 +726,36 @@ pub async fn usage(State(state): State<AppState>, headers: HeaderMap) -> Respons
     body.push_str("</table>");
     page("Usage", &body).into_response()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_key_holds_a_bounded_number_of_sessions_the_oldest_giving_way() {
+        let sessions = Sessions::default();
+        let key = Some(Uuid::new_v4());
+        let tokens: Vec<String> = (0..MAX_SESSIONS_PER_KEY + 1)
+            .map(|_| sessions.open(Caller::Operator, key))
+            .collect();
+        let map = sessions.map.lock().unwrap();
+        assert_eq!(map.len(), MAX_SESSIONS_PER_KEY);
+        let digest = |t: &String| proxynet_protocol::secret::sha256_hex(t);
+        assert!(!map.contains_key(&digest(&tokens[0])), "the oldest went");
+        assert!(map.contains_key(&digest(&tokens[MAX_SESSIONS_PER_KEY])));
+        drop(map);
+        // Another key's sessions are its own.
+        sessions.open(Caller::Operator, Some(Uuid::new_v4()));
+        assert_eq!(sessions.map.lock().unwrap().len(), MAX_SESSIONS_PER_KEY + 1);
+        sessions.end_keys(vec![key.unwrap()]);
+        assert_eq!(sessions.map.lock().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn the_policy_allows_the_table_script_by_its_hash_only() {
+        let policy = csp();
+        assert!(policy.contains("frame-ancestors 'none'"));
+        assert!(policy.contains("script-src 'sha256-"));
+        assert!(!policy.contains("script-src 'unsafe-inline'"));
+    }
+}

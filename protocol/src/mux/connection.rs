@@ -45,7 +45,7 @@ impl Role {
     }
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct MuxConfig {
     /// Send a PING after this long without hearing from the peer...
     pub keepalive_interval: Duration,
@@ -57,6 +57,66 @@ pub struct MuxConfig {
     /// (the superproxy) says no, and an OPEN from the peer is then a protocol
     /// error that ends the link instead of state it would have to hold.
     pub accepts_streams: bool,
+    /// The receive budget this connection's streams share with every other
+    /// connection of the process: under pressure, credit is returned
+    /// sparingly (see [`RecvBudget`]). `None`: every stream keeps its full
+    /// window.
+    pub recv_budget: Option<Arc<RecvBudget>>,
+}
+
+/// Bounds what the process's streams may have in flight towards it or
+/// queued for their readers, across every connection: the sum of each
+/// stream's outstanding window (credit granted and not yet used, plus bytes
+/// received and not yet read). Below half the limit a stream's window is the
+/// full [`STREAM_WINDOW`]; above, the window credit is returned up to shrinks
+/// linearly towards [`MIN_STREAM_WINDOW`] at the limit. A stream's first
+/// window can be shrunk too where the peer agrees to start from it
+/// ([`MuxHandle::open_with_window`]). So streams whose readers stopped hold
+/// about the limit between them, plus the minimum window each, not a full
+/// window each.
+#[derive(Debug)]
+pub struct RecvBudget {
+    limit: usize,
+    outstanding: std::sync::atomic::AtomicUsize,
+}
+
+/// The least window a stream is given, however full the budget.
+pub const MIN_STREAM_WINDOW: u32 = 32 * 1024;
+
+impl RecvBudget {
+    pub fn new(limit: usize) -> Arc<Self> {
+        Arc::new(Self {
+            limit: limit.max(2 * STREAM_WINDOW as usize),
+            outstanding: std::sync::atomic::AtomicUsize::new(0),
+        })
+    }
+
+    /// The window a stream may have outstanding now.
+    pub fn window(&self) -> u32 {
+        let used = self.outstanding();
+        let half = self.limit / 2;
+        if used <= half {
+            return STREAM_WINDOW;
+        }
+        let over = (used - half).min(half) as u64;
+        let span = u64::from(STREAM_WINDOW - MIN_STREAM_WINDOW);
+        STREAM_WINDOW - (span * over / half as u64) as u32
+    }
+
+    /// Bytes outstanding across the process's streams.
+    pub fn outstanding(&self) -> usize {
+        self.outstanding.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn add(&self, n: usize) {
+        self.outstanding
+            .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn sub(&self, n: usize) {
+        self.outstanding
+            .fetch_sub(n, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 impl Default for MuxConfig {
@@ -66,6 +126,7 @@ impl Default for MuxConfig {
             keepalive_timeout: Duration::from_secs(5),
             max_streams: 100_000,
             accepts_streams: true,
+            recv_budget: None,
         }
     }
 }
@@ -182,6 +243,8 @@ impl Outbox {
 
 /// One stream's half of the shared state.
 pub(crate) struct Slot {
+    /// The process-wide receive budget its outstanding window counts in.
+    budget: Option<Arc<RecvBudget>>,
     pub(crate) recv: RecvQueue,
     pub(crate) recv_fin: bool,
     /// What the peer may still send before we return credit.
@@ -198,12 +261,24 @@ pub(crate) struct Slot {
     open_waker: Option<Waker>,
 }
 
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if let Some(budget) = &self.budget {
+            budget.sub(self.outstanding());
+        }
+    }
+}
+
 impl Slot {
-    fn new() -> Self {
+    fn new(recv_window: u32, budget: Option<Arc<RecvBudget>>) -> Self {
+        if let Some(budget) = &budget {
+            budget.add(recv_window as usize);
+        }
         Self {
+            budget,
             recv: RecvQueue::default(),
             recv_fin: false,
-            recv_allowed: STREAM_WINDOW,
+            recv_allowed: recv_window,
             unacked: 0,
             read_waker: None,
             credit: STREAM_WINDOW,
@@ -228,16 +303,51 @@ impl Slot {
         }
     }
 
+    /// What the peer may still send plus what waits for our reader: the
+    /// memory this stream can come to hold.
+    fn outstanding(&self) -> usize {
+        self.recv_allowed as usize + self.recv.len()
+    }
+
     /// Records `n` bytes consumed by the reader; the credit to return, if
-    /// enough has been consumed to be worth a frame.
+    /// enough has been consumed to be worth a frame. Under a receive budget
+    /// the credit tops the stream's outstanding window up to what the
+    /// budget allows now (less under pressure, all of it again once the
+    /// pressure is gone).
     pub(crate) fn consumed(&mut self, n: usize) -> Option<u32> {
-        self.unacked = self.unacked.saturating_add(n as u32);
-        if self.unacked < CREDIT_THRESHOLD || self.recv_fin || self.reset {
+        if self.recv_fin || self.reset {
+            if let Some(budget) = &self.budget {
+                budget.sub(n);
+            }
             return None;
         }
-        let credit = std::mem::take(&mut self.unacked);
+        let Some(budget) = &self.budget else {
+            self.unacked = self.unacked.saturating_add(n as u32);
+            if self.unacked < CREDIT_THRESHOLD {
+                return None;
+            }
+            let credit = std::mem::take(&mut self.unacked);
+            self.recv_allowed = self.recv_allowed.saturating_add(credit);
+            return Some(credit);
+        };
+        budget.sub(n);
+        let window = budget.window();
+        let outstanding = self.outstanding() as u32;
+        let credit = window.saturating_sub(outstanding);
+        if credit < (window / 4).max(1) {
+            return None;
+        }
         self.recv_allowed = self.recv_allowed.saturating_add(credit);
+        budget.add(credit as usize);
         Some(credit)
+    }
+
+    /// Bytes received for a stream that takes no more (after FIN or reset):
+    /// dropped, and no longer outstanding.
+    fn dropped(&mut self, n: usize) {
+        if let Some(budget) = &self.budget {
+            budget.sub(n);
+        }
     }
 }
 
@@ -257,6 +367,7 @@ pub(crate) struct State {
     handles: usize,
     max_streams: usize,
     accepts_streams: bool,
+    recv_budget: Option<Arc<RecvBudget>>,
     /// A PONG is queued and not yet taken by the driver: further PINGs
     /// before it leaves are answered by that one.
     pong_queued: bool,
@@ -342,6 +453,16 @@ pub struct Incoming {
 }
 
 impl Incoming {
+    /// Starts this stream's send credit at `window` (what the opener said it
+    /// grants, see [`MuxHandle::open_with_window`]); call before replying.
+    pub fn start_window(&self, window: u32) {
+        let window = window.clamp(MIN_STREAM_WINDOW, STREAM_WINDOW);
+        let mut state = self.stream.shared().lock();
+        if let Some(slot) = state.streams.get_mut(&self.stream.id()) {
+            slot.credit = slot.credit.min(window);
+        }
+    }
+
     /// Sends `reply` and hands over the stream. A refusal is a reply too:
     /// send it, then drop the stream.
     pub fn reply(self, reply: Bytes) -> MuxStream {
@@ -366,6 +487,29 @@ impl MuxHandle {
 
     /// Opens a stream carrying `request`; resolves with the peer's reply.
     pub async fn open(&self, request: Bytes) -> Result<(Bytes, MuxStream), OpenError> {
+        self.open_with_window(request, STREAM_WINDOW).await
+    }
+
+    /// The window the next stream may start with under this connection's
+    /// receive budget ([`STREAM_WINDOW`] without one).
+    pub fn next_window(&self) -> u32 {
+        self.shared
+            .lock()
+            .recv_budget
+            .as_ref()
+            .map_or(STREAM_WINDOW, |b| b.window())
+    }
+
+    /// Opens a stream whose peer starts with `window` of credit instead of
+    /// [`STREAM_WINDOW`]: only for a peer that has agreed to read the window
+    /// from `request` and [`Incoming::start_window`] it (anything else sends
+    /// a full window and breaks the link).
+    pub async fn open_with_window(
+        &self,
+        request: Bytes,
+        window: u32,
+    ) -> Result<(Bytes, MuxStream), OpenError> {
+        let window = window.clamp(MIN_STREAM_WINDOW, STREAM_WINDOW);
         let stream = {
             let mut state = self.shared.lock();
             if state.closed.is_some() || state.local_goaway || state.peer_goaway {
@@ -373,7 +517,8 @@ impl MuxHandle {
             }
             let id = state.next_id;
             state.next_id += 2;
-            state.streams.insert(id, Slot::new());
+            let budget = state.recv_budget.clone();
+            state.streams.insert(id, Slot::new(window, budget));
             state.outbox.push(Frame::new(id, Kind::Open, 0, request));
             MuxStream::new(self.shared.clone(), id)
         };
@@ -462,10 +607,12 @@ where
             handles: 1,
             max_streams: config.max_streams,
             accepts_streams: config.accepts_streams,
+            recv_budget: config.recv_budget.clone(),
             pong_queued: false,
         }),
     });
     let now = Instant::now();
+    let first_keepalive = now + config.keepalive_interval;
     let connection = Connection {
         io,
         shared: shared.clone(),
@@ -480,7 +627,7 @@ where
         last_heard: now,
         ping_outstanding: false,
         write_stalled_since: None,
-        keepalive: Box::pin(tokio::time::sleep_until(now + config.keepalive_interval)),
+        keepalive: Box::pin(tokio::time::sleep_until(first_keepalive)),
         shut_down: false,
     };
     (MuxHandle { shared }, connection)
@@ -695,6 +842,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
                 }
                 slot.recv_allowed -= len;
                 if slot.recv_fin || slot.reset {
+                    slot.dropped(len as usize);
                     return Ok(());
                 }
                 if len > 0 {
@@ -729,7 +877,8 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
                         .push(Frame::new(id, Kind::Reset, 0, Bytes::new()));
                     return Ok(());
                 }
-                state.streams.insert(id, Slot::new());
+                let budget = state.recv_budget.clone();
+                state.streams.insert(id, Slot::new(STREAM_WINDOW, budget));
                 state.incoming.push_back((id, payload));
                 if let Some(waker) = state.accept_waker.take() {
                     waker.wake();

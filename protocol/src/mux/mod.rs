@@ -19,7 +19,8 @@ mod recv_queue;
 mod stream;
 
 pub use connection::{
-    start, Connection, Incoming, MuxConfig, MuxError, MuxHandle, OpenError, Role,
+    start, Connection, Incoming, MuxConfig, MuxError, MuxHandle, OpenError, RecvBudget, Role,
+    MIN_STREAM_WINDOW,
 };
 pub use read_ahead::ReadAhead;
 pub use stream::MuxStream;

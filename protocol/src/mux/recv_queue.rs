@@ -20,14 +20,22 @@ pub(crate) struct RecvQueue {
     chunks: VecDeque<Bytes>,
     /// Short payloads received after every chunk, coalesced.
     tail: BytesMut,
+    /// Bytes held (chunks and tail).
+    len: usize,
 }
 
 impl RecvQueue {
+    /// Bytes received and not yet taken.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
     pub(crate) fn is_empty(&self) -> bool {
         self.chunks.is_empty() && self.tail.is_empty()
     }
 
     pub(crate) fn push(&mut self, payload: Bytes) {
+        self.len += payload.len();
         if payload.len() < SHORT {
             self.tail.extend_from_slice(&payload);
             if self.tail.len() >= SHORT {
@@ -49,10 +57,13 @@ impl RecvQueue {
 
     /// The next received buffer, whole.
     pub(crate) fn pop_chunk(&mut self) -> Option<Bytes> {
-        if let Some(chunk) = self.chunks.pop_front() {
-            return Some(chunk);
-        }
-        (!self.tail.is_empty()).then(|| std::mem::take(&mut self.tail).freeze())
+        let chunk = match self.chunks.pop_front() {
+            Some(chunk) => chunk,
+            None if !self.tail.is_empty() => std::mem::take(&mut self.tail).freeze(),
+            None => return None,
+        };
+        self.len -= chunk.len();
+        Some(chunk)
     }
 
     /// Copies as much as fits into `buf`; how much.
@@ -76,6 +87,7 @@ impl RecvQueue {
                 break;
             }
         }
+        self.len -= copied;
         copied
     }
 }
@@ -108,6 +120,7 @@ mod tests {
             got.extend_from_slice(&chunk);
         }
         assert!(q.is_empty());
+        assert_eq!(q.len(), 0);
         assert_eq!(got, sent);
         // 1+1 (sealed by the 40,000) went to the 3-byte read with the first
         // byte of the 40,000; then the rest of it, 3+5 (sealed), 100,000, 7.
@@ -125,5 +138,6 @@ mod tests {
         assert!(q.chunks.len() <= 4, "{}", q.chunks.len());
         let held: usize = q.chunks.iter().map(|c| c.len()).sum::<usize>() + q.tail.len();
         assert_eq!(held, 100_000);
+        assert_eq!(q.len(), 100_000);
     }
 }

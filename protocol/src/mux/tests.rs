@@ -390,3 +390,68 @@ async fn received_payloads_own_exactly_their_memory() {
         );
     }
 }
+
+/// Stalled readers under a receive budget: the first streams get full
+/// windows, later ones the minimum, so what they hold between them stays
+/// near the budget instead of a full window each; a stream that reads again
+/// still moves everything, and the budget is whole again once they are gone.
+#[tokio::test]
+async fn a_receive_budget_bounds_what_stalled_streams_hold() {
+    let budget = RecvBudget::new(2 * frame::STREAM_WINDOW as usize);
+    let (a, b) = tokio::io::duplex(256 * 1024);
+    let (client, client_conn) = start(
+        a,
+        Role::Client,
+        MuxConfig {
+            recv_budget: Some(budget.clone()),
+            ..MuxConfig::default()
+        },
+    );
+    let (server, server_conn) = start(b, Role::Server, MuxConfig::default());
+    tokio::spawn(client_conn);
+    tokio::spawn(server_conn);
+    const EACH: usize = 1 << 20;
+    tokio::spawn(async move {
+        while let Some(incoming) = server.accept().await {
+            let window = u32::from_be_bytes(incoming.request[..4].try_into().unwrap());
+            incoming.start_window(window);
+            tokio::spawn(async move {
+                let mut stream = incoming.reply(Bytes::from_static(b"ok"));
+                let chunk = vec![3u8; 64 * 1024];
+                for _ in 0..EACH / chunk.len() {
+                    if stream.write_all(&chunk).await.is_err() {
+                        return;
+                    }
+                }
+                let _ = stream.shutdown().await;
+            });
+        }
+    });
+    let mut stalled = Vec::new();
+    for _ in 0..20 {
+        let window = client.next_window();
+        let request = Bytes::copy_from_slice(&window.to_be_bytes());
+        stalled.push(client.open_with_window(request, window).await.unwrap().1);
+    }
+    // Outstanding counts credit granted plus bytes queued, so it holds
+    // whatever the senders have managed to send so far.
+    let bound = 2 * frame::STREAM_WINDOW as usize + 20 * MIN_STREAM_WINDOW as usize;
+    assert!(
+        budget.outstanding() <= bound,
+        "{} outstanding, bound {bound}",
+        budget.outstanding()
+    );
+    assert_eq!(client.next_window(), MIN_STREAM_WINDOW, "under pressure");
+    // A stalled reader that reads again gets all of its bytes.
+    let mut first = stalled.remove(0);
+    let mut got = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), first.read_to_end(&mut got))
+        .await
+        .expect("a small window still moves everything")
+        .unwrap();
+    assert_eq!(got.len(), EACH);
+    drop(first);
+    drop(stalled);
+    assert_eq!(budget.outstanding(), 0, "every stream gave its share back");
+    assert_eq!(client.next_window(), frame::STREAM_WINDOW);
+}

@@ -19,7 +19,8 @@ use proxynet_protocol::mux::{MuxHandle, OpenError};
 use std::net::IpAddr;
 use std::time::Duration;
 
-use super::registry::{Link, LinkSender};
+use super::registry::{Link, LinkSender, MuxLink};
+use proxynet_protocol::mux::frame::STREAM_WINDOW;
 use super::stream::ExitStream;
 use crate::error::{ErrorKind, ProxyError};
 use crate::target::Target;
@@ -33,24 +34,32 @@ pub async fn open_tunnel(
 ) -> Result<ExitStream, ProxyError> {
     match &link.sender {
         LinkSender::Http2(sender) => open_http2(sender.clone(), target, egress_ip, budget).await,
-        LinkSender::Mux(handle) => open_mux(handle, target, egress_ip, budget).await,
+        LinkSender::Mux(link) => open_mux(link, target, egress_ip, budget).await,
     }
 }
 
 async fn open_mux(
-    handle: &MuxHandle,
+    link: &MuxLink,
     target: &Target,
     egress_ip: IpAddr,
     budget: Duration,
 ) -> Result<ExitStream, ProxyError> {
+    // What the receive budget allows a new stream now, where the agent
+    // takes it from the OPEN (older agents get the full window).
+    let window = link.open_window.then(|| link.handle.next_window());
     let request = StreamRequest::Tunnel {
         target: target.authority(),
         egress_ip,
         budget_ms: budget.as_millis() as u64,
+        window,
     };
     let request = serde_json::to_vec(&request)
         .map_err(|e| ProxyError::new(ErrorKind::Internal, format!("encoding link request: {e}")))?;
-    let (reply, stream) = match tokio::time::timeout(budget, handle.open(request.into())).await {
+    let opening = match window {
+        Some(w) => link.handle.open_with_window(request.into(), w),
+        None => link.handle.open_with_window(request.into(), STREAM_WINDOW),
+    };
+    let (reply, stream) = match tokio::time::timeout(budget, opening).await {
         Err(_) => {
             return Err(ProxyError::new(
                 ErrorKind::ConnectionTimeout,
@@ -189,7 +198,7 @@ pub async fn probe(link: &Link, timeout: Duration) -> Option<Duration> {
 async fn probe_ok(link: &Link, timeout: Duration) -> bool {
     match &link.sender {
         LinkSender::Http2(sender) => probe_http2(sender.clone(), timeout).await,
-        LinkSender::Mux(handle) => probe_mux(handle, timeout).await,
+        LinkSender::Mux(link) => probe_mux(&link.handle, timeout).await,
     }
 }
 

@@ -32,6 +32,8 @@ pub struct LinkListener {
     pub superproxy_id: uuid::Uuid,
     /// Link versions we accept; the newest one the agent also offers is used.
     pub versions: LinkVersions,
+    /// What every v2 link's streams may hold between them (stalled readers).
+    pub recv_budget: Arc<proxynet_protocol::mux::RecvBudget>,
 }
 
 /// Plaintext rustls may hold for sending before the socket takes it: large
@@ -92,12 +94,18 @@ impl LinkListener {
                 Role::Client,
                 // Tunnels are opened by us only: an agent that opens streams
                 // breaks the protocol, and is not left holding our memory.
+                // Every link's streams share the instance's receive budget.
                 MuxConfig {
                     accepts_streams: false,
+                    recv_budget: Some(self.recv_budget.clone()),
                     ..MuxConfig::default()
                 },
             );
-            let link_id = self.link_up(exit_id, peer, LinkSender::Mux(handle)).await;
+            let link = super::registry::MuxLink {
+                handle,
+                open_window: hello.open_window,
+            };
+            let link_id = self.link_up(exit_id, peer, LinkSender::Mux(link)).await;
             let ended = connection.await;
             self.link_down(exit_id, link_id, ended.err().map(|e| e.to_string()));
             return Ok(());

@@ -29,7 +29,16 @@ pub enum LinkSender {
     /// v1: one HTTP/2 request per stream.
     Http2(Http2Sender),
     /// v2: one mux stream per stream.
-    Mux(proxynet_protocol::mux::MuxHandle),
+    Mux(MuxLink),
+}
+
+/// A v2 link: the mux and what its agent agreed to.
+#[derive(Clone)]
+pub struct MuxLink {
+    pub handle: proxynet_protocol::mux::MuxHandle,
+    /// The agent starts tunnel streams with the window their OPEN names, so
+    /// this superproxy can grant less under memory pressure.
+    pub open_window: bool,
 }
 
 impl LinkSender {

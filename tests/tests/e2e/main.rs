@@ -9,6 +9,7 @@ mod api_contract;
 mod clients;
 mod connection_bounds;
 mod control_plane;
+mod dashboard_security;
 mod defects;
 mod degraded;
 mod docs;
