@@ -177,6 +177,10 @@ impl ControlApi {
                 .clone()
                 .run_resync_loop(Duration::from_secs(self.state.config.resync_secs.max(1))),
         );
+        let presence = tokio::spawn(self.state.projector.clone().run_presence(
+            self.state.config.instance_name.clone(),
+            self.state.config.heartbeat_interval(),
+        ));
         let ledger = tokio::spawn(self.ledger.run());
         let heartbeats = tokio::spawn(self.state.heartbeats.clone().run(
             self.state.db.clone(),
@@ -209,6 +213,7 @@ impl ControlApi {
         .with_graceful_shutdown(shutdown)
         .await;
         resync.abort();
+        presence.abort();
         ledger.abort();
         heartbeats.abort();
         retention.abort();

@@ -713,6 +713,31 @@ impl Projector {
     /// persistence, a flush: the projection markers written after each full
     /// resync ([`Keys::projection_markers`]) are counted every second, so
     /// users and exits reappear within a second of Redis returning.
+    /// Says the control plane is taking heartbeats: refreshes
+    /// [`Keys::control_plane_alive`] every half `interval`, expiring after
+    /// one `interval`, so superproxies notice within a heartbeat interval
+    /// that no control-api answers (long before exits' liveness lapses).
+    pub async fn run_presence(self, instance: String, interval: Duration) {
+        let every = (interval / 2).max(Duration::from_millis(50));
+        let ttl_ms = u64::try_from(interval.as_millis()).unwrap_or(u64::MAX).max(100);
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let mut redis = self.redis.clone();
+            let written: Result<(), _> = redis::cmd("SET")
+                .arg(self.keys.control_plane_alive())
+                .arg(&instance)
+                .arg("PX")
+                .arg(ttl_ms)
+                .query_async(&mut redis)
+                .await;
+            if let Err(e) = written {
+                tracing::debug!(error = %e, "cannot refresh the control plane's presence");
+            }
+        }
+    }
+
     pub async fn run_resync_loop(self, period: Duration) {
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -110,6 +110,15 @@ impl Keys {
         format!("{}{{exits}}:live", self.prefix)
     }
 
+    /// Written by every control-api instance every half heartbeat interval,
+    /// expiring after one: while it exists, the control plane is taking
+    /// heartbeats; once it lapses, superproxies keep exits they hold live,
+    /// probed links to eligible for a bounded grace (the data plane outlives
+    /// the control plane). In the `{exits}` slot, read by the pool scripts.
+    pub fn control_plane_alive(&self) -> String {
+        format!("{}{{exits}}:control-plane", self.prefix)
+    }
+
     /// Set of exits whose agent announced it is draining (heartbeats own it).
     pub fn exits_draining(&self) -> String {
         format!("{}{{exits}}:draining", self.prefix)
@@ -712,8 +721,10 @@ end
 return now
 ";
 
-/// `KEYS[1]` live set, `KEYS[2]` draining set, `KEYS[3]` change stream:
-/// `{now, last change id, live members, draining members}`: the start of a
+/// `KEYS[1]` live set, `KEYS[2]` draining set, `KEYS[3]` change stream,
+/// `KEYS[4]` the control plane's presence key:
+/// `{now, last change id, live members, draining members, control plane
+/// present (1/0)}`: the start of a
 /// full pool read, and the point its deltas continue from. An empty stream
 /// gets a placeholder entry (no exit id) so the cursor is always a real entry
 /// whose disappearance (a flush, trimming past it) the delta can detect.
@@ -727,7 +738,7 @@ if last[1] then
 else
   cursor = redis.call('XADD', KEYS[3], '*', 'id', '')
 end
-return {now, cursor, redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf'), redis.call('SMEMBERS', KEYS[2])}
+return {now, cursor, redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf'), redis.call('SMEMBERS', KEYS[2]), redis.call('EXISTS', KEYS[4])}
 ";
 
 /// `KEYS[1]` record key, `KEYS[2]` change stream, `ARGV[1]` JSON, `ARGV[2]`
@@ -757,7 +768,8 @@ return 0
 ";
 
 /// One pool delta. `KEYS[1]` live set, `KEYS[2]` draining set, `KEYS[3]`
-/// change stream; `ARGV[1]` Redis time (ms) of the previous read, `ARGV[2]`
+/// change stream, `KEYS[4]` the control plane's presence key (its
+/// existence is the reply's last element); `ARGV[1]` Redis time (ms) of the previous read, `ARGV[2]`
 /// the last change id seen, `ARGV[3]` most changes returned, `ARGV[4]` the
 /// exit record key prefix. Returns `{now, complete, cursor, expired, changed}`:
 /// `complete` is 0 when the stream no longer holds the cursor (trimmed, or
@@ -769,14 +781,15 @@ pub const POOL_DELTA_SCRIPT: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local cursor = ARGV[2]
+local control = redis.call('EXISTS', KEYS[4])
 if #redis.call('XRANGE', KEYS[3], cursor, cursor) == 0 then
-  return {now, 0, cursor, {}, {}}
+  return {now, 0, cursor, {}, {}, control}
 end
 -- Liveness entries expired longer ago than the heartbeat script keeps them
 -- (an hour) are gone from the live set: a reader that far behind cannot
 -- learn of those expiries from it and must read in full.
 if tonumber(ARGV[1]) < now - 3000000 then
-  return {now, 0, cursor, {}, {}}
+  return {now, 0, cursor, {}, {}, control}
 end
 local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. ARGV[1], now)
 local entries = redis.call('XRANGE', KEYS[3], '(' .. cursor, '+', 'COUNT', tonumber(ARGV[3]))
@@ -796,7 +809,7 @@ for _, entry in ipairs(entries) do
     changed[#changed + 1] = record or ''
   end
 end
-return {now, 1, cursor, expired, changed}
+return {now, 1, cursor, expired, changed, control}
 ";
 
 /// `KEYS[1]` live set: members whose expiry is still in the future by Redis' clock.

@@ -79,6 +79,7 @@ fn view(n: usize, link: &Link) -> PoolView {
         live: n,
         degraded: false,
         blocked: Vec::new(),
+        ..PoolView::default()
     }
 }
 

@@ -80,6 +80,19 @@ fn respond(gateway: &AdminState, req: &Request<Incoming>) -> Response<Full<Bytes
                     StatusCode::SERVICE_UNAVAILABLE,
                     "degraded: redis unreachable or not yet re-projected\n".into(),
                 )
+            } else if let Some(since) = view.control_plane_silent_since {
+                // Still 200: every superproxy sees the same silence, and a
+                // load balancer that dropped them all would turn a
+                // control-plane outage into a data-plane one.
+                text(
+                    StatusCode::OK,
+                    format!(
+                        "degraded: control plane silent for {} s; {} eligible exits, {} of them held by their probed links\n",
+                        since.elapsed().as_secs(),
+                        view.eligible.len(),
+                        view.held_by_links
+                    ),
+                )
             } else {
                 text(
                     StatusCode::OK,

@@ -190,6 +190,12 @@ pub struct Config {
     #[arg(long, env = "PROXYNET_USAGE_FLUSH_MS", default_value_t = 1_000)]
     pub usage_flush_ms: u64,
 
+    /// While the control plane is silent (no control-api takes heartbeats),
+    /// exits whose heartbeat liveness lapses stay eligible this long if this
+    /// superproxy holds a live link to them that passes its probes, s.
+    #[arg(long, env = "PROXYNET_CONTROL_PLANE_GRACE_SECS", default_value_t = 600)]
+    pub control_plane_grace_secs: u64,
+
     /// How often the pool of live exits is re-read from Redis, ms.
     #[arg(long, env = "PROXYNET_POOL_REFRESH_MS", default_value_t = 1_000)]
     pub pool_refresh_ms: u64,
@@ -288,6 +294,9 @@ impl Config {
     }
     pub fn usage_flush(&self) -> Duration {
         Duration::from_millis(self.usage_flush_ms.max(50))
+    }
+    pub fn control_plane_grace(&self) -> Duration {
+        Duration::from_secs(self.control_plane_grace_secs)
     }
     pub fn pool_refresh(&self) -> Duration {
         Duration::from_millis(self.pool_refresh_ms.max(50))

@@ -10,9 +10,15 @@
 //!   `probe_interval × unhealthy_threshold + probe_timeout`.
 //! - **Passive**: real tunnel outcomes that are the exit's fault (link not
 //!   ready, stream refused, exit draining or full, link lost) — never a
-//!   target's refusal or timeout — feed an EWMA of success and of connect
-//!   latency; `eject_after` consecutive exit faults eject the exit for
+//!   target's refusal, timeout or slowness — feed an EWMA of success;
+//!   `eject_after` consecutive exit faults eject the exit for
 //!   `eject_base × 2^(ejections so far)`, capped at `eject_max`.
+//! - **The score measures the exit, never the target**: its latency term is
+//!   the probe round trip (link and agent, no target in it), and probes feed
+//!   the success EWMA too, so an idle exit's score recovers without customer
+//!   traffic. A tunnel's open time includes the target's connect time, so it
+//!   is recorded for display only: customers connecting to slow targets
+//!   cannot steer traffic away from an exit.
 //! - **Guards**: passive ejection never takes out more than
 //!   `max_ejected_percent` of the linked exits; if fewer than
 //!   `panic_threshold_percent` are available, health is ignored and every
@@ -225,6 +231,8 @@ impl HealthBook {
                 EWMA_ALPHA * ms + (1.0 - EWMA_ALPHA) * s.probe_rtt_ms
             };
         }
+        // A probe is the exit's own answer: it moves the success EWMA too.
+        s.success_ewma = ewma(s.success_ewma, if ok { 1.0 } else { 0.0 });
         if ok {
             s.probe_ok_streak += 1;
             s.probe_fail_streak = 0;
@@ -243,7 +251,9 @@ impl HealthBook {
     }
 
     /// A real tunnel's outcome. `exit_fault` is false for successes and for
-    /// failures that are the target's (refused, timed out, DNS).
+    /// failures that are the target's (refused, timed out, DNS). `latency`
+    /// (stream open to answer, the target's connect included) is kept for
+    /// display; it does not move the score.
     pub fn record_outcome(
         &self,
         id: Uuid,
@@ -338,8 +348,10 @@ impl HealthBook {
     }
 }
 
+/// Success discounted by the exit's own round trip (the probe's: link and
+/// agent, no target), weighted by how much of the fleet sees it available.
 fn score_of(s: &State) -> f64 {
-    s.success_ewma / (1.0 + s.latency_ewma_ms / 50.0) * (0.5 + 0.5 * s.fleet_available)
+    s.success_ewma / (1.0 + s.probe_rtt_ms / 50.0) * (0.5 + 0.5 * s.fleet_available)
 }
 
 fn ewma(old: f64, new: f64) -> f64 {
@@ -416,6 +428,34 @@ mod tests {
             "max-ejected share protects b"
         );
         let _ = c;
+    }
+
+    #[test]
+    fn a_slow_target_never_lowers_the_score_and_an_idle_exit_recovers() {
+        let book = HealthBook::new(config());
+        let (slow, fine) = (Uuid::new_v4(), Uuid::new_v4());
+        for id in [slow, fine] {
+            book.record_probe(id, Some(Duration::from_millis(2)));
+        }
+        let before = book.exit(slow).score();
+        // Tunnels to a target that takes two seconds to accept: successes
+        // as far as the exit goes, however long they took.
+        for _ in 0..3 {
+            book.record_outcome(slow, false, Some(Duration::from_secs(2)), 2);
+        }
+        assert_eq!(book.exit(slow).score(), before);
+        assert_eq!(book.exit(slow).score(), book.exit(fine).score());
+        // Exit faults lower it; probes alone, with no traffic, bring it back.
+        for _ in 0..2 {
+            book.record_outcome(slow, true, None, 2);
+        }
+        let hurt = book.exit(slow).score();
+        assert!(hurt < before * 0.7, "{hurt} vs {before}");
+        for _ in 0..20 {
+            book.record_probe(slow, Some(Duration::from_millis(2)));
+        }
+        let healed = book.exit(slow).score();
+        assert!(healed > before * 0.95, "{healed} vs {before}");
     }
 
     #[test]

@@ -174,6 +174,7 @@ impl Superproxy {
             registry.clone(),
             health,
             open_tunnels.clone(),
+            config.control_plane_grace(),
         ));
         let auth = Authenticator::new(
             redis.clone(),

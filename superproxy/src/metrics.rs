@@ -111,6 +111,15 @@ pub fn pool(eligible: usize, blocked: usize, live: usize, degraded: bool) {
     gauge!("proxynet_degraded").set(if degraded { 1.0 } else { 0.0 });
 }
 
+/// Whether the control plane is silent (and for how long), and how many
+/// exits only their probed links keep eligible meanwhile.
+pub fn control_plane(silent_since: Option<std::time::Instant>, held_by_links: usize) {
+    gauge!("proxynet_control_plane_silent").set(if silent_since.is_some() { 1.0 } else { 0.0 });
+    gauge!("proxynet_control_plane_silent_seconds")
+        .set(silent_since.map_or(0.0, |s| s.elapsed().as_secs_f64()));
+    gauge!("proxynet_pool_exits", "state" => "held_by_links").set(held_by_links as f64);
+}
+
 /// One pool read: `full` or `delta`, and how many exits it carried.
 pub fn pool_read(kind: &'static str, exits: usize) {
     counter!("proxynet_pool_reads_total", "kind" => kind).increment(1);

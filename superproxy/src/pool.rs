@@ -11,7 +11,20 @@
 //! one round trip returning only the exits that changed or expired since the
 //! last read). A superproxy that fell further behind than the stream keeps
 //! (or a Redis that restarted) reads the pool in full again. The view is
-//! rebuilt when something changed, a link came or went, or a consent runs out.
+//! rebuilt when something changed, a link came or went, or a consent runs out
+//! (at the earliest expiry among linked exits, so an expiry is acted on
+//! within a second).
+//!
+//! **The data plane outlives the control plane.** Liveness in Redis is
+//! written by the control-api's heartbeat handler. When the control plane
+//! falls silent (its presence key lapses: every instance is down, stopped
+//! or cut off), exits whose liveness then lapses stay eligible for
+//! `control_plane_grace` as long as this superproxy holds a live link to
+//! them that passes its probes: the link and the probes are the data
+//! plane's own evidence that the exit is there. Everything else the
+//! control plane decided and this instance knows (disabled, drained,
+//! consent, provenance) keeps applying. Provenance blocks, and the cuts
+//! they cause, are judged over every linked exit, live or not.
 
 use proxynet_protocol::redis_target::RedisConnection;
 use proxynet_protocol::store::{
@@ -57,8 +70,13 @@ pub struct PoolView {
     pub live: usize,
     /// Last refresh from Redis failed; the view is the last known one.
     pub degraded: bool,
-    /// Live, linked exits that provenance or consent keeps out of rotation.
+    /// Linked exits that provenance or consent keeps out of rotation.
     pub blocked: Vec<(Arc<ExitRecord>, ProvenanceBlock)>,
+    /// Since when the control plane has been silent, if it is.
+    pub control_plane_silent_since: Option<Instant>,
+    /// Eligible exits kept only by their probed links (the control plane
+    /// silent, their heartbeat liveness lapsed).
+    pub held_by_links: usize,
 }
 
 pub struct Pool {
@@ -76,6 +94,34 @@ pub struct Pool {
     /// Serialises refreshes (timer and change events).
     refreshing: tokio::sync::Mutex<()>,
     last_rebuild: std::sync::Mutex<Instant>,
+    /// How long probed links keep exits eligible while the control plane is silent.
+    control_plane_grace: Duration,
+    /// The earliest consent expiry ahead among linked exits: a rebuild is due then.
+    next_expiry: std::sync::Mutex<Option<Instant>>,
+    expiry_changed: tokio::sync::Notify,
+}
+
+impl Known {
+    /// Records whether the control plane's presence key was there; true
+    /// when that changed (a rebuild is due).
+    fn note_control(&mut self, present: bool) -> bool {
+        match (present, self.control_silent_since) {
+            (true, Some(since)) => {
+                tracing::info!(
+                    silent_ms = since.elapsed().as_millis() as u64,
+                    "the control plane is back"
+                );
+                self.control_silent_since = None;
+                true
+            }
+            (false, None) => {
+                tracing::warn!("the control plane is silent: exits with live, probed links stay eligible for the grace period");
+                self.control_silent_since = Some(Instant::now());
+                true
+            }
+            _ => false,
+        }
+    }
 }
 
 #[derive(Default)]
@@ -90,6 +136,8 @@ struct Known {
     cursor: Option<String>,
     /// Redis' clock (ms) at the last read: expiries after it are news.
     read_at_ms: i64,
+    /// Since when the control plane's presence key has been missing.
+    control_silent_since: Option<Instant>,
 }
 
 /// Changes applied per delta read at most; more wait for the next read.
@@ -114,12 +162,14 @@ enum Read {
         live: HashSet<Uuid>,
         agent_draining: HashSet<Uuid>,
         records: HashMap<Uuid, Arc<ExitRecord>>,
+        control_present: bool,
     },
     Delta {
         now_ms: i64,
         cursor: String,
         expired: Vec<Uuid>,
         changed: Vec<Changed>,
+        control_present: bool,
     },
 }
 
@@ -245,8 +295,12 @@ impl Pool {
         registry: Arc<LinkRegistry>,
         health: Arc<HealthBook>,
         open_tunnels: Arc<OpenTunnels>,
+        control_plane_grace: Duration,
     ) -> Self {
         Self {
+            control_plane_grace,
+            next_expiry: std::sync::Mutex::new(None),
+            expiry_changed: tokio::sync::Notify::new(),
             health,
             open_tunnels,
             recently_blocked: std::sync::Mutex::new([HashSet::new(), HashSet::new()]),
@@ -309,18 +363,28 @@ impl Pool {
         *rounds = [last, now];
     }
 
-    /// Keeps the view current until the task is dropped.
+    /// Keeps the view current until the task is dropped: on every refresh,
+    /// every link change, and at the earliest consent expiry ahead.
     pub async fn run(self: Arc<Self>, period: Duration) {
         let mut links_changed = self.registry.subscribe();
         let mut tick = tokio::time::interval(period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
+            let expiry = self.next_expiry.lock().ok().and_then(|e| *e);
+            let at_expiry = async {
+                match expiry {
+                    Some(at) => tokio::time::sleep_until(at.into()).await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 _ = tick.tick() => self.refresh().await,
                 changed = links_changed.changed() => {
                     if changed.is_err() { return; }
                     self.rebuild();
                 }
+                () = at_expiry => self.rebuild(),
+                () = self.expiry_changed.notified() => {}
             }
         }
     }
@@ -391,13 +455,16 @@ impl Pool {
                 live,
                 agent_draining,
                 records,
+                control_present,
             } => {
+                let control_changed = known.note_control(control_present);
                 crate::metrics::pool_read("full", live.len());
                 known.live = live;
                 known.agent_draining = agent_draining;
                 known.records = records;
                 known.cursor = Some(cursor);
                 known.read_at_ms = now_ms;
+                let _ = control_changed;
                 true
             }
             Read::Delta {
@@ -405,7 +472,9 @@ impl Pool {
                 cursor,
                 expired,
                 changed,
+                control_present,
             } => {
+                let control_changed = known.note_control(control_present);
                 crate::metrics::pool_read("delta", changed.len() + expired.len());
                 let any = !changed.is_empty() || !expired.is_empty();
                 for c in changed {
@@ -433,7 +502,7 @@ impl Pool {
                 }
                 known.cursor = Some(cursor);
                 known.read_at_ms = now_ms;
-                any || was_degraded
+                any || was_degraded || control_changed
             }
         }
     }
@@ -448,18 +517,35 @@ impl Pool {
         if !projected {
             return Err(ReadError::NotProjected);
         }
-        let (now_ms, cursor, ids, draining): (i64, String, Vec<String>, Vec<String>) =
-            redis::Script::new(LIVE_AND_DRAINING_SCRIPT)
-                .key(self.keys.exits_live())
-                .key(self.keys.exits_draining())
-                .key(self.keys.exit_changes())
-                .invoke_async(&mut redis)
-                .await?;
+        let (now_ms, cursor, ids, draining, control): (
+            i64,
+            String,
+            Vec<String>,
+            Vec<String>,
+            i64,
+        ) = redis::Script::new(LIVE_AND_DRAINING_SCRIPT)
+            .key(self.keys.exits_live())
+            .key(self.keys.exits_draining())
+            .key(self.keys.exit_changes())
+            .key(self.keys.control_plane_alive())
+            .invoke_async(&mut redis)
+            .await?;
         let live: HashSet<Uuid> = ids.iter().filter_map(|s| s.parse().ok()).collect();
         let agent_draining: HashSet<Uuid> =
             draining.iter().filter_map(|s| s.parse().ok()).collect();
         let mut records = HashMap::with_capacity(live.len());
-        let ids: Vec<Uuid> = live.iter().copied().collect();
+        // Linked exits too, live or not: their provenance is judged (and
+        // their tunnels cut on a block) whatever their heartbeats say.
+        let ids: Vec<Uuid> = live
+            .iter()
+            .copied()
+            .chain(
+                self.registry
+                    .snapshot()
+                    .into_keys()
+                    .filter(|id| !live.contains(id)),
+            )
+            .collect();
         // Every record shares the `{exits}` slot, so MGET works on a cluster too.
         for chunk in ids.chunks(1000) {
             let keys: Vec<String> = chunk.iter().map(|id| self.keys.exit(*id)).collect();
@@ -479,6 +565,7 @@ impl Pool {
             live,
             agent_draining,
             records,
+            control_present: control == 1,
         })
     }
 
@@ -491,12 +578,13 @@ impl Pool {
         read_at_ms: i64,
     ) -> Result<Option<Read>, redis::RedisError> {
         let mut redis = self.redis.clone();
-        type Reply = (i64, i64, String, Vec<String>, Vec<redis::Value>);
-        let (now_ms, complete, cursor, expired, flat): Reply =
+        type Reply = (i64, i64, String, Vec<String>, Vec<redis::Value>, i64);
+        let (now_ms, complete, cursor, expired, flat, control): Reply =
             redis::Script::new(POOL_DELTA_SCRIPT)
                 .key(self.keys.exits_live())
                 .key(self.keys.exits_draining())
                 .key(self.keys.exit_changes())
+                .key(self.keys.control_plane_alive())
                 .arg(read_at_ms)
                 .arg(cursor)
                 .arg(DELTA_BATCH)
@@ -530,6 +618,7 @@ impl Pool {
             cursor,
             expired: expired.iter().filter_map(|s| s.parse().ok()).collect(),
             changed,
+            control_present: control == 1,
         }))
     }
 
@@ -551,35 +640,75 @@ impl Pool {
         let now_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as i64);
+        let now = Instant::now();
         let mut blocked = Vec::new();
-        let (eligible, live, degraded) = match self.known.read() {
+        let mut next_expiry_ms: Option<i64> = None;
+        let mut held_by_links = 0;
+        let (eligible, live, degraded, silent_since) = match self.known.read() {
             Ok(known) => {
-                let eligible: Vec<Candidate> = known
-                    .live
-                    .iter()
-                    .filter_map(|id| {
-                        let record = known.records.get(id)?;
-                        let link = links.get(id)?;
-                        // Provenance first: an exit that cannot answer for its
-                        // address carries nothing, whatever else it is.
-                        if let Some(why) = record.provenance_block(now_ms) {
-                            blocked.push((record.clone(), why));
-                            return None;
-                        }
-                        (!record.draining
-                            && !known.agent_draining.contains(id)
-                            && !record.disabled
-                            && !record.egress_ips.is_empty())
-                        .then(|| Candidate {
-                            record: record.clone(),
-                            link: link.clone(),
-                        })
-                    })
-                    .collect();
-                (eligible, known.live.len(), known.degraded)
+                // While the control plane is silent (and within the grace),
+                // a linked exit that passes its probes is live whatever its
+                // heartbeat key says.
+                let grace = known
+                    .control_silent_since
+                    .filter(|since| now.duration_since(*since) < self.control_plane_grace)
+                    .is_some();
+                let mut eligible = Vec::new();
+                // Every linked exit with a record: provenance is judged for
+                // all of them (a block cuts tunnels through any linked exit),
+                // eligibility only for the live ones.
+                for (id, link) in &links {
+                    let Some(record) = known.records.get(id) else {
+                        continue;
+                    };
+                    if let Some(at) = record.consent_expires_at_ms.filter(|at| *at > now_ms) {
+                        next_expiry_ms = Some(next_expiry_ms.map_or(at, |n| n.min(at)));
+                    }
+                    // Provenance first: an exit that cannot answer for its
+                    // address carries nothing, whatever else it is.
+                    if let Some(why) = record.provenance_block(now_ms) {
+                        blocked.push((record.clone(), why));
+                        continue;
+                    }
+                    let heartbeat_live = known.live.contains(id);
+                    let link_live = grace && self.health.exit(*id).available(now);
+                    if !(heartbeat_live || link_live) {
+                        continue;
+                    }
+                    if record.draining
+                        || known.agent_draining.contains(id)
+                        || record.disabled
+                        || record.egress_ips.is_empty()
+                    {
+                        continue;
+                    }
+                    if !heartbeat_live {
+                        held_by_links += 1;
+                    }
+                    eligible.push(Candidate {
+                        record: record.clone(),
+                        link: link.clone(),
+                    });
+                }
+                (
+                    eligible,
+                    known.live.len(),
+                    known.degraded,
+                    known.control_silent_since,
+                )
             }
             Err(_) => return,
         };
+        let next_expiry = next_expiry_ms.map(|at| {
+            now + Duration::from_millis(u64::try_from(at - now_ms).unwrap_or(0))
+        });
+        if let Ok(mut current) = self.next_expiry.lock() {
+            if *current != next_expiry {
+                *current = next_expiry;
+                self.expiry_changed.notify_one();
+            }
+        }
+        crate::metrics::control_plane(silent_since, held_by_links);
         self.cut_newly_blocked(&blocked);
         let index = eligible
             .iter()
@@ -594,6 +723,8 @@ impl Pool {
                 live,
                 degraded,
                 blocked,
+                control_plane_silent_since: silent_since,
+                held_by_links,
             });
         }
     }
