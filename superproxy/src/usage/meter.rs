@@ -212,6 +212,11 @@ impl<IO> Metered<IO> {
         Self { io, meter }
     }
 
+    /// The counters, for readers that outlive the stream's handover.
+    pub fn meter(&self) -> Arc<Meter> {
+        self.meter.0.clone()
+    }
+
     fn quota_bound(&self) -> bool {
         !self.meter.0.quotas.is_empty()
     }

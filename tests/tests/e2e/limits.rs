@@ -31,7 +31,7 @@ async fn oversized_heads_get_431() {
         "{resp}"
     );
 
-    let many: String = (0..150).map(|i| format!("X-F{i}: v\r\n")).collect();
+    let many: String = (0..300).map(|i| format!("X-F{i}: v\r\n")).collect();
     let resp = raw_exchange(
         addrs.proxy,
         format!("GET http://example.com/ HTTP/1.1\r\n{many}\r\n").as_bytes(),

@@ -15,6 +15,7 @@ mod degraded;
 mod docs;
 mod enrollment;
 mod entitlements;
+mod forwarding;
 mod hardening;
 mod health;
 mod ingress;

@@ -6,6 +6,10 @@
 //! (hyper re-frames them: `Content-Length` when known, chunked otherwise);
 //! nothing is buffered whole. The request goes out in origin-form with `Host`
 //! taken from the request target (RFC 9112 §3.2.2) and hop-by-hop fields removed.
+//! `Expect: 100-continue` is forwarded and honoured end to end ([`super::expect`]).
+//! The origin's response head may be as large as a client's request head
+//! ([`super::MAX_HEAD_BYTES`], [`super::MAX_HEADERS`]); beyond, a 502 names
+//! the limit.
 
 use http::{header, HeaderValue, Method, Request, Response, Uri, Version};
 use http_body_util::BodyExt;
@@ -86,12 +90,26 @@ pub async fn forward(
         .map_err(|_| ProxyError::new(ErrorKind::BadRequest, "request target path is invalid"))?;
     let authority = authority.as_str().to_owned();
     let credentials = super::credentials(&req);
+    // The client's body waits for the origin's go-ahead when it asked to.
+    let gate = super::expect::expects_continue(&headers).then(super::expect::Gate::new);
     let (parts, body) = req.into_parts();
+    let body = match &gate {
+        Some(gate) => UpstreamBody::Gated(super::expect::GatedBody::new(body, gate.clone())),
+        None => UpstreamBody::Plain(body),
+    };
     let mut upstream = Request::new(body);
     *upstream.method_mut() = parts.method;
     *upstream.uri_mut() = origin_form;
     *upstream.version_mut() = Version::HTTP_11;
     *upstream.headers_mut() = headers;
+    if let Some(gate) = &gate {
+        let gate = gate.clone();
+        hyper::ext::on_informational(&mut upstream, move |response| {
+            if response.status() == http::StatusCode::CONTINUE {
+                gate.open();
+            }
+        });
+    }
 
     let tunnel = pipeline
         .open(
@@ -107,9 +125,12 @@ pub async fn forward(
     if let Ok(mut current) = identity.lock() {
         *current = Some(holds.register_connection(&pipeline.open_tunnels));
     }
+    let meter = tunnel.io.meter();
     let (mut sender, connection) = hyper::client::conn::http1::Builder::new()
         .preserve_header_case(true)
-        .handshake::<_, Incoming>(TokioIo::new(tunnel.io))
+        .max_headers(super::MAX_HEADERS)
+        .max_buf_size(super::MAX_HEAD_BYTES + 16 * 1024)
+        .handshake::<_, UpstreamBody>(TokioIo::new(tunnel.io))
         .await
         .map_err(|e| {
             ProxyError::new(ErrorKind::ExitLinkLost, format!("exit stream failed: {e}"))
@@ -131,6 +152,21 @@ pub async fn forward(
         }
     });
     let response = sender.send_request(upstream).await.map_err(|e| {
+        if e.is_parse_too_large() {
+            // One hyper error for both limits: what it had read tells which.
+            let detail = if meter.down() as usize >= super::MAX_HEAD_BYTES {
+                format!(
+                    "the target's response head is larger than {} KiB",
+                    super::MAX_HEAD_BYTES / 1024
+                )
+            } else {
+                format!(
+                    "the target's response has more than {} header fields",
+                    super::MAX_HEADERS
+                )
+            };
+            return ProxyError::new(ErrorKind::BadResponse, detail);
+        }
         ProxyError::new(
             ErrorKind::BadResponse,
             format!("target closed the connection or sent an invalid response: {e}"),
@@ -139,8 +175,51 @@ pub async fn forward(
     let (mut parts, body) = response.into_parts();
     parts.headers = end_to_end(&parts.headers);
     parts.headers.extend(tunnel_info);
-    let body: ProxyBody = body.map_err(Box::from).boxed_unsync();
+    let body: ProxyBody = match gate {
+        // The origin has answered: once its answer is relayed, a body it
+        // did not ask for is not sent.
+        Some(gate) => super::expect::AbortOnEnd::new(body, gate)
+            .map_err(Box::from)
+            .boxed_unsync(),
+        None => body.map_err(Box::from).boxed_unsync(),
+    };
     Ok(Response::from_parts(parts, body))
+}
+
+/// The request body sent upstream: the client's own, or held back until the
+/// origin asks for it (`Expect: 100-continue`).
+enum UpstreamBody {
+    Plain(Incoming),
+    Gated(super::expect::GatedBody<Incoming>),
+}
+
+impl hyper::body::Body for UpstreamBody {
+    type Data = bytes::Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        match self.get_mut() {
+            UpstreamBody::Plain(b) => std::pin::Pin::new(b).poll_frame(cx).map_err(Box::from),
+            UpstreamBody::Gated(b) => std::pin::Pin::new(b).poll_frame(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            UpstreamBody::Plain(b) => b.is_end_stream(),
+            UpstreamBody::Gated(b) => hyper::body::Body::is_end_stream(b),
+        }
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        match self {
+            UpstreamBody::Plain(b) => b.size_hint(),
+            UpstreamBody::Gated(b) => hyper::body::Body::size_hint(b),
+        }
+    }
 }
 
 fn max_forwards(headers: &header::HeaderMap) -> Result<Option<u32>, ProxyError> {

@@ -10,6 +10,7 @@
 //! ends here.
 
 pub mod connect;
+pub mod expect;
 pub mod first_connect;
 pub mod forward;
 pub mod head_guard;
@@ -31,10 +32,12 @@ use crate::pipeline::{Credentials, Pipeline};
 use head_guard::{HeadGuard, HeadLimits, TunnelSwitch};
 use response::{error_response, ProxyBody};
 
-/// Largest request head accepted (431 beyond).
+/// Largest request head accepted (431 beyond), and largest response head
+/// relayed from an origin on absolute-form (502 beyond).
 pub const MAX_HEAD_BYTES: usize = 64 * 1024;
-/// Most header fields accepted in one request head (431 beyond).
-pub const MAX_HEADERS: usize = 100;
+/// Most header fields accepted in one request head (431 beyond), and in one
+/// origin response (502 beyond): enough for a response with 200 cookies.
+pub const MAX_HEADERS: usize = 256;
 
 /// Serves one client connection (plain TCP, or TLS on the HTTPS listener).
 pub async fn serve_connection<IO>(pipeline: Arc<Pipeline>, stream: IO, ticket: ConnectionTicket)
