@@ -101,7 +101,8 @@ impl ControlApi {
         let db = connect_postgres(config.database_url.expose()).await?;
         sqlx::migrate!("../migrations").run(&db).await?;
         let redis_target = config.redis.target()?;
-        let redis = redis_target.connect().await?;
+        let mut redis = redis_target.connect().await?;
+        config.redis.check_persistence(&mut redis).await?;
         let keys = Keys::new(config.redis.redis_prefix.clone());
         let ledger = ledger::LedgerConsumer {
             db: db.clone(),

@@ -42,6 +42,61 @@ pub struct RedisArgs {
     /// tags that keep related keys in one cluster slot.
     #[arg(long, env = "PROXYNET_REDIS_PREFIX", default_value = "pn:", value_parser = key_prefix)]
     pub redis_prefix: String,
+
+    /// Refuse to start unless Redis persists with its append-only file
+    /// (`appendonly yes`). Usage batches wait in the Redis usage stream until
+    /// the control-api records them; a Redis that restarts without AOF loses
+    /// the ones not yet recorded (up to a flush interval of every
+    /// superproxy's traffic). Without this flag a Redis without AOF is only
+    /// warned about at start.
+    #[arg(long, env = "PROXYNET_REDIS_REQUIRE_AOF", default_value_t = false)]
+    pub redis_require_aof: bool,
+}
+
+/// What Redis says of its durability (`INFO persistence`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Persistence {
+    /// `aof_enabled:1`.
+    AppendOnly,
+    /// No AOF (RDB snapshots at most): a restart loses recent writes.
+    NoAppendOnly,
+    /// The server would not say (INFO refused by an ACL).
+    Unknown,
+}
+
+impl RedisArgs {
+    /// Checks the usage stream's durability once at start: a clear warning
+    /// when Redis runs without AOF, a refusal with `--redis-require-aof`.
+    pub async fn check_persistence(&self, conn: &mut RedisConnection) -> Result<Persistence, StoreUnavailable> {
+        let info: Result<String, _> = redis::cmd("INFO")
+            .arg("persistence")
+            .query_async(conn)
+            .await;
+        let persistence = match info {
+            Ok(info) if info.contains("aof_enabled:1") => Persistence::AppendOnly,
+            Ok(_) => Persistence::NoAppendOnly,
+            Err(_) => Persistence::Unknown,
+        };
+        match (persistence, self.redis_require_aof) {
+            (Persistence::AppendOnly, _) => {}
+            (_, true) => {
+                return Err(StoreUnavailable {
+                    what: "Redis",
+                    detail: match persistence {
+                        Persistence::Unknown => "--redis-require-aof: Redis would not report its persistence (INFO refused); allow INFO or drop the flag".into(),
+                        _ => "--redis-require-aof: Redis runs without its append-only file; set `appendonly yes` (usage not yet in the ledger would be lost on a Redis restart)".into(),
+                    },
+                })
+            }
+            (Persistence::NoAppendOnly, false) => tracing::warn!(
+                "Redis runs without its append-only file (appendonly no): usage batches not yet in the ledger are lost if Redis restarts; set `appendonly yes`, or pass --redis-require-aof to refuse such a Redis"
+            ),
+            (Persistence::Unknown, false) => tracing::warn!(
+                "Redis does not report its persistence (INFO refused): make sure it runs with `appendonly yes`"
+            ),
+        }
+        Ok(persistence)
+    }
 }
 
 fn key_prefix(value: &str) -> Result<String, String> {

@@ -130,7 +130,8 @@ async fn listen(
 impl Superproxy {
     pub async fn bind(config: Config) -> Result<Self, StartError> {
         let redis_target = config.redis.target()?;
-        let redis = redis_target.connect().await?;
+        let mut redis = redis_target.connect().await?;
+        config.redis.check_persistence(&mut redis).await?;
         let keys = Keys::new(config.redis.redis_prefix.clone());
         let identity = match (&config.link_cert, &config.link_key) {
             (Some(cert), Some(key)) => LinkIdentity::from_pem_files(cert, key)?,

@@ -125,6 +125,9 @@ pub struct UsageRecorder {
     exit_bytes: Mutex<HashMap<Uuid, (u64, u64)>>,
     /// Where byte totals are counted (set once at start).
     pub stats: std::sync::OnceLock<Arc<crate::metrics::Stats>>,
+    /// Whether the current Redis outage was already logged (one warning
+    /// per outage, not one per flush).
+    outage_logged: std::sync::atomic::AtomicBool,
 }
 
 /// (account, user, exit, egress IP, target host, target port, minute)
@@ -154,6 +157,7 @@ impl UsageRecorder {
             targets: Mutex::new(HashMap::new()),
             exit_bytes: Mutex::new(HashMap::new()),
             stats: std::sync::OnceLock::new(),
+            outage_logged: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -457,7 +461,11 @@ impl UsageRecorder {
         }
         if let Some(spill) = &self.spill {
             if let Err(e) = self.replay(spill).await {
-                tracing::warn!(error = %e, "replaying spilled usage failed; keeping it for the next try");
+                if !self.outage_logged.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(error = %e, "replaying spilled usage failed; keeping it for the next try");
+                } else {
+                    tracing::debug!(error = %e, "replaying spilled usage failed again");
+                }
                 // Older batches are still on disk: the new ones follow them
                 // there, so the replay order stays oldest first.
                 let unsent = std::mem::take(&mut *pending);
@@ -469,12 +477,17 @@ impl UsageRecorder {
         while let Some(next) = pending.first() {
             match self.send(next).await {
                 Ok(()) => {
+                    if self.outage_logged.swap(false, Ordering::Relaxed) {
+                        tracing::info!("usage reaches Redis again");
+                    }
                     pending.remove(0);
                     crate::metrics::usage_batch("flushed");
                 }
                 Err(e) => {
                     crate::metrics::store_error("redis", "usage_flush");
-                    tracing::warn!(error = %e, unsent = pending.len(), "usage flush failed; keeping the batches for the next try");
+                    if !self.outage_logged.swap(true, Ordering::Relaxed) {
+                        tracing::warn!(error = %e, unsent = pending.len(), "usage flush failed; keeping the batches for the next try");
+                    }
                     if self.spill.is_some() {
                         let unsent = std::mem::take(&mut *pending);
                         self.spill_or_drop(unsent).await;
@@ -524,7 +537,7 @@ impl UsageRecorder {
                 Ok(()) => {
                     metrics::counter!("proxynet_usage_batches_total", "outcome" => "spilled")
                         .increment(batches.len() as u64);
-                    tracing::warn!(batches = batches.len(), dir = %spill.dir.display(), "usage spilled to disk until Redis returns");
+                    tracing::debug!(batches = batches.len(), dir = %spill.dir.display(), "usage spilled to disk until Redis returns");
                 }
                 Err(e) => tracing::error!(error = %e, dropped = batches.len(), "usage batches lost: cannot write the spill file"),
             },

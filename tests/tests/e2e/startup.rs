@@ -137,3 +137,16 @@ async fn superproxy_refuses_the_wrong_kind_of_redis() {
     }
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_without_aof_is_refused_when_aof_is_required() {
+    let stores = proxynet_tests::stores::TestStores::create().await;
+    // The test Redis runs with `appendonly no`.
+    let mut envs: Vec<(&str, String)> = stores.redis_env().to_vec();
+    envs.push(("PROXYNET_REDIS_REQUIRE_AOF", "true".into()));
+    let args = superproxy_on_free_ports();
+    let (status, stderr) = run_to_exit("superproxy", &args, &envs, Duration::from_secs(30)).await;
+    assert!(!status.success());
+    assert!(stderr.contains("set `appendonly yes`"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}

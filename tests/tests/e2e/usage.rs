@@ -206,3 +206,76 @@ async fn a_postgres_outage_of_30_seconds_loses_no_usage() {
         .wait_for_usage(account, user, 10_001_000, 10_001_000)
         .await;
 }
+
+/// Bytes a superproxy's spill files hold for `user` (up, down).
+fn spilled_bytes(dir: &std::path::Path, user: uuid::Uuid) -> (u64, u64) {
+    let mut total = (0, 0);
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let text = std::fs::read_to_string(entry.path()).unwrap_or_default();
+        for line in text.lines() {
+            let Ok(batch) = serde_json::from_str::<serde_json::Value>(line) else {
+                continue;
+            };
+            for row in batch["batch"]["rows"].as_array().into_iter().flatten() {
+                if row["user_id"] == user.to_string() {
+                    total.0 += row["bytes_up"].as_u64().unwrap_or(0);
+                    total.1 += row["bytes_down"].as_u64().unwrap_or(0);
+                }
+            }
+        }
+    }
+    total
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_superproxy_killed_during_a_redis_outage_loses_no_usage() {
+    let spill = tempfile::tempdir().unwrap();
+    let mut redis = proxynet_tests::stores::OwnRedis::start().await;
+    let args: Vec<String> = vec![
+        "--usage-spill-dir".into(),
+        spill.path().display().to_string(),
+        "--usage-flush-ms".into(),
+        "200".into(),
+    ];
+    let mut stack = Stack::start_with(proxynet_tests::stack::StackOptions {
+        redis_url: Some(redis.url()),
+        superproxy_args: args.clone(),
+        ..Default::default()
+    })
+    .await;
+    let echo = echo_server().await;
+    let account = stack.create_account("durable").await;
+    let user = stack.create_user(account, "durable", PASSWORD).await;
+    pump(connect_tunnel(stack.proxy_addrs.proxy, "durable", echo).await, 1_000).await;
+    stack.wait_for_usage(account, user, 1_000, 1_000).await;
+
+    // 30 s into a Redis outage, tunnels still run (known user, known pool)
+    // and every batch Redis refused is on disk, not in memory.
+    redis.stop();
+    let down = std::time::Instant::now();
+    let mut during = 0u64;
+    while down.elapsed() < Duration::from_secs(30) {
+        pump(connect_tunnel(stack.proxy_addrs.proxy, "durable", echo).await, 100_000).await;
+        during += 100_000;
+        tokio::time::sleep(Duration::from_secs(3)).await;
+    }
+    proxynet_tests::process::eventually(
+        "every byte of the outage to be in the spill file",
+        Duration::from_secs(10),
+        || async { (spilled_bytes(spill.path(), user) == (during, during)).then_some(()) },
+    )
+    .await;
+    stack.proxy.kill().await;
+
+    // Restarted on the same directory, with Redis back: replayed, once.
+    redis.restart().await;
+    let (_again, _) = proxynet_tests::stack::spawn_superproxy(&stack.stores, &args).await;
+    let total = 1_000 + during;
+    stack.wait_for_usage(account, user, total, total).await;
+    proxynet_tests::process::eventually(
+        "the spill file to be replayed and removed",
+        Duration::from_secs(10),
+        || async { (std::fs::read_dir(spill.path()).ok()?.count() == 0).then_some(()) },
+    )
+    .await;
+}
