@@ -6,8 +6,11 @@
 //! records it commits. The batch id is the ledger's idempotency key, so a
 //! batch delivered twice — a crash between commit and acknowledgement, or a
 //! redelivery — is recorded once. On start the consumer first re-reads its own
-//! unacknowledged batches, so a crash loses nothing. While Postgres is away,
-//! batches simply wait in the stream.
+//! unacknowledged batches, so a crash loses nothing, and every few seconds it
+//! takes over batches another instance left unacknowledged for 30 s
+//! (`XAUTOCLAIM`), so several control-apis share the stream and one of them
+//! dying strands nothing. While Postgres is away, batches simply wait in the
+//! stream.
 //!
 //! The same stream carries audit events from the data plane (field `audit`),
 //! recorded into the audit log once each by their id.
@@ -24,6 +27,12 @@ pub const GROUP: &str = "ledger";
 
 /// How long one read waits for new usage batches.
 const BLOCK: Duration = Duration::from_secs(1);
+
+/// A batch delivered to another control-api and unacknowledged this long is
+/// taken over (that instance is presumed dead: one batch takes milliseconds).
+const CLAIM_IDLE: Duration = Duration::from_secs(30);
+/// How often to look for such batches.
+const CLAIM_EVERY: Duration = Duration::from_secs(5);
 
 pub struct LedgerConsumer {
     pub db: PgPool,
@@ -65,7 +74,31 @@ impl LedgerConsumer {
         }
         // Our own unacknowledged batches first ("0"), then new ones (">").
         let mut cursor = "0".to_owned();
+        let mut last_claim = std::time::Instant::now();
         loop {
+            // Batches another control-api took and never acknowledged (it
+            // died): after CLAIM_IDLE they become ours, and are read with
+            // our own pending ones. Recording is idempotent by batch id, so
+            // a slow peer finishing one as well counts it once.
+            if cursor == ">" && last_claim.elapsed() >= CLAIM_EVERY {
+                last_claim = std::time::Instant::now();
+                let claimed: (String, Vec<String>) = redis::cmd("XAUTOCLAIM")
+                    .arg(&stream)
+                    .arg(GROUP)
+                    .arg(&self.consumer)
+                    .arg(CLAIM_IDLE.as_millis() as u64)
+                    .arg("0-0")
+                    .arg("COUNT")
+                    .arg(1000)
+                    .arg("JUSTID")
+                    .query_async::<(String, Vec<String>, Vec<String>)>(conn)
+                    .await
+                    .map(|(next, ids, _)| (next, ids))?;
+                if !claimed.1.is_empty() {
+                    tracing::info!(batches = claimed.1.len(), "took over usage batches another control-api left unacknowledged");
+                    cursor = "0".to_owned();
+                }
+            }
             let options = StreamReadOptions::default()
                 .group(GROUP, &self.consumer)
                 .count(100)

@@ -80,3 +80,48 @@ async fn pipe(
     }
     let _ = to.shutdown().await;
 }
+
+/// A round-robin TCP balancer in front of several instances of one service
+/// (two control-apis behind one address): each connection goes to the next
+/// upstream that accepts it, so a dead instance costs a refused connect, not
+/// a failed request.
+pub struct Balancer {
+    pub addr: SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Balancer {
+    pub async fn start(upstreams: Vec<SocketAddr>) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let task = tokio::spawn(async move {
+            let mut next = 0usize;
+            while let Ok((client, _)) = listener.accept().await {
+                let first = next;
+                next = next.wrapping_add(1);
+                let upstreams = upstreams.clone();
+                tokio::spawn(async move {
+                    for i in 0..upstreams.len() {
+                        let upstream = upstreams[(first + i) % upstreams.len()];
+                        if let Ok(server) = TcpStream::connect(upstream).await {
+                            let (open, watch_open) = watch::channel(true);
+                            let (cr, cw) = client.into_split();
+                            let (sr, sw) = server.into_split();
+                            tokio::spawn(pipe(cr, sw, watch_open.clone()));
+                            pipe(sr, cw, watch_open).await;
+                            drop(open);
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        Self { addr, task }
+    }
+}
+
+impl Drop for Balancer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}

@@ -57,6 +57,9 @@ pub struct StackOptions {
     pub proxy_tls: bool,
     /// Extra arguments for every agent.
     pub agent_args: Vec<String>,
+    /// Control-api instances behind one address (a round-robin balancer
+    /// when more than one).
+    pub control_apis: usize,
 }
 
 impl Default for StackOptions {
@@ -76,6 +79,7 @@ impl Default for StackOptions {
             log_dir: None,
             proxy_tls: false,
             agent_args: Vec::new(),
+            control_apis: 1,
         }
     }
 }
@@ -121,6 +125,10 @@ pub struct Stack {
     pub postgres_link: Option<crate::faults::FaultyLink>,
     /// The HTTPS proxy's CA and certificate files, when asked for.
     pub tls: Option<TlsFiles>,
+    /// Control-api instances beyond the first (`control_apis`), and the
+    /// balancer `api_url` then points at.
+    pub more_apis: Vec<Proc>,
+    pub balancer: Option<crate::faults::Balancer>,
     dc_source: std::sync::Mutex<Option<Uuid>>,
 }
 
@@ -147,7 +155,25 @@ impl Stack {
             postgres_link = Some(link);
         }
         let (api, api_addr, api_admin) = spawn_control_api(&api_stores, &options).await;
-        let api_url = format!("http://{api_addr}");
+        let mut more_apis = Vec::new();
+        let mut balancer = None;
+        let api_url = if options.control_apis > 1 {
+            let mut addrs = vec![api_addr];
+            for i in 1..options.control_apis {
+                let mut more = options.clone();
+                more.api_env
+                    .push(("PROXYNET_INSTANCE_NAME".into(), format!("control-api-{}", i + 1)));
+                let (proc, addr, _) = spawn_control_api(&api_stores, &more).await;
+                more_apis.push(proc);
+                addrs.push(addr);
+            }
+            let b = crate::faults::Balancer::start(addrs).await;
+            let url = format!("http://{}", b.addr);
+            balancer = Some(b);
+            url
+        } else {
+            format!("http://{api_addr}")
+        };
 
         let whoami_listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let whoami = whoami_listener.local_addr().unwrap();
@@ -206,6 +232,8 @@ impl Stack {
             user_id: Uuid::nil(),
             postgres_link,
             tls,
+            more_apis,
+            balancer,
             dc_source: std::sync::Mutex::new(None),
         };
         let account = stack.create_account("acme").await;
@@ -342,9 +370,20 @@ impl Stack {
 
     /// Arguments for an agent serving `egress_ip`, with the test widening of loopback.
     pub fn agent_args(&self, egress_ip: IpAddr, state_file: &std::path::Path) -> Vec<String> {
+        self.agent_args_via(&self.api_url, egress_ip, state_file)
+    }
+
+    /// The same, reaching the control-api at `api_url` (e.g. through a
+    /// link the test can break).
+    pub fn agent_args_via(
+        &self,
+        api_url: &str,
+        egress_ip: IpAddr,
+        state_file: &std::path::Path,
+    ) -> Vec<String> {
         vec![
             "--control-api".into(),
-            self.api_url.clone(),
+            api_url.to_owned(),
             "--state-file".into(),
             state_file.display().to_string(),
             "--egress-ip".into(),
@@ -388,9 +427,20 @@ impl Stack {
 
     /// An agent enrolled with `token` (e.g. of a particular source).
     pub async fn add_agent_with_token(&mut self, egress_ips: &[IpAddr], token: String) -> usize {
+        let api = self.api_url.clone();
+        self.add_agent_via(&api, egress_ips, token).await
+    }
+
+    /// An agent that reaches the control-api at `api_url`.
+    pub async fn add_agent_via(
+        &mut self,
+        api_url: &str,
+        egress_ips: &[IpAddr],
+        token: String,
+    ) -> usize {
         let egress_ip = egress_ips[0];
         let state = self.dir.path().join(format!("agent-{egress_ip}.json"));
-        let mut args = self.agent_args(egress_ip, &state);
+        let mut args = self.agent_args_via(api_url, egress_ip, &state);
         for more in &egress_ips[1..] {
             args.extend(["--egress-ip".into(), more.to_string()]);
         }

@@ -1,5 +1,7 @@
-//! Issue 12: the pool follows the exit change stream (O(changes)), and falls
-//! back to one full read when the stream lost its place.
+//! The control plane at scale and in numbers: the pool follows the exit
+//! change stream (O(changes)) and falls back to one full read when the
+//! stream lost its place; two control-apis serve one stack, and one dying
+//! changes nothing a customer sees.
 
 use proxynet_tests::metrics::{sample, scrape};
 use proxynet_tests::process::eventually;
@@ -140,4 +142,78 @@ async fn keys_of_the_previous_user_layout_are_removed_after_the_first_resync() {
         exists(stack.stores.keys().user("current")).await,
         "the current layout's key is gone"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_control_apis_serve_one_stack_and_one_dying_changes_nothing() {
+    use proxynet_tests::client::connect_tunnel;
+    use proxynet_tests::stack::{StackOptions, PASSWORD, USERNAME};
+    use proxynet_tests::targets::{echo_server, pump};
+    let mut stack = Stack::start_with(StackOptions {
+        control_apis: 2,
+        ..Default::default()
+    })
+    .await;
+    let echo = echo_server().await;
+    let account = stack.create_account("redundant").await;
+    let user = stack.create_user(account, "redundant", PASSWORD).await;
+    let tunnel = |user: &'static str| {
+        let proxy = stack.proxy_addrs.proxy;
+        async move {
+            let (s, head) = connect_tunnel(proxy, user, PASSWORD, echo).await;
+            assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+            s
+        }
+    };
+    for _ in 0..5 {
+        pump(tunnel("redundant").await, 10_000).await;
+    }
+
+    // One instance dies: customers notice nothing.
+    stack.api.kill().await;
+    let since = std::time::Instant::now();
+    let mut exits = std::collections::HashSet::new();
+    while since.elapsed() < Duration::from_secs(5) {
+        let (s, head) = connect_tunnel(stack.proxy_addrs.proxy, USERNAME, PASSWORD, echo).await;
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        exits.insert(
+            head.lines()
+                .find_map(|l| {
+                    let (name, value) = l.split_once(':')?;
+                    name.eq_ignore_ascii_case("proxynet-exit")
+                        .then(|| value.trim().to_owned())
+                })
+                .unwrap_or_default(),
+        );
+        pump(s, 10_000).await;
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert_eq!(exits.len(), 2, "both exits stayed live: {exits:?}");
+    assert_eq!(stack.eligible_count().await, 2);
+    // The API keeps answering through the same address.
+    let later = stack.create_account("after-the-loss").await;
+    stack.create_user(later, "afterloss", PASSWORD).await;
+    eventually("the new user to tunnel", Duration::from_secs(5), || async {
+        let (_, head) =
+            connect_tunnel(stack.proxy_addrs.proxy, "afterloss", PASSWORD, echo).await;
+        head.starts_with("HTTP/1.1 200").then_some(())
+    })
+    .await;
+    // Usage lands exactly once, whichever instance took it (batches the
+    // dead one held are taken over after 30 s).
+    for _ in 0..5 {
+        pump(tunnel("redundant").await, 10_000).await;
+    }
+    eventually(
+        "every byte in the ledger, once",
+        Duration::from_secs(60),
+        || async {
+            let rows = stack.usage_by_user(account).await;
+            let row = rows.iter().find(|r| r["user_id"] == user.to_string())?;
+            let up = row["bytes_up"].as_u64()?;
+            assert!(up <= 100_000, "counted twice: {up}");
+            (up == 100_000).then_some(())
+        },
+    )
+    .await;
 }

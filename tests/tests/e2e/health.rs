@@ -162,3 +162,50 @@ async fn killing_an_exit_under_load_costs_nothing_after_the_detection_window() {
         "the load kept going after the kill ({after} tunnels)"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_target_does_not_steer_rotation_away_from_an_exit() {
+    let stack = Stack::start().await;
+    // A target whose accept queue is full: the exits' SYNs are dropped and
+    // retried, so connecting to it takes seconds (or fails).
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let slow = socket.local_addr().unwrap();
+    let _listener = socket.listen(1).unwrap();
+    let mut _fill = Vec::new();
+    for _ in 0..4 {
+        if let Ok(Ok(s)) = tokio::time::timeout(
+            Duration::from_millis(300),
+            tokio::net::TcpStream::connect(slow),
+        )
+        .await
+        {
+            _fill.push(s);
+        }
+    }
+    let proxy = stack.proxy_addrs.proxy;
+    let slow_tunnels: Vec<_> = (0..3)
+        .map(|_| {
+            tokio::spawn(async move {
+                let _ = tokio::time::timeout(
+                    Duration::from_secs(12),
+                    proxynet_tests::client::connect_tunnel(proxy, USERNAME, PASSWORD, slow),
+                )
+                .await;
+            })
+        })
+        .collect();
+    for t in slow_tunnels {
+        t.await.unwrap();
+    }
+    // Rotation still uses both exits.
+    let mut by_exit = std::collections::HashMap::new();
+    for _ in 0..30 {
+        let r = curl(&["-p", "-x", &stack.proxy_url(), &stack.whoami_url()]).await;
+        assert_eq!(r.status, 200, "{}", r.headers);
+        let seen: Seen = serde_json::from_str(&r.body).unwrap();
+        *by_exit.entry(seen.peer.ip()).or_insert(0) += 1;
+    }
+    assert_eq!(by_exit.len(), 2, "{by_exit:?}");
+    assert!(by_exit.values().all(|n| *n >= 8), "{by_exit:?}");
+}

@@ -204,13 +204,14 @@ async fn consent_expiry_takes_effect_at_the_instant_without_any_event() {
     let (mut open, head) = connect_tunnel(stack.proxy_addrs.proxy, USERNAME, PASSWORD, echo).await;
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
 
-    let deadline = expires + chrono::Duration::seconds(5);
+    // Acted on within a second of the instant (a rebuild is scheduled for it).
+    let deadline = expires + chrono::Duration::seconds(1);
     let (mut served_before, mut failed_after) = (0, 0);
     while chrono::Utc::now() < deadline + chrono::Duration::seconds(3) {
         let now = chrono::Utc::now();
         let (status, proxy_status) = tunnel_status(&stack, stack.proxy_addrs.proxy).await;
         if status == 200 {
-            assert!(now < deadline, "a tunnel was served after T + 5 s");
+            assert!(now < deadline, "a tunnel was served after T + 1 s");
             if now < expires {
                 served_before += 1;
             }
@@ -624,4 +625,49 @@ async fn the_abuse_lookup_finds_the_account_and_expired_records_are_gone() {
     )
     .await;
     let _ = TcpStream::connect(stack.proxy_addrs.proxy).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revocation_cuts_a_tunnel_through_an_exit_whose_heartbeats_lapsed() {
+    let mut stack = Stack::start_with(no_agents()).await;
+    // The agent reaches the control-api through a link the test can break;
+    // its superproxy link is its own.
+    let api: SocketAddr = stack.api_url.trim_start_matches("http://").parse().unwrap();
+    let control_link = proxynet_tests::faults::FaultyLink::start(api).await;
+    let source = sdk_source(&stack, "lapsing").await;
+    let token = stack.enrollment_token_for("res-lapse", source, "DE").await;
+    let i = stack
+        .add_agent_via(&format!("http://{}", control_link.addr), &[ip("127.0.0.2")], token)
+        .await;
+    let exit = stack.agents[i].addrs.exit_id;
+    grant(&stack, exit, None).await;
+    stack.wait_eligible(1).await;
+    let echo = echo_server().await;
+    let (mut open, head) = connect_tunnel(stack.proxy_addrs.proxy, USERNAME, PASSWORD, echo).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+
+    // Its heartbeats stop reaching the control plane (which is fine
+    // otherwise): its liveness lapses, its link and tunnel stay up.
+    control_link.blackhole();
+    eventually("the exit's liveness to lapse", Duration::from_secs(10), || async {
+        (stack.eligible_count().await == 0).then_some(())
+    })
+    .await;
+    echo_round_trip(&mut open, b"still").await.unwrap();
+
+    let revoked_at = Instant::now();
+    let (status, _) = post(
+        &stack,
+        &format!("/v1/exits/{exit}/consent/revoke"),
+        json!({"reason": "withdrawn by email"}),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let mut buf = [0u8; 16];
+    let left = Duration::from_secs(5).saturating_sub(revoked_at.elapsed());
+    let closed = tokio::time::timeout(left, open.read(&mut buf)).await;
+    assert!(
+        matches!(closed, Ok(Ok(0)) | Ok(Err(_))),
+        "the tunnel through a lapsed, linked exit survived revocation"
+    );
 }
