@@ -82,6 +82,12 @@ pub struct Config {
     #[arg(long, env = "PROXYNET_DNS_TIMEOUT_MS", default_value_t = 3_000)]
     pub dns_timeout_ms: u64,
 
+    /// Name servers to resolve targets with (ip:port, repeat or
+    /// comma-separate), instead of the host's `/etc/resolv.conf`: a local
+    /// caching resolver, or a test's own DNS server.
+    #[arg(long = "dns-server", env = "PROXYNET_DNS_SERVERS", value_delimiter = ',')]
+    pub dns_servers: Vec<SocketAddr>,
+
     /// Most name lookups in flight at once; more wait (within their timeout).
     #[arg(long, env = "PROXYNET_DNS_MAX_IN_FLIGHT", default_value_t = 256)]
     pub dns_max_in_flight: usize,

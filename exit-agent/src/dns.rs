@@ -2,8 +2,15 @@
 //! concurrency and in time, so a flood of slow names can neither exhaust
 //! blocking threads nor hold tunnels past their connect budget.
 //!
-//! Uses the host's resolver configuration (`/etc/resolv.conf`, `/etc/hosts`);
-//! if that cannot be read, falls back to the system resolver, still bounded.
+//! Uses the host's resolver configuration (`/etc/resolv.conf`, `/etc/hosts`),
+//! or the name servers given with `--dns-server` (a local resolver of the
+//! operator's, or a test's own DNS server); if the host's configuration
+//! cannot be read, falls back to the system resolver, still bounded.
+//!
+//! Every name is resolved once per tunnel and the tunnel connects to an
+//! address of that answer that the egress policy vetted (`tunnel.rs`): a
+//! name that answers differently the next time (DNS rebinding) never
+//! reaches the second answer.
 
 use hickory_resolver::TokioResolver;
 use std::net::SocketAddr;
@@ -27,8 +34,27 @@ pub struct Dns {
 }
 
 impl Dns {
-    pub fn new(max_in_flight: usize, timeout: Duration) -> Self {
-        let resolver = match TokioResolver::builder_tokio().and_then(|mut builder| {
+    /// A resolver of the host's configuration, or of `servers` when given.
+    pub fn new(max_in_flight: usize, timeout: Duration, servers: &[SocketAddr]) -> Self {
+        let builder = if servers.is_empty() {
+            TokioResolver::builder_tokio()
+        } else {
+            let name_servers = servers
+                .iter()
+                .map(|addr| {
+                    let mut server = hickory_resolver::config::NameServerConfig::udp_and_tcp(addr.ip());
+                    for connection in &mut server.connections {
+                        connection.port = addr.port();
+                    }
+                    server
+                })
+                .collect();
+            Ok(TokioResolver::builder_with_config(
+                hickory_resolver::config::ResolverConfig::from_name_servers(name_servers),
+                hickory_resolver::net::runtime::TokioRuntimeProvider::default(),
+            ))
+        };
+        let resolver = match builder.and_then(|mut builder| {
             // Our own deadline bounds each lookup; one attempt per server keeps
             // the resolver from outliving it.
             builder.options_mut().timeout = timeout;

@@ -116,7 +116,11 @@ impl ExitAgent {
         let mut own = vec![admin_addr];
         own.extend(control_api_addr(&config.control_api));
         let policy = policy::LivePolicy::new(config.egress.policy(&own));
-        let dns = dns::Dns::new(config.dns_max_in_flight, config.dns_timeout());
+        let dns = dns::Dns::new(
+            config.dns_max_in_flight,
+            config.dns_timeout(),
+            &config.dns_servers,
+        );
         let addresses = Addresses {
             admin: admin_addr,
             exit_id: identity.exit_id,

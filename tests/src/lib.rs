@@ -10,6 +10,7 @@
 
 pub mod certs;
 pub mod client;
+pub mod dns;
 pub mod faults;
 pub mod metrics;
 pub mod process;

@@ -11,6 +11,7 @@ mod connection_bounds;
 mod control_plane;
 mod dashboard_security;
 mod defects;
+mod dns_rebinding;
 mod degraded;
 mod docs;
 mod enrollment;
