@@ -1,7 +1,6 @@
 //! Talking to the control-api: enrollment once, heartbeats forever.
 
 use proxynet_protocol::secret::Secret;
-use proxynet_protocol::store::SuperproxyRecord;
 use serde::{Deserialize, Serialize};
 use std::net::IpAddr;
 use std::time::Duration;
@@ -37,35 +36,14 @@ struct EnrollResponse {
     credential: Secret,
 }
 
-#[derive(Serialize)]
-struct HeartbeatRequest<'a> {
-    draining: bool,
-    active_tunnels: u64,
-    /// This agent's admin listener: the control plane tells every other exit
-    /// to deny it, so a tunnel through a neighbour cannot reach it.
-    admin_addrs: &'a [std::net::SocketAddr],
-    /// Whether this agent's egress policy widens a built-in special range
-    /// (`--egress-allow`): only then must it be told about service
-    /// addresses in those ranges (everyone else denies them anyway).
-    internal_targets: bool,
-}
+pub use proxynet_protocol::heartbeat::HeartbeatReply;
+use proxynet_protocol::heartbeat::HeartbeatRequest;
 
 /// What this agent tells the control plane about itself in each beat.
 #[derive(Debug, Clone, Default)]
 pub struct BeatInfo {
     pub admin_addrs: Vec<std::net::SocketAddr>,
     pub internal_targets: bool,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-pub struct HeartbeatReply {
-    pub heartbeat_interval_ms: u64,
-    pub superproxies: Vec<SuperproxyRecord>,
-    /// Addresses that are never tunnel targets, unlabelled: the stack's own
-    /// services and other agents' admin listeners, as far as this agent's
-    /// policy could otherwise reach them.
-    #[serde(default)]
-    pub protected: Vec<std::net::SocketAddr>,
 }
 
 #[derive(Deserialize)]
@@ -124,7 +102,7 @@ impl ControlClient {
         let request = HeartbeatRequest {
             draining,
             active_tunnels,
-            admin_addrs: &info.admin_addrs,
+            admin_addrs: info.admin_addrs.clone(),
             internal_targets: info.internal_targets,
         };
         self.post(&path, Some(&state.credential), &request, "heartbeat")

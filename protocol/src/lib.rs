@@ -1,7 +1,8 @@
 //! Contracts shared by the proxynet binaries.
 //!
 //! Everything here is spoken by at least two of `superproxy`, `exit-agent` and
-//! `control-api`: the wire format of the agent link ([`link`]), the layout of the
+//! `control-api`: the wire format of the agent link ([`link`]) and of the
+//! agent's heartbeat ([`heartbeat`]), the layout of the
 //! shared Redis state ([`store`]) and how to reach it ([`redis_target`]), the egress policy that both the superproxy
 //! (early literal check) and the agent (on the address actually dialled) apply
 //! ([`egress`]), the tunnel byte pump both ends run ([`splice`]), and small
@@ -9,6 +10,7 @@
 
 pub mod buffers;
 pub mod egress;
+pub mod heartbeat;
 pub mod link;
 pub mod metrics;
 pub mod mux;

@@ -278,36 +278,7 @@ fn truncate(s: &str, max: usize) -> String {
     s.chars().take(max).collect()
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Heartbeat {
-    #[serde(default)]
-    draining: bool,
-    #[serde(default)]
-    active_tunnels: u64,
-    /// The agent's admin listener (denied to every other exit's tunnels).
-    #[serde(default)]
-    admin_addrs: Vec<std::net::SocketAddr>,
-    /// The agent's egress policy widens a built-in special range.
-    #[serde(default)]
-    internal_targets: bool,
-}
-
-/// Most admin addresses one agent may report.
-const MAX_ADMIN_ADDRS: usize = 16;
-
-#[derive(Serialize)]
-pub struct HeartbeatReply {
-    heartbeat_interval_ms: u64,
-    heartbeat_ttl_ms: u64,
-    /// Where to dial, and whose certificate to expect: nothing else.
-    superproxies: Vec<SuperproxyRecord>,
-    /// Addresses never to dial, unlabelled: the control plane's services and
-    /// stores, every superproxy's listeners and every agent's admin
-    /// listener. Agents that cannot reach internal ranges anyway are told
-    /// only the public ones: an exit learns what it must deny, nothing more.
-    protected: Vec<std::net::SocketAddr>,
-}
+use proxynet_protocol::heartbeat::{HeartbeatReply, HeartbeatRequest as Heartbeat, MAX_ADMIN_ADDRS};
 
 /// The reply's deny list and superproxy records from what the projector read.
 fn deny_list(

@@ -1,0 +1,60 @@
+//! The heartbeat an agent sends the control-api, and the answer: one
+//! definition for both ends (`POST /v1/agent/exits/{id}/heartbeat`).
+
+use serde::{Deserialize, Serialize};
+use std::net::SocketAddr;
+
+use crate::store::SuperproxyRecord;
+
+/// Most admin addresses one agent may report (more are ignored).
+pub const MAX_ADMIN_ADDRS: usize = 16;
+
+/// What an agent says about itself in each beat.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HeartbeatRequest {
+    /// The agent is draining (SIGTERM) or withdrawn: no new tunnels.
+    #[serde(default)]
+    pub draining: bool,
+    #[serde(default)]
+    pub active_tunnels: u64,
+    /// The agent's admin listener: every other exit is told to deny it, so
+    /// a tunnel through a neighbour cannot reach it.
+    #[serde(default)]
+    pub admin_addrs: Vec<SocketAddr>,
+    /// The agent's egress policy widens a built-in special range
+    /// (`--egress-allow`): only then is it told about service addresses in
+    /// those ranges (everyone else denies them anyway).
+    #[serde(default)]
+    pub internal_targets: bool,
+}
+
+/// The control-api's answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeartbeatReply {
+    pub heartbeat_interval_ms: u64,
+    #[serde(default)]
+    pub heartbeat_ttl_ms: u64,
+    /// Where to dial, and whose certificate to expect: nothing else.
+    pub superproxies: Vec<SuperproxyRecord>,
+    /// Addresses never to dial, unlabelled: the control plane's services and
+    /// stores, every superproxy's listeners and every agent's admin
+    /// listener. Agents that cannot reach internal ranges anyway are told
+    /// only the public ones: an exit learns what it must deny, nothing more.
+    #[serde(default)]
+    pub protected: Vec<SocketAddr>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_older_agents_beat_still_parses_and_unknown_fields_do_not() {
+        let old: HeartbeatRequest =
+            serde_json::from_str(r#"{"draining":false,"active_tunnels":3}"#).unwrap();
+        assert_eq!(old.active_tunnels, 3);
+        assert!(old.admin_addrs.is_empty());
+        assert!(serde_json::from_str::<HeartbeatRequest>(r#"{"nope":1}"#).is_err());
+    }
+}
