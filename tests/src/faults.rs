@@ -13,6 +13,10 @@ use tokio::sync::watch;
 pub struct FaultyLink {
     pub addr: SocketAddr,
     open: watch::Sender<bool>,
+    /// Bumped by [`Self::cut`]: every connection then open is closed.
+    epoch: watch::Sender<u64>,
+    /// While set, new connections are closed at once (a crashed server).
+    refusing: std::sync::Arc<std::sync::atomic::AtomicBool>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -22,9 +26,19 @@ impl FaultyLink {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (open, watch_open) = watch::channel(true);
+        let (epoch, watch_epoch) = watch::channel(0u64);
+        let refusing = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let refuse = refusing.clone();
         let task = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
+                if refuse.load(std::sync::atomic::Ordering::Relaxed) {
+                    drop(client);
+                    continue;
+                }
                 let open = watch_open.clone();
+                let mut epoch = watch_epoch.clone();
+                // Only cuts from now on end this connection.
+                epoch.borrow_and_update();
                 tokio::spawn(async move {
                     let mut gate = open.clone();
                     if gate.wait_for(|o| *o).await.is_err() {
@@ -35,12 +49,30 @@ impl FaultyLink {
                     };
                     let (cr, cw) = client.into_split();
                     let (sr, sw) = server.into_split();
-                    tokio::spawn(pipe(cr, sw, open.clone()));
-                    tokio::spawn(pipe(sr, cw, open));
+                    let up = tokio::spawn(pipe(cr, sw, open.clone()));
+                    let down = tokio::spawn(pipe(sr, cw, open));
+                    // A cut closes both directions at once.
+                    let _ = epoch.changed().await;
+                    up.abort();
+                    down.abort();
                 });
             }
         });
-        Self { addr, open, task }
+        Self {
+            addr,
+            open,
+            epoch,
+            refusing,
+            task,
+        }
+    }
+
+    /// What a crashed server looks like: every open connection is closed
+    /// and new ones are refused until [`Self::restore`].
+    pub fn cut(&self) {
+        self.refusing
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        self.epoch.send_modify(|e| *e += 1);
     }
 
     /// No byte crosses until [`Self::restore`]; connections stay open.
@@ -49,6 +81,8 @@ impl FaultyLink {
     }
 
     pub fn restore(&self) {
+        self.refusing
+            .store(false, std::sync::atomic::Ordering::Relaxed);
         let _ = self.open.send(true);
     }
 }

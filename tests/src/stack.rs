@@ -465,6 +465,22 @@ impl Stack {
         self.agents.len() - 1
     }
 
+    /// Kills agent `i` (SIGKILL) and starts it again from its state file.
+    pub async fn restart_agent(&mut self, i: usize) {
+        self.agents[i].proc.kill().await;
+        let egress_ip = self.agents[i].egress_ip;
+        let state = self.dir.path().join(format!("agent-{egress_ip}.json"));
+        let args = self.agent_args(egress_ip, &state);
+        let (proc, addrs) =
+            crate::process::spawn_ready_logged::<AgentAddrs>("exit-agent", &args, &[], None)
+                .await;
+        self.agents[i] = Agent {
+            proc,
+            addrs,
+            egress_ip,
+        };
+    }
+
     /// The superproxy's view of eligible exits.
     pub async fn pool(&self) -> serde_json::Value {
         self.http

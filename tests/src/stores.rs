@@ -108,6 +108,23 @@ impl OwnRedis {
         format!("redis://127.0.0.1:{}/", self.port)
     }
 
+    /// The server's process id (to freeze it with SIGSTOP).
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().map_or(-1, |c| c.id() as i32)
+    }
+
+    /// Sends `signal` to the server (e.g. `libc::SIGSTOP`, `libc::SIGCONT`).
+    pub fn signal(&self, signal: i32) {
+        let pid = self.pid();
+        if pid > 0 {
+            // Only ever our own child.
+            #[allow(unsafe_code)]
+            unsafe {
+                libc::kill(pid, signal);
+            }
+        }
+    }
+
     /// Starts (again) on the same port, empty, and waits until it answers.
     pub async fn restart(&mut self) {
         let child = std::process::Command::new("redis-server")

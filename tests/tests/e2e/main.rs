@@ -15,6 +15,7 @@ mod dns_rebinding;
 mod degraded;
 mod docs;
 mod enrollment;
+mod fault_matrix;
 mod entitlements;
 mod forwarding;
 mod hardening;
