@@ -68,3 +68,31 @@ fn config_reference_matches_each_binarys_help() {
         "docs/config.md is stale: run `PROXYNET_UPDATE_DOCS=1 cargo nextest run config_reference` and commit"
     );
 }
+
+#[test]
+fn the_fault_matrix_table_names_exactly_the_fault_tests() {
+    let doc = std::fs::read_to_string(repo_file("docs/health.md")).unwrap();
+    let table = doc
+        .split("<!-- fault-matrix -->")
+        .nth(1)
+        .and_then(|rest| rest.split("<!-- /fault-matrix -->").next())
+        .expect("docs/health.md has the fault matrix between its markers");
+    let mut documented: Vec<String> = table
+        .lines()
+        .filter_map(|l| l.split('|').nth(3))
+        .filter_map(|cell| cell.trim().strip_prefix('`')?.strip_suffix('`').map(str::to_owned))
+        .collect();
+    let source =
+        std::fs::read_to_string(repo_file("tests/tests/e2e/fault_matrix.rs")).unwrap();
+    let mut tested: Vec<String> = source
+        .split("#[tokio::test")
+        .skip(1)
+        .filter_map(|after| {
+            let name = after.split("async fn ").nth(1)?;
+            Some(name.split('(').next()?.to_owned())
+        })
+        .collect();
+    documented.sort();
+    tested.sort();
+    assert_eq!(documented, tested, "docs/health.md's fault matrix and fault_matrix.rs differ");
+}
