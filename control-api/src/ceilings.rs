@@ -332,7 +332,10 @@ mod tests {
         assert_eq!(asked.bandwidth_bytes, Some(300_000));
         assert_eq!(asked.period.as_deref(), Some("daily"));
         assert_eq!(asked.allowed_source_types, Some(vec!["dc".to_owned()]));
-        assert_eq!(asked.max_new_tunnels_per_second, None, "no ceiling, no limit");
+        assert_eq!(
+            asked.max_new_tunnels_per_second, None,
+            "no ceiling, no limit"
+        );
     }
 
     #[test]

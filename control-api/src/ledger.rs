@@ -95,7 +95,10 @@ impl LedgerConsumer {
                     .await
                     .map(|(next, ids, _)| (next, ids))?;
                 if !claimed.1.is_empty() {
-                    tracing::info!(batches = claimed.1.len(), "took over usage batches another control-api left unacknowledged");
+                    tracing::info!(
+                        batches = claimed.1.len(),
+                        "took over usage batches another control-api left unacknowledged"
+                    );
                     cursor = "0".to_owned();
                 }
             }

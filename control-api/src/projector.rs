@@ -16,10 +16,10 @@
 
 use proxynet_protocol::redis_target::RedisConnection;
 use proxynet_protocol::store::{
-    user_bucket, AccountLimits, Channel, ExitRecord, Keys, ProvenanceBlock, QuotaPeriod, SourceType,
-    SuperproxyRecord, Tombstone, UserRecord, DEL_EXIT_SCRIPT, DEL_USER_SCRIPT, EXIT_CHANGES_KEPT,
-    HEARTBEAT_SCRIPT, LIVE_MEMBERS_SCRIPT, PUT_EXIT_SCRIPT, PUT_USER_SCRIPT, TOMBSTONE_TTL_SECS,
-    USER_BUCKETS,
+    user_bucket, AccountLimits, Channel, ExitRecord, Keys, ProvenanceBlock, QuotaPeriod,
+    SourceType, SuperproxyRecord, Tombstone, UserRecord, DEL_EXIT_SCRIPT, DEL_USER_SCRIPT,
+    EXIT_CHANGES_KEPT, HEARTBEAT_SCRIPT, LIVE_MEMBERS_SCRIPT, PUT_EXIT_SCRIPT, PUT_USER_SCRIPT,
+    TOMBSTONE_TTL_SECS, USER_BUCKETS,
 };
 use redis::AsyncCommands;
 use sqlx::PgPool;
@@ -36,8 +36,11 @@ pub struct Projector {
     /// The heartbeat reply as last built, one for agents whose policy
     /// reaches internal ranges and one for the rest: every agent of a kind
     /// gets the same answer, so 20,000 beats a second share one read.
-    replies: std::sync::Arc<std::sync::Mutex<[Option<(std::time::Instant, bytes::Bytes)>; 2]>>,
+    replies: std::sync::Arc<std::sync::Mutex<[Option<CachedReply>; 2]>>,
 }
+
+/// A serialised heartbeat reply and when it was built.
+type CachedReply = (std::time::Instant, bytes::Bytes);
 
 /// How long a heartbeat reply may reuse the superproxy list. Well below the
 /// announcement TTL, so a superproxy that joins is dialled within a beat.
@@ -311,11 +314,12 @@ impl Projector {
     /// Re-projects every user of an account (after its entitlements, plan or
     /// existence changed). The caller bumped their versions in Postgres.
     pub async fn account(&self, account: Uuid) {
-        let names: Result<Vec<(String,)>, _> =
-            sqlx::query_as("SELECT username FROM proxy_users WHERE account_id = $1 AND deleted_at IS NULL")
-                .bind(account)
-                .fetch_all(&self.db)
-                .await;
+        let names: Result<Vec<(String,)>, _> = sqlx::query_as(
+            "SELECT username FROM proxy_users WHERE account_id = $1 AND deleted_at IS NULL",
+        )
+        .bind(account)
+        .fetch_all(&self.db)
+        .await;
         match names {
             Ok(names) => {
                 for (name,) in names {
@@ -719,7 +723,9 @@ impl Projector {
     /// that no control-api answers (long before exits' liveness lapses).
     pub async fn run_presence(self, instance: String, interval: Duration) {
         let every = (interval / 2).max(Duration::from_millis(50));
-        let ttl_ms = u64::try_from(interval.as_millis()).unwrap_or(u64::MAX).max(100);
+        let ttl_ms = u64::try_from(interval.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(100);
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -972,7 +978,9 @@ fn user_record(row: &UserRow) -> UserRecord {
     let ceilings = &row.ceilings.0;
     let account = &row.entitlements.0.limits;
     let count = |v: Option<i32>| v.and_then(|v| u32::try_from(v).ok());
-    let restrict = |own: &Option<Vec<String>>, ceiling: &Option<Vec<String>>, account: &Option<Vec<String>>| {
+    let restrict = |own: &Option<Vec<String>>,
+                    ceiling: &Option<Vec<String>>,
+                    account: &Option<Vec<String>>| {
         intersect(
             intersect(own.as_deref(), ceiling.as_deref()).as_deref(),
             account.as_deref(),

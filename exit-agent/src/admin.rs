@@ -22,10 +22,7 @@ pub fn router(ctx: Arc<TunnelContext>) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
-        .route(
-            "/opt-out",
-            get(opt_out_status).post(opt_out).delete(opt_in),
-        )
+        .route("/opt-out", get(opt_out_status).post(opt_out).delete(opt_in))
         .route("/metrics", get(metrics))
         .layer(axum::middleware::from_fn_with_state(
             ctx.clone(),

@@ -148,7 +148,10 @@ mod tests {
     #[test]
     fn only_a_local_tool_with_the_token_passes() {
         let token = Secret::new("s3cret".to_owned());
-        let ok = [("host", "127.0.0.1:9091"), ("authorization", "Bearer s3cret")];
+        let ok = [
+            ("host", "127.0.0.1:9091"),
+            ("authorization", "Bearer s3cret"),
+        ];
         assert_eq!(check(&headers(&ok), &token), Ok(()));
         for host in ["localhost:9091", "[::1]:9091", "127.0.0.5"] {
             let h = headers(&[("host", host), ("authorization", "Bearer s3cret")]);
@@ -157,7 +160,10 @@ mod tests {
         let cases: &[(&[(&str, &str)], Refusal)] = &[
             (&[("host", "127.0.0.1:9091")], Refusal::BadToken),
             (
-                &[("host", "127.0.0.1:9091"), ("authorization", "Bearer wrong")],
+                &[
+                    ("host", "127.0.0.1:9091"),
+                    ("authorization", "Bearer wrong"),
+                ],
                 Refusal::BadToken,
             ),
             (
@@ -177,11 +183,17 @@ mod tests {
                 Refusal::CrossSite,
             ),
             (
-                &[("host", "evil.example:9091"), ("authorization", "Bearer s3cret")],
+                &[
+                    ("host", "evil.example:9091"),
+                    ("authorization", "Bearer s3cret"),
+                ],
                 Refusal::ForeignHost,
             ),
             (
-                &[("host", "10.0.0.7:9091"), ("authorization", "Bearer s3cret")],
+                &[
+                    ("host", "10.0.0.7:9091"),
+                    ("authorization", "Bearer s3cret"),
+                ],
                 Refusal::ForeignHost,
             ),
             (&[("authorization", "Bearer s3cret")], Refusal::ForeignHost),

@@ -85,7 +85,11 @@ pub struct Config {
     /// Name servers to resolve targets with (ip:port, repeat or
     /// comma-separate), instead of the host's `/etc/resolv.conf`: a local
     /// caching resolver, or a test's own DNS server.
-    #[arg(long = "dns-server", env = "PROXYNET_DNS_SERVERS", value_delimiter = ',')]
+    #[arg(
+        long = "dns-server",
+        env = "PROXYNET_DNS_SERVERS",
+        value_delimiter = ','
+    )]
     pub dns_servers: Vec<SocketAddr>,
 
     /// Most name lookups in flight at once; more wait (within their timeout).

@@ -42,7 +42,8 @@ impl Dns {
             let name_servers = servers
                 .iter()
                 .map(|addr| {
-                    let mut server = hickory_resolver::config::NameServerConfig::udp_and_tcp(addr.ip());
+                    let mut server =
+                        hickory_resolver::config::NameServerConfig::udp_and_tcp(addr.ip());
                     for connection in &mut server.connections {
                         connection.port = addr.port();
                     }

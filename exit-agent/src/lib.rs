@@ -97,12 +97,11 @@ impl ExitAgent {
             }
         };
         let token_path = config.admin_token_path();
-        let admin_token = admin_token::load_or_create(&token_path).map_err(|source| {
-            StartError::AdminToken {
+        let admin_token =
+            admin_token::load_or_create(&token_path).map_err(|source| StartError::AdminToken {
                 path: token_path.display().to_string(),
                 source,
-            }
-        })?;
+            })?;
         let admin = TcpListener::bind(config.admin_listen)
             .await
             .map_err(|source| StartError::Listen {

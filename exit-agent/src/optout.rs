@@ -148,10 +148,18 @@ pub async fn run_opt_in_cli(config: &crate::Config) -> Result<String, String> {
     }
     let mut state = AgentState::load(&config.state_file)
         .map_err(|e| e.to_string())?
-        .ok_or_else(|| format!("not enrolled: no state file at {}", config.state_file.display()))?;
+        .ok_or_else(|| {
+            format!(
+                "not enrolled: no state file at {}",
+                config.state_file.display()
+            )
+        })?;
     state.opted_out = None;
     state.save(&config.state_file).map_err(|e| e.to_string())?;
-    Ok("withdrawal undone on this host; tunnels resume once the operator reinstates the exit".into())
+    Ok(
+        "withdrawal undone on this host; tunnels resume once the operator reinstates the exit"
+            .into(),
+    )
 }
 
 /// `exit-agent opt-out`: asks the running agent (its admin listener, with

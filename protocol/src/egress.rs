@@ -162,7 +162,10 @@ const SPECIAL_RANGES: &[(Cidr, &str)] = &[
     // (RFC 2765 SIIT) forms: no public service is reached through them, so
     // they are refused outright, and judged by the IPv4 address they carry.
     (Cidr::v6([0, 0, 0, 0, 0, 0, 0, 0], 96), "ipv4-compatible"),
-    (Cidr::v6([0, 0, 0, 0, 0xffff, 0, 0, 0], 96), "ipv4-translated"),
+    (
+        Cidr::v6([0, 0, 0, 0, 0xffff, 0, 0, 0], 96),
+        "ipv4-translated",
+    ),
     (
         Cidr::v6([0x64, 0xff9b, 1, 0, 0, 0, 0, 0], 48),
         "local-nat64",
@@ -572,14 +575,63 @@ mod tests {
         // (form, spelling of 127.0.0.1, of 169.254.169.254, of 10.0.0.1,
         // of 93.184.216.34, whether the public one is allowed in this form)
         let table: &[(&str, [&str; 4], bool)] = &[
-            ("mapped", ["::ffff:127.0.0.1", "::ffff:a9fe:a9fe", "::ffff:a00:1", "::ffff:5db8:d822"], true),
-            ("compatible", ["::7f00:1", "::a9fe:a9fe", "::a00:1", "::5db8:d822"], false),
-            ("translated", ["::ffff:0:7f00:1", "::ffff:0:a9fe:a9fe", "::ffff:0:a00:1", "::ffff:0:5db8:d822"], false),
-            ("nat64", ["64:ff9b::7f00:1", "64:ff9b::a9fe:a9fe", "64:ff9b::a00:1", "64:ff9b::5db8:d822"], true),
-            ("6to4", ["2002:7f00:1::1", "2002:a9fe:a9fe::1", "2002:a00:1::1", "2002:5db8:d822::1"], true),
+            (
+                "mapped",
+                [
+                    "::ffff:127.0.0.1",
+                    "::ffff:a9fe:a9fe",
+                    "::ffff:a00:1",
+                    "::ffff:5db8:d822",
+                ],
+                true,
+            ),
+            (
+                "compatible",
+                ["::7f00:1", "::a9fe:a9fe", "::a00:1", "::5db8:d822"],
+                false,
+            ),
+            (
+                "translated",
+                [
+                    "::ffff:0:7f00:1",
+                    "::ffff:0:a9fe:a9fe",
+                    "::ffff:0:a00:1",
+                    "::ffff:0:5db8:d822",
+                ],
+                false,
+            ),
+            (
+                "nat64",
+                [
+                    "64:ff9b::7f00:1",
+                    "64:ff9b::a9fe:a9fe",
+                    "64:ff9b::a00:1",
+                    "64:ff9b::5db8:d822",
+                ],
+                true,
+            ),
+            (
+                "6to4",
+                [
+                    "2002:7f00:1::1",
+                    "2002:a9fe:a9fe::1",
+                    "2002:a00:1::1",
+                    "2002:5db8:d822::1",
+                ],
+                true,
+            ),
             // Teredo: server 65.54.227.120, client obfuscated (bits inverted);
             // 2001::/23 is an IETF protocol range, refused whatever it carries.
-            ("teredo", ["2001:0:4136:e378:8000:63bf:80ff:fffe", "2001:0:4136:e378:8000:63bf:5601:5601", "2001:0:4136:e378:8000:63bf:f5ff:fffe", "2001:0:4136:e378:8000:63bf:a247:27dd"], false),
+            (
+                "teredo",
+                [
+                    "2001:0:4136:e378:8000:63bf:80ff:fffe",
+                    "2001:0:4136:e378:8000:63bf:5601:5601",
+                    "2001:0:4136:e378:8000:63bf:f5ff:fffe",
+                    "2001:0:4136:e378:8000:63bf:a247:27dd",
+                ],
+                false,
+            ),
         ];
         for (form, spellings, public_allowed) in table {
             for denied in &spellings[..3] {
@@ -697,7 +749,13 @@ mod tests {
 
     #[test]
     fn special_range_overlaps() {
-        for special in ["10.1.0.0/16", "0.0.0.0/0", "127.0.0.1/32", "::/0", "fe80::/64"] {
+        for special in [
+            "10.1.0.0/16",
+            "0.0.0.0/0",
+            "127.0.0.1/32",
+            "::/0",
+            "fe80::/64",
+        ] {
             let c: Cidr = special.parse().unwrap();
             assert!(c.touches_special_range(), "{special}");
         }

@@ -67,7 +67,10 @@ pub enum Persistence {
 impl RedisArgs {
     /// Checks the usage stream's durability once at start: a clear warning
     /// when Redis runs without AOF, a refusal with `--redis-require-aof`.
-    pub async fn check_persistence(&self, conn: &mut RedisConnection) -> Result<Persistence, StoreUnavailable> {
+    pub async fn check_persistence(
+        &self,
+        conn: &mut RedisConnection,
+    ) -> Result<Persistence, StoreUnavailable> {
         let info: Result<String, _> = redis::cmd("INFO")
             .arg("persistence")
             .query_async(conn)

@@ -160,9 +160,10 @@ impl PreAuth {
         *held += 1;
         state.next_id += 1;
         let id = state.next_id;
-        state
-            .pending
-            .insert(id, (tokio::time::Instant::now() + self.timeout, cut.clone()));
+        state.pending.insert(
+            id,
+            (tokio::time::Instant::now() + self.timeout, cut.clone()),
+        );
         Some(PreAuthSlot {
             registry: self.clone(),
             source,
@@ -238,7 +239,10 @@ impl Gate {
         let cut = self.cut_all.child_token();
         // The per-source bound first: a flood from one address is closed
         // without taking (or even asking for) a connection slot.
-        let slot = self.pre_auth.admit(peer, &cut).ok_or(NoTicket::SourceBusy)?;
+        let slot = self
+            .pre_auth
+            .admit(peer, &cut)
+            .ok_or(NoTicket::SourceBusy)?;
         let permit = self
             .permits
             .clone()
@@ -335,9 +339,13 @@ pub async fn run(
                         () = ticket.cut().cancelled() => None,
                     };
                     match handshake {
-                        Some(Ok(tls)) => ingress::http::serve_connection(pipeline, tls, ticket).await,
+                        Some(Ok(tls)) => {
+                            ingress::http::serve_connection(pipeline, tls, ticket).await
+                        }
                         Some(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
-                        None => tracing::debug!(%peer, "TLS handshake not done before the pre-auth deadline"),
+                        None => {
+                            tracing::debug!(%peer, "TLS handshake not done before the pre-auth deadline")
+                        }
                     }
                 }
             }

@@ -184,7 +184,12 @@ impl Admission {
     }
 
     /// Takes one of `max` leases in the set `set`, or says why not.
-    async fn lease(self: &Arc<Self>, set: String, max: u32, whose: &str) -> Result<Lease, ProxyError> {
+    async fn lease(
+        self: &Arc<Self>,
+        set: String,
+        max: u32,
+        whose: &str,
+    ) -> Result<Lease, ProxyError> {
         let id = format!("{}:{}", self.superproxy_id, Uuid::new_v4().simple());
         let mut redis = self.redis.clone();
         let acquired: Result<i64, _> = redis::Script::new(ACQUIRE_SCRIPT)
@@ -229,13 +234,20 @@ impl Admission {
                 .await?;
         }
         if let Some(rate) = limits.account.and_then(|a| a.max_new_tunnels_per_second) {
-            self.rate(self.keys.account_tunnel_rate(account), rate, "the account's")
-                .await?;
+            self.rate(
+                self.keys.account_tunnel_rate(account),
+                rate,
+                "the account's",
+            )
+            .await?;
         }
         let mut leases = Leases::default();
         match limits.max_concurrent_tunnels {
             Some(max) => {
-                leases._user = Some(self.lease(self.keys.leases(user), max, "the user's").await?);
+                leases._user = Some(
+                    self.lease(self.keys.leases(user), max, "the user's")
+                        .await?,
+                );
             }
             None => leases._local = Some(self.local_slot(user)?),
         }
@@ -332,10 +344,7 @@ impl Admission {
             QuotaOwner::Account(id) => self.keys.account_quota_used(id, &window),
         };
         let mut redis = self.redis.clone();
-        let used: Result<Option<u64>, _> = redis::cmd("GET")
-            .arg(key)
-            .query_async(&mut redis)
-            .await;
+        let used: Result<Option<u64>, _> = redis::cmd("GET").arg(key).query_async(&mut redis).await;
         used.ok().map(|u| u.unwrap_or(0))
     }
 }

@@ -77,7 +77,10 @@ impl Allowlist {
                     !entries.iter().any(|(c, u)| c == network && u == user)
                 });
                 if cut > 0 {
-                    tracing::info!(tunnels = cut, "allow-listed network removed; its tunnels cut");
+                    tracing::info!(
+                        tunnels = cut,
+                        "allow-listed network removed; its tunnels cut"
+                    );
                 }
             }
             Err(e) => {

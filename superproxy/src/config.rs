@@ -44,20 +44,32 @@ pub struct Config {
     /// Most connections one source address (IPv6: one /64) may hold before
     /// it has authenticated; beyond it new ones are closed at once, so one
     /// address cannot sit on the connection slots with silent sockets.
-    #[arg(long, env = "PROXYNET_MAX_UNAUTHENTICATED_PER_SOURCE", default_value_t = 64)]
+    #[arg(
+        long,
+        env = "PROXYNET_MAX_UNAUTHENTICATED_PER_SOURCE",
+        default_value_t = 64
+    )]
     pub max_unauthenticated_per_source: usize,
 
     /// A connection that has not authenticated this long after it was
     /// accepted (TLS handshake and first head included) is closed, ms.
     /// Shorter than the header read timeout: an unknown client gets less
     /// patience than a known one.
-    #[arg(long, env = "PROXYNET_UNAUTHENTICATED_TIMEOUT_MS", default_value_t = 10_000)]
+    #[arg(
+        long,
+        env = "PROXYNET_UNAUTHENTICATED_TIMEOUT_MS",
+        default_value_t = 10_000
+    )]
     pub unauthenticated_timeout_ms: u64,
 
     /// Tunnels one user may hold open on this instance when its record sets
     /// no concurrency limit of its own (counted here, no Redis round trip):
     /// one customer cannot take every connection slot.
-    #[arg(long, env = "PROXYNET_DEFAULT_USER_MAX_TUNNELS", default_value_t = 2_000)]
+    #[arg(
+        long,
+        env = "PROXYNET_DEFAULT_USER_MAX_TUNNELS",
+        default_value_t = 2_000
+    )]
     pub default_user_max_tunnels: usize,
 
     /// What every tunnel stream of every agent link may hold between them

@@ -218,7 +218,9 @@ impl Pipeline {
         credentials: Option<Credentials>,
         ticket: &ConnectionTicket,
     ) -> Result<Client, ProxyError> {
-        let result = self.check_credentials(credentials, ticket.peer().ip()).await;
+        let result = self
+            .check_credentials(credentials, ticket.peer().ip())
+            .await;
         if result.is_ok() {
             ticket.authenticated();
         }
@@ -363,7 +365,11 @@ impl Pipeline {
             .account
             .and_then(|a| a.bandwidth_bytes.map(|b| (b, a.quota_period)));
         for (owner, bandwidth, whose) in [
-            (QuotaOwner::User(client.user_id), client.limits.bandwidth, "user"),
+            (
+                QuotaOwner::User(client.user_id),
+                client.limits.bandwidth,
+                "user",
+            ),
             (
                 QuotaOwner::Account(client.account_id),
                 account_bandwidth,
@@ -374,11 +380,7 @@ impl Pipeline {
                 continue;
             };
             // Redis away: judge by this instance's budget alone.
-            let used = self
-                .admission
-                .quota_used(owner, period)
-                .await
-                .unwrap_or(0);
+            let used = self.admission.quota_used(owner, period).await.unwrap_or(0);
             let spec = QuotaSpec {
                 owner,
                 limit,

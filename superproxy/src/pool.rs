@@ -517,19 +517,14 @@ impl Pool {
         if !projected {
             return Err(ReadError::NotProjected);
         }
-        let (now_ms, cursor, ids, draining, control): (
-            i64,
-            String,
-            Vec<String>,
-            Vec<String>,
-            i64,
-        ) = redis::Script::new(LIVE_AND_DRAINING_SCRIPT)
-            .key(self.keys.exits_live())
-            .key(self.keys.exits_draining())
-            .key(self.keys.exit_changes())
-            .key(self.keys.control_plane_alive())
-            .invoke_async(&mut redis)
-            .await?;
+        let (now_ms, cursor, ids, draining, control): (i64, String, Vec<String>, Vec<String>, i64) =
+            redis::Script::new(LIVE_AND_DRAINING_SCRIPT)
+                .key(self.keys.exits_live())
+                .key(self.keys.exits_draining())
+                .key(self.keys.exit_changes())
+                .key(self.keys.control_plane_alive())
+                .invoke_async(&mut redis)
+                .await?;
         let live: HashSet<Uuid> = ids.iter().filter_map(|s| s.parse().ok()).collect();
         let agent_draining: HashSet<Uuid> =
             draining.iter().filter_map(|s| s.parse().ok()).collect();
@@ -699,9 +694,8 @@ impl Pool {
             }
             Err(_) => return,
         };
-        let next_expiry = next_expiry_ms.map(|at| {
-            now + Duration::from_millis(u64::try_from(at - now_ms).unwrap_or(0))
-        });
+        let next_expiry = next_expiry_ms
+            .map(|at| now + Duration::from_millis(u64::try_from(at - now_ms).unwrap_or(0)));
         if let Ok(mut current) = self.next_expiry.lock() {
             if *current != next_expiry {
                 *current = next_expiry;

@@ -161,8 +161,10 @@ impl Stack {
             let mut addrs = vec![api_addr];
             for i in 1..options.control_apis {
                 let mut more = options.clone();
-                more.api_env
-                    .push(("PROXYNET_INSTANCE_NAME".into(), format!("control-api-{}", i + 1)));
+                more.api_env.push((
+                    "PROXYNET_INSTANCE_NAME".into(),
+                    format!("control-api-{}", i + 1),
+                ));
                 let (proc, addr, _) = spawn_control_api(&api_stores, &more).await;
                 more_apis.push(proc);
                 addrs.push(addr);
@@ -285,7 +287,12 @@ impl Stack {
             .await
             .unwrap();
         let status = r.status();
-        assert_eq!(status, 200, "entitlements: {}", r.text().await.unwrap_or_default());
+        assert_eq!(
+            status,
+            200,
+            "entitlements: {}",
+            r.text().await.unwrap_or_default()
+        );
     }
 
     /// Lets an account allow-list loopback networks as wide as a /8: the
@@ -472,8 +479,7 @@ impl Stack {
         let state = self.dir.path().join(format!("agent-{egress_ip}.json"));
         let args = self.agent_args(egress_ip, &state);
         let (proc, addrs) =
-            crate::process::spawn_ready_logged::<AgentAddrs>("exit-agent", &args, &[], None)
-                .await;
+            crate::process::spawn_ready_logged::<AgentAddrs>("exit-agent", &args, &[], None).await;
         self.agents[i] = Agent {
             proc,
             addrs,

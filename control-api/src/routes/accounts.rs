@@ -149,13 +149,12 @@ pub async fn delete(
     Path(id): Path<Uuid>,
 ) -> Result<StatusCode, ApiError> {
     let mut tx = state.db.begin().await?;
-    let deleted = sqlx::query(
-        "UPDATE accounts SET deleted_at = now() WHERE id = $1 AND deleted_at IS NULL",
-    )
-    .bind(id)
-    .execute(&mut *tx)
-    .await?
-    .rows_affected();
+    let deleted =
+        sqlx::query("UPDATE accounts SET deleted_at = now() WHERE id = $1 AND deleted_at IS NULL")
+            .bind(id)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
     if deleted == 0 {
         return Err(ApiError::NotFound("account"));
     }

@@ -233,52 +233,13 @@ pub async fn enroll(
     ))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_deny_list_is_unlabelled_and_only_what_the_agent_could_reach() {
-        let a = |s: &str| -> std::net::SocketAddr { s.parse().unwrap() };
-        let inputs = || crate::projector::DenyInputs {
-            superproxies: vec![SuperproxyRecord {
-                id: Uuid::nil(),
-                link_addr: a("203.0.113.10:7000"),
-                cert_sha256: "ab".into(),
-                service_addrs: vec![a("203.0.113.10:8080"), a("10.0.0.5:8080")],
-            }],
-            agent_admin: vec![a("127.0.0.1:9091"), a("198.51.100.7:9091")],
-        };
-        let own = [a("10.0.0.9:6379"), a("192.0.2.44:5432")];
-        let (records, public) = deny_list(&own, inputs(), false);
-        assert!(records[0].service_addrs.is_empty(), "no labelled listeners");
-        // 203.0.113.0/24, 198.51.100.0/24 and 192.0.2.0/24 are documentation
-        // ranges (special), so an agent without internal targets needs none.
-        assert!(public.is_empty(), "{public:?}");
-        let (_, internal) = deny_list(&own, inputs(), true);
-        for addr in [
-            "10.0.0.9:6379",
-            "192.0.2.44:5432",
-            "203.0.113.10:7000",
-            "203.0.113.10:8080",
-            "10.0.0.5:8080",
-            "127.0.0.1:9091",
-            "198.51.100.7:9091",
-        ] {
-            assert!(internal.contains(&a(addr)), "{addr} missing");
-        }
-        let mut with_public = inputs();
-        with_public.agent_admin.push(a("93.184.216.34:9091"));
-        let (_, public) = deny_list(&own, with_public, false);
-        assert_eq!(public, vec![a("93.184.216.34:9091")]);
-    }
-}
-
 fn truncate(s: &str, max: usize) -> String {
     s.chars().take(max).collect()
 }
 
-use proxynet_protocol::heartbeat::{HeartbeatReply, HeartbeatRequest as Heartbeat, MAX_ADMIN_ADDRS};
+use proxynet_protocol::heartbeat::{
+    HeartbeatReply, HeartbeatRequest as Heartbeat, MAX_ADMIN_ADDRS,
+};
 
 /// The reply's deny list and superproxy records from what the projector read.
 fn deny_list(
@@ -392,4 +353,45 @@ pub async fn heartbeat(
         reply,
     )
         .into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_deny_list_is_unlabelled_and_only_what_the_agent_could_reach() {
+        let a = |s: &str| -> std::net::SocketAddr { s.parse().unwrap() };
+        let inputs = || crate::projector::DenyInputs {
+            superproxies: vec![SuperproxyRecord {
+                id: Uuid::nil(),
+                link_addr: a("203.0.113.10:7000"),
+                cert_sha256: "ab".into(),
+                service_addrs: vec![a("203.0.113.10:8080"), a("10.0.0.5:8080")],
+            }],
+            agent_admin: vec![a("127.0.0.1:9091"), a("198.51.100.7:9091")],
+        };
+        let own = [a("10.0.0.9:6379"), a("192.0.2.44:5432")];
+        let (records, public) = deny_list(&own, inputs(), false);
+        assert!(records[0].service_addrs.is_empty(), "no labelled listeners");
+        // 203.0.113.0/24, 198.51.100.0/24 and 192.0.2.0/24 are documentation
+        // ranges (special), so an agent without internal targets needs none.
+        assert!(public.is_empty(), "{public:?}");
+        let (_, internal) = deny_list(&own, inputs(), true);
+        for addr in [
+            "10.0.0.9:6379",
+            "192.0.2.44:5432",
+            "203.0.113.10:7000",
+            "203.0.113.10:8080",
+            "10.0.0.5:8080",
+            "127.0.0.1:9091",
+            "198.51.100.7:9091",
+        ] {
+            assert!(internal.contains(&a(addr)), "{addr} missing");
+        }
+        let mut with_public = inputs();
+        with_public.agent_admin.push(a("93.184.216.34:9091"));
+        let (_, public) = deny_list(&own, with_public, false);
+        assert_eq!(public, vec![a("93.184.216.34:9091")]);
+    }
 }

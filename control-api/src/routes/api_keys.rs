@@ -205,11 +205,7 @@ pub async fn revoke(
     if !revoked.iter().any(|(r,)| *r == id) {
         return Err(ApiError::NotFound("api key"));
     }
-    let descendants: Vec<Uuid> = revoked
-        .iter()
-        .map(|(r,)| *r)
-        .filter(|r| *r != id)
-        .collect();
+    let descendants: Vec<Uuid> = revoked.iter().map(|(r,)| *r).filter(|r| *r != id).collect();
     audit::record(
         &mut tx,
         &actor(caller),

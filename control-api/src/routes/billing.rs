@@ -165,7 +165,8 @@ pub async fn list_plans(
             prices: types.into_iter().zip(cents).collect(),
         })
         .collect();
-    let (headers, plans) = crate::routes::page::finish(plans, limit, "/v1/plans", |p| p.name.clone());
+    let (headers, plans) =
+        crate::routes::page::finish(plans, limit, "/v1/plans", |p| p.name.clone());
     Ok((headers, Json(plans)))
 }
 

@@ -276,13 +276,16 @@ pub async fn login(
     Form(form): Form<LoginForm>,
 ) -> Response {
     if let Err(r) = same_origin(&headers) {
-        return r;
+        return *r;
     }
     if !state.sessions.login_attempt(peer.0) {
         return (
             StatusCode::TOO_MANY_REQUESTS,
             [(header::RETRY_AFTER, "60")],
-            Html("<p>Too many login attempts from this address; try again in a minute.</p>".to_owned()),
+            Html(
+                "<p>Too many login attempts from this address; try again in a minute.</p>"
+                    .to_owned(),
+            ),
         )
             .into_response();
     }
@@ -312,7 +315,7 @@ pub async fn login(
 
 pub async fn logout(State(state): State<AppState>, headers: HeaderMap) -> Response {
     if let Err(r) = same_origin(&headers) {
-        return r;
+        return *r;
     }
     state.sessions.close(&headers);
     let mut r = Redirect::to("/dashboard/login").into_response();
@@ -348,13 +351,15 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Peer {
 /// a browser sends `Origin` (and `Sec-Fetch-Site`) with every cross-site
 /// POST, so a foreign page cannot log a visitor in (login CSRF) or out.
 /// Tools that send neither (curl) pass: they carry no ambient cookie.
-fn same_origin(headers: &HeaderMap) -> Result<(), Response> {
+fn same_origin(headers: &HeaderMap) -> Result<(), Box<Response>> {
     let forbidden = || {
-        (
-            StatusCode::FORBIDDEN,
-            Html("<p>Cross-site requests to the dashboard are refused.</p>".to_owned()),
+        Box::new(
+            (
+                StatusCode::FORBIDDEN,
+                Html("<p>Cross-site requests to the dashboard are refused.</p>".to_owned()),
+            )
+                .into_response(),
         )
-            .into_response()
     };
     if let Some(site) = headers.get("sec-fetch-site").and_then(|v| v.to_str().ok()) {
         if site != "same-origin" && site != "none" {
@@ -734,7 +739,8 @@ mod tests {
     #[test]
     fn a_key_holds_a_bounded_number_of_sessions_the_oldest_giving_way() {
         let sessions = Sessions::default();
-        let key = Some(Uuid::new_v4());
+        let id = Uuid::new_v4();
+        let key = Some(id);
         let tokens: Vec<String> = (0..MAX_SESSIONS_PER_KEY + 1)
             .map(|_| sessions.open(Caller::Operator, key))
             .collect();
@@ -747,7 +753,7 @@ mod tests {
         // Another key's sessions are its own.
         sessions.open(Caller::Operator, Some(Uuid::new_v4()));
         assert_eq!(sessions.map.lock().unwrap().len(), MAX_SESSIONS_PER_KEY + 1);
-        sessions.end_keys(vec![key.unwrap()]);
+        sessions.end_keys(vec![id]);
         assert_eq!(sessions.map.lock().unwrap().len(), 1);
     }
 

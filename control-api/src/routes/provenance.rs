@@ -813,10 +813,16 @@ pub async fn agent_opt_out(
         .and_then(|Json(b)| b.reason)
         .map(|r| r.chars().take(500).collect::<String>())
         .unwrap_or_else(|| "withdrawn by the exit's owner (exit-agent opt-out)".into());
-    let revoked = append_consent(&state, exit, "agent", Append::Record, |latest| match latest {
-        Some(l) if l.state == "granted" => revocation(Some(l), reason.clone()),
-        _ => Err(ApiError::Conflict("no consent to revoke".into())),
-    })
+    let revoked = append_consent(
+        &state,
+        exit,
+        "agent",
+        Append::Record,
+        |latest| match latest {
+            Some(l) if l.state == "granted" => revocation(Some(l), reason.clone()),
+            _ => Err(ApiError::Conflict("no consent to revoke".into())),
+        },
+    )
     .await;
     if let Err(e) = revoked {
         if !matches!(e, ApiError::Conflict(_)) {

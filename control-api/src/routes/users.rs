@@ -195,7 +195,6 @@ pub struct User {
     updated_at: DateTime<Utc>,
 }
 
-
 const USER_COLUMNS: &str = "id, account_id, username, enabled, version, max_concurrent_tunnels, \
      max_new_tunnels_per_second, bandwidth_bytes, quota_period, quota_warn_percent, \
      allowed_source_types, allowed_countries, allowed_channels, \
@@ -250,8 +249,7 @@ pub async fn create(
         &body.allowlist_options,
         &entitled.allowlist,
     )?;
-    let (limits, ceilings) =
-        limits_to_store(caller, body.limits, &Limits::default(), &entitled)?;
+    let (limits, ceilings) = limits_to_store(caller, body.limits, &Limits::default(), &entitled)?;
     let hash = state.hashing.hash(body.password).await?;
     let mut tx = state.db.begin().await?;
     let user: User = sqlx::query_as(&format!(

@@ -20,10 +20,10 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use super::registry::{Link, LinkSender, MuxLink};
-use proxynet_protocol::mux::frame::STREAM_WINDOW;
 use super::stream::ExitStream;
 use crate::error::{ErrorKind, ProxyError};
 use crate::target::Target;
+use proxynet_protocol::mux::frame::STREAM_WINDOW;
 
 /// Asks `link`'s agent to connect to `target` from `egress_ip` within `budget`.
 pub async fn open_tunnel(

@@ -441,7 +441,10 @@ mod tests {
             t.await.unwrap();
         }
         let moved: u64 = meters.iter().map(|m| m.down()).sum();
-        assert_eq!(moved, 300_000, "exactly the budget, whatever the parallelism");
+        assert_eq!(
+            moved, 300_000,
+            "exactly the budget, whatever the parallelism"
+        );
         assert_eq!(budget.left(), 0);
         assert_eq!(budget.spent(), 300_000);
     }

@@ -35,9 +35,7 @@ mod spill;
 pub use meter::{Budget, Meter, MeterHandle, Metered, QuotaBinding, QuotaOwner};
 
 use proxynet_protocol::redis_target::RedisConnection;
-use proxynet_protocol::store::{
-    Keys, QuotaPeriod, SourceType, TargetRow, UsageBatch, UsageRow,
-};
+use proxynet_protocol::store::{Keys, QuotaPeriod, SourceType, TargetRow, UsageBatch, UsageRow};
 use serde::{Deserialize, Serialize};
 use spill::Spill;
 use std::collections::HashMap;

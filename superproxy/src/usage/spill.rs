@@ -15,7 +15,11 @@ pub(super) struct Spill {
 }
 
 impl Spill {
-    pub(super) async fn append(&self, superproxy: Uuid, batches: &[Pending]) -> std::io::Result<()> {
+    pub(super) async fn append(
+        &self,
+        superproxy: Uuid,
+        batches: &[Pending],
+    ) -> std::io::Result<()> {
         use tokio::io::AsyncWriteExt;
         tokio::fs::create_dir_all(&self.dir).await?;
         let mut text = String::new();
@@ -50,4 +54,3 @@ impl Spill {
         Ok(out)
     }
 }
-

@@ -25,7 +25,8 @@ fn admin_token(stack: &Stack, i: usize) -> String {
 
 /// `POST /opt-out` on agent `i` with extra headers; the status.
 async fn post_opt_out(stack: &Stack, i: usize, headers: &[(&str, &str)]) -> u16 {
-    let mut r = reqwest::Client::new().post(format!("http://{}/opt-out", stack.agents[i].addrs.admin));
+    let mut r =
+        reqwest::Client::new().post(format!("http://{}/opt-out", stack.agents[i].addrs.admin));
     for (k, v) in headers {
         r = r.header(*k, *v);
     }
@@ -75,9 +76,11 @@ async fn only_the_hosts_own_tools_can_withdraw_an_exit() {
         200
     );
     let exit = stack.agents[0].addrs.exit_id;
-    eventually("the withdrawal to reach the pool", Duration::from_secs(10), || async {
-        (stack.eligible_count().await == 1).then_some(())
-    })
+    eventually(
+        "the withdrawal to reach the pool",
+        Duration::from_secs(10),
+        || async { (stack.eligible_count().await == 1).then_some(()) },
+    )
     .await;
 
     // The operator cannot bring it back without fresh consent ...
@@ -94,8 +97,10 @@ async fn only_the_hosts_own_tools_can_withdraw_an_exit() {
         .http
         .post(stack.api(&format!("/v1/exits/{exit}/reinstate")))
         .bearer_auth(ADMIN_TOKEN)
-        .json(&json!({"method": "signed_contract", "notice_version": "reinstate-1",
-                      "evidence_ref": "contract addendum 2", "opt_out": "exit-agent opt-out"}))
+        .json(
+            &json!({"method": "signed_contract", "notice_version": "reinstate-1",
+                      "evidence_ref": "contract addendum 2", "opt_out": "exit-agent opt-out"}),
+        )
         .send()
         .await
         .unwrap();
@@ -109,9 +114,11 @@ async fn only_the_hosts_own_tools_can_withdraw_an_exit() {
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
-    eventually("the reinstated exit to be eligible", Duration::from_secs(10), || async {
-        (stack.eligible_count().await == 2).then_some(())
-    })
+    eventually(
+        "the reinstated exit to be eligible",
+        Duration::from_secs(10),
+        || async { (stack.eligible_count().await == 2).then_some(()) },
+    )
     .await;
 }
 
@@ -130,7 +137,12 @@ async fn a_tunnel_through_one_exit_cannot_reach_another_exits_admin_listener() {
                 "CONNECT {neighbour} HTTP/1.1\r\nHost: x\r\nProxy-Authorization: Basic {}\r\n\r\n",
                 basic(&user)
             );
-            let r = raw_request(stack.proxy_addrs.proxy, connect.as_bytes(), Duration::from_secs(10)).await;
+            let r = raw_request(
+                stack.proxy_addrs.proxy,
+                connect.as_bytes(),
+                Duration::from_secs(10),
+            )
+            .await;
             (r.status == 403 && r.head.contains("destination_ip_prohibited")).then_some(())
         },
     )

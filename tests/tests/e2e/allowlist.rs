@@ -65,21 +65,43 @@ async fn wide_and_special_networks_are_refused_and_conflicts_name_nobody() {
     assert_eq!(status, 201, "{user}");
     let rival = stack.create_account("rival").await;
     let rival_key = account_key(&stack, rival).await;
-    let (status, problem) =
-        create(&stack, &rival_key, rival, "rival", json!(["93.184.216.128/25"])).await;
+    let (status, problem) = create(
+        &stack,
+        &rival_key,
+        rival,
+        "rival",
+        json!(["93.184.216.128/25"]),
+    )
+    .await;
     assert_eq!(status, 409, "{problem}");
     let detail = problem["detail"].as_str().unwrap();
     assert!(
-        !detail.contains("93.184.216.0") && !detail.contains("squatter") && !detail.contains("office"),
+        !detail.contains("93.184.216.0")
+            && !detail.contains("squatter")
+            && !detail.contains("office"),
         "the conflict reveals its holder: {detail}"
     );
     // The operator can widen an account's bounds.
     stack
         .set_entitlements(rival, json!({"allowlist": {"min_prefix_v4": 16}}))
         .await;
-    let (status, user) = create(&stack, &rival_key, rival, "campus", json!(["198.18.0.0/15"])).await;
+    let (status, user) = create(
+        &stack,
+        &rival_key,
+        rival,
+        "campus",
+        json!(["198.18.0.0/15"]),
+    )
+    .await;
     assert_eq!(status, 403, "special still needs its own grant: {user}");
-    let (status, user) = create(&stack, &rival_key, rival, "campus", json!(["100.128.0.0/16"])).await;
+    let (status, user) = create(
+        &stack,
+        &rival_key,
+        rival,
+        "campus",
+        json!(["100.128.0.0/16"]),
+    )
+    .await;
     assert_eq!(status, 201, "{user}");
 }
 

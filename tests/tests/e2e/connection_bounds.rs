@@ -83,7 +83,10 @@ async fn silent_connections_from_one_address_hold_at_most_their_share() {
         || async { silent.iter().all(closed_now).then_some(()) },
     )
     .await;
-    assert!(!closed(&mut other).await, "the authenticated tunnel was cut");
+    assert!(
+        !closed(&mut other).await,
+        "the authenticated tunnel was cut"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -104,7 +107,10 @@ async fn a_user_without_limits_meets_the_default_cap_and_sessions_are_capped() {
     assert!(h1.starts_with("HTTP/1.1 200") && h2.starts_with("HTTP/1.1 200"));
     let (_, refused) = connect_tunnel(proxy, USERNAME, PASSWORD, stack.whoami).await;
     assert!(refused.starts_with("HTTP/1.1 429"), "{refused}");
-    assert!(refused.contains("default per-user tunnel limit (2)"), "{refused}");
+    assert!(
+        refused.contains("default per-user tunnel limit (2)"),
+        "{refused}"
+    );
     drop((_a, _b));
 
     // Three sessions are fine; the fourth is refused; the first still works.
@@ -127,7 +133,10 @@ async fn a_user_without_limits_meets_the_default_cap_and_sessions_are_capped() {
     assert!(head.starts_with("HTTP/1.1 429"), "{head}");
     assert!(head.contains("live sessions"), "{head}");
     let head = tunnel("s1").await;
-    assert!(head.starts_with("HTTP/1.1 200"), "an existing session: {head}");
+    assert!(
+        head.starts_with("HTTP/1.1 200"),
+        "an existing session: {head}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -137,7 +146,12 @@ async fn the_ipv4_translated_spelling_of_loopback_is_prohibited() {
         "CONNECT [::ffff:0:7f00:1]:80 HTTP/1.1\r\nHost: x\r\nProxy-Authorization: Basic {}\r\n\r\n",
         basic(USERNAME)
     );
-    let r = raw_request(stack.proxy_addrs.proxy, connect.as_bytes(), Duration::from_secs(10)).await;
+    let r = raw_request(
+        stack.proxy_addrs.proxy,
+        connect.as_bytes(),
+        Duration::from_secs(10),
+    )
+    .await;
     assert_eq!(r.status, 403, "{r:?}");
     assert!(
         r.header("proxy-status")

@@ -194,8 +194,7 @@ async fn two_control_apis_serve_one_stack_and_one_dying_changes_nothing() {
     let later = stack.create_account("after-the-loss").await;
     stack.create_user(later, "afterloss", PASSWORD).await;
     eventually("the new user to tunnel", Duration::from_secs(5), || async {
-        let (_, head) =
-            connect_tunnel(stack.proxy_addrs.proxy, "afterloss", PASSWORD, echo).await;
+        let (_, head) = connect_tunnel(stack.proxy_addrs.proxy, "afterloss", PASSWORD, echo).await;
         head.starts_with("HTTP/1.1 200").then_some(())
     })
     .await;

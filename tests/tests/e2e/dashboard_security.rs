@@ -39,7 +39,10 @@ async fn cross_site_requests_framing_and_caching_are_refused() {
     let h = page.headers();
     let csp = h["content-security-policy"].to_str().unwrap();
     assert!(csp.contains("frame-ancestors 'none'"), "{csp}");
-    assert!(csp.contains("script-src 'sha256-"), "only its own script: {csp}");
+    assert!(
+        csp.contains("script-src 'sha256-"),
+        "only its own script: {csp}"
+    );
     assert_eq!(h["x-frame-options"], "DENY");
     assert_eq!(h["cache-control"], "no-store");
 
@@ -64,7 +67,10 @@ async fn cross_site_requests_framing_and_caching_are_refused() {
     let r = login(&stack, ADMIN_TOKEN, &[("origin", &origin)]).await;
     assert_eq!(r.status(), 303);
     let cookie = r.headers()["set-cookie"].to_str().unwrap();
-    assert!(cookie.contains("HttpOnly") && !cookie.contains("Secure"), "{cookie}");
+    assert!(
+        cookie.contains("HttpOnly") && !cookie.contains("Secure"),
+        "{cookie}"
+    );
     let r = login(&stack, ADMIN_TOKEN, &[("x-forwarded-proto", "https")]).await;
     assert_eq!(r.status(), 303);
     let cookie = r.headers()["set-cookie"].to_str().unwrap();

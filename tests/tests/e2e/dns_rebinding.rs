@@ -32,7 +32,11 @@ async fn a_rebinding_name_never_reaches_its_second_answer() {
             counter.fetch_add(1, Ordering::Relaxed);
         }
     });
-    let dns = TestDns::start(vec!["127.0.0.5".parse().unwrap(), "127.0.0.66".parse().unwrap()]).await;
+    let dns = TestDns::start(vec![
+        "127.0.0.5".parse().unwrap(),
+        "127.0.0.66".parse().unwrap(),
+    ])
+    .await;
     let stack = Stack::start_with(StackOptions {
         egress_ips: vec!["127.0.0.2".parse().unwrap()],
         agent_args: vec![
@@ -51,8 +55,8 @@ async fn a_rebinding_name_never_reaches_its_second_answer() {
         async move {
             use base64::Engine;
             use tokio::io::AsyncWriteExt;
-            let auth = base64::engine::general_purpose::STANDARD
-                .encode(format!("{USERNAME}:{PASSWORD}"));
+            let auth =
+                base64::engine::general_purpose::STANDARD.encode(format!("{USERNAME}:{PASSWORD}"));
             let mut s = tokio::net::TcpStream::connect(proxy).await.unwrap();
             s.write_all(
                 format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\nProxy-Authorization: Basic {auth}\r\n\r\n")

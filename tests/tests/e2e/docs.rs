@@ -80,10 +80,14 @@ fn the_fault_matrix_table_names_exactly_the_fault_tests() {
     let mut documented: Vec<String> = table
         .lines()
         .filter_map(|l| l.split('|').nth(3))
-        .filter_map(|cell| cell.trim().strip_prefix('`')?.strip_suffix('`').map(str::to_owned))
+        .filter_map(|cell| {
+            cell.trim()
+                .strip_prefix('`')?
+                .strip_suffix('`')
+                .map(str::to_owned)
+        })
         .collect();
-    let source =
-        std::fs::read_to_string(repo_file("tests/tests/e2e/fault_matrix.rs")).unwrap();
+    let source = std::fs::read_to_string(repo_file("tests/tests/e2e/fault_matrix.rs")).unwrap();
     let mut tested: Vec<String> = source
         .split("#[tokio::test")
         .skip(1)
@@ -94,5 +98,8 @@ fn the_fault_matrix_table_names_exactly_the_fault_tests() {
         .collect();
     documented.sort();
     tested.sort();
-    assert_eq!(documented, tested, "docs/health.md's fault matrix and fault_matrix.rs differ");
+    assert_eq!(
+        documented, tested,
+        "docs/health.md's fault matrix and fault_matrix.rs differ"
+    );
 }

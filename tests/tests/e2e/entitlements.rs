@@ -29,13 +29,7 @@ async fn account_key(stack: &Stack, account: Uuid) -> String {
     r["key"].as_str().unwrap().to_owned()
 }
 
-async fn call(
-    stack: &Stack,
-    key: &str,
-    method: Method,
-    path: &str,
-    body: Value,
-) -> (u16, Value) {
+async fn call(stack: &Stack, key: &str, method: Method, path: &str, body: Value) -> (u16, Value) {
     let r = stack
         .http
         .request(method, stack.api(path))
@@ -83,10 +77,22 @@ async fn a_customer_key_cannot_lift_the_limits_an_operator_set() {
 
     // Raising or widening one: 403 naming the field.
     for (limits, field) in [
-        (json!({"max_concurrent_tunnels": 5}), "limits.max_concurrent_tunnels"),
-        (json!({"bandwidth_bytes": 10_000_000}), "limits.bandwidth_bytes"),
-        (json!({"allowed_source_types": ["dc", "res"]}), "limits.allowed_source_types"),
-        (json!({"allowed_channels": ["owned", "sdk"]}), "limits.allowed_channels"),
+        (
+            json!({"max_concurrent_tunnels": 5}),
+            "limits.max_concurrent_tunnels",
+        ),
+        (
+            json!({"bandwidth_bytes": 10_000_000}),
+            "limits.bandwidth_bytes",
+        ),
+        (
+            json!({"allowed_source_types": ["dc", "res"]}),
+            "limits.allowed_source_types",
+        ),
+        (
+            json!({"allowed_channels": ["owned", "sdk"]}),
+            "limits.allowed_channels",
+        ),
     ] {
         let (status, problem) = call(
             &stack,
@@ -123,7 +129,10 @@ async fn a_customer_key_cannot_lift_the_limits_an_operator_set() {
         json!({"limits": {}}),
     )
     .await;
-    assert_eq!(restored["bandwidth_bytes"], 300_000, "back up to the ceiling");
+    assert_eq!(
+        restored["bandwidth_bytes"], 300_000,
+        "back up to the ceiling"
+    );
 
     // Enforced: the second concurrent tunnel is refused.
     let proxy = stack.proxy_addrs.proxy;
@@ -150,10 +159,7 @@ async fn an_accounts_entitlements_bound_its_users_together_and_alone() {
     let stack = Stack::start().await;
     let account = stack.create_account("entitled").await;
     stack
-        .set_entitlements(
-            account,
-            json!({"limits": {"max_concurrent_tunnels": 1}}),
-        )
+        .set_entitlements(account, json!({"limits": {"max_concurrent_tunnels": 1}}))
         .await;
     let key = account_key(&stack, account).await;
     // A user above the account's total is refused when the account asks.
@@ -283,13 +289,17 @@ async fn a_plan_decides_what_an_account_routes_through_and_prices_it_for_good() 
     ])
     .await;
     assert_eq!(out.status, 200, "{} {}", out.headers, out.body);
-    eventually("the dc buyer's bytes in the ledger", Duration::from_secs(20), || async {
-        let rows = stack.usage_by_user(buyer).await;
-        rows.iter()
-            .find(|r| r["user_id"] == user.to_string())
-            .filter(|r| r["bytes_down"].as_u64().unwrap_or(0) > 0)
-            .map(|_| ())
-    })
+    eventually(
+        "the dc buyer's bytes in the ledger",
+        Duration::from_secs(20),
+        || async {
+            let rows = stack.usage_by_user(buyer).await;
+            rows.iter()
+                .find(|r| r["user_id"] == user.to_string())
+                .filter(|r| r["bytes_down"].as_u64().unwrap_or(0) > 0)
+                .map(|_| ())
+        },
+    )
     .await;
     let before = invoice(&stack, buyer).await;
     let lines = before["lines"].as_array().unwrap();
@@ -298,9 +308,7 @@ async fn a_plan_decides_what_an_account_routes_through_and_prices_it_for_good() 
     assert_eq!(lines[0]["cents_per_gb"], 150);
 
     let source = stack.complete_dc_source().await;
-    let mut replaced = stack
-        .admin_get_json(&format!("/v1/sources/{source}"))
-        .await;
+    let mut replaced = stack.admin_get_json(&format!("/v1/sources/{source}")).await;
     let obj = replaced.as_object_mut().unwrap();
     obj.retain(|k, _| {
         [
@@ -330,6 +338,9 @@ async fn a_plan_decides_what_an_account_routes_through_and_prices_it_for_good() 
     // And a plan change does not re-price the past either.
     set_plan(&stack, buyer, res_only).await;
     let after = invoice(&stack, buyer).await;
-    assert_eq!(before["lines"], after["lines"], "re-priced: {before} vs {after}");
+    assert_eq!(
+        before["lines"], after["lines"],
+        "re-priced: {before} vs {after}"
+    );
     assert_eq!(before["total_cents"], after["total_cents"]);
 }

@@ -45,7 +45,10 @@ async fn metered_user(stack: &Stack, name: &str) -> (Uuid, Uuid) {
 /// that served it.
 async fn tunnel(proxy: SocketAddr, user: &str, echo: SocketAddr, n: usize) -> String {
     let (s, head) = connect_tunnel(proxy, user, PASSWORD, echo).await;
-    assert!(head.starts_with("HTTP/1.1 200"), "{user} via {proxy}: {head}");
+    assert!(
+        head.starts_with("HTTP/1.1 200"),
+        "{user} via {proxy}: {head}"
+    );
     pump(s, n).await;
     head.lines()
         .find_map(|l| {
@@ -119,7 +122,10 @@ async fn control_api_frozen() {
         said_silent |= body.contains("control plane silent");
         tokio::time::sleep(Duration::from_secs(5)).await;
     }
-    assert!(said_silent, "readiness never reported the silent control plane");
+    assert!(
+        said_silent,
+        "readiness never reported the silent control plane"
+    );
     stack.api.signal(libc::SIGCONT);
     // Nothing needs a restart: readiness recovers, the ledger gets every byte.
     eventually("readiness to recover", Duration::from_secs(10), || async {
@@ -237,7 +243,11 @@ async fn postgres_frozen() {
         Duration::from_millis(200),
     )
     .await;
-    assert_eq!(exits.len(), 2, "heartbeats never wait for Postgres: {exits:?}");
+    assert_eq!(
+        exits.len(),
+        2,
+        "heartbeats never wait for Postgres: {exits:?}"
+    );
     link.restore();
     stack.wait_for_usage(account, user, moved, moved).await;
 }
@@ -297,11 +307,15 @@ async fn superproxy_frozen() {
     )
     .await;
     second_proc.signal(libc::SIGCONT);
-    eventually("the thawed superproxy to serve", Duration::from_secs(10), || async {
-        let (s, head) = connect_tunnel(second.proxy, "spfrozen", PASSWORD, echo).await;
-        drop(s);
-        head.starts_with("HTTP/1.1 200").then_some(())
-    })
+    eventually(
+        "the thawed superproxy to serve",
+        Duration::from_secs(10),
+        || async {
+            let (s, head) = connect_tunnel(second.proxy, "spfrozen", PASSWORD, echo).await;
+            drop(s);
+            head.starts_with("HTTP/1.1 200").then_some(())
+        },
+    )
     .await;
     let thawed = tunnel(second.proxy, "spfrozen", echo, 10_000).await;
     assert!(!thawed.is_empty());
@@ -352,9 +366,11 @@ async fn agent_frozen() {
     stack.agents[0].proc.signal(libc::SIGSTOP);
     // Within the probes' detection window the frozen exit leaves rotation;
     // from then on every tunnel opens through the other.
-    eventually("the frozen exit to leave rotation", Duration::from_secs(5), || async {
-        (stack.eligible_count().await == 1).then_some(())
-    })
+    eventually(
+        "the frozen exit to leave rotation",
+        Duration::from_secs(5),
+        || async { (stack.eligible_count().await == 1).then_some(()) },
+    )
     .await;
     let (moved, exits) = keep_tunnelling(
         stack.proxy_addrs.proxy,
@@ -378,9 +394,11 @@ async fn agent_killed() {
     let killed = stack.agents[0].addrs.exit_id.to_string();
     stack.agents[0].proc.kill().await;
     // Its link drops with it: out of rotation at once, every tunnel served.
-    eventually("the killed exit to leave rotation", Duration::from_secs(2), || async {
-        (stack.eligible_count().await == 1).then_some(())
-    })
+    eventually(
+        "the killed exit to leave rotation",
+        Duration::from_secs(2),
+        || async { (stack.eligible_count().await == 1).then_some(()) },
+    )
     .await;
     let (moved, exits) = keep_tunnelling(
         stack.proxy_addrs.proxy,

@@ -42,7 +42,8 @@ async fn origin() -> (SocketAddr, Arc<AtomicU64>) {
                     // Count whatever arrives anyway, for a while.
                     let mut buf = vec![0u8; 64 * 1024];
                     while let Ok(Ok(n)) =
-                        tokio::time::timeout(std::time::Duration::from_secs(2), s.read(&mut buf)).await
+                        tokio::time::timeout(std::time::Duration::from_secs(2), s.read(&mut buf))
+                            .await
                     {
                         if n == 0 {
                             break;
@@ -67,7 +68,10 @@ async fn origin() -> (SocketAddr, Arc<AtomicU64>) {
                 } else if head.starts_with("get /toomany") {
                     let fields: String = (0..300).map(|i| format!("X-F{i}: v\r\n")).collect();
                     let _ = s
-                        .write_all(format!("HTTP/1.1 200 OK\r\n{fields}Content-Length: 0\r\n\r\n").as_bytes())
+                        .write_all(
+                            format!("HTTP/1.1 200 OK\r\n{fields}Content-Length: 0\r\n\r\n")
+                                .as_bytes(),
+                        )
                         .await;
                 } else {
                     let cookies: String = (0..150)
@@ -90,7 +94,15 @@ async fn origin() -> (SocketAddr, Arc<AtomicU64>) {
 /// (final status, bytes curl uploaded, response headers as curl saw them).
 async fn upload(proxy_args: &[&str], url: &str, file: &std::path::Path) -> (u16, u64, String) {
     let out = tokio::process::Command::new("curl")
-        .args(["-sS", "--max-time", "30", "-o", "/dev/null", "-D", "/dev/stderr"])
+        .args([
+            "-sS",
+            "--max-time",
+            "30",
+            "-o",
+            "/dev/null",
+            "-D",
+            "/dev/stderr",
+        ])
         .args(["-w", "%{http_code} %{size_upload}"])
         .args(["-H", "Expect: 100-continue", "--expect100-timeout", "10"])
         .arg("--data-binary")
@@ -103,8 +115,15 @@ async fn upload(proxy_args: &[&str], url: &str, file: &std::path::Path) -> (u16,
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let mut parts = stdout.split_whitespace();
     let status = parts.next().and_then(|c| c.parse().ok()).unwrap_or(0);
-    let sent = parts.next().and_then(|c| c.parse().ok()).unwrap_or(u64::MAX);
-    (status, sent, String::from_utf8_lossy(&out.stderr).into_owned())
+    let sent = parts
+        .next()
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(u64::MAX);
+    (
+        status,
+        sent,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -141,7 +160,10 @@ async fn an_origin_refusing_an_upload_gets_no_upload_on_either_listener() {
             upload(&proxy_args, &format!("http://{origin}/accept"), &file).await;
         assert_eq!(status, 200, "{proxy_args:?}: {headers}");
         assert_eq!(sent, 5 * 1024 * 1024);
-        assert!(headers.contains("100 Continue"), "the origin's 100 relayed: {headers}");
+        assert!(
+            headers.contains("100 Continue"),
+            "the origin's 100 relayed: {headers}"
+        );
         assert_eq!(received.load(Ordering::Relaxed), 5 * 1024 * 1024);
     }
 }
@@ -150,7 +172,12 @@ async fn an_origin_refusing_an_upload_gets_no_upload_on_either_listener() {
 async fn an_origin_answer_with_150_cookies_reaches_the_client_and_300_fields_are_named() {
     let stack = Stack::start().await;
     let (origin, _) = origin().await;
-    let r = proxynet_tests::client::curl(&["-x", &stack.proxy_url(), &format!("http://{origin}/cookies")]).await;
+    let r = proxynet_tests::client::curl(&[
+        "-x",
+        &stack.proxy_url(),
+        &format!("http://{origin}/cookies"),
+    ])
+    .await;
     assert_eq!(r.status, 200, "{}", r.headers);
     let cookies = r
         .headers
@@ -159,7 +186,12 @@ async fn an_origin_answer_with_150_cookies_reaches_the_client_and_300_fields_are
         .count();
     assert_eq!(cookies, 150);
     // Past the limit: a 502 that says which one.
-    let r = proxynet_tests::client::curl(&["-x", &stack.proxy_url(), &format!("http://{origin}/toomany")]).await;
+    let r = proxynet_tests::client::curl(&[
+        "-x",
+        &stack.proxy_url(),
+        &format!("http://{origin}/toomany"),
+    ])
+    .await;
     assert_eq!(r.status, 502, "{}", r.headers);
     assert!(r.body.contains("more than 256 header fields"), "{}", r.body);
 }

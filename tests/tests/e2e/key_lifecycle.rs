@@ -108,7 +108,10 @@ async fn revoking_a_key_revokes_what_it_minted_and_its_dashboard_sessions() {
     assert!(k2_row["last_used_at"].is_string(), "k2 was used: {k2_row}");
 
     let session = dashboard_login(&stack, &k3).await;
-    assert_eq!(dashboard_status(&stack, &session, "/dashboard/usage").await, 200);
+    assert_eq!(
+        dashboard_status(&stack, &session, "/dashboard/usage").await,
+        200
+    );
 
     // The account revokes its first key: the ones it minted go with it.
     let r = stack
@@ -171,7 +174,11 @@ async fn operators_list_accounts_and_plans_and_a_deleted_accounts_tunnels_are_cu
     assert_eq!(listed["prices"], json!({"dc": 100, "res": 700}));
 
     let (key, _, _) = mint(&stack, ADMIN_TOKEN, demo_id, "doomed").await;
-    assert_eq!(status_with(&stack, &key, "/v1/accounts").await, 403, "operators only");
+    assert_eq!(
+        status_with(&stack, &key, "/v1/accounts").await,
+        403,
+        "operators only"
+    );
     let (mut open, head) =
         connect_tunnel(stack.proxy_addrs.proxy, USERNAME, PASSWORD, stack.whoami).await;
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
@@ -193,7 +200,10 @@ async fn operators_list_accounts_and_plans_and_a_deleted_accounts_tunnels_are_cu
     let (_, refused) =
         connect_tunnel(stack.proxy_addrs.proxy, USERNAME, PASSWORD, stack.whoami).await;
     assert!(refused.starts_with("HTTP/1.1 407"), "{refused}");
-    assert_eq!(status_with(&stack, &key, &format!("/v1/accounts/{demo_id}")).await, 401);
+    assert_eq!(
+        status_with(&stack, &key, &format!("/v1/accounts/{demo_id}")).await,
+        401
+    );
     assert_eq!(
         status_with(&stack, ADMIN_TOKEN, &format!("/v1/accounts/{demo_id}")).await,
         404

@@ -637,7 +637,11 @@ async fn revocation_cuts_a_tunnel_through_an_exit_whose_heartbeats_lapsed() {
     let source = sdk_source(&stack, "lapsing").await;
     let token = stack.enrollment_token_for("res-lapse", source, "DE").await;
     let i = stack
-        .add_agent_via(&format!("http://{}", control_link.addr), &[ip("127.0.0.2")], token)
+        .add_agent_via(
+            &format!("http://{}", control_link.addr),
+            &[ip("127.0.0.2")],
+            token,
+        )
         .await;
     let exit = stack.agents[i].addrs.exit_id;
     grant(&stack, exit, None).await;
@@ -649,9 +653,11 @@ async fn revocation_cuts_a_tunnel_through_an_exit_whose_heartbeats_lapsed() {
     // Its heartbeats stop reaching the control plane (which is fine
     // otherwise): its liveness lapses, its link and tunnel stay up.
     control_link.blackhole();
-    eventually("the exit's liveness to lapse", Duration::from_secs(10), || async {
-        (stack.eligible_count().await == 0).then_some(())
-    })
+    eventually(
+        "the exit's liveness to lapse",
+        Duration::from_secs(10),
+        || async { (stack.eligible_count().await == 0).then_some(()) },
+    )
     .await;
     echo_round_trip(&mut open, b"still").await.unwrap();
 

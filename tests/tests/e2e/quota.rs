@@ -152,6 +152,9 @@ async fn forty_parallel_tunnels_stay_within_a_quota_and_a_read() {
     }
     // Budget reserved before every read: one superproxy overshoots by at
     // most one read, however many tunnels run (docs/usage.md).
-    assert!(total <= 300_000 + 256 * 1024, "{total} bytes for a 300,000-byte quota");
+    assert!(
+        total <= 300_000 + 256 * 1024,
+        "{total} bytes for a 300,000-byte quota"
+    );
     assert!(total >= 300_000 / 2, "the quota was usable: {total}");
 }

@@ -195,7 +195,9 @@ async fn an_account_key_cannot_read_or_change_another_account() {
         (
             Method::POST,
             format!("/v1/exits/{exit}/reinstate"),
-            Some(json!({"method": "signed_contract", "notice_version": "v1", "evidence_ref": "x", "opt_out": "x"})),
+            Some(
+                json!({"method": "signed_contract", "notice_version": "v1", "evidence_ref": "x", "opt_out": "x"}),
+            ),
         ),
     ];
     for (method, path, body) in operator_only {

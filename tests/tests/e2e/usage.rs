@@ -246,7 +246,11 @@ async fn a_superproxy_killed_during_a_redis_outage_loses_no_usage() {
     let echo = echo_server().await;
     let account = stack.create_account("durable").await;
     let user = stack.create_user(account, "durable", PASSWORD).await;
-    pump(connect_tunnel(stack.proxy_addrs.proxy, "durable", echo).await, 1_000).await;
+    pump(
+        connect_tunnel(stack.proxy_addrs.proxy, "durable", echo).await,
+        1_000,
+    )
+    .await;
     stack.wait_for_usage(account, user, 1_000, 1_000).await;
 
     // 30 s into a Redis outage, tunnels still run (known user, known pool)
@@ -255,7 +259,11 @@ async fn a_superproxy_killed_during_a_redis_outage_loses_no_usage() {
     let down = std::time::Instant::now();
     let mut during = 0u64;
     while down.elapsed() < Duration::from_secs(30) {
-        pump(connect_tunnel(stack.proxy_addrs.proxy, "durable", echo).await, 100_000).await;
+        pump(
+            connect_tunnel(stack.proxy_addrs.proxy, "durable", echo).await,
+            100_000,
+        )
+        .await;
         during += 100_000;
         tokio::time::sleep(Duration::from_secs(3)).await;
     }

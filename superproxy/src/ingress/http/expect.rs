@@ -55,11 +55,10 @@ impl Gate {
 
     fn set(&self, to: State) {
         if let Ok(mut shared) = self.0.lock() {
-            let allowed = match (shared.state, to) {
-                (State::Closed, _) => true,
-                (State::Open, State::Abort) => true,
-                _ => false,
-            };
+            let allowed = matches!(
+                (shared.state, to),
+                (State::Closed, _) | (State::Open, State::Abort)
+            );
             if allowed {
                 shared.state = to;
                 if let Some(waker) = shared.waker.take() {
@@ -129,9 +128,7 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         match self.gate.state() {
-            State::Open => Pin::new(&mut self.inner)
-                .poll_frame(cx)
-                .map_err(Into::into),
+            State::Open => Pin::new(&mut self.inner).poll_frame(cx).map_err(Into::into),
             State::Abort => Poll::Ready(Some(Err(
                 "the origin answered without asking for the request body".into(),
             ))),
@@ -139,9 +136,7 @@ where
                 if self.wait.as_mut().poll(cx).is_ready() {
                     // The origin said nothing: send the body as a client would.
                     self.gate.open();
-                    return Pin::new(&mut self.inner)
-                        .poll_frame(cx)
-                        .map_err(Into::into);
+                    return Pin::new(&mut self.inner).poll_frame(cx).map_err(Into::into);
                 }
                 if let Ok(mut shared) = self.gate.0.lock() {
                     if shared.state == State::Closed {
