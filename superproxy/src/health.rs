@@ -14,9 +14,9 @@
 //!   `eject_after` consecutive exit faults eject the exit for
 //!   `eject_base × 2^(ejections so far)`, capped at `eject_max`.
 //! - **The score measures the exit, never the target**: its latency term is
-//!   the probe round trip (link and agent, no target in it), and probes feed
-//!   the success EWMA too, so an idle exit's score recovers without customer
-//!   traffic. A tunnel's open time includes the target's connect time, so it
+//!   the probe round trip (link and agent, no target in it), and answered
+//!   probes lift the success EWMA, so an idle exit's score recovers without
+//!   customer traffic. A tunnel's open time includes the target's connect time, so it
 //!   is recorded for display only: customers connecting to slow targets
 //!   cannot steer traffic away from an exit.
 //! - **Guards**: passive ejection never takes out more than
@@ -57,6 +57,9 @@ impl HealthConfig {
 /// EWMA weight of the newest observation.
 const EWMA_ALPHA: f64 = 0.2;
 
+/// Answered probes whose minimum round trip stands for the exit's latency.
+const RTT_WINDOW: usize = 5;
+
 #[derive(Debug, Clone, Copy)]
 struct State {
     probe_up: bool,
@@ -67,6 +70,12 @@ struct State {
     fault_streak: u32,
     ejections: u32,
     probe_rtt_ms: f64,
+    /// The last few answered probes' round trips (0: none yet): their
+    /// minimum is the exit's own latency in the score, so one probe that
+    /// waited out a hiccup does not starve an exit, while an exit that is
+    /// slow on every probe is.
+    recent_rtt_ms: [f64; RTT_WINDOW],
+    recent_next: usize,
     ejected_until: Option<Instant>,
     /// Share of the superproxy fleet (this one included) that last reported
     /// the exit available; 1.0 until reports exist.
@@ -86,6 +95,8 @@ impl Default for State {
             fault_streak: 0,
             ejections: 0,
             probe_rtt_ms: 0.0,
+            recent_rtt_ms: [0.0; RTT_WINDOW],
+            recent_next: 0,
             ejected_until: None,
             fleet_available: 1.0,
         }
@@ -225,14 +236,22 @@ impl HealthBook {
         let Ok(mut s) = h.state.lock() else { return };
         if let Some(rtt) = rtt {
             let ms = rtt.as_secs_f64() * 1000.0;
+            let slot = s.recent_next % RTT_WINDOW;
+            s.recent_rtt_ms[slot] = ms.max(f64::MIN_POSITIVE);
+            s.recent_next = s.recent_next.wrapping_add(1);
             s.probe_rtt_ms = if s.probe_rtt_ms == 0.0 {
                 ms
             } else {
                 EWMA_ALPHA * ms + (1.0 - EWMA_ALPHA) * s.probe_rtt_ms
             };
         }
-        // A probe is the exit's own answer: it moves the success EWMA too.
-        s.success_ewma = ewma(s.success_ewma, if ok { 1.0 } else { 0.0 });
+        // An answered probe is the exit working: it lifts the success EWMA,
+        // so an idle exit recovers without customer traffic. A failed one
+        // is the probes' own business (`probe_up`): counting it here too
+        // would keep a readmitted exit starved long after it answers again.
+        if ok {
+            s.success_ewma = ewma(s.success_ewma, 1.0);
+        }
         if ok {
             s.probe_ok_streak += 1;
             s.probe_fail_streak = 0;
@@ -348,10 +367,18 @@ impl HealthBook {
     }
 }
 
-/// Success discounted by the exit's own round trip (the probe's: link and
-/// agent, no target), weighted by how much of the fleet sees it available.
+/// Success discounted by the exit's own round trip (the least of its recent
+/// probes': link and agent, no target), weighted by how much of the fleet
+/// sees it available.
 fn score_of(s: &State) -> f64 {
-    s.success_ewma / (1.0 + s.probe_rtt_ms / 50.0) * (0.5 + 0.5 * s.fleet_available)
+    let own_rtt = s
+        .recent_rtt_ms
+        .iter()
+        .copied()
+        .filter(|ms| *ms > 0.0)
+        .fold(f64::INFINITY, f64::min);
+    let own_rtt = if own_rtt.is_finite() { own_rtt } else { 0.0 };
+    s.success_ewma / (1.0 + own_rtt / 50.0) * (0.5 + 0.5 * s.fleet_available)
 }
 
 fn ewma(old: f64, new: f64) -> f64 {
@@ -456,6 +483,14 @@ mod tests {
         }
         let healed = book.exit(slow).score();
         assert!(healed > before * 0.95, "{healed} vs {before}");
+        // One probe that waited out a hiccup does not starve the exit; one
+        // that is slow on every probe loses traffic.
+        book.record_probe(slow, Some(Duration::from_millis(250)));
+        assert!(book.exit(slow).score() > before * 0.95);
+        for _ in 0..RTT_WINDOW {
+            book.record_probe(slow, Some(Duration::from_millis(100)));
+        }
+        assert!(book.exit(slow).score() < before * 0.5);
     }
 
     #[test]

@@ -83,6 +83,17 @@ async fn only_the_hosts_own_tools_can_withdraw_an_exit() {
     )
     .await;
 
+    eventually(
+        "the control plane to record the withdrawal",
+        Duration::from_secs(10),
+        || async {
+            let p = stack
+                .admin_get_json(&format!("/v1/exits/{exit}/provenance"))
+                .await;
+            p["withdrawn_at"].is_string().then_some(())
+        },
+    )
+    .await;
     // The operator cannot bring it back without fresh consent ...
     let r = stack
         .http
