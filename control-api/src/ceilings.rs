@@ -128,7 +128,40 @@ pub struct AllowlistRules {
     /// Allow special-purpose ranges (private, loopback, multicast, ...).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub special_ranges: bool,
+    /// Most networks the account's users may hold together (default
+    /// [`MAX_NETWORKS`]): a squatter cannot claim other people's space at
+    /// scale.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_networks: Option<u32>,
 }
+
+impl AllowlistRules {
+    /// Whether `cidr` is within these rules; the reason when not.
+    pub fn permits(&self, cidr: &proxynet_protocol::egress::Cidr) -> Result<(), String> {
+        let (min, family) = match cidr.network() {
+            std::net::IpAddr::V4(_) => (self.min_prefix_v4.unwrap_or(MIN_PREFIX_V4), "IPv4"),
+            std::net::IpAddr::V6(_) => (self.min_prefix_v6.unwrap_or(MIN_PREFIX_V6), "IPv6"),
+        };
+        if cidr.prefix_len() < min {
+            return Err(format!(
+                "{cidr} is wider than this account may allow-list ({family} /{min} or narrower; an operator can allow more in the account's entitlements)"
+            ));
+        }
+        if !self.special_ranges && cidr.touches_special_range() {
+            return Err(format!(
+                "{cidr} is in a private, loopback, multicast or other special-purpose range (an operator can allow these in the account's entitlements)"
+            ));
+        }
+        Ok(())
+    }
+
+    pub fn max_networks(&self) -> u32 {
+        self.max_networks.unwrap_or(MAX_NETWORKS)
+    }
+}
+
+/// Default most allow-listed networks per account.
+pub const MAX_NETWORKS: u32 = 256;
 
 /// Default shortest allow-listed IPv4 prefix: one /24 is a site; anything
 /// wider is a claim on other people's addresses.
@@ -254,8 +287,13 @@ pub fn fit_under(limits: &mut Limits, ceiling: &Limits, kind: Ceiling) -> Result
         ceiling.max_new_tunnels_per_second,
         kind,
     )?;
-    if ceiling.bandwidth_bytes.is_some() {
-        // A daily and a monthly quota cannot be compared: keep the period.
+    let comparable = kind == Ceiling::User
+        || limits.bandwidth_bytes.is_none()
+        || limits.period() == ceiling.period();
+    if ceiling.bandwidth_bytes.is_some() && comparable {
+        // A daily and a monthly quota cannot be compared: a user ceiling
+        // keeps its period; an account total of another period is enforced
+        // on its own (the account's counter).
         let asked = limits.period.as_deref().map(QuotaPeriod::parse);
         let period = ceiling.period();
         if asked.is_some_and(|p| p != Some(period)) && limits.bandwidth_bytes.is_some() {
@@ -290,6 +328,40 @@ pub fn fit_under(limits: &mut Limits, ceiling: &Limits, kind: Ceiling) -> Result
         kind,
     )?;
     Ok(())
+}
+
+/// The stricter of two sets of limits, field by field (a bandwidth ceiling
+/// of another period stays `a`'s: the two cannot be compared).
+pub fn stricter(a: &Limits, b: &Limits) -> Limits {
+    let same_period =
+        a.bandwidth_bytes.is_none() || b.bandwidth_bytes.is_none() || a.period() == b.period();
+    Limits {
+        max_concurrent_tunnels: min_some(a.max_concurrent_tunnels, b.max_concurrent_tunnels),
+        max_new_tunnels_per_second: min_some(
+            a.max_new_tunnels_per_second,
+            b.max_new_tunnels_per_second,
+        ),
+        bandwidth_bytes: if same_period {
+            min_some(a.bandwidth_bytes, b.bandwidth_bytes)
+        } else {
+            a.bandwidth_bytes
+        },
+        period: if a.bandwidth_bytes.is_some() || !same_period {
+            a.period.clone()
+        } else {
+            b.period.clone()
+        },
+        warn_percent: a.warn_percent.or(b.warn_percent),
+        allowed_source_types: intersect(
+            a.allowed_source_types.as_deref(),
+            b.allowed_source_types.as_deref(),
+        ),
+        allowed_countries: intersect(
+            a.allowed_countries.as_deref(),
+            b.allowed_countries.as_deref(),
+        ),
+        allowed_channels: intersect(a.allowed_channels.as_deref(), b.allowed_channels.as_deref()),
+    }
 }
 
 /// Where both restrict, what both allow; where one does, that one.

@@ -197,34 +197,55 @@ impl LedgerConsumer {
         .await?
         .into_iter()
         .collect();
+        // Each account's plan history: a row is priced by the plan in force
+        // at its minute, however late it is recorded.
         let accounts: Vec<Uuid> = batch.rows.iter().map(|r| r.account_id).collect();
-        let mut plans: std::collections::HashMap<Uuid, Uuid> = Default::default();
-        let mut prices: std::collections::HashMap<(Uuid, String), i64> = Default::default();
-        for (account, plan, source_type, cents) in
-            sqlx::query_as::<_, (Uuid, Option<Uuid>, Option<String>, Option<i64>)>(
-                "SELECT a.id, a.plan_id, p.source_type, p.cents_per_gb
-                   FROM accounts a LEFT JOIN plan_prices p ON p.plan_id = a.plan_id
-                  WHERE a.id = ANY($1)",
-            )
-            .bind(&accounts)
-            .fetch_all(&mut *tx)
-            .await?
+        let mut history: std::collections::HashMap<Uuid, Vec<(i64, Option<Uuid>)>> =
+            Default::default();
+        for (account, from, plan) in sqlx::query_as::<_, (Uuid, f64, Option<Uuid>)>(
+            "SELECT account_id, COALESCE(EXTRACT(EPOCH FROM from_at), -1e18)::float8, plan_id
+               FROM account_plan_history WHERE account_id = ANY($1) ORDER BY from_at",
+        )
+        .bind(&accounts)
+        .fetch_all(&mut *tx)
+        .await?
         {
-            if let Some(plan) = plan {
-                plans.insert(account, plan);
-            }
-            if let (Some(t), Some(c)) = (source_type, cents) {
-                prices.insert((account, t), c);
-            }
+            history
+                .entry(account)
+                .or_default()
+                .push((from as i64, plan));
         }
+        let plan_at = |account: Uuid, minute: i64| -> Option<Uuid> {
+            history
+                .get(&account)?
+                .iter()
+                .take_while(|(from, _)| *from <= minute + 59)
+                .last()
+                .and_then(|(_, plan)| *plan)
+        };
+        let plan_ids: Vec<Uuid> = history.values().flatten().filter_map(|(_, p)| *p).collect();
+        let prices: std::collections::HashMap<(Uuid, String), i64> = sqlx::query_as::<
+            _,
+            (Uuid, String, i64),
+        >(
+            "SELECT plan_id, source_type, cents_per_gb FROM plan_prices WHERE plan_id = ANY($1)",
+        )
+        .bind(&plan_ids)
+        .fetch_all(&mut *tx)
+        .await?
+        .into_iter()
+        .map(|(plan, t, c)| ((plan, t), c))
+        .collect();
         for row in &batch.rows {
             let source_type = row
                 .source_type
                 .map(|t| t.as_str().to_owned())
                 .or_else(|| types.get(&row.exit_id).cloned());
-            let cents = source_type
-                .as_ref()
-                .and_then(|t| prices.get(&(row.account_id, t.clone())).copied());
+            let plan = plan_at(row.account_id, row.minute);
+            let cents = match (&source_type, plan) {
+                (Some(t), Some(plan)) => prices.get(&(plan, t.clone())).copied(),
+                _ => None,
+            };
             sqlx::query(
                 "INSERT INTO usage_ledger (batch_id, account_id, user_id, exit_id, minute, bytes_up, bytes_down,
                                            source_type, plan_id, cents_per_gb)
@@ -238,7 +259,7 @@ impl LedgerConsumer {
             .bind(i64::try_from(row.bytes_up).unwrap_or(i64::MAX))
             .bind(i64::try_from(row.bytes_down).unwrap_or(i64::MAX))
             .bind(&source_type)
-            .bind(plans.get(&row.account_id))
+            .bind(plan)
             .bind(cents)
             .execute(&mut *tx)
             .await?;

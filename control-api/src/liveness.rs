@@ -34,9 +34,8 @@ struct Admitted {
 /// immediate beat) unless the previous flip was more recent than this.
 const FLIP_GAP: Duration = Duration::from_secs(1);
 
-/// How often an unchanged admin address is written again: well inside
-/// [`crate::projector::AGENT_ADMIN_KEPT`], so a running agent's address is
-/// never pruned.
+/// How often an unchanged admin address is written again (repairs a Redis
+/// that lost it).
 const ADMIN_ADDRS_REFRESH: Duration = Duration::from_secs(3600);
 
 /// The latest heartbeat of one exit, not yet in Postgres.
@@ -130,9 +129,6 @@ impl HeartbeatBook {
     /// now: new or changed for this exit, or last written long ago. Bounded
     /// by the number of enrolled exits.
     pub fn admin_addrs_due(&self, exit: Uuid, addrs: &[std::net::SocketAddr]) -> bool {
-        if addrs.is_empty() {
-            return false;
-        }
         let Ok(mut known) = self.admin_addrs.lock() else {
             return true;
         };

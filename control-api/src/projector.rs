@@ -37,7 +37,12 @@ pub struct Projector {
     /// reaches internal ranges and one for the rest: every agent of a kind
     /// gets the same answer, so 20,000 beats a second share one read.
     replies: std::sync::Arc<std::sync::Mutex<[Option<CachedReply>; 2]>>,
+    /// The agents' admin addresses as last read.
+    agent_admin: std::sync::Arc<std::sync::Mutex<Option<CachedAddrs>>>,
 }
+
+/// Addresses as read from Redis, and when.
+type CachedAddrs = (std::time::Instant, Vec<std::net::SocketAddr>);
 
 /// A serialised heartbeat reply and when it was built.
 type CachedReply = (std::time::Instant, bytes::Bytes);
@@ -46,13 +51,10 @@ type CachedReply = (std::time::Instant, bytes::Bytes);
 /// announcement TTL, so a superproxy that joins is dialled within a beat.
 const SUPERPROXY_LIST_REUSE: Duration = Duration::from_millis(500);
 
-/// How long an agent admin address nobody reported again stays denied.
-pub const AGENT_ADMIN_KEPT: Duration = Duration::from_secs(86_400);
-
-/// Most agent admin addresses sent to exits: agents on loopback or private
-/// addresses (the default) cost nothing here, since only agents that may
-/// reach internal ranges are told those.
-const AGENT_ADMIN_MAX: isize = 4096;
+/// How long the agents' admin addresses, as read from Redis, are reused
+/// (they change when an agent moves its listener, rarely); a change reported
+/// to this instance is read at its next reply.
+const AGENT_ADMIN_REUSE: Duration = Duration::from_secs(10);
 
 /// What every exit must deny, as the heartbeat reply builder receives it.
 pub struct DenyInputs {
@@ -221,6 +223,7 @@ impl Projector {
             redis,
             keys,
             replies: Default::default(),
+            agent_admin: Default::default(),
         }
     }
 
@@ -341,13 +344,28 @@ impl Projector {
     }
 
     async fn try_allowlist(&self) -> Result<(), ProjectionError> {
-        let rows: Vec<(String, String)> = sqlx::query_as(
-            "SELECT c.cidr::text, u.username FROM user_source_cidrs c
-               JOIN proxy_users u ON u.id = c.user_id
-              WHERE u.deleted_at IS NULL AND u.enabled",
+        let all: Vec<(
+            String,
+            String,
+            sqlx::types::Json<crate::ceilings::Entitlements>,
+        )> = sqlx::query_as(
+            "SELECT c.cidr::text, u.username, a.entitlements FROM user_source_cidrs c
+                   JOIN proxy_users u ON u.id = c.user_id
+                   JOIN accounts a ON a.id = u.account_id
+                  WHERE u.deleted_at IS NULL AND u.enabled AND a.deleted_at IS NULL",
         )
         .fetch_all(&self.db)
         .await?;
+        // Networks the account's current rules no longer permit (an operator
+        // tightened them) log nobody in: the rules bind what exists too.
+        let rows: Vec<(String, String)> = all
+            .into_iter()
+            .filter(|(cidr, _, entitlements)| {
+                cidr.parse::<proxynet_protocol::egress::Cidr>()
+                    .is_ok_and(|c| entitlements.0.allowlist.permits(&c).is_ok())
+            })
+            .map(|(cidr, user, _)| (cidr, user))
+            .collect();
         let mut redis = self.redis.clone();
         let (key, staging) = (self.keys.allowlist(), self.keys.allowlist_staging());
         let mut pipe = redis::pipe();
@@ -493,42 +511,53 @@ impl Projector {
         Ok(reply)
     }
 
-    /// Records an agent's admin listener addresses (see
-    /// [`Keys::agent_admin_addrs`]).
+    /// Records exit `exit`'s admin listener addresses (see
+    /// [`Keys::agent_admin_addrs`]), replacing what it reported before: one
+    /// exit can only ever hold its own few entries.
     pub async fn record_agent_admin(
         &self,
+        exit: Uuid,
         addrs: &[std::net::SocketAddr],
     ) -> Result<(), ProjectionError> {
-        let now_ms = chrono::Utc::now().timestamp_millis();
         let mut redis = self.redis.clone();
-        let mut cmd = redis::cmd("ZADD");
-        cmd.arg(self.keys.agent_admin_addrs());
-        for addr in addrs {
-            cmd.arg(now_ms).arg(addr.to_string());
+        let key = self.keys.agent_admin_addrs();
+        if addrs.is_empty() {
+            let _: i64 = redis.hdel(&key, exit.to_string()).await?;
+        } else {
+            let json = serde_json::to_string(addrs)?;
+            let _: i64 = redis.hset(&key, exit.to_string(), json).await?;
         }
-        let _: i64 = cmd.query_async(&mut redis).await?;
+        // This instance's next reply reads them afresh (replies are rebuilt
+        // at most twice a second); other instances within their reuse.
+        if let Ok(mut cached) = self.agent_admin.lock() {
+            *cached = None;
+        }
         Ok(())
     }
 
-    /// Agent admin addresses reported within [`AGENT_ADMIN_KEPT`] (older
-    /// ones are pruned here), newest first, at most [`AGENT_ADMIN_MAX`].
+    /// Every agent's admin addresses, deduplicated (most agents listen on
+    /// the same loopback port), read at most every [`AGENT_ADMIN_REUSE`].
     async fn agent_admin_addrs(&self) -> Result<Vec<std::net::SocketAddr>, ProjectionError> {
-        let horizon = chrono::Utc::now().timestamp_millis() - AGENT_ADMIN_KEPT.as_millis() as i64;
-        let key = self.keys.agent_admin_addrs();
+        if let Ok(cached) = self.agent_admin.lock() {
+            if let Some((at, addrs)) = cached.as_ref() {
+                if at.elapsed() < AGENT_ADMIN_REUSE {
+                    return Ok(addrs.clone());
+                }
+            }
+        }
         let mut redis = self.redis.clone();
-        let (_, addrs): (i64, Vec<String>) = redis::pipe()
-            .cmd("ZREMRANGEBYSCORE")
-            .arg(&key)
-            .arg("-inf")
-            .arg(horizon)
-            .cmd("ZRANGE")
-            .arg(&key)
-            .arg(0)
-            .arg(AGENT_ADMIN_MAX - 1)
-            .arg("REV")
-            .query_async(&mut redis)
-            .await?;
-        Ok(addrs.iter().filter_map(|a| a.parse().ok()).collect())
+        let all: HashMap<String, String> = redis.hgetall(self.keys.agent_admin_addrs()).await?;
+        let mut addrs: Vec<std::net::SocketAddr> = all
+            .values()
+            .filter_map(|json| serde_json::from_str::<Vec<std::net::SocketAddr>>(json).ok())
+            .flatten()
+            .collect();
+        addrs.sort_unstable();
+        addrs.dedup();
+        if let Ok(mut cached) = self.agent_admin.lock() {
+            *cached = Some((std::time::Instant::now(), addrs.clone()));
+        }
+        Ok(addrs)
     }
 
     pub async fn live_superproxies(&self) -> Result<Vec<SuperproxyRecord>, ProjectionError> {

@@ -118,7 +118,17 @@ async fn ask_running_agent(
 ) -> Result<Option<String>, String> {
     let token = crate::admin_token::read(&config.admin_token_path())
         .map_err(|e| format!("cannot read the admin token: {e}"))?;
-    let url = format!("http://{}/opt-out", config.admin_listen);
+    // Dial it on loopback (an unspecified bind answers there too): the
+    // agent refuses state changes whose Host is not a loopback address.
+    let mut addr = config.admin_listen;
+    if addr.ip().is_unspecified() {
+        addr.set_ip(if addr.is_ipv4() {
+            std::net::Ipv4Addr::LOCALHOST.into()
+        } else {
+            std::net::Ipv6Addr::LOCALHOST.into()
+        });
+    }
+    let url = format!("http://{addr}/opt-out");
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(5))
         .build()
@@ -167,8 +177,15 @@ pub async fn run_opt_in_cli(config: &crate::Config) -> Result<String, String> {
 /// file itself and tells the control plane once (a later agent start keeps
 /// retrying).
 pub async fn run_cli(config: &crate::Config) -> Result<String, String> {
-    if let Some(body) = ask_running_agent(config, reqwest::Method::POST).await? {
-        return Ok(format!("the running agent withdrew this exit: {body}"));
+    match ask_running_agent(config, reqwest::Method::POST).await {
+        Ok(Some(body)) => return Ok(format!("the running agent withdrew this exit: {body}")),
+        Ok(None) => {}
+        // Withdrawing is the owner's right: refused by the running agent
+        // (no readable token, say), it is still recorded on disk and told
+        // to the control plane below.
+        Err(refusal) => {
+            eprintln!("exit-agent opt-out: {refusal}; recording the withdrawal on disk")
+        }
     }
     // No agent running here: do it on disk.
     let mut state = AgentState::load(&config.state_file)

@@ -124,9 +124,10 @@ impl Keys {
         format!("{}{{exits}}:draining", self.prefix)
     }
 
-    /// Sorted set: an agent admin listener's address → when an agent last
-    /// reported it (ms). Every exit is told to deny these, so a tunnel
-    /// through one exit cannot reach a neighbour's admin routes.
+    /// Hash: exit id → JSON list of its agent's admin listener addresses
+    /// (each replaced by the exit's next report). Every exit is told to deny
+    /// these, so a tunnel through one exit cannot reach a neighbour's admin
+    /// routes.
     pub fn agent_admin_addrs(&self) -> String {
         format!("{}agent-admin", self.prefix)
     }

@@ -105,6 +105,9 @@ async fn accept_tls(
 /// Connections that have not logged in yet, per source address.
 pub struct PreAuth {
     max_per_source: usize,
+    /// Most unauthenticated connections from everyone together: many
+    /// addresses (a /48, a botnet) cannot fill every connection slot either.
+    max_total: usize,
     timeout: Duration,
     state: std::sync::Mutex<PreAuthState>,
 }
@@ -140,9 +143,10 @@ impl Drop for PreAuthSlot {
 }
 
 impl PreAuth {
-    pub fn new(max_per_source: usize, timeout: Duration) -> Arc<Self> {
+    pub fn new(max_per_source: usize, max_total: usize, timeout: Duration) -> Arc<Self> {
         Arc::new(Self {
             max_per_source: max_per_source.max(1),
+            max_total: max_total.max(1),
             timeout,
             state: Default::default(),
         })
@@ -153,6 +157,9 @@ impl PreAuth {
     fn admit(self: &Arc<Self>, peer: SocketAddr, cut: &CancellationToken) -> Option<PreAuthSlot> {
         let source = crate::limits::limit_key(peer.ip());
         let mut state = self.state.lock().ok()?;
+        if state.pending.len() >= self.max_total {
+            return None;
+        }
         let held = state.per_source.entry(source).or_insert(0);
         if *held >= self.max_per_source {
             return None;
@@ -184,21 +191,24 @@ impl PreAuth {
         loop {
             tick.tick().await;
             let now = tokio::time::Instant::now();
-            let expired: Vec<CancellationToken> = match self.state.lock() {
-                Ok(state) => state
-                    .pending
-                    .values()
-                    .filter(|(deadline, _)| *deadline <= now)
-                    .map(|(_, cut)| cut.clone())
-                    .collect(),
+            // Cut under the lock: a login landing meanwhile (which takes
+            // the slot out under the same lock) is never cut after it.
+            let cut = match self.state.lock() {
+                Ok(state) => {
+                    let mut cut = 0u64;
+                    for (deadline, token) in state.pending.values() {
+                        if *deadline <= now && !token.is_cancelled() {
+                            token.cancel();
+                            cut += 1;
+                        }
+                    }
+                    cut
+                }
                 Err(_) => continue,
             };
-            if !expired.is_empty() {
+            if cut > 0 {
                 metrics::counter!("proxynet_limit_refusals_total", "limit" => "unauthenticated_timeout")
-                    .increment(expired.len() as u64);
-            }
-            for cut in expired {
-                cut.cancel();
+                    .increment(cut);
             }
         }
     }

@@ -61,6 +61,18 @@ impl Allowlist {
     pub async fn refresh(&self) {
         let mut redis = self.redis.clone();
         let map: Result<HashMap<String, String>, _> = redis.hgetall(self.keys.allowlist()).await;
+        // An empty map from a Redis that lost the projection (restarted
+        // empty, flushed) proves nothing: keep what we know, cut nothing,
+        // until the control-api has projected again.
+        if matches!(&map, Ok(m) if m.is_empty()) {
+            let projected: Result<bool, _> = redis.exists(self.keys.exits_projected()).await;
+            if !projected.unwrap_or(false) {
+                tracing::debug!(
+                    "allow-list empty and the projection not rebuilt yet; keeping the last one"
+                );
+                return;
+            }
+        }
         match map {
             Ok(map) => {
                 let mut entries: Vec<(Cidr, String)> = map
@@ -73,8 +85,12 @@ impl Allowlist {
                     *current = entries.clone();
                 }
                 // Tunnels whose network no longer lets their user in end now.
+                let current: std::collections::HashSet<(String, &str)> = entries
+                    .iter()
+                    .map(|(c, u)| (c.to_string(), u.as_str()))
+                    .collect();
                 let cut = self.open_tunnels.cut_where_network(|network, user| {
-                    !entries.iter().any(|(c, u)| c == network && u == user)
+                    !current.contains(&(network.to_string(), user))
                 });
                 if cut > 0 {
                     tracing::info!(

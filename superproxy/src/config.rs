@@ -72,11 +72,12 @@ pub struct Config {
     )]
     pub default_user_max_tunnels: usize,
 
-    /// What every tunnel stream of every agent link may hold between them
-    /// for client readers that stopped reading, MiB. Below half of it each
-    /// stream gets the full 512 KiB window; above, new and refilled windows
-    /// shrink towards 32 KiB, so 1,000 stalled tunnels hold about this plus
-    /// 32 KiB each instead of 512 KiB each.
+    /// What the tunnel streams of every agent link may hold between them for
+    /// clients that stopped reading, MiB. Each stream starts with a 64 KiB
+    /// window (agents that support it) and grows to 512 KiB as its client
+    /// reads while less than half of this is queued; above, refills shrink
+    /// towards 32 KiB. A stream whose client never reads holds at most its
+    /// first window.
     #[arg(long, env = "PROXYNET_LINK_RECEIVE_BUDGET_MB", default_value_t = 64)]
     pub link_receive_budget_mb: usize,
 

@@ -60,6 +60,10 @@ const EWMA_ALPHA: f64 = 0.2;
 /// Answered probes whose minimum round trip stands for the exit's latency.
 const RTT_WINDOW: usize = 5;
 
+/// An exit without a tunnel outcome for this long is re-measured by its
+/// probes alone (they lift its success EWMA).
+const PROBES_LIFT_AFTER: Duration = Duration::from_secs(10);
+
 #[derive(Debug, Clone, Copy)]
 struct State {
     probe_up: bool,
@@ -76,6 +80,8 @@ struct State {
     /// slow on every probe is.
     recent_rtt_ms: [f64; RTT_WINDOW],
     recent_next: usize,
+    /// When a real tunnel last reported an outcome through it.
+    last_outcome: Option<Instant>,
     ejected_until: Option<Instant>,
     /// Share of the superproxy fleet (this one included) that last reported
     /// the exit available; 1.0 until reports exist.
@@ -97,6 +103,7 @@ impl Default for State {
             probe_rtt_ms: 0.0,
             recent_rtt_ms: [0.0; RTT_WINDOW],
             recent_next: 0,
+            last_outcome: None,
             ejected_until: None,
             fleet_available: 1.0,
         }
@@ -245,11 +252,16 @@ impl HealthBook {
                 EWMA_ALPHA * ms + (1.0 - EWMA_ALPHA) * s.probe_rtt_ms
             };
         }
-        // An answered probe is the exit working: it lifts the success EWMA,
-        // so an idle exit recovers without customer traffic. A failed one
-        // is the probes' own business (`probe_up`): counting it here too
-        // would keep a readmitted exit starved long after it answers again.
-        if ok {
+        // An answered probe of an exit no tunnel has used lately lifts the
+        // success EWMA, so an idle exit recovers without customer traffic;
+        // while real tunnels report, they are the signal (probes must not
+        // hide intermittent faults). A failed probe is the probes' own
+        // business (`probe_up`): counting it here too would keep a
+        // readmitted exit starved long after it answers again.
+        if ok
+            && s.last_outcome
+                .is_none_or(|t| t.elapsed() >= PROBES_LIFT_AFTER)
+        {
             s.success_ewma = ewma(s.success_ewma, 1.0);
         }
         if ok {
@@ -284,6 +296,7 @@ impl HealthBook {
         let now = Instant::now();
         let eject = {
             let Ok(mut s) = h.state.lock() else { return };
+            s.last_outcome = Some(now);
             s.success_ewma = ewma(s.success_ewma, if exit_fault { 0.0 } else { 1.0 });
             if let Some(l) = latency {
                 s.latency_ewma_ms = ewma(s.latency_ewma_ms, l.as_secs_f64() * 1000.0);
@@ -478,6 +491,14 @@ mod tests {
         }
         let hurt = book.exit(slow).score();
         assert!(hurt < before * 0.7, "{hurt} vs {before}");
+        // While tunnels report, probes do not paper over their faults.
+        for _ in 0..20 {
+            book.record_probe(slow, Some(Duration::from_millis(2)));
+        }
+        assert_eq!(book.exit(slow).score(), hurt);
+        // Idle for a while: probes alone bring it back.
+        book.exit(slow).state.lock().unwrap().last_outcome =
+            Some(Instant::now() - PROBES_LIFT_AFTER);
         for _ in 0..20 {
             book.record_probe(slow, Some(Duration::from_millis(2)));
         }

@@ -381,6 +381,7 @@ impl Pool {
                 _ = tick.tick() => self.refresh().await,
                 changed = links_changed.changed() => {
                     if changed.is_err() { return; }
+                    self.fetch_missing_records().await;
                     self.rebuild();
                 }
                 () = at_expiry => self.rebuild(),
@@ -437,6 +438,35 @@ impl Pool {
             .unwrap_or(true);
         if changed || stale {
             self.rebuild();
+        }
+    }
+
+    /// Reads the records of linked exits this instance has none of (one that
+    /// linked after the last full read, while its heartbeats lapse): the
+    /// grace and the provenance cuts need them.
+    async fn fetch_missing_records(&self) {
+        let missing: Vec<Uuid> = {
+            let Ok(known) = self.known.read() else { return };
+            self.registry
+                .snapshot()
+                .into_keys()
+                .filter(|id| !known.records.contains_key(id))
+                .collect()
+        };
+        if missing.is_empty() {
+            return;
+        }
+        let keys: Vec<String> = missing.iter().map(|id| self.keys.exit(*id)).collect();
+        let mut redis = self.redis.clone();
+        let values: Result<Vec<Option<String>>, _> =
+            redis::cmd("MGET").arg(&keys).query_async(&mut redis).await;
+        let Ok(values) = values else { return };
+        if let Ok(mut known) = self.known.write() {
+            for json in values.into_iter().flatten() {
+                if let Ok(record) = serde_json::from_str::<ExitRecord>(&json) {
+                    known.records.insert(record.id, Arc::new(record));
+                }
+            }
         }
     }
 

@@ -26,18 +26,19 @@ return {v, redis.call('PTTL', KEYS[1])}
 /// expected current exit ('' for none), `ARGV[2]` new exit, `ARGV[3]` ttl
 /// ms, `ARGV[4]` the session id, `ARGV[5]` the most live sessions the user
 /// may hold. Sets the pin only if it is still what the caller saw; returns
-/// the pin in force afterwards as `{exit, pttl_ms}`, or `{'', -2}` when a
-/// new session would exceed the cap.
+/// the pin in force afterwards as `{exit, pttl_ms}`, or `{'CAP', -2}` when a
+/// new session would exceed the cap. A pin that vanished meanwhile (its
+/// session expired) is a new session: set under the cap like any other.
 const SET_PIN: &str = r"
 local v = redis.call('GET', KEYS[1])
-if (v == false and ARGV[1] == '') or v == ARGV[1] then
+if v == false or v == ARGV[1] then
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   if v == false then
     redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
     if redis.call('ZSCORE', KEYS[2], ARGV[4]) == false
        and redis.call('ZCARD', KEYS[2]) >= tonumber(ARGV[5]) then
-      return {'', -2}
+      return {'CAP', -2}
     end
   end
   redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
@@ -174,7 +175,9 @@ impl Sessions {
             .invoke_async(&mut redis)
             .await;
         let pin = match answer {
-            Ok((_, -2)) => return Err(TooManySessions(self.max_per_user)),
+            Ok((sentinel, -2)) if sentinel == "CAP" => {
+                return Err(TooManySessions(self.max_per_user))
+            }
             Ok((current, pttl)) => to_pin(&current, pttl),
             Err(e) => {
                 tracing::debug!(error = %e, "session pin not stored in Redis; pinned locally");

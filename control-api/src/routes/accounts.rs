@@ -137,6 +137,8 @@ pub async fn set_entitlements(
     .await?;
     tx.commit().await?;
     state.projector.account(id).await;
+    // Its allow-listed networks are judged by the new rules too.
+    state.projector.allowlist().await;
     Ok(Json(account))
 }
 

@@ -273,8 +273,12 @@ pub async fn heartbeat(
     Json(body): Json<Heartbeat>,
 ) -> Result<axum::response::Response, ApiError> {
     let presented = bearer(&parts).ok_or(ApiError::Unauthorized)?;
+    let mut egress_ips: Vec<std::net::IpAddr> = Vec::new();
     let stored = match state.projector.exit_record(exit_id).await {
-        Ok(Some(record)) => record.credential_sha256,
+        Ok(Some(record)) => {
+            egress_ips = record.egress_ips;
+            record.credential_sha256
+        }
         // Liveness lives in Redis: without it there is nothing to record.
         Err(e) => {
             return Err(ApiError::Unavailable(format!(
@@ -323,18 +327,39 @@ pub async fn heartbeat(
     state
         .heartbeats
         .beat(exit_id, body.draining, body.active_tunnels);
-    let admin_addrs = &body.admin_addrs[..body.admin_addrs.len().min(MAX_ADMIN_ADDRS)];
-    if state.heartbeats.admin_addrs_due(exit_id, admin_addrs) {
-        if let Err(e) = state.projector.record_agent_admin(admin_addrs).await {
+    // An agent's admin listener is on its own host: loopback or a private
+    // address, or one of the exit's egress IPs. Anything else would let one
+    // exit put a third party's address on every exit's deny list.
+    let admin_addrs: Vec<std::net::SocketAddr> = body
+        .admin_addrs
+        .iter()
+        .copied()
+        .filter(|a| {
+            proxynet_protocol::egress::in_special_range(a.ip()) || egress_ips.contains(&a.ip())
+        })
+        .take(MAX_ADMIN_ADDRS)
+        .collect();
+    if state.heartbeats.admin_addrs_due(exit_id, &admin_addrs) {
+        if let Err(e) = state
+            .projector
+            .record_agent_admin(exit_id, &admin_addrs)
+            .await
+        {
             tracing::warn!(error = %e, "cannot record the agent's admin address; retried at its next beat");
             state.heartbeats.forget_admin_addrs(exit_id);
         }
     }
+    // Internal service addresses go only to an agent that says its policy
+    // reaches internal ranges *and* whose exit egresses from one (a local
+    // or private deployment): a public exit cannot ask for them.
+    let internal = body.internal_targets
+        && egress_ips
+            .iter()
+            .any(|ip| proxynet_protocol::egress::in_special_range(*ip));
     let reply = state
         .projector
-        .heartbeat_reply(body.internal_targets, |inputs| {
-            let (superproxies, protected) =
-                deny_list(&state.protected, inputs, body.internal_targets);
+        .heartbeat_reply(internal, |inputs| {
+            let (superproxies, protected) = deny_list(&state.protected, inputs, internal);
             HeartbeatReply {
                 heartbeat_interval_ms: state.config.heartbeat_interval_ms,
                 heartbeat_ttl_ms: state.config.heartbeat_ttl_ms,

@@ -68,12 +68,21 @@ async fn insert(
     let key = new_secret("pnkey");
     let id = Uuid::new_v4();
     let mut tx = state.db.begin().await?;
+    // Minting and revoking serialise on the account (or the operator): a
+    // key being revoked cannot slip a child past the revocation's cascade.
+    lock_lineage(&mut tx, account).await?;
+    if let Some(parent) = caller.key_id {
+        let (live,): (bool,) = sqlx::query_as(
+            "SELECT EXISTS (SELECT 1 FROM api_keys WHERE id = $1 AND revoked_at IS NULL)",
+        )
+        .bind(parent)
+        .fetch_one(&mut *tx)
+        .await?;
+        if !live {
+            return Err(ApiError::Unauthorized);
+        }
+    }
     if let Some(account) = account {
-        // Serialise key creation per account so the bound holds.
-        sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1::text))")
-            .bind(account)
-            .execute(&mut *tx)
-            .await?;
         let (live,): (i64,) = sqlx::query_as(
             "SELECT count(*) FROM api_keys WHERE account_id = $1 AND revoked_at IS NULL",
         )
@@ -179,18 +188,43 @@ pub async fn create_operator(
     ))
 }
 
+/// Takes the lock that serialises minting and revoking keys of `account`
+/// (`None`: operator keys) until the transaction ends.
+async fn lock_lineage(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    account: Option<Uuid>,
+) -> Result<(), ApiError> {
+    let scope = account.map_or_else(|| "operator".to_owned(), |a| a.to_string());
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtext('api-keys:' || $1))")
+        .bind(scope)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
 /// `DELETE /v1/api-keys/{id}`: revoke a key and every key it minted,
-/// transitively (the operator any key, an account its own).
+/// transitively (the operator any key, an account its own). Revoking a key
+/// already revoked cascades again (and answers 204): a descendant that
+/// escaped an earlier cascade is caught.
 pub async fn revoke(
     caller: Caller,
     State(state): State<AppState>,
     Path(id): Path<Uuid>,
 ) -> Result<StatusCode, ApiError> {
     let mut tx = state.db.begin().await?;
+    let found: Option<(Option<Uuid>,)> = sqlx::query_as(
+        "SELECT account_id FROM api_keys WHERE id = $1 AND ($2::uuid IS NULL OR account_id = $2)",
+    )
+    .bind(id)
+    .bind(caller.scope())
+    .fetch_optional(&mut *tx)
+    .await?;
+    let (account,) = found.ok_or(ApiError::NotFound("api key"))?;
+    lock_lineage(&mut tx, account).await?;
     let revoked: Vec<(Uuid,)> = sqlx::query_as(
         "WITH RECURSIVE lineage AS (
              SELECT id FROM api_keys
-              WHERE id = $1 AND revoked_at IS NULL AND ($2::uuid IS NULL OR account_id = $2)
+              WHERE id = $1 AND ($2::uuid IS NULL OR account_id = $2)
              UNION
              SELECT k.id FROM api_keys k JOIN lineage l ON k.minted_by = l.id
          )
@@ -202,9 +236,6 @@ pub async fn revoke(
     .bind(caller.scope())
     .fetch_all(&mut *tx)
     .await?;
-    if !revoked.iter().any(|(r,)| *r == id) {
-        return Err(ApiError::NotFound("api key"));
-    }
     let descendants: Vec<Uuid> = revoked.iter().map(|(r,)| *r).filter(|r| *r != id).collect();
     audit::record(
         &mut tx,

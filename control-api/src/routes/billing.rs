@@ -125,6 +125,14 @@ pub async fn set_plan(
     if updated == 0 {
         return Err(ApiError::NotFound("account or plan"));
     }
+    // Rows are priced by the plan in force at their minute.
+    sqlx::query(
+        "INSERT INTO account_plan_history (account_id, plan_id, from_at) VALUES ($1, $2, clock_timestamp())",
+    )
+    .bind(account)
+    .bind(body.plan_id)
+    .execute(&mut *tx)
+    .await?;
     // The users' records carry which source types the plan prices.
     super::accounts::touch_users(&mut tx, account).await?;
     audit::record(

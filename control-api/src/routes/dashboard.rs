@@ -13,8 +13,8 @@
 //! Hardening: every state-changing request (login, logout) must come from
 //! this origin (`Origin`/`Sec-Fetch-Site`), so another site can neither log a
 //! browser in as someone else nor out; every page forbids framing and
-//! caching and runs only its own script (CSP with the script's hash); logins
-//! are throttled per address (every attempt counts); a session is bound to the key it logged
+//! caching and runs only its own script (CSP with the script's hash); failed
+//! logins are throttled per address; a session is bound to the key it logged
 //! in with and ends within [`SESSION_RECHECK`] of that key's revocation; a
 //! key holds at most [`MAX_SESSIONS_PER_KEY`] sessions.
 
@@ -43,8 +43,9 @@ pub const MAX_SESSIONS_PER_KEY: usize = 16;
 /// How often a session re-checks that its key is still valid: a revoked
 /// key's sessions end within this (at once on the instance that revoked it).
 pub const SESSION_RECHECK: Duration = Duration::from_secs(2);
-/// Logins attempts allowed per source address (IPv6 per /64) per minute.
-const LOGIN_ATTEMPTS_PER_MINUTE: u32 = 10;
+/// Failed logins allowed per source address (IPv6 per /64) per minute.
+const LOGIN_FAILURES_PER_MINUTE: u32 = 10;
+const FAILURE_WINDOW: Duration = Duration::from_secs(60);
 
 struct Session {
     caller: Caller,
@@ -57,23 +58,11 @@ struct Session {
 
 /// Logged-in dashboard sessions (SHA-256 of the cookie → the session) and
 /// the login throttle.
-#[derive(Clone)]
+#[derive(Clone, Default)]
 pub struct Sessions {
     map: Arc<Mutex<HashMap<String, Session>>>,
-    failures: Arc<governor::DefaultKeyedRateLimiter<std::net::IpAddr>>,
-}
-
-impl Default for Sessions {
-    fn default() -> Self {
-        let per_minute = std::num::NonZeroU32::new(LOGIN_ATTEMPTS_PER_MINUTE)
-            .unwrap_or(std::num::NonZeroU32::MIN);
-        Self {
-            map: Arc::default(),
-            failures: Arc::new(governor::RateLimiter::keyed(governor::Quota::per_minute(
-                per_minute,
-            ))),
-        }
-    }
+    /// Failed logins per source address: (window start, count).
+    failures: Arc<Mutex<HashMap<std::net::IpAddr, (Instant, u32)>>>,
 }
 
 impl Sessions {
@@ -150,14 +139,32 @@ impl Sessions {
         }
     }
 
-    /// Charges one login attempt to `ip`; false when its budget is spent.
-    /// Every attempt counts (as proxy logins do): a person logs in a few
-    /// times a day, a guesser thousands of times a minute.
-    fn login_attempt(&self, ip: std::net::IpAddr) -> bool {
-        if self.failures.len() > 100_000 {
-            self.failures.retain_recent();
+    /// Whether `ip` may try a login now: fewer than
+    /// [`LOGIN_FAILURES_PER_MINUTE`] failures in its current minute.
+    /// Successes cost nothing, so operators behind one terminating proxy
+    /// are not locked out by each other's logins.
+    fn login_allowed(&self, ip: std::net::IpAddr) -> bool {
+        let Ok(failures) = self.failures.lock() else {
+            return true;
+        };
+        failures.get(&limit_key(ip)).is_none_or(|(since, n)| {
+            since.elapsed() >= FAILURE_WINDOW || *n < LOGIN_FAILURES_PER_MINUTE
+        })
+    }
+
+    /// Counts a failed login of `ip` (bounded map: old windows go first).
+    fn login_failed(&self, ip: std::net::IpAddr) {
+        let Ok(mut failures) = self.failures.lock() else {
+            return;
+        };
+        if failures.len() >= 100_000 {
+            failures.retain(|_, (since, _)| since.elapsed() < FAILURE_WINDOW);
         }
-        self.failures.check_key(&limit_key(ip)).is_ok()
+        let entry = failures.entry(limit_key(ip)).or_insert((Instant::now(), 0));
+        if entry.0.elapsed() >= FAILURE_WINDOW {
+            *entry = (Instant::now(), 0);
+        }
+        entry.1 += 1;
     }
 }
 
@@ -278,18 +285,22 @@ pub async fn login(
     if let Err(r) = same_origin(&headers) {
         return *r;
     }
-    if !state.sessions.login_attempt(peer.0) {
+    if !state.sessions.login_allowed(peer.0) {
         return (
             StatusCode::TOO_MANY_REQUESTS,
             [(header::RETRY_AFTER, "60")],
             Html(
-                "<p>Too many login attempts from this address; try again in a minute.</p>"
+                "<p>Too many failed logins from this address; try again in a minute.</p>"
                     .to_owned(),
             ),
         )
             .into_response();
     }
-    match caller_for_key(&state, form.key.trim()).await {
+    let who = caller_for_key(&state, form.key.trim()).await;
+    if who.is_err() {
+        state.sessions.login_failed(peer.0);
+    }
+    match who {
         Ok(who) => {
             let token = state.sessions.open(who.caller, who.key_id);
             let mut r = Redirect::to("/dashboard").into_response();

@@ -96,33 +96,48 @@ fn validate_allowlist(
 /// account may claim (IPv4 /24, IPv6 /48 unless the operator allowed more),
 /// and no special-purpose range (private, loopback, multicast, ...) unless the
 /// operator allowed those: anyone behind such an address could otherwise
-/// ride the account without a password.
+/// ride the account without a password. IPv4-mapped IPv6 networks are
+/// refused: peers are matched as IPv4.
 fn check_allowlist_network(
     cidr: &proxynet_protocol::egress::Cidr,
     rules: &AllowlistRules,
 ) -> Result<(), ApiError> {
-    let (min, family) = match cidr.network() {
-        std::net::IpAddr::V4(_) => (
-            rules
-                .min_prefix_v4
-                .unwrap_or(crate::ceilings::MIN_PREFIX_V4),
-            "IPv4",
-        ),
-        std::net::IpAddr::V6(_) => (
-            rules
-                .min_prefix_v6
-                .unwrap_or(crate::ceilings::MIN_PREFIX_V6),
-            "IPv6",
-        ),
-    };
-    if cidr.prefix_len() < min {
-        return Err(ApiError::Forbidden(format!(
-            "allowed_source_cidrs: {cidr} is wider than this account may allow-list ({family} /{min} or narrower; an operator can allow more in the account's entitlements)"
-        )));
+    if let std::net::IpAddr::V6(v6) = cidr.network() {
+        if v6.to_ipv4_mapped().is_some() && cidr.prefix_len() >= 96 {
+            return Err(ApiError::BadRequest(format!(
+                "allowed_source_cidrs: {cidr} is IPv4-mapped; write the IPv4 network"
+            )));
+        }
     }
-    if !rules.special_ranges && cidr.touches_special_range() {
+    rules
+        .permits(cidr)
+        .map_err(|reason| ApiError::Forbidden(format!("allowed_source_cidrs: {reason}")))
+}
+
+/// Refuses more allow-listed networks than the account may hold, counting
+/// those of its other users.
+async fn check_network_count(
+    db: &sqlx::PgPool,
+    account: Uuid,
+    user: Option<Uuid>,
+    adding: usize,
+    rules: &AllowlistRules,
+) -> Result<(), ApiError> {
+    if adding == 0 {
+        return Ok(());
+    }
+    let (others,): (i64,) = sqlx::query_as(
+        "SELECT count(*) FROM user_source_cidrs c JOIN proxy_users u ON u.id = c.user_id
+          WHERE u.account_id = $1 AND u.deleted_at IS NULL AND ($2::uuid IS NULL OR u.id <> $2)",
+    )
+    .bind(account)
+    .bind(user)
+    .fetch_one(db)
+    .await?;
+    let max = i64::from(rules.max_networks());
+    if others + adding as i64 > max {
         return Err(ApiError::Forbidden(format!(
-            "allowed_source_cidrs: {cidr} is in a private, loopback, multicast or other special-purpose range (an operator can allow these in the account's entitlements)"
+            "allowed_source_cidrs: the account may hold {max} allow-listed networks (an operator can allow more)"
         )));
     }
     Ok(())
@@ -191,6 +206,8 @@ pub struct User {
     allowlist_options: String,
     /// The limits an operator set: an account key may not exceed them.
     ceilings: sqlx::types::Json<Limits>,
+    /// Disabled by an operator: an account key cannot enable it again.
+    disabled_by_operator: bool,
     created_at: DateTime<Utc>,
     updated_at: DateTime<Utc>,
 }
@@ -199,7 +216,7 @@ const USER_COLUMNS: &str = "id, account_id, username, enabled, version, max_conc
      max_new_tunnels_per_second, bandwidth_bytes, quota_period, quota_warn_percent, \
      allowed_source_types, allowed_countries, allowed_channels, \
      ARRAY(SELECT c.cidr::text FROM user_source_cidrs c WHERE c.user_id = proxy_users.id ORDER BY c.cidr) \
-       AS allowed_source_cidrs, allowlist_options, ceilings, created_at, updated_at";
+       AS allowed_source_cidrs, allowlist_options, ceilings, disabled_by_operator, created_at, updated_at";
 
 /// The account's entitlements, 404 if the account is absent or deleted.
 pub async fn entitlements(
@@ -226,7 +243,33 @@ fn limits_to_store(
     match caller {
         Caller::Operator => Ok((limits.clone(), limits)),
         Caller::Account(_) => {
-            fit_under(&mut limits, ceilings, Ceiling::User)?;
+            // What a left-out field takes: the user's ceiling, no higher
+            // than the account's entitlement (else `{}` could never pass).
+            let bounded = crate::ceilings::stricter(ceilings, &entitled.limits);
+            let fill = Limits {
+                max_concurrent_tunnels: ceilings
+                    .max_concurrent_tunnels
+                    .and(bounded.max_concurrent_tunnels),
+                max_new_tunnels_per_second: ceilings
+                    .max_new_tunnels_per_second
+                    .and(bounded.max_new_tunnels_per_second),
+                bandwidth_bytes: ceilings.bandwidth_bytes.and(bounded.bandwidth_bytes),
+                period: ceilings.period.clone(),
+                warn_percent: None,
+                allowed_source_types: ceilings
+                    .allowed_source_types
+                    .as_ref()
+                    .and(bounded.allowed_source_types),
+                allowed_countries: ceilings
+                    .allowed_countries
+                    .as_ref()
+                    .and(bounded.allowed_countries),
+                allowed_channels: ceilings
+                    .allowed_channels
+                    .as_ref()
+                    .and(bounded.allowed_channels),
+            };
+            fit_under(&mut limits, &fill, Ceiling::User)?;
             fit_under(&mut limits, &entitled.limits, Ceiling::Account)?;
             Ok((limits, ceilings.clone()))
         }
@@ -365,6 +408,14 @@ pub async fn update(
     // Who the user belongs to and what bounds it (404 for another account's).
     let (account_id, ceilings) = {
         let current = fetch(&state, caller, id).await?;
+        if matches!(caller, Caller::Account(_))
+            && current.disabled_by_operator
+            && body.enabled == Some(true)
+        {
+            return Err(ApiError::Forbidden(
+                "enabled: an operator disabled this user; only an operator can enable it".into(),
+            ));
+        }
         (current.account_id, current.ceilings.0)
     };
     let entitled = entitlements(&state.db, account_id).await?;
@@ -373,6 +424,16 @@ pub async fn update(
         body.allowlist_options.as_deref().unwrap_or_default(),
         &entitled.allowlist,
     )?;
+    if let Some(cidrs) = &body.allowed_source_cidrs {
+        check_network_count(
+            &state.db,
+            account_id,
+            Some(id),
+            cidrs.len(),
+            &entitled.allowlist,
+        )
+        .await?;
+    }
     let stored = match body.limits {
         Some(limits) => Some(limits_to_store(caller, limits, &ceilings, &entitled)?),
         None => None,
@@ -400,6 +461,8 @@ pub async fn update(
                 allowed_channels = CASE WHEN $4 THEN $13 ELSE allowed_channels END,
                 allowlist_options = COALESCE($14, allowlist_options),
                 ceilings = CASE WHEN $4 THEN $15 ELSE ceilings END,
+                disabled_by_operator = CASE WHEN $16 THEN COALESCE(NOT $2, disabled_by_operator)
+                                            ELSE disabled_by_operator END,
                 updated_at = now()
           WHERE id = $1 AND deleted_at IS NULL AND ($7::uuid IS NULL OR account_id = $7)
         RETURNING {USER_COLUMNS}"
@@ -421,6 +484,7 @@ pub async fn update(
     .bind(sqlx::types::Json(
         stored.as_ref().map(|(_, c)| c.clone()).unwrap_or_default(),
     ))
+    .bind(caller == Caller::Operator)
     .fetch_optional(&mut *tx)
     .await?
     .ok_or(ApiError::NotFound("user"))?;
@@ -464,6 +528,16 @@ pub async fn delete(
     State(state): State<AppState>,
     Path(id): Path<Uuid>,
 ) -> Result<StatusCode, ApiError> {
+    // Deleting and re-creating a user must not shed what the operator set.
+    if let Caller::Account(_) = caller {
+        let user = fetch(&state, caller, id).await?;
+        if user.ceilings.0 != Limits::default() || user.disabled_by_operator {
+            return Err(ApiError::Forbidden(
+                "the operator set limits on this user (or disabled it): only an operator can delete it"
+                    .into(),
+            ));
+        }
+    }
     let mut tx = state.db.begin().await?;
     let row: Option<(String,)> = sqlx::query_as(
         "UPDATE proxy_users SET deleted_at = now(), enabled = false, updated_at = now()

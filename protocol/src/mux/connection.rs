@@ -64,36 +64,40 @@ pub struct MuxConfig {
     pub recv_budget: Option<Arc<RecvBudget>>,
 }
 
-/// Bounds what the process's streams may have in flight towards it or
-/// queued for their readers, across every connection: the sum of each
-/// stream's outstanding window (credit granted and not yet used, plus bytes
-/// received and not yet read). Below half the limit a stream's window is the
-/// full [`STREAM_WINDOW`]; above, the window credit is returned up to shrinks
-/// linearly towards [`MIN_STREAM_WINDOW`] at the limit. A stream's first
-/// window can be shrunk too where the peer agrees to start from it
-/// ([`MuxHandle::open_with_window`]). So streams whose readers stopped hold
-/// about the limit between them, plus the minimum window each, not a full
-/// window each.
+/// Bounds what the process's streams hold for readers that do not read,
+/// across every connection: the bytes queued in their receive buffers. A
+/// stream the peer agreed to start small ([`MuxHandle::open_with_window`],
+/// [`INITIAL_STREAM_WINDOW`]) grows its window only as its reader consumes:
+/// each refill tops it up to what the budget allows now — the full
+/// [`STREAM_WINDOW`] below half the limit, shrinking linearly towards
+/// [`MIN_STREAM_WINDOW`] at the limit. So a stream whose reader never reads
+/// holds at most its initial window, streams that read get full windows
+/// while memory is plentiful, and idle streams (nothing queued) cost the
+/// budget nothing.
 #[derive(Debug)]
 pub struct RecvBudget {
     limit: usize,
-    outstanding: std::sync::atomic::AtomicUsize,
+    queued: std::sync::atomic::AtomicUsize,
 }
 
 /// The least window a stream is given, however full the budget.
 pub const MIN_STREAM_WINDOW: u32 = 32 * 1024;
 
+/// The window a budgeted stream starts with: enough for a small response at
+/// once, little for a reader that stalls at once.
+pub const INITIAL_STREAM_WINDOW: u32 = 64 * 1024;
+
 impl RecvBudget {
     pub fn new(limit: usize) -> Arc<Self> {
         Arc::new(Self {
             limit: limit.max(2 * STREAM_WINDOW as usize),
-            outstanding: std::sync::atomic::AtomicUsize::new(0),
+            queued: std::sync::atomic::AtomicUsize::new(0),
         })
     }
 
     /// The window a stream may have outstanding now.
     pub fn window(&self) -> u32 {
-        let used = self.outstanding();
+        let used = self.queued();
         let half = self.limit / 2;
         if used <= half {
             return STREAM_WINDOW;
@@ -103,18 +107,18 @@ impl RecvBudget {
         STREAM_WINDOW - (span * over / half as u64) as u32
     }
 
-    /// Bytes outstanding across the process's streams.
-    pub fn outstanding(&self) -> usize {
-        self.outstanding.load(std::sync::atomic::Ordering::Relaxed)
+    /// Bytes queued for readers across the process's streams.
+    pub fn queued(&self) -> usize {
+        self.queued.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     fn add(&self, n: usize) {
-        self.outstanding
+        self.queued
             .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
     }
 
     fn sub(&self, n: usize) {
-        self.outstanding
+        self.queued
             .fetch_sub(n, std::sync::atomic::Ordering::Relaxed);
     }
 }
@@ -243,7 +247,7 @@ impl Outbox {
 
 /// One stream's half of the shared state.
 pub(crate) struct Slot {
-    /// The process-wide receive budget its outstanding window counts in.
+    /// The process-wide receive budget its queued bytes count in.
     budget: Option<Arc<RecvBudget>>,
     pub(crate) recv: RecvQueue,
     pub(crate) recv_fin: bool,
@@ -264,16 +268,13 @@ pub(crate) struct Slot {
 impl Drop for Slot {
     fn drop(&mut self) {
         if let Some(budget) = &self.budget {
-            budget.sub(self.outstanding());
+            budget.sub(self.recv.len());
         }
     }
 }
 
 impl Slot {
     fn new(recv_window: u32, budget: Option<Arc<RecvBudget>>) -> Self {
-        if let Some(budget) = &budget {
-            budget.add(recv_window as usize);
-        }
         Self {
             budget,
             recv: RecvQueue::default(),
@@ -315,10 +316,10 @@ impl Slot {
     /// budget allows now (less under pressure, all of it again once the
     /// pressure is gone).
     pub(crate) fn consumed(&mut self, n: usize) -> Option<u32> {
+        if let Some(budget) = &self.budget {
+            budget.sub(n);
+        }
         if self.recv_fin || self.reset {
-            if let Some(budget) = &self.budget {
-                budget.sub(n);
-            }
             return None;
         }
         let Some(budget) = &self.budget else {
@@ -330,7 +331,6 @@ impl Slot {
             self.recv_allowed = self.recv_allowed.saturating_add(credit);
             return Some(credit);
         };
-        budget.sub(n);
         let window = budget.window();
         let outstanding = self.outstanding() as u32;
         let credit = window.saturating_sub(outstanding);
@@ -338,16 +338,15 @@ impl Slot {
             return None;
         }
         self.recv_allowed = self.recv_allowed.saturating_add(credit);
-        budget.add(credit as usize);
         Some(credit)
     }
 
-    /// Bytes received for a stream that takes no more (after FIN or reset):
-    /// dropped, and no longer outstanding.
-    fn dropped(&mut self, n: usize) {
+    /// A payload for the reader: queued, and counted in the budget.
+    fn queue(&mut self, payload: Bytes) {
         if let Some(budget) = &self.budget {
-            budget.sub(n);
+            budget.add(payload.len());
         }
+        self.recv.push(payload);
     }
 }
 
@@ -491,13 +490,14 @@ impl MuxHandle {
     }
 
     /// The window the next stream may start with under this connection's
-    /// receive budget ([`STREAM_WINDOW`] without one).
+    /// receive budget ([`INITIAL_STREAM_WINDOW`], less under pressure;
+    /// [`STREAM_WINDOW`] without a budget).
     pub fn next_window(&self) -> u32 {
         self.shared
             .lock()
             .recv_budget
             .as_ref()
-            .map_or(STREAM_WINDOW, |b| b.window())
+            .map_or(STREAM_WINDOW, |b| b.window().min(INITIAL_STREAM_WINDOW))
     }
 
     /// Opens a stream whose peer starts with `window` of credit instead of
@@ -842,11 +842,10 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Connection<T> {
                 }
                 slot.recv_allowed -= len;
                 if slot.recv_fin || slot.reset {
-                    slot.dropped(len as usize);
                     return Ok(());
                 }
                 if len > 0 {
-                    slot.recv.push(payload);
+                    slot.queue(payload);
                 }
                 if header.flags & FLAG_FIN != 0 {
                     slot.recv_fin = true;

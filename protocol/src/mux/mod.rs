@@ -20,7 +20,7 @@ mod stream;
 
 pub use connection::{
     start, Connection, Incoming, MuxConfig, MuxError, MuxHandle, OpenError, RecvBudget, Role,
-    MIN_STREAM_WINDOW,
+    INITIAL_STREAM_WINDOW, MIN_STREAM_WINDOW,
 };
 pub use read_ahead::ReadAhead;
 pub use stream::MuxStream;

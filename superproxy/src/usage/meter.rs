@@ -28,14 +28,27 @@ pub struct Budget {
     /// Bytes reserved against it since it was made (net of give-backs), so
     /// a flush can tell which of them the shared counter has not seen yet.
     spent: AtomicU64,
+    /// The limit and quota window it was made for: a raised limit or a new
+    /// period makes a fresh budget.
+    made_for: (u64, String),
 }
 
 impl Budget {
     pub fn new(left: i64) -> Self {
+        Self::for_window(left, 0, String::new())
+    }
+
+    pub fn for_window(left: i64, limit: u64, window: String) -> Self {
         Self {
             left: AtomicI64::new(left),
             spent: AtomicU64::new(0),
+            made_for: (limit, window),
         }
+    }
+
+    /// Whether it was made for this limit and quota window.
+    pub fn is_for(&self, limit: u64, window: &str) -> bool {
+        self.made_for.0 == limit && self.made_for.1 == window
     }
 
     /// Takes up to `want` bytes; how many it got (0 when nothing is left).

@@ -126,6 +126,8 @@ pub struct UsageRecorder {
     /// Whether the current Redis outage was already logged (one warning
     /// per outage, not one per flush).
     outage_logged: std::sync::atomic::AtomicBool,
+    /// A send or replay failed since the last clean flush: budgets stay.
+    keep_budgets: std::sync::atomic::AtomicBool,
 }
 
 /// (account, user, exit, egress IP, target host, target port, minute)
@@ -156,6 +158,7 @@ impl UsageRecorder {
             exit_bytes: Mutex::new(HashMap::new()),
             stats: std::sync::OnceLock::new(),
             outage_logged: std::sync::atomic::AtomicBool::new(false),
+            keep_budgets: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -198,16 +201,31 @@ impl UsageRecorder {
         }
     }
 
-    /// The budget of a quota owner: the running one if it has tunnels here,
-    /// else a fresh one of `limit - used` from the shared counter.
+    /// The budget of a quota owner: the running one if it has tunnels here
+    /// (and is for the same limit and quota period), else a fresh one of
+    /// `limit - used` from the shared counter.
     fn budget(&self, spec: &QuotaSpec) -> Arc<Budget> {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as i64);
+        let (window, _, _) = spec.period.window(now);
         let fresh = || {
-            Arc::new(Budget::new(
+            Arc::new(Budget::for_window(
                 i64::try_from(spec.limit.saturating_sub(spec.used)).unwrap_or(i64::MAX),
+                spec.limit,
+                window.clone(),
             ))
         };
         match self.budgets.lock() {
-            Ok(mut b) => b.entry(spec.owner.id()).or_insert_with(fresh).clone(),
+            Ok(mut b) => {
+                let entry = b.entry(spec.owner.id()).or_insert_with(fresh);
+                // A new period, or a limit changed: the old budget no
+                // longer says what is left.
+                if !entry.is_for(spec.limit, &window) {
+                    *entry = fresh();
+                }
+                entry.clone()
+            }
             Err(_) => fresh(),
         }
     }
@@ -459,6 +477,7 @@ impl UsageRecorder {
         }
         if let Some(spill) = &self.spill {
             if let Err(e) = self.replay(spill).await {
+                self.keep_budgets.store(true, Ordering::Relaxed);
                 if !self.outage_logged.swap(true, Ordering::Relaxed) {
                     tracing::warn!(error = %e, "replaying spilled usage failed; keeping it for the next try");
                 } else {
@@ -472,17 +491,16 @@ impl UsageRecorder {
                 return;
             }
         }
+        let mut failed = false;
         while let Some(next) = pending.first() {
             match self.send(next).await {
                 Ok(()) => {
-                    if self.outage_logged.swap(false, Ordering::Relaxed) {
-                        tracing::info!("usage reaches Redis again");
-                    }
                     pending.remove(0);
                     crate::metrics::usage_batch("flushed");
                 }
                 Err(e) => {
                     crate::metrics::store_error("redis", "usage_flush");
+                    failed = true;
                     if !self.outage_logged.swap(true, Ordering::Relaxed) {
                         tracing::warn!(error = %e, unsent = pending.len(), "usage flush failed; keeping the batches for the next try");
                     }
@@ -495,8 +513,22 @@ impl UsageRecorder {
             }
         }
         // Budgets of owners with no tunnel here any more are rebuilt from
-        // the shared counter on their next tunnel.
-        if pending.is_empty() {
+        // the shared counter on their next tunnel — once that counter has
+        // every byte again: during an outage (batches unsent or spilled) a
+        // budget is all that holds the quota, so it is kept.
+        // (A flush that sent everything after an outage clears the mark; the
+        // next one may clean up.)
+        if failed {
+            self.keep_budgets.store(true, Ordering::Relaxed);
+        }
+        let counters_current = !failed
+            && pending.is_empty()
+            && !self.keep_budgets.swap(false, Ordering::Relaxed)
+            && self.spill_is_empty().await;
+        if !failed && pending.is_empty() && self.outage_logged.swap(false, Ordering::Relaxed) {
+            tracing::info!("usage reaches Redis again");
+        }
+        if counters_current {
             let active: std::collections::HashSet<Uuid> = self
                 .meters
                 .lock()
@@ -546,25 +578,57 @@ impl UsageRecorder {
         }
     }
 
+    /// Whether no spill file waits (no spill directory: none ever does).
+    async fn spill_is_empty(&self) -> bool {
+        match &self.spill {
+            Some(spill) => spill.files().await.is_ok_and(|f| f.is_empty()),
+            None => true,
+        }
+    }
+
     /// Sends every spilled batch, file by file, deleting a file once all of
-    /// its batches are in. Re-sending a batch after a crash is harmless.
+    /// its batches are in. Re-sending a batch after a crash is harmless. A
+    /// file that cannot be read (a torn write, bad permissions) is set aside
+    /// (`.bad`) rather than blocking every later flush; only Redis errors
+    /// stop the replay.
     async fn replay(&self, spill: &Spill) -> Result<(), String> {
+        use tokio::io::AsyncBufReadExt;
         for file in spill.files().await.map_err(|e| e.to_string())? {
-            let text = tokio::fs::read_to_string(&file)
-                .await
-                .map_err(|e| format!("{}: {e}", file.display()))?;
+            let lines = match tokio::fs::File::open(&file).await {
+                Ok(f) => tokio::io::BufReader::new(f).lines(),
+                Err(e) => {
+                    spill.quarantine(&file, &e.to_string()).await;
+                    continue;
+                }
+            };
+            let mut lines = lines;
             let mut sent = 0usize;
-            for line in text.lines().filter(|l| !l.trim().is_empty()) {
-                let Ok(batch) = serde_json::from_str::<Pending>(line) else {
+            loop {
+                let line = match lines.next_line().await {
+                    Ok(Some(line)) => line,
+                    Ok(None) => break,
+                    Err(e) => {
+                        spill.quarantine(&file, &e.to_string()).await;
+                        break;
+                    }
+                };
+                if line.trim().is_empty() {
+                    continue;
+                }
+                let Ok(batch) = serde_json::from_str::<Pending>(&line) else {
                     tracing::error!(file = %file.display(), "skipping an unreadable spilled usage line");
                     continue;
                 };
                 self.send(&batch).await.map_err(|e| e.to_string())?;
                 sent += 1;
             }
-            tokio::fs::remove_file(&file)
-                .await
-                .map_err(|e| format!("{}: {e}", file.display()))?;
+            if tokio::fs::try_exists(&file).await.unwrap_or(false) {
+                if let Err(e) = tokio::fs::remove_file(&file).await {
+                    // Replayed already; sending it again later counts nothing twice.
+                    tracing::error!(file = %file.display(), error = %e, "cannot remove a replayed spill file");
+                    spill.quarantine(&file, &e.to_string()).await;
+                }
+            }
             tracing::info!(file = %file.display(), batches = sent, "spilled usage replayed");
         }
         Ok(())

@@ -36,6 +36,20 @@ impl Spill {
         file.sync_data().await
     }
 
+    /// Sets a file aside that cannot be replayed (`<name>.bad`), so it
+    /// neither blocks later flushes nor is lost: an operator can look at it.
+    pub(super) async fn quarantine(&self, file: &std::path::Path, why: &str) {
+        let aside = file.with_extension("jsonl.bad");
+        match tokio::fs::rename(file, &aside).await {
+            Ok(()) => {
+                tracing::error!(file = %file.display(), aside = %aside.display(), %why, "spill file set aside: it cannot be replayed")
+            }
+            Err(e) => {
+                tracing::error!(file = %file.display(), error = %e, %why, "cannot set an unreadable spill file aside")
+            }
+        }
+    }
+
     pub(super) async fn files(&self) -> std::io::Result<Vec<PathBuf>> {
         let mut out = Vec::new();
         let mut entries = match tokio::fs::read_dir(&self.dir).await {

@@ -134,6 +134,45 @@ async fn a_customer_key_cannot_lift_the_limits_an_operator_set() {
         "back up to the ceiling"
     );
 
+    // Nor can it shed them by deleting and re-creating the user, or undo an
+    // operator's disable.
+    let (status, problem) = call(
+        &stack,
+        &key,
+        Method::DELETE,
+        &format!("/v1/users/{user_id}"),
+        Value::Null,
+    )
+    .await;
+    assert_eq!(status, 403, "{problem}");
+    let (status, _) = call(
+        &stack,
+        ADMIN_TOKEN,
+        Method::PATCH,
+        &format!("/v1/users/{user_id}"),
+        json!({"enabled": false}),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let (status, problem) = call(
+        &stack,
+        &key,
+        Method::PATCH,
+        &format!("/v1/users/{user_id}"),
+        json!({"enabled": true}),
+    )
+    .await;
+    assert_eq!(status, 403, "{problem}");
+    let (status, _) = call(
+        &stack,
+        ADMIN_TOKEN,
+        Method::PATCH,
+        &format!("/v1/users/{user_id}"),
+        json!({"enabled": true}),
+    )
+    .await;
+    assert_eq!(status, 200);
+
     // Enforced: the second concurrent tunnel is refused.
     let proxy = stack.proxy_addrs.proxy;
     let (_first, head) = connect_tunnel(proxy, "ceilinged", PASS, stack.whoami).await;

@@ -31,6 +31,9 @@ enum State {
     Closed,
     /// The origin said go (or did not answer in time): the body flows.
     Open,
+    /// The origin gave its final answer without asking for the body: none
+    /// is sent, whatever the wait says, while that answer is relayed.
+    Answered,
     /// The exchange is over without the body: the upstream request ends.
     Abort,
 }
@@ -57,7 +60,7 @@ impl Gate {
         if let Ok(mut shared) = self.0.lock() {
             let allowed = matches!(
                 (shared.state, to),
-                (State::Closed, _) | (State::Open, State::Abort)
+                (State::Closed, _) | (State::Open | State::Answered, State::Abort)
             );
             if allowed {
                 shared.state = to;
@@ -71,6 +74,11 @@ impl Gate {
     /// The origin sent `100 Continue`.
     pub fn open(&self) {
         self.set(State::Open);
+    }
+
+    /// The origin answered finally before asking for the body.
+    pub fn answered(&self) {
+        self.set(State::Answered);
     }
 
     /// The exchange is over: a body not yet sent never will be.
@@ -102,7 +110,9 @@ pub fn expects_continue(headers: &http::HeaderMap) -> bool {
 pub struct GatedBody<B> {
     inner: B,
     gate: Gate,
-    wait: Pin<Box<tokio::time::Sleep>>,
+    /// Started at the first poll, when the head is on its way upstream (not
+    /// while the tunnel is still being opened).
+    wait: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl<B> GatedBody<B> {
@@ -110,7 +120,13 @@ impl<B> GatedBody<B> {
         Self {
             inner,
             gate,
-            wait: Box::pin(tokio::time::sleep(CONTINUE_WAIT)),
+            wait: None,
+        }
+    }
+
+    fn park(&self, cx: &Context<'_>) {
+        if let Ok(mut shared) = self.gate.0.lock() {
+            shared.waker = Some(cx.waker().clone());
         }
     }
 }
@@ -127,25 +143,28 @@ where
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        // Registered first, so a change made while we look is not missed
+        // (the body is polled again and sees it).
+        self.park(cx);
         match self.gate.state() {
+            // Polled while open: an abort (the exchange ended) wakes it.
             State::Open => Pin::new(&mut self.inner).poll_frame(cx).map_err(Into::into),
             State::Abort => Poll::Ready(Some(Err(
                 "the origin answered without asking for the request body".into(),
             ))),
+            State::Answered => Poll::Pending,
             State::Closed => {
-                if self.wait.as_mut().poll(cx).is_ready() {
+                let wait = self
+                    .wait
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(CONTINUE_WAIT)));
+                if wait.as_mut().poll(cx).is_ready() {
                     // The origin said nothing: send the body as a client would.
                     self.gate.open();
-                    return Pin::new(&mut self.inner).poll_frame(cx).map_err(Into::into);
-                }
-                if let Ok(mut shared) = self.gate.0.lock() {
-                    if shared.state == State::Closed {
-                        shared.waker = Some(cx.waker().clone());
-                        return Poll::Pending;
+                    if self.gate.state() == State::Open {
+                        return Pin::new(&mut self.inner).poll_frame(cx).map_err(Into::into);
                     }
                 }
-                // Opened or aborted meanwhile: look again.
-                self.poll_frame(cx)
+                Poll::Pending
             }
         }
     }
@@ -222,10 +241,23 @@ mod tests {
 
         let refused = Gate::new();
         let mut body = GatedBody::new(Full::new(Bytes::from_static(b"x")), refused.clone());
+        refused.answered();
+        refused.open();
+        let held = tokio::time::timeout(Duration::from_millis(50), body.frame()).await;
+        assert!(held.is_err(), "a final answer keeps the body back");
         drop(AbortOnEnd::new(Full::new(Bytes::new()), refused.clone()));
         assert!(body.frame().await.unwrap().is_err(), "aborted, never sent");
         refused.open();
         assert!(body.frame().await.unwrap().is_err(), "an abort is final");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_final_answer_outlasting_the_wait_still_gets_no_body() {
+        let gate = Gate::new();
+        let mut body = GatedBody::new(Full::new(Bytes::from_static(b"no")), gate.clone());
+        gate.answered();
+        let held = tokio::time::timeout(CONTINUE_WAIT * 2, body.frame()).await;
+        assert!(held.is_err(), "the wait does not open an answered gate");
     }
 
     #[tokio::test(start_paused = true)]

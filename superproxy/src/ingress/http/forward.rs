@@ -172,6 +172,10 @@ pub async fn forward(
             format!("target closed the connection or sent an invalid response: {e}"),
         )
     })?;
+    if let Some(gate) = &gate {
+        // A final answer before any 100: the body stays back for good.
+        gate.answered();
+    }
     let (mut parts, body) = response.into_parts();
     parts.headers = end_to_end(&parts.headers);
     parts.headers.extend(tunnel_info);
