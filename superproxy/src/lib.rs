@@ -345,7 +345,8 @@ impl Superproxy {
         // open tunnels finish, then cut the rest, then flush usage.
         let pre_auth = accept::PreAuth::new(
             config.max_unauthenticated_per_source,
-            config.max_connections / 2,
+            // Half the connection slots, but never below one address's share.
+            (config.max_connections / 2).max(config.max_unauthenticated_per_source),
             config.unauthenticated_timeout(),
         );
         let pre_auth_deadlines = tokio::spawn(pre_auth.clone().run_deadlines());
