@@ -22,10 +22,22 @@ async fn stalled_tunnels_cannot_block_a_fresh_one_on_a_v1_link() {
     stalled_tunnels_and_a_fresh_one(vec!["--link-versions".into(), "1".into()]).await;
 }
 
+/// The same with the superproxy's receive budget exhausted by the stalled
+/// tunnels: windows shrink, nothing freezes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_receive_budget_still_lets_a_fresh_download_through() {
+    stalled_tunnels_and_a_fresh_one_with(Vec::new(), vec!["--link-receive-budget-mb".into(), "2".into()]).await;
+}
+
 async fn stalled_tunnels_and_a_fresh_one(agent_args: Vec<String>) {
+    stalled_tunnels_and_a_fresh_one_with(agent_args, Vec::new()).await;
+}
+
+async fn stalled_tunnels_and_a_fresh_one_with(agent_args: Vec<String>, superproxy_args: Vec<String>) {
     let stack = Stack::start_with(StackOptions {
         egress_ips: vec!["127.0.0.2".parse().unwrap()],
         agent_args,
+        superproxy_args,
         ..Default::default()
     })
     .await;
