@@ -364,7 +364,10 @@ async fn connect_from(
     let _ = socket.set_nodelay(true);
     match tokio::time::timeout_at(deadline, socket.connect(target)).await {
         Err(_) => Err(Outcome::TimedOut),
-        Ok(Ok(stream)) => Ok(stream),
+        Ok(Ok(stream)) => {
+            proxynet_protocol::sockets::bound_unsent(&stream);
+            Ok(stream)
+        }
         Ok(Err(e)) => Err(match e.kind() {
             std::io::ErrorKind::ConnectionRefused => Outcome::Refused,
             std::io::ErrorKind::TimedOut => Outcome::TimedOut,

@@ -19,6 +19,7 @@ pub mod redis_target;
 pub mod runtime;
 pub mod secret;
 pub mod shutdown;
+pub mod sockets;
 pub mod splice;
 pub mod store;
 pub mod telemetry;

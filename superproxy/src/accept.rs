@@ -305,7 +305,10 @@ pub async fn run(
             accepted = accept_tls(&listeners.tls) => (accepted, Door::Tls),
         };
         let (stream, peer) = match accepted {
-            Ok(conn) => conn,
+            Ok(conn) => {
+                proxynet_protocol::sockets::bound_unsent(&conn.0);
+                conn
+            }
             Err(e) => {
                 // Usually EMFILE: back off instead of spinning.
                 tracing::warn!(error = %e, "accept failed");

@@ -496,6 +496,11 @@ impl Drop for AccessLog {
             Some(End::Cut) => "cut",
             Some(End::Error(_)) => "connection_terminated",
         };
+        // Which side's I/O failed is in the kind (reset, broken pipe, ...).
+        let error = match self.end {
+            Some(End::Error(kind)) => Some(kind.to_string()),
+            _ => None,
+        };
         tracing::info!(
             target: "proxynet::access",
             tunnel = %self.id,
@@ -508,6 +513,7 @@ impl Drop for AccessLog {
             target_addr = %self.target,
             client = %self.peer,
             outcome,
+            error,
             bytes_up = self.meter.up(),
             bytes_down = self.meter.down(),
             setup_ms = self.setup_ms,

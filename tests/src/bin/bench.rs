@@ -155,6 +155,9 @@ async fn serve_targets() {
 
 /// `D` + u64: send that many bytes, then close. `U` + u64: read that many, answer one byte.
 async fn bulk_session(mut s: TcpStream) {
+    // The target shares the host's kernel with the proxies: stalled streams
+    // queueing megabytes each would measure the host's TCP memory pressure.
+    proxynet_protocol::sockets::bound_unsent(&s);
     let mut head = [0u8; 9];
     if s.read_exact(&mut head).await.is_err() {
         return;
