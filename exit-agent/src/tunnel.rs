@@ -362,12 +362,10 @@ async fn connect_from(
         .bind(SocketAddr::new(egress_ip, 0))
         .map_err(|_| Outcome::EgressUnavailable)?;
     let _ = socket.set_nodelay(true);
+    proxynet_protocol::sockets::bound_unsent(&socket);
     match tokio::time::timeout_at(deadline, socket.connect(target)).await {
         Err(_) => Err(Outcome::TimedOut),
-        Ok(Ok(stream)) => {
-            proxynet_protocol::sockets::bound_unsent(&stream);
-            Ok(stream)
-        }
+        Ok(Ok(stream)) => Ok(stream),
         Ok(Err(e)) => Err(match e.kind() {
             std::io::ErrorKind::ConnectionRefused => Outcome::Refused,
             std::io::ErrorKind::TimedOut => Outcome::TimedOut,

@@ -305,10 +305,7 @@ pub async fn run(
             accepted = accept_tls(&listeners.tls) => (accepted, Door::Tls),
         };
         let (stream, peer) = match accepted {
-            Ok(conn) => {
-                proxynet_protocol::sockets::bound_unsent(&conn.0);
-                conn
-            }
+            Ok(conn) => conn,
             Err(e) => {
                 // Usually EMFILE: back off instead of spinning.
                 tracing::warn!(error = %e, "accept failed");
@@ -345,7 +342,6 @@ pub async fn run(
                 Door::Proxy => ingress::serve_any(pipeline, stream, ticket).await,
                 Door::Tls => {
                     let Some(acceptor) = acceptor else { return };
-                    let _ = stream.set_nodelay(true);
                     // The pre-auth deadline bounds the handshake too.
                     let handshake = tokio::select! {
                         done = acceptor.accept(stream) => Some(done),

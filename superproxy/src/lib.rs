@@ -139,6 +139,9 @@ impl Superproxy {
         };
         let (proxy, proxy_addr) = listen("proxy", config.listen).await?;
         let (socks, socks_addr) = listen("socks", config.socks_listen).await?;
+        // Client sockets inherit their options from these listeners.
+        proxynet_protocol::sockets::prepare_client_listener(&proxy);
+        proxynet_protocol::sockets::prepare_client_listener(&socks);
         let (admin, admin_addr) = listen("admin", config.admin_listen).await?;
         let (link, link_addr) = listen("link", config.link_listen).await?;
         let (tls, tls_addr, tls_cert) =
@@ -150,6 +153,7 @@ impl Superproxy {
                     );
                     let server_config = reloadable.server_config().map_err(StartError::Other)?;
                     let (listener, bound) = listen("tls", *addr).await?;
+                    proxynet_protocol::sockets::prepare_client_listener(&listener);
                     (
                         Some((listener, tokio_rustls::TlsAcceptor::from(server_config))),
                         Some(bound),

@@ -27,10 +27,7 @@ pub async fn serve_any(pipeline: Arc<Pipeline>, stream: TcpStream, ticket: Conne
     };
     match peeked {
         Ok(Ok(1)) if first[0] == 0x05 => socks5::serve_connection(pipeline, stream, ticket).await,
-        Ok(Ok(1)) => {
-            let _ = stream.set_nodelay(true);
-            http::serve_connection(pipeline, stream, ticket).await
-        }
+        Ok(Ok(1)) => http::serve_connection(pipeline, stream, ticket).await,
         _ => {
             tracing::debug!(peer = %ticket.peer(), "client sent nothing before the header timeout")
         }

@@ -28,7 +28,6 @@ pub async fn serve_connection(
     stream: TcpStream,
     ticket: ConnectionTicket,
 ) {
-    let _ = stream.set_nodelay(true);
     let started = Instant::now();
     let peer = ticket.peer();
     let handshake = tokio::select! {
