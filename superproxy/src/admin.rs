@@ -130,6 +130,8 @@ fn respond(gateway: &AdminState, req: &Request<Incoming>) -> Response<Full<Bytes
                 "eligible": eligible,
                 "blocked": blocked,
                 "live": view.live,
+                "held_by_links": view.held_by_links,
+                "control_plane_silent_s": view.control_plane_silent_since.map(|since| since.elapsed().as_secs()),
                 "links": gateway.links.len(),
                 "degraded": view.degraded,
                 "panic": gateway.pool.health().in_panic(),

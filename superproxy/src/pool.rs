@@ -25,6 +25,13 @@
 //! control plane decided and this instance knows (disabled, drained,
 //! consent, provenance) keeps applying. Provenance blocks, and the cuts
 //! they cause, are judged over every linked exit, live or not.
+//!
+//! The same evidence bridges a store that lost its liveness (a Redis that
+//! restarted empty, a flush): the control-api re-projects the records
+//! within a second, but the live set only refills as agents beat again. An
+//! exit that was live before such a full read and is not in it stays
+//! eligible for [`RESET_HOLD`] while its link is up and passes its probes,
+//! or until its liveness comes back (or lapses again, which is then news).
 
 use proxynet_protocol::redis_target::RedisConnection;
 use proxynet_protocol::store::{
@@ -75,7 +82,7 @@ pub struct PoolView {
     /// Since when the control plane has been silent, if it is.
     pub control_plane_silent_since: Option<Instant>,
     /// Eligible exits kept only by their probed links (the control plane
-    /// silent, their heartbeat liveness lapsed).
+    /// silent and their heartbeat liveness lapsed, or a store reset lost it).
     pub held_by_links: usize,
 }
 
@@ -138,7 +145,16 @@ struct Known {
     read_at_ms: i64,
     /// Since when the control plane's presence key has been missing.
     control_silent_since: Option<Instant>,
+    /// Exits live before a full read that replaced our place in the change
+    /// stream and not live in it (the store lost them), and until when their
+    /// links may hold them.
+    lost_in_reset: HashSet<Uuid>,
+    reset_hold_until: Option<Instant>,
 }
+
+/// How long linked, probed exits whose liveness a store reset lost stay
+/// eligible while their agents beat again: two default heartbeat TTLs.
+pub const RESET_HOLD: Duration = Duration::from_secs(30);
 
 /// Changes applied per delta read at most; more wait for the next read.
 const DELTA_BATCH: usize = 10_000;
@@ -489,6 +505,19 @@ impl Pool {
             } => {
                 let control_changed = known.note_control(control_present);
                 crate::metrics::pool_read("full", live.len());
+                if known.cursor.is_some() {
+                    // We had a place: this read replaces a view that was
+                    // current, so what it lacks the store may have lost.
+                    let lost: HashSet<Uuid> = known.live.difference(&live).copied().collect();
+                    if !lost.is_empty() {
+                        tracing::info!(
+                            exits = lost.len(),
+                            "the store no longer lists exits that were live (restart or flush); linked, probed ones stay eligible while their agents beat again"
+                        );
+                        known.reset_hold_until = Some(Instant::now() + RESET_HOLD);
+                    }
+                    known.lost_in_reset = lost;
+                }
                 known.live = live;
                 known.agent_draining = agent_draining;
                 known.records = records;
@@ -508,6 +537,9 @@ impl Pool {
                 crate::metrics::pool_read("delta", changed.len() + expired.len());
                 let any = !changed.is_empty() || !expired.is_empty();
                 for c in changed {
+                    // Live again, or lapsed again: either way its own news
+                    // from now on.
+                    known.lost_in_reset.remove(&c.id);
                     if c.live {
                         known.live.insert(c.id);
                     } else {
@@ -528,6 +560,7 @@ impl Pool {
                     }
                 }
                 for id in expired {
+                    known.lost_in_reset.remove(&id);
                     known.live.remove(&id);
                 }
                 known.cursor = Some(cursor);
@@ -678,6 +711,7 @@ impl Pool {
                     .control_silent_since
                     .filter(|since| now.duration_since(*since) < self.control_plane_grace)
                     .is_some();
+                let reset_hold = known.reset_hold_until.is_some_and(|until| now < until);
                 let mut eligible = Vec::new();
                 // Every linked exit with a record: provenance is judged for
                 // all of them (a block cuts tunnels through any linked exit),
@@ -696,7 +730,8 @@ impl Pool {
                         continue;
                     }
                     let heartbeat_live = known.live.contains(id);
-                    let link_live = grace && self.health.exit(*id).available(now);
+                    let held = grace || (reset_hold && known.lost_in_reset.contains(id));
+                    let link_live = held && self.health.exit(*id).available(now);
                     if !(heartbeat_live || link_live) {
                         continue;
                     }

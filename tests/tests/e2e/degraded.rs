@@ -113,3 +113,63 @@ async fn a_redis_outage_keeps_known_users_routing_and_recovers_without_restarts(
         .await;
     }
 }
+
+/// Redis restarts empty and the control-api re-projects it within a second,
+/// but the agent's next heartbeat is late (here: never, until the test lets
+/// it through). The exit its link and probes vouch for stays eligible
+/// instead of the pool emptying until the agents beat again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_restarts_empty_keeps_linked_exits_until_their_agents_beat_again() {
+    let mut redis = OwnRedis::start().await;
+    let mut stack = Stack::start_with(StackOptions {
+        redis_url: Some(redis.url()),
+        egress_ips: Vec::new(),
+        ..Default::default()
+    })
+    .await;
+    let api: SocketAddr = stack.api_url.trim_start_matches("http://").parse().unwrap();
+    let control_link = proxynet_tests::faults::FaultyLink::start(api).await;
+    let token = stack.enrollment_token("reset-hold").await;
+    stack
+        .add_agent_via(
+            &format!("http://{}", control_link.addr),
+            &["127.0.0.2".parse().unwrap()],
+            token,
+        )
+        .await;
+    stack.wait_eligible(1).await;
+    ok_via(stack.proxy_addrs.proxy, USERNAME, &stack.whoami_url())
+        .await
+        .unwrap();
+
+    redis.stop();
+    control_link.blackhole(); // no heartbeat lands until restored
+    redis.restart().await; // empty: no persistence
+                           // Re-projected (not degraded) and read in full: the store lists no live
+                           // exit, yet the linked one is still eligible, held by its link.
+    let pool = eventually(
+        "the superproxy to read the re-projected store",
+        Duration::from_secs(20),
+        || async {
+            let pool = stack.pool().await;
+            (pool["degraded"] == false && pool["live"] == 0).then_some(pool)
+        },
+    )
+    .await;
+    assert_eq!(pool["eligible"].as_array().map(Vec::len), Some(1), "{pool}");
+    assert_eq!(pool["held_by_links"], 1, "{pool}");
+    ok_via(stack.proxy_addrs.proxy, USERNAME, &stack.whoami_url())
+        .await
+        .expect("the held exit carries traffic");
+
+    control_link.restore();
+    eventually(
+        "the agent's heartbeats to refill the live set",
+        Duration::from_secs(20),
+        || async {
+            let pool = stack.pool().await;
+            (pool["live"] == 1 && pool["held_by_links"] == 0).then_some(())
+        },
+    )
+    .await;
+}
