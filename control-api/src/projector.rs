@@ -859,7 +859,6 @@ impl Projector {
     /// The accounts' totals too.
     async fn rebuild_quota_counters(&self, users: &[UserRow]) -> Result<(), ProjectionError> {
         let now = chrono::Utc::now().timestamp();
-        let mut redis = self.redis.clone();
         let mut accounts_done = HashSet::new();
         for user in users
             .iter()
@@ -868,57 +867,60 @@ impl Projector {
             if !accounts_done.insert(user.account_id) {
                 continue;
             }
-            let period = user.entitlements.0.limits.period();
-            let (window, start, end) = period.window(now);
+            let (window, start, end) = user.entitlements.0.limits.period().window(now);
             let key = self.keys.account_quota_used(user.account_id, &window);
-            let exists: bool = redis.exists(&key).await?;
-            if exists {
-                continue;
-            }
-            let (used,): (i64,) = sqlx::query_as(
-                "SELECT COALESCE(SUM(bytes_up + bytes_down), 0)::bigint FROM usage_ledger
-                  WHERE account_id = $1 AND minute >= to_timestamp($2) AND minute < to_timestamp($3)",
-            )
-            .bind(user.account_id)
-            .bind(start as f64)
-            .bind(end as f64)
-            .fetch_one(&self.db)
-            .await?;
-            let _: Option<String> = redis::cmd("SET")
-                .arg(&key)
-                .arg(used)
-                .arg("NX")
-                .arg("EXAT")
-                .arg(end + 7 * 86_400)
-                .query_async(&mut redis)
+            self.rebuild_counter(&key, LedgerScope::Account, user.account_id, start, end)
                 .await?;
         }
         for user in users.iter().filter(|u| u.bandwidth_bytes.is_some()) {
             let period = QuotaPeriod::parse(&user.quota_period).unwrap_or_default();
             let (window, start, end) = period.window(now);
             let key = self.keys.quota_used(user.id, &window);
-            let exists: bool = redis.exists(&key).await?;
-            if exists {
-                continue;
-            }
-            let (used,): (i64,) = sqlx::query_as(
+            self.rebuild_counter(&key, LedgerScope::User, user.id, start, end)
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Sets `key`, if Redis lost it, to the bytes the ledger holds for `id`
+    /// in `[start, end)`; it expires a week after the window.
+    async fn rebuild_counter(
+        &self,
+        key: &str,
+        scope: LedgerScope,
+        id: Uuid,
+        start: i64,
+        end: i64,
+    ) -> Result<(), ProjectionError> {
+        let mut redis = self.redis.clone();
+        let exists: bool = redis.exists(key).await?;
+        if exists {
+            return Ok(());
+        }
+        let sql = match scope {
+            LedgerScope::Account => {
                 "SELECT COALESCE(SUM(bytes_up + bytes_down), 0)::bigint FROM usage_ledger
-                  WHERE user_id = $1 AND minute >= to_timestamp($2) AND minute < to_timestamp($3)",
-            )
-            .bind(user.id)
+                  WHERE account_id = $1 AND minute >= to_timestamp($2) AND minute < to_timestamp($3)"
+            }
+            LedgerScope::User => {
+                "SELECT COALESCE(SUM(bytes_up + bytes_down), 0)::bigint FROM usage_ledger
+                  WHERE user_id = $1 AND minute >= to_timestamp($2) AND minute < to_timestamp($3)"
+            }
+        };
+        let (used,): (i64,) = sqlx::query_as(sql)
+            .bind(id)
             .bind(start as f64)
             .bind(end as f64)
             .fetch_one(&self.db)
             .await?;
-            let _: Option<String> = redis::cmd("SET")
-                .arg(&key)
-                .arg(used)
-                .arg("NX")
-                .arg("EXAT")
-                .arg(end + 7 * 86_400)
-                .query_async(&mut redis)
-                .await?;
-        }
+        let _: Option<String> = redis::cmd("SET")
+            .arg(key)
+            .arg(used)
+            .arg("NX")
+            .arg("EXAT")
+            .arg(end + 7 * 86_400)
+            .query_async(&mut redis)
+            .await?;
         Ok(())
     }
 
@@ -1082,4 +1084,11 @@ pub enum ProjectionError {
     Json(#[from] serde_json::Error),
     #[error("{0}")]
     Internal(String),
+}
+
+/// Whose bytes a rebuilt quota counter sums.
+#[derive(Clone, Copy)]
+enum LedgerScope {
+    Account,
+    User,
 }

@@ -276,6 +276,24 @@ impl Stack {
         created_id(r, "create account").await
     }
 
+    /// An API key for `account`, minted by the operator: (key, key id).
+    pub async fn account_key(&self, account: Uuid) -> (String, Uuid) {
+        let r = self
+            .http
+            .post(self.api(&format!("/v1/accounts/{account}/api-keys")))
+            .bearer_auth(ADMIN_TOKEN)
+            .json(&json!({ "name": "customer" }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 201, "mint an account key");
+        let body: serde_json::Value = r.json().await.unwrap();
+        (
+            body["key"].as_str().unwrap().to_owned(),
+            body["id"].as_str().unwrap().parse().unwrap(),
+        )
+    }
+
     /// Replaces an account's entitlements (operator), asserting success.
     pub async fn set_entitlements(&self, account: Uuid, entitlements: serde_json::Value) {
         let r = self

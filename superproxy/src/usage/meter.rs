@@ -234,6 +234,21 @@ impl<IO> Metered<IO> {
         !self.meter.0.quotas.is_empty()
     }
 
+    /// After a write that reserved `reserved` bytes: gives back what it did
+    /// not send and counts what it did.
+    fn settle(&self, reserved: usize, result: &Poll<io::Result<usize>>) {
+        let sent = match result {
+            Poll::Ready(Ok(n)) => *n,
+            _ => 0,
+        };
+        if self.quota_bound() {
+            self.meter.0.release(reserved - sent);
+        }
+        if sent > 0 {
+            self.meter.0.up.fetch_add(sent as u64, Ordering::Relaxed);
+        }
+    }
+
     /// Reserves for `want` bytes; an error when the quota is used up.
     fn reserve(&self, want: usize) -> io::Result<usize> {
         if want == 0 || !self.quota_bound() {
@@ -337,16 +352,7 @@ impl<IO: proxynet_protocol::splice::ChunkIo> proxynet_protocol::splice::ChunkIo 
             }
             result
         };
-        let n = match &result {
-            Poll::Ready(Ok(n)) => *n,
-            _ => 0,
-        };
-        if self.quota_bound() {
-            self.meter.0.release(take - n);
-        }
-        if n > 0 {
-            self.meter.0.up.fetch_add(n as u64, Ordering::Relaxed);
-        }
+        self.settle(take, &result);
         result
     }
 }
@@ -362,16 +368,7 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Metered<IO> {
         }
         let take = self.reserve(buf.len())?;
         let result = Pin::new(&mut self.io).poll_write(cx, &buf[..take]);
-        let n = match &result {
-            Poll::Ready(Ok(n)) => *n,
-            _ => 0,
-        };
-        if self.quota_bound() {
-            self.meter.0.release(take - n);
-        }
-        if n > 0 {
-            self.meter.0.up.fetch_add(n as u64, Ordering::Relaxed);
-        }
+        self.settle(take, &result);
         result
     }
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {

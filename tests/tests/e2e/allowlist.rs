@@ -10,20 +10,6 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use uuid::Uuid;
 
-async fn account_key(stack: &Stack, account: Uuid) -> String {
-    let r: Value = stack
-        .http
-        .post(stack.api(&format!("/v1/accounts/{account}/api-keys")))
-        .bearer_auth(ADMIN_TOKEN)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    r["key"].as_str().unwrap().to_owned()
-}
-
 async fn create(stack: &Stack, key: &str, account: Uuid, name: &str, cidrs: Value) -> (u16, Value) {
     let r = stack
         .http
@@ -41,7 +27,7 @@ async fn create(stack: &Stack, key: &str, account: Uuid, name: &str, cidrs: Valu
 async fn wide_and_special_networks_are_refused_and_conflicts_name_nobody() {
     let stack = Stack::start().await;
     let squatter = stack.create_account("squatter").await;
-    let key = account_key(&stack, squatter).await;
+    let key = stack.account_key(squatter).await.0;
     for (cidr, why) in [
         ("128.0.0.0/1", "wider than"),
         ("::/0", "wider than"),
@@ -64,7 +50,7 @@ async fn wide_and_special_networks_are_refused_and_conflicts_name_nobody() {
     let (status, user) = create(&stack, &key, squatter, "office", json!(["93.184.216.0/24"])).await;
     assert_eq!(status, 201, "{user}");
     let rival = stack.create_account("rival").await;
-    let rival_key = account_key(&stack, rival).await;
+    let rival_key = stack.account_key(rival).await.0;
     let (status, problem) = create(
         &stack,
         &rival_key,

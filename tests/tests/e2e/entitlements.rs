@@ -13,22 +13,6 @@ use uuid::Uuid;
 
 const PASS: &str = "ceiling-password-1";
 
-/// An account key for `account`, minted by the operator.
-async fn account_key(stack: &Stack, account: Uuid) -> String {
-    let r: Value = stack
-        .http
-        .post(stack.api(&format!("/v1/accounts/{account}/api-keys")))
-        .bearer_auth(ADMIN_TOKEN)
-        .json(&json!({"name": "customer"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    r["key"].as_str().unwrap().to_owned()
-}
-
 async fn call(stack: &Stack, key: &str, method: Method, path: &str, body: Value) -> (u16, Value) {
     let r = stack
         .http
@@ -58,7 +42,7 @@ async fn a_customer_key_cannot_lift_the_limits_an_operator_set() {
     .await;
     assert_eq!(status, 201, "{user}");
     let user_id = user["id"].as_str().unwrap().to_owned();
-    let key = account_key(&stack, account).await;
+    let key = stack.account_key(account).await.0;
 
     // Removing every limit: the ceilings stay (the customer may only lower).
     let (status, patched) = call(
@@ -200,7 +184,7 @@ async fn an_accounts_entitlements_bound_its_users_together_and_alone() {
     stack
         .set_entitlements(account, json!({"limits": {"max_concurrent_tunnels": 1}}))
         .await;
-    let key = account_key(&stack, account).await;
+    let key = stack.account_key(account).await.0;
     // A user above the account's total is refused when the account asks.
     let (status, problem) = call(
         &stack,

@@ -19,24 +19,6 @@ async fn call(
     request.send().await.unwrap().status().as_u16()
 }
 
-async fn key_for(stack: &Stack, account: uuid::Uuid) -> (String, String) {
-    let r: serde_json::Value = stack
-        .http
-        .post(stack.api(&format!("/v1/accounts/{account}/api-keys")))
-        .bearer_auth(ADMIN_TOKEN)
-        .json(&json!({ "name": "test" }))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    (
-        r["key"].as_str().unwrap().to_owned(),
-        r["id"].as_str().unwrap().to_owned(),
-    )
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_account_key_cannot_read_or_change_another_account() {
     let stack = Stack::start_with(StackOptions {
@@ -46,8 +28,8 @@ async fn an_account_key_cannot_read_or_change_another_account() {
     .await;
     let a = stack.create_account("tenant-a").await;
     let b = stack.create_account("tenant-b").await;
-    let (key_a, _) = key_for(&stack, a).await;
-    let (key_b, key_b_id) = key_for(&stack, b).await;
+    let (key_a, _) = stack.account_key(a).await;
+    let (key_b, key_b_id) = stack.account_key(b).await;
     let user_b = stack.create_user(b, "bob_b", "bob-b-password").await;
     let exit = uuid::Uuid::new_v4();
 
