@@ -187,3 +187,60 @@ pub fn new_secret(prefix: &str) -> String {
     rand::rngs::OsRng.fill_bytes(&mut bytes);
     format!("{prefix}_{}", hex::encode(bytes))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parts(authorization: Option<&str>) -> Parts {
+        let mut request = axum::http::Request::builder();
+        if let Some(value) = authorization {
+            request = request.header(axum::http::header::AUTHORIZATION, value);
+        }
+        request.body(()).unwrap().into_parts().0
+    }
+
+    #[test]
+    fn an_account_key_sees_only_its_own_account() {
+        let own = uuid::Uuid::new_v4();
+        let caller = Caller::Account(own);
+        assert_eq!(caller.scope(), Some(own));
+        assert!(caller.check_account(own).is_ok());
+        // Another account's data is absent, not forbidden: ids cannot be probed.
+        assert!(matches!(
+            caller.check_account(uuid::Uuid::new_v4()),
+            Err(ApiError::NotFound("account"))
+        ));
+    }
+
+    #[test]
+    fn the_operator_is_scoped_to_every_account() {
+        assert_eq!(Caller::Operator.scope(), None);
+        assert!(Caller::Operator.check_account(uuid::Uuid::new_v4()).is_ok());
+    }
+
+    #[test]
+    fn a_bearer_token_is_read_whatever_the_scheme_case() {
+        assert_eq!(bearer(&parts(Some("Bearer pn_abc"))), Some("pn_abc"));
+        assert_eq!(bearer(&parts(Some("bearer   pn_abc  "))), Some("pn_abc"));
+        assert_eq!(bearer(&parts(Some("BEARER pn_abc"))), Some("pn_abc"));
+    }
+
+    #[test]
+    fn other_schemes_and_empty_tokens_are_no_bearer_token() {
+        for value in ["Basic dXNlcjpwYXNz", "Bearer", "Bearer    ", "pn_abc"] {
+            assert_eq!(bearer(&parts(Some(value))), None, "{value:?}");
+        }
+        assert_eq!(bearer(&parts(None)), None);
+    }
+
+    #[test]
+    fn new_secrets_are_prefixed_random_hex() {
+        let a = new_secret("pn_key");
+        let b = new_secret("pn_key");
+        let hex = a.strip_prefix("pn_key_").unwrap();
+        assert_eq!(hex.len(), 64);
+        assert!(hex.bytes().all(|c| c.is_ascii_hexdigit()), "{a}");
+        assert_ne!(a, b);
+    }
+}

@@ -111,3 +111,75 @@ impl Config {
         Duration::from_millis(self.heartbeat_ttl_ms)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const REQUIRED: [&str; 5] = [
+        "control-api",
+        "--database-url",
+        "postgres://proxynet@localhost/proxynet",
+        "--redis-url",
+        "redis://127.0.0.1/",
+    ];
+
+    fn parse(extra: &[&str]) -> Result<Config, clap::Error> {
+        Config::try_parse_from(REQUIRED.iter().chain(extra).copied())
+    }
+
+    #[test]
+    fn heartbeat_durations_are_read_in_milliseconds() {
+        let config = parse(&[
+            "--heartbeat-interval-ms",
+            "250",
+            "--heartbeat-ttl-ms",
+            "900",
+        ])
+        .unwrap();
+        assert_eq!(config.heartbeat_interval(), Duration::from_millis(250));
+        assert_eq!(config.heartbeat_ttl(), Duration::from_millis(900));
+        assert_eq!(
+            config.database_url.expose(),
+            "postgres://proxynet@localhost/proxynet"
+        );
+    }
+
+    #[test]
+    fn the_defaults_listen_on_loopback_with_three_beats_of_liveness() {
+        let config = parse(&[]).unwrap();
+        assert_eq!(
+            config.listen,
+            "127.0.0.1:7070".parse::<SocketAddr>().unwrap()
+        );
+        assert_eq!(
+            config.admin_listen,
+            "127.0.0.1:9092".parse::<SocketAddr>().unwrap()
+        );
+        assert_eq!(config.heartbeat_ttl(), 3 * config.heartbeat_interval());
+        assert_eq!(config.instance_name, "control-api-1");
+        assert_eq!(
+            config.log_format,
+            proxynet_protocol::telemetry::LogFormat::Text
+        );
+    }
+
+    #[test]
+    fn a_redis_prefix_with_hash_tag_braces_is_refused() {
+        assert!(parse(&["--redis-prefix", "pn{1}:"]).is_err());
+        let config = parse(&["--redis-prefix", "tenant-a:"]).unwrap();
+        assert_eq!(config.redis.redis_prefix, "tenant-a:");
+    }
+
+    #[test]
+    fn malformed_addresses_and_log_formats_are_refused() {
+        assert!(parse(&["--listen", "localhost"]).is_err());
+        assert!(parse(&["--log-format", "xml"]).is_err());
+        let config = parse(&["--listen", "0.0.0.0:0", "--log-format", "json"]).unwrap();
+        assert_eq!(config.listen.port(), 0);
+        assert_eq!(
+            config.log_format,
+            proxynet_protocol::telemetry::LogFormat::Json
+        );
+    }
+}

@@ -106,3 +106,169 @@ pub fn conflict_on_unique(err: sqlx::Error, message: &str) -> ApiError {
         _ => ApiError::from(err),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A database refusal with a given SQLSTATE, as Postgres would report it.
+    #[derive(Debug)]
+    struct Refusal {
+        code: &'static str,
+        constraint: Option<&'static str>,
+    }
+
+    impl std::fmt::Display for Refusal {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "SQLSTATE {}", self.code)
+        }
+    }
+
+    impl std::error::Error for Refusal {}
+
+    impl sqlx::error::DatabaseError for Refusal {
+        fn message(&self) -> &str {
+            "refused"
+        }
+
+        fn code(&self) -> Option<std::borrow::Cow<'_, str>> {
+            Some(self.code.into())
+        }
+
+        fn as_error(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+            self
+        }
+
+        fn as_error_mut(&mut self) -> &mut (dyn std::error::Error + Send + Sync + 'static) {
+            self
+        }
+
+        fn into_error(self: Box<Self>) -> Box<dyn std::error::Error + Send + Sync + 'static> {
+            self
+        }
+
+        fn constraint(&self) -> Option<&str> {
+            self.constraint
+        }
+
+        fn kind(&self) -> sqlx::error::ErrorKind {
+            sqlx::error::ErrorKind::Other
+        }
+    }
+
+    fn refused(code: &'static str, constraint: Option<&'static str>) -> sqlx::Error {
+        sqlx::Error::Database(Box::new(Refusal { code, constraint }))
+    }
+
+    #[test]
+    fn each_error_answers_its_status() {
+        let cases = [
+            (ApiError::BadRequest("x".into()), StatusCode::BAD_REQUEST),
+            (ApiError::Unauthorized, StatusCode::UNAUTHORIZED),
+            (ApiError::Forbidden("x".into()), StatusCode::FORBIDDEN),
+            (ApiError::NotFound("exit"), StatusCode::NOT_FOUND),
+            (ApiError::Conflict("x".into()), StatusCode::CONFLICT),
+            (
+                ApiError::Unavailable("x".into()),
+                StatusCode::SERVICE_UNAVAILABLE,
+            ),
+            (
+                ApiError::Rejected {
+                    status: StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                    detail: "x".into(),
+                },
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ),
+            (
+                ApiError::Database(sqlx::Error::RowNotFound),
+                StatusCode::INTERNAL_SERVER_ERROR,
+            ),
+            (
+                ApiError::Internal("x".into()),
+                StatusCode::INTERNAL_SERVER_ERROR,
+            ),
+        ];
+        for (error, status) in cases {
+            assert_eq!(error.status(), status, "{error:?}");
+        }
+    }
+
+    #[test]
+    fn input_the_database_refuses_is_a_bad_request_naming_the_constraint() {
+        match ApiError::from(refused("23514", Some("users_username_check"))) {
+            ApiError::BadRequest(m) => {
+                assert_eq!(
+                    m,
+                    "invalid input: constraint users_username_check rejected it"
+                )
+            }
+            other => panic!("{other:?}"),
+        }
+        // Class 22 (data exception), e.g. a NUL byte in text, has no constraint.
+        match ApiError::from(refused("22021", None)) {
+            ApiError::BadRequest(m) => assert_eq!(m, "invalid input: a value rejected it"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn other_database_failures_stay_internal() {
+        for error in [refused("40001", None), sqlx::Error::RowNotFound] {
+            let mapped = ApiError::from(error);
+            assert!(matches!(mapped, ApiError::Database(_)), "{mapped:?}");
+            assert_eq!(mapped.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        }
+    }
+
+    #[test]
+    fn only_a_unique_violation_becomes_a_conflict() {
+        match conflict_on_unique(refused("23505", Some("users_pkey")), "username taken") {
+            ApiError::Conflict(m) => assert_eq!(m, "username taken"),
+            other => panic!("{other:?}"),
+        }
+        // A foreign-key violation is still bad input, not a conflict.
+        let fk = conflict_on_unique(refused("23503", None), "username taken");
+        assert_eq!(fk.status(), StatusCode::BAD_REQUEST);
+        let lost = conflict_on_unique(sqlx::Error::RowNotFound, "username taken");
+        assert_eq!(lost.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    }
+
+    #[test]
+    fn an_unauthorized_answer_is_a_problem_with_a_bearer_challenge() {
+        let response = ApiError::Unauthorized.into_response();
+        assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+        assert_eq!(
+            response.headers()[header::CONTENT_TYPE],
+            "application/problem+json"
+        );
+        assert_eq!(
+            response.headers()[header::WWW_AUTHENTICATE],
+            "Bearer realm=\"proxynet\""
+        );
+        let forbidden = ApiError::Forbidden("no".into()).into_response();
+        assert!(forbidden.headers().get(header::WWW_AUTHENTICATE).is_none());
+    }
+
+    async fn problem(error: ApiError) -> serde_json::Value {
+        let body = axum::body::to_bytes(error.into_response().into_body(), usize::MAX)
+            .await
+            .unwrap();
+        serde_json::from_slice(&body).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_client_mistake_is_spelled_out_but_an_internal_cause_is_not() {
+        let bad = problem(ApiError::BadRequest(
+            "limits.period: daily or monthly".into(),
+        ))
+        .await;
+        assert_eq!(bad["status"], 400);
+        assert_eq!(bad["title"], "Bad Request");
+        assert_eq!(bad["detail"], "limits.period: daily or monthly");
+        let internal = problem(ApiError::Internal("pool of db-7.internal exhausted".into())).await;
+        assert_eq!(internal["status"], 500);
+        assert_eq!(internal["title"], "Internal Server Error");
+        let detail = internal["detail"].as_str().unwrap();
+        assert!(!detail.contains("db-7"), "{detail}");
+    }
+}

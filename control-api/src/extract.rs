@@ -105,3 +105,96 @@ fn query_rejected(rejection: QueryRejection) -> ApiError {
 fn json_rejected(rejection: JsonRejection) -> ApiError {
     rejected(rejection.status(), rejection.body_text())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::body::Body;
+    use axum::http::StatusCode;
+
+    #[derive(Debug, serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Rename {
+        name: String,
+    }
+
+    #[derive(Debug, serde::Deserialize)]
+    struct Page {
+        limit: u32,
+    }
+
+    fn post(content_type: Option<&str>, body: &'static str) -> Request {
+        let mut request = axum::http::Request::builder()
+            .method("POST")
+            .uri("/v1/exits");
+        if let Some(value) = content_type {
+            request = request.header(axum::http::header::CONTENT_TYPE, value);
+        }
+        request.body(Body::from(body)).unwrap()
+    }
+
+    async fn body(request: Request) -> Result<Rename, ApiError> {
+        <Json<Rename> as FromRequest<()>>::from_request(request, &())
+            .await
+            .map(|Json(value)| value)
+    }
+
+    async fn query(uri: &str) -> Result<Page, ApiError> {
+        let (mut parts, ()) = axum::http::Request::builder()
+            .uri(uri)
+            .body(())
+            .unwrap()
+            .into_parts();
+        <Query<Page> as FromRequestParts<()>>::from_request_parts(&mut parts, &())
+            .await
+            .map(|Query(value)| value)
+    }
+
+    #[tokio::test]
+    async fn a_json_body_is_read_into_its_type() {
+        let renamed = body(post(Some("application/json"), r#"{"name":"edge-1"}"#))
+            .await
+            .unwrap();
+        assert_eq!(renamed.name, "edge-1");
+    }
+
+    #[tokio::test]
+    async fn malformed_json_is_a_400_problem_with_axums_reason() {
+        let error = body(post(Some("application/json"), "{")).await.unwrap_err();
+        assert!(matches!(error, ApiError::Rejected { .. }), "{error:?}");
+        assert_eq!(error.status(), StatusCode::BAD_REQUEST);
+        assert!(error.to_string().contains("JSON"), "{error}");
+    }
+
+    #[tokio::test]
+    async fn well_formed_json_of_the_wrong_shape_is_a_422() {
+        for json in [r#"{"name":"edge-1","extra":true}"#, r#"{"name":7}"#, "{}"] {
+            let error = body(post(Some("application/json"), json))
+                .await
+                .unwrap_err();
+            assert_eq!(
+                error.status(),
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "{json}: {error}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_body_without_a_json_content_type_is_a_415() {
+        for content_type in [None, Some("text/plain")] {
+            let error = body(post(content_type, r#"{"name":"edge-1"}"#))
+                .await
+                .unwrap_err();
+            assert_eq!(error.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE);
+        }
+    }
+
+    #[tokio::test]
+    async fn query_parameters_that_do_not_parse_are_a_400() {
+        assert_eq!(query("/v1/usage?limit=20").await.unwrap().limit, 20);
+        let error = query("/v1/usage?limit=many").await.unwrap_err();
+        assert!(matches!(error, ApiError::Rejected { .. }), "{error:?}");
+        assert_eq!(error.status(), StatusCode::BAD_REQUEST);
+    }
+}

@@ -43,7 +43,13 @@ pub struct LedgerConsumer {
 }
 
 impl LedgerConsumer {
-    pub async fn run(self) {
+    /// Consumes until `stop` (a batch cut off mid-way is delivered again:
+    /// the ledger counts each batch id once).
+    pub async fn run(self, stop: proxynet_protocol::tasks::Stop) {
+        stop.run_until_cancelled(self.follow()).await;
+    }
+
+    async fn follow(&self) {
         loop {
             // Blocking reads get a connection of their own, whose response
             // timeout outlasts the block (the client's default of 500 ms

@@ -25,6 +25,7 @@ mod routes;
 use proxynet_protocol::redis_target::RedisConnection;
 use proxynet_protocol::secret::Secret;
 use proxynet_protocol::store::{redact_url, Keys, StoreUnavailable};
+use proxynet_protocol::tasks::{Stop, Tasks};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
 use std::future::Future;
@@ -172,39 +173,51 @@ impl ControlApi {
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> std::io::Result<()> {
-        let resync = tokio::spawn(
-            self.state
-                .projector
-                .clone()
-                .run_resync_loop(Duration::from_secs(self.state.config.resync_secs.max(1))),
-        );
-        let presence = tokio::spawn(self.state.projector.clone().run_presence(
-            self.state.config.instance_name.clone(),
-            self.state.config.heartbeat_interval(),
-        ));
-        let ledger = tokio::spawn(self.ledger.run());
-        let heartbeats = tokio::spawn(self.state.heartbeats.clone().run(
-            self.state.db.clone(),
-            Duration::from_millis(self.state.config.heartbeat_persist_ms.max(100)),
-        ));
-        let retention = tokio::spawn(routes::abuse::run_retention(
-            self.state.db.clone(),
-            Duration::from_secs(
-                self.state
-                    .config
-                    .abuse_retention_days
-                    .saturating_mul(86_400),
-            ),
-            Duration::from_secs(self.state.config.abuse_prune_interval_secs.max(1)),
-        ));
-        let config = self.state.config.clone();
-        let observer = tokio::spawn(self.state.observer.clone().run(
-            self.state.projector.clone(),
-            Duration::from_secs(config.observe_interval_secs.max(1)),
-            Duration::from_secs(3600),
-            config.metrics_exit_limit,
-        ));
-        let admin = tokio::spawn(serve_admin(self.admin, self.metrics));
+        let state = &self.state;
+        let config = state.config.clone();
+        let mut tasks = Tasks::new();
+        {
+            let (projector, period) = (state.projector.clone(), config.resync_secs.max(1));
+            tasks.spawn("resync", move |stop| {
+                projector.run_resync_loop(Duration::from_secs(period), stop)
+            });
+        }
+        {
+            let projector = state.projector.clone();
+            let (instance, interval) = (config.instance_name.clone(), config.heartbeat_interval());
+            tasks.spawn("presence", move |stop| {
+                projector.run_presence(instance, interval, stop)
+            });
+        }
+        let ledger = self.ledger;
+        tasks.spawn("usage ledger", |stop| ledger.run(stop));
+        {
+            let (book, db) = (state.heartbeats.clone(), state.db.clone());
+            let every = Duration::from_millis(config.heartbeat_persist_ms.max(100));
+            tasks.spawn("heartbeat persistence", move |stop| {
+                book.run(db, every, stop)
+            });
+        }
+        {
+            let db = state.db.clone();
+            let retention = Duration::from_secs(config.abuse_retention_days.saturating_mul(86_400));
+            let every = Duration::from_secs(config.abuse_prune_interval_secs.max(1));
+            tasks.spawn("abuse-log retention", move |stop| {
+                routes::abuse::run_retention(db, retention, every, stop)
+            });
+        }
+        {
+            let (observer, projector) = (state.observer.clone(), state.projector.clone());
+            let every = Duration::from_secs(config.observe_interval_secs.max(1));
+            let limit = config.metrics_exit_limit;
+            tasks.spawn("fleet sampler", move |stop| {
+                observer.run(projector, every, Duration::from_secs(3600), limit, stop)
+            });
+        }
+        {
+            let (admin, metrics) = (self.admin, self.metrics);
+            tasks.spawn("admin endpoint", |stop| serve_admin(admin, metrics, stop));
+        }
         let (heartbook, db) = (self.state.heartbeats.clone(), self.state.db.clone());
         let app = routes::router(self.state);
         let result = axum::serve(
@@ -213,13 +226,7 @@ impl ControlApi {
         )
         .with_graceful_shutdown(shutdown)
         .await;
-        resync.abort();
-        presence.abort();
-        ledger.abort();
-        heartbeats.abort();
-        retention.abort();
-        observer.abort();
-        admin.abort();
+        tasks.stop(Duration::from_secs(5)).await;
         // The last beats reach Postgres before we go (best effort).
         let _ = heartbook.persist(&db).await;
         result
@@ -242,6 +249,7 @@ async fn connect_postgres(url: &str) -> Result<PgPool, StoreUnavailable> {
 async fn serve_admin(
     listener: TcpListener,
     metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
+    stop: Stop,
 ) {
     use axum::routing::get;
     let app = axum::Router::new()
@@ -266,7 +274,10 @@ async fn serve_admin(
                 }
             }),
         );
-    if let Err(e) = axum::serve(listener, app).await {
+    if let Err(e) = axum::serve(listener, app)
+        .with_graceful_shutdown(stop.cancelled_owned())
+        .await
+    {
         tracing::warn!(error = %e, "admin listener stopped");
     }
 }

@@ -224,12 +224,16 @@ impl HeartbeatBook {
         }
     }
 
-    /// Persists on an interval until the task is dropped.
-    pub async fn run(self: std::sync::Arc<Self>, db: PgPool, every: Duration) {
+    /// Persists on an interval until `stop`.
+    pub async fn run(
+        self: std::sync::Arc<Self>,
+        db: PgPool,
+        every: Duration,
+        stop: proxynet_protocol::tasks::Stop,
+    ) {
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tick.tick().await;
+        while stop.run_until_cancelled(tick.tick()).await.is_some() {
             let result = self.persist(&db).await;
             let unsaved = self.unsaved.lock().map(|u| u.len()).unwrap_or(0);
             metrics::gauge!("proxynet_heartbeats_unpersisted").set(unsaved as f64);
@@ -264,5 +268,61 @@ mod pacing_tests {
         // Another exit is not affected, and a zero gap admits everything.
         assert!(book.pace(other, false, gap).is_ok());
         assert!(book.pace(exit, false, Duration::ZERO).is_ok());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn beat(unix_secs: i64, draining: bool, active_tunnels: u64) -> Beat {
+        Beat {
+            at: DateTime::<Utc>::from_timestamp(unix_secs, 0).unwrap(),
+            draining,
+            active_tunnels,
+        }
+    }
+
+    #[test]
+    fn a_beat_is_news_only_when_it_changes_something_or_is_due() {
+        let book = HeartbeatBook::new(Duration::from_secs(60));
+        let saved = beat(1_000, false, 3);
+        assert!(book.is_news(None, &saved));
+        assert!(!book.is_news(Some(&saved), &beat(1_030, false, 3)));
+        assert!(book.is_news(Some(&saved), &beat(1_030, true, 3)));
+        assert!(book.is_news(Some(&saved), &beat(1_030, false, 4)));
+        assert!(book.is_news(Some(&saved), &beat(1_060, false, 3)));
+        // A beat older than what Postgres holds is no news by its age.
+        assert!(!book.is_news(Some(&saved), &beat(900, false, 3)));
+    }
+
+    #[test]
+    fn admin_addresses_are_written_when_new_changed_or_forgotten() {
+        let book = HeartbeatBook::default();
+        let exit = Uuid::new_v4();
+        let first: [std::net::SocketAddr; 1] = ["127.0.0.1:9091".parse().unwrap()];
+        let moved: [std::net::SocketAddr; 1] = ["127.0.0.1:9191".parse().unwrap()];
+        assert!(book.admin_addrs_due(exit, &first));
+        assert!(!book.admin_addrs_due(exit, &first));
+        assert!(book.admin_addrs_due(exit, &moved));
+        assert!(!book.admin_addrs_due(exit, &moved));
+        // The Redis write failed: the next beat writes again.
+        book.forget_admin_addrs(exit);
+        assert!(book.admin_addrs_due(exit, &moved));
+        assert!(book.admin_addrs_due(Uuid::new_v4(), &moved));
+    }
+
+    #[test]
+    fn a_newer_unsaved_beat_replaces_the_older_one() {
+        let book = HeartbeatBook::default();
+        let exit = Uuid::new_v4();
+        book.beat(exit, false, 1);
+        book.beat(exit, true, 7);
+        book.beat(Uuid::new_v4(), false, 0);
+        let unsaved = book.unsaved.lock().unwrap();
+        assert_eq!(unsaved.len(), 2);
+        let latest = unsaved[&exit];
+        assert!(latest.draining);
+        assert_eq!(latest.active_tunnels, 7);
     }
 }

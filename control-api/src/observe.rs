@@ -177,12 +177,12 @@ impl Observer {
         every: Duration,
         keep: Duration,
         exit_limit: usize,
+        stop: proxynet_protocol::tasks::Stop,
     ) {
         let points = (keep.as_secs() / every.as_secs().max(1)).clamp(2, 3600) as usize;
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tick.tick().await;
+        while stop.run_until_cancelled(tick.tick()).await.is_some() {
             if let Err(e) = self.sample(&projector, points, exit_limit).await {
                 counter!("proxynet_store_errors_total", "store" => "postgres_or_redis", "op" => "observe").increment(1);
                 tracing::debug!(error = %e, "fleet sample failed; keeping the last one");
@@ -398,4 +398,84 @@ fn export_exit(
         .absolute(fleet.bytes_up);
     counter!("proxynet_exit_bytes_total", "exit" => exit, "direction" => "down")
         .absolute(fleet.bytes_down);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn health(reporting: usize, available: usize) -> FleetHealth {
+        FleetHealth {
+            superproxies_reporting: reporting,
+            superproxies_seeing_it_available: available,
+            superproxies_ejecting_it: reporting - available,
+            score: None,
+            success: None,
+            probe_rtt_ms: None,
+            in_flight: 0,
+            ejections: 0,
+            tunnels: 0,
+            bytes_up: 0,
+            bytes_down: 0,
+        }
+    }
+
+    #[test]
+    fn the_worst_condition_names_the_state() {
+        let seen = health(3, 3);
+        let ejected = health(3, 1);
+        assert_eq!(
+            state_of(true, true, false, &ejected, true),
+            ExitState::Disabled
+        );
+        assert_eq!(
+            state_of(false, true, false, &ejected, true),
+            ExitState::Blocked
+        );
+        assert_eq!(
+            state_of(false, false, false, &ejected, true),
+            ExitState::Down
+        );
+        assert_eq!(
+            state_of(false, false, true, &ejected, true),
+            ExitState::Ejected
+        );
+        assert_eq!(
+            state_of(false, false, true, &seen, true),
+            ExitState::Draining
+        );
+        assert_eq!(state_of(false, false, true, &seen, false), ExitState::Live);
+    }
+
+    #[test]
+    fn a_live_exit_is_ejected_once_half_the_reporting_superproxies_lose_it() {
+        let state = |h: &FleetHealth| state_of(false, false, true, h, false);
+        assert_eq!(state(&health(4, 2)), ExitState::Ejected);
+        assert_eq!(state(&health(4, 3)), ExitState::Live);
+        assert_eq!(state(&health(1, 0)), ExitState::Ejected);
+        // No superproxy reporting yet is no evidence against it.
+        assert_eq!(state(&health(0, 0)), ExitState::Live);
+    }
+
+    #[test]
+    fn states_sort_worst_first_and_serialize_as_their_names() {
+        let mut states = ExitState::ALL;
+        states.reverse();
+        states.sort();
+        assert_eq!(states, ExitState::ALL);
+        assert_eq!(states[0], ExitState::Disabled);
+        for state in ExitState::ALL {
+            assert_eq!(serde_json::to_value(state).unwrap(), state.as_str());
+        }
+    }
+
+    #[test]
+    fn an_observer_that_never_sampled_knows_no_exit() {
+        let observer = Observer::default();
+        assert!(observer.exits().is_empty());
+        assert!(observer.counts().is_empty());
+        assert!(observer.fleet().is_empty());
+        assert_eq!(observer.sampled_at(), None);
+        assert!(observer.exit(Uuid::new_v4()).is_none());
+    }
 }

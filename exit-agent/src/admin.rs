@@ -136,3 +136,47 @@ async fn readyz(State(ctx): State<Arc<TunnelContext>>) -> (StatusCode, String) {
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tunnel::tests::context;
+
+    #[tokio::test]
+    async fn readiness_needs_a_link_and_neither_a_drain_nor_a_withdrawal() {
+        let dir = tempfile::tempdir().unwrap();
+        let ctx = context(dir.path());
+        let (status, body) = readyz(State(ctx.clone())).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(body, "no superproxy link up\n");
+        ctx.links_up.store(2, Ordering::Relaxed);
+        let (status, body) = readyz(State(ctx.clone())).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(body, "ready: 2 links, 0 tunnels\n");
+        ctx.draining.store(true, Ordering::Relaxed);
+        let (status, body) = readyz(State(ctx.clone())).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(body.starts_with("draining"), "{body}");
+        ctx.withdrawn.store(true, Ordering::Relaxed);
+        let (status, body) = readyz(State(ctx.clone())).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(body, "withdrawn by its owner\n");
+    }
+
+    #[tokio::test]
+    async fn the_opt_out_routes_withdraw_report_and_undo() {
+        let dir = tempfile::tempdir().unwrap();
+        let ctx = context(dir.path());
+        let Json(before) = opt_out_status(State(ctx.clone())).await;
+        assert_eq!(before["withdrawn"].as_bool(), Some(false));
+        let Json(withdrawn) = opt_out(State(ctx.clone())).await.unwrap();
+        assert_eq!(withdrawn["withdrawn"].as_bool(), Some(true));
+        let Json(during) = opt_out_status(State(ctx.clone())).await;
+        assert_eq!(during["withdrawn"].as_bool(), Some(true));
+        assert_eq!(during["requested_at"], withdrawn["requested_at"]);
+        assert!(during["acknowledged_at"].is_null());
+        let Json(undone) = opt_in(State(ctx.clone())).await.unwrap();
+        assert_eq!(undone["withdrawn"].as_bool(), Some(false));
+        assert!(!ctx.withdrawn.load(Ordering::Relaxed));
+    }
+}

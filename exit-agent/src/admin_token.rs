@@ -219,4 +219,59 @@ mod tests {
             assert_eq!(mode & 0o777, 0o600);
         }
     }
+
+    #[test]
+    fn a_token_file_is_read_trimmed_and_an_empty_one_holds_no_token() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("exit-agent.admin-token");
+        assert!(read(&path).unwrap().is_none());
+        std::fs::write(&path, "  \n").unwrap();
+        assert!(read(&path).unwrap().is_none());
+        // An empty file is not silently replaced by a token nobody knows of.
+        assert!(load_or_create(&path).is_err());
+        std::fs::write(&path, "abc123\n").unwrap();
+        assert_eq!(read(&path).unwrap().unwrap().expose(), "abc123");
+        assert_eq!(load_or_create(&path).unwrap().expose(), "abc123");
+    }
+
+    #[test]
+    fn local_fetches_pass_with_any_case_bearer_but_other_schemes_do_not() {
+        let token = Secret::new("s3cret");
+        for fetch_site in ["none", "same-origin"] {
+            let h = headers(&[
+                ("host", "localhost"),
+                ("authorization", "bearer s3cret"),
+                ("sec-fetch-site", fetch_site),
+            ]);
+            assert_eq!(check(&h, &token), Ok(()), "{fetch_site}");
+        }
+        for authorization in ["Basic s3cret", "Bearer ", "s3cret"] {
+            let h = headers(&[("host", "localhost"), ("authorization", authorization)]);
+            assert_eq!(check(&h, &token), Err(Refusal::BadToken), "{authorization}");
+        }
+    }
+
+    #[test]
+    fn only_loopback_names_and_addresses_are_a_local_host() {
+        for host in [
+            "localhost",
+            "LOCALHOST:80",
+            "127.0.0.1",
+            "127.255.0.1:9091",
+            "[::1]",
+            "[::1]:9091",
+        ] {
+            assert!(is_loopback_host(host), "{host}");
+        }
+        for host in [
+            "",
+            "localhost.evil.example",
+            "0.0.0.0:9091",
+            "[::]:9091",
+            "10.0.0.1",
+            "192.0.2.1:9091",
+        ] {
+            assert!(!is_loopback_host(host), "{host}");
+        }
+    }
 }

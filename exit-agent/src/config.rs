@@ -171,3 +171,101 @@ impl Config {
         Duration::from_millis(self.dns_timeout_ms)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const REQUIRED: [&str; 5] = [
+        "exit-agent",
+        "--control-api",
+        "https://control.example",
+        "--egress-ip",
+        "192.0.2.1",
+    ];
+
+    fn parse(extra: &[&str]) -> Result<Config, clap::Error> {
+        Config::try_parse_from(REQUIRED.iter().chain(extra).copied())
+    }
+
+    #[test]
+    fn egress_ips_may_be_repeated_or_comma_separated() {
+        let config = parse(&["--egress-ip", "2001:db8::1,192.0.2.2"]).unwrap();
+        let expected: Vec<IpAddr> = ["192.0.2.1", "2001:db8::1", "192.0.2.2"]
+            .iter()
+            .map(|ip| ip.parse().unwrap())
+            .collect();
+        assert_eq!(config.egress_ips, expected);
+        assert!(config.command.is_none());
+    }
+
+    #[test]
+    fn an_egress_ip_must_be_an_address() {
+        assert!(parse(&["--egress-ip", "exit.example"]).is_err());
+    }
+
+    #[test]
+    fn the_admin_token_lives_beside_the_state_file_unless_named() {
+        let config = parse(&["--state-file", "/srv/agent/state.json"]).unwrap();
+        assert_eq!(
+            config.admin_token_path(),
+            PathBuf::from("/srv/agent/state.admin-token")
+        );
+        let config = parse(&[
+            "--state-file",
+            "/srv/agent/state.json",
+            "--admin-token-file",
+            "/run/agent/token",
+        ])
+        .unwrap();
+        assert_eq!(config.admin_token_path(), PathBuf::from("/run/agent/token"));
+    }
+
+    #[test]
+    fn zero_tunnel_timeouts_are_raised_to_one_second() {
+        let config = parse(&[
+            "--tunnel-idle-timeout-secs",
+            "0",
+            "--tunnel-max-lifetime-secs",
+            "0",
+        ])
+        .unwrap();
+        let limits = config.tunnel_limits();
+        assert_eq!(limits.idle_timeout, Duration::from_secs(1));
+        assert_eq!(limits.max_lifetime, Duration::from_secs(1));
+    }
+
+    #[test]
+    fn connect_and_dns_timeouts_are_read_in_milliseconds() {
+        let config = parse(&[
+            "--target-connect-timeout-ms",
+            "1500",
+            "--dns-timeout-ms",
+            "250",
+        ])
+        .unwrap();
+        assert_eq!(
+            config.target_connect_timeout(),
+            Duration::from_millis(1_500)
+        );
+        assert_eq!(config.dns_timeout(), Duration::from_millis(250));
+    }
+
+    #[test]
+    fn only_link_versions_this_build_speaks_are_accepted() {
+        assert!(parse(&["--link-versions", "1"])
+            .unwrap()
+            .link_versions
+            .is_v1_only());
+        assert!(parse(&["--link-versions", "3"]).is_err());
+        assert!(parse(&["--link-versions", ""]).is_err());
+    }
+
+    #[test]
+    fn opt_out_and_opt_in_are_subcommands() {
+        let config = parse(&["opt-out"]).unwrap();
+        assert!(matches!(config.command, Some(Command::OptOut)));
+        let config = parse(&["opt-in"]).unwrap();
+        assert!(matches!(config.command, Some(Command::OptIn)));
+    }
+}

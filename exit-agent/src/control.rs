@@ -159,3 +159,36 @@ async fn problem_detail(response: reqwest::Response) -> String {
         _ => "no detail".to_owned(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_base_url_loses_its_trailing_slashes() {
+        let client = ControlClient::new("https://control.example//").unwrap();
+        assert_eq!(client.base, "https://control.example");
+    }
+
+    #[test]
+    fn an_enrollment_request_carries_the_token_and_egress_ips() {
+        let token = Secret::new("pn_enroll_abc");
+        let egress_ips: [IpAddr; 1] = ["192.0.2.1".parse().unwrap()];
+        let body = serde_json::to_value(EnrollRequest {
+            token: &token,
+            egress_ips: &egress_ips,
+            hostname: "exit-1".into(),
+            agent_version: "0.1.0",
+        })
+        .unwrap();
+        assert_eq!(
+            body,
+            serde_json::json!({
+                "token": "pn_enroll_abc",
+                "egress_ips": ["192.0.2.1"],
+                "hostname": "exit-1",
+                "agent_version": "0.1.0",
+            })
+        );
+    }
+}

@@ -113,3 +113,43 @@ impl Dns {
             .unwrap_or(Err(DnsFailure::TimedOut))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dns(max_in_flight: usize, timeout: Duration) -> Dns {
+        let server: SocketAddr = "127.0.0.1:53".parse().unwrap();
+        Dns::new(max_in_flight, timeout, &[server])
+    }
+
+    #[tokio::test]
+    async fn a_lookup_waiting_for_a_slot_past_its_deadline_times_out() {
+        let dns = dns(1, Duration::from_secs(30));
+        let _busy = dns.permits.acquire().await.unwrap();
+        let started = Instant::now();
+        let deadline = Instant::now() + Duration::from_millis(50);
+        let result = dns.resolve("example.com", 443, deadline).await;
+        assert_eq!(result, Err(DnsFailure::TimedOut));
+        assert!(started.elapsed() < Duration::from_secs(10));
+    }
+
+    #[tokio::test]
+    async fn the_resolvers_own_timeout_bounds_a_later_deadline() {
+        let dns = dns(1, Duration::from_millis(50));
+        let _busy = dns.permits.acquire().await.unwrap();
+        let started = Instant::now();
+        let far = Instant::now() + Duration::from_secs(60);
+        let result = dns.resolve("example.com", 443, far).await;
+        assert_eq!(result, Err(DnsFailure::TimedOut));
+        assert!(started.elapsed() < Duration::from_secs(10));
+    }
+
+    #[tokio::test]
+    async fn a_zero_concurrency_bound_still_allows_one_lookup_at_a_time() {
+        assert_eq!(
+            dns(0, Duration::from_secs(1)).permits.available_permits(),
+            1
+        );
+    }
+}

@@ -21,6 +21,7 @@ pub mod state;
 pub mod tunnel;
 
 use proxynet_protocol::store::SuperproxyRecord;
+use proxynet_protocol::tasks::{Stop, Tasks};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::future::Future;
@@ -162,17 +163,25 @@ impl ExitAgent {
 
     pub async fn serve(self, shutdown: impl Future<Output = ()> + Send + 'static) {
         let ctx = self.ctx;
-        let admin = tokio::spawn({
-            let router = admin::router(ctx.clone());
-            async move {
-                let _ = axum::serve(self.admin, router).await;
-            }
-        });
-        let heartbeats = tokio::spawn(heartbeat_loop(self.control.clone(), ctx.clone()));
-        let withdrawals = tokio::spawn(optout::acknowledge_until_done(
-            ctx.clone(),
-            self.control.clone(),
-        ));
+        let mut tasks = Tasks::new();
+        {
+            let (listener, router) = (self.admin, admin::router(ctx.clone()));
+            tasks.spawn("admin endpoint", |stop| async move {
+                let _ = axum::serve(listener, router)
+                    .with_graceful_shutdown(stop.cancelled_owned())
+                    .await;
+            });
+        }
+        {
+            let (control, ctx) = (self.control.clone(), ctx.clone());
+            tasks.spawn("heartbeats", |stop| heartbeat_loop(control, ctx, stop));
+        }
+        {
+            let (control, ctx) = (self.control.clone(), ctx.clone());
+            tasks.spawn("withdrawal acknowledgement", |stop| {
+                optout::acknowledge_until_done(ctx, control, stop)
+            });
+        }
         shutdown.await;
 
         // Drain in the order that loses no tunnel: announce, let the news spread,
@@ -194,9 +203,7 @@ impl ExitAgent {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         tracing::info!(left = active(&ctx), "drained; closing links");
-        heartbeats.abort();
-        withdrawals.abort();
-        admin.abort();
+        tasks.stop(Duration::from_secs(5)).await;
     }
 }
 
@@ -227,7 +234,7 @@ fn control_api_addr(url: &str) -> Option<SocketAddr> {
 
 /// Heartbeats on the interval the control-api asks for and keeps one link
 /// supervisor per announced superproxy.
-async fn heartbeat_loop(control: ControlClient, ctx: Arc<TunnelContext>) {
+async fn heartbeat_loop(control: ControlClient, ctx: Arc<TunnelContext>, stop: Stop) {
     let mut links: HashMap<Uuid, LinkTask> = HashMap::new();
     let mut interval = Duration::from_secs(5);
     let mut failures: u32 = 0;
@@ -259,7 +266,13 @@ async fn heartbeat_loop(control: ControlClient, ctx: Arc<TunnelContext>) {
         } else {
             interval.min(Duration::from_millis(500 * u64::from(failures.min(10))))
         };
-        tokio::time::sleep(wait).await;
+        if stop
+            .run_until_cancelled(tokio::time::sleep(wait))
+            .await
+            .is_none()
+        {
+            return;
+        }
     }
 }
 

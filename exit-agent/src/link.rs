@@ -278,3 +278,39 @@ impl ServerCertVerifier for PinnedCert {
             .supported_schemes()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn verify(pin: &str, cert: &[u8]) -> Result<ServerCertVerified, rustls::Error> {
+        let verifier = PinnedCert {
+            sha256: pin.to_owned(),
+            provider: proxynet_protocol::link::tls_provider(),
+        };
+        let name = ServerName::try_from("proxynet-superproxy").unwrap();
+        verifier.verify_server_cert(
+            &CertificateDer::from(cert.to_vec()),
+            &[],
+            &name,
+            &[],
+            UnixTime::now(),
+        )
+    }
+
+    #[test]
+    fn only_the_certificate_with_the_pinned_digest_is_accepted() {
+        let cert = b"the superproxy's certificate".as_slice();
+        let pin = hex::encode(Sha256::digest(cert));
+        assert!(verify(&pin, cert).is_ok());
+        assert!(verify(&pin, b"another certificate").is_err());
+        assert!(verify("", cert).is_err());
+    }
+
+    #[test]
+    fn a_pinned_client_config_offers_only_the_link_alpn() {
+        let pin = hex::encode(Sha256::digest(b"cert"));
+        let config = pinned_client_config(&pin).unwrap();
+        assert_eq!(config.alpn_protocols, vec![LINK_ALPN.to_vec()]);
+    }
+}

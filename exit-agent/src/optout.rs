@@ -72,7 +72,11 @@ fn persist(ctx: &TunnelContext, opted_out: Option<OptOutState>) -> Result<(), St
 }
 
 /// Tells the control plane until it has recorded the withdrawal.
-pub async fn acknowledge_until_done(ctx: Arc<TunnelContext>, control: ControlClient) {
+pub async fn acknowledge_until_done(
+    ctx: Arc<TunnelContext>,
+    control: ControlClient,
+    stop: proxynet_protocol::tasks::Stop,
+) {
     let mut backoff = Duration::from_millis(500);
     loop {
         let pending = status(&ctx).is_some_and(|s| s.acknowledged_at.is_none());
@@ -101,12 +105,18 @@ pub async fn acknowledge_until_done(ctx: Arc<TunnelContext>, control: ControlCli
                 }
             }
         }
-        tokio::time::sleep(if pending {
+        let wait = if pending {
             backoff
         } else {
             Duration::from_millis(500)
-        })
-        .await;
+        };
+        if stop
+            .run_until_cancelled(tokio::time::sleep(wait))
+            .await
+            .is_none()
+        {
+            return;
+        }
     }
 }
 
@@ -219,5 +229,56 @@ pub async fn run_cli(config: &crate::Config) -> Result<String, String> {
         Err(e) => Ok(format!(
             "withdrawn locally (the agent will carry nothing); the control plane was not reached ({e}): the agent retries when it runs"
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tunnel::tests::context;
+
+    #[tokio::test]
+    async fn a_withdrawal_cuts_open_tunnels_persists_and_is_idempotent() {
+        let dir = tempfile::tempdir().unwrap();
+        let ctx = context(dir.path());
+        let open_tunnel = ctx.cut_token();
+        let first = withdraw(&ctx).unwrap();
+        assert!(ctx.withdrawn.load(Ordering::Relaxed));
+        assert!(open_tunnel.is_cancelled());
+        assert_eq!(first.acknowledged_at, None);
+        let on_disk = AgentState::load(&ctx.config.state_file).unwrap().unwrap();
+        assert_eq!(on_disk.exit_id, ctx.identity.exit_id);
+        assert_eq!(
+            on_disk.opted_out.map(|s| s.requested_at),
+            Some(first.requested_at)
+        );
+        // Withdrawing again keeps the first request.
+        let again = withdraw(&ctx).unwrap();
+        assert_eq!(again.requested_at, first.requested_at);
+        assert_eq!(
+            status(&ctx).map(|s| s.requested_at),
+            Some(first.requested_at)
+        );
+    }
+
+    #[tokio::test]
+    async fn undoing_a_withdrawal_clears_it_and_gives_new_tunnels_a_fresh_cut() {
+        let dir = tempfile::tempdir().unwrap();
+        let ctx = context(dir.path());
+        withdraw(&ctx).unwrap();
+        undo(&ctx).unwrap();
+        assert!(!ctx.withdrawn.load(Ordering::Relaxed));
+        assert!(status(&ctx).is_none());
+        assert!(!ctx.cut_token().is_cancelled());
+        let on_disk = AgentState::load(&ctx.config.state_file).unwrap().unwrap();
+        assert!(on_disk.opted_out.is_none());
+    }
+
+    #[tokio::test]
+    async fn undoing_when_nothing_was_withdrawn_writes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let ctx = context(dir.path());
+        undo(&ctx).unwrap();
+        assert!(AgentState::load(&ctx.config.state_file).unwrap().is_none());
     }
 }

@@ -57,3 +57,49 @@ impl LivePolicy {
         );
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proxynet_protocol::egress::{Cidr, Denial};
+
+    fn loopback_allowed() -> EgressPolicyConfig {
+        EgressPolicyConfig {
+            allow: vec!["127.0.0.0/8".parse::<Cidr>().unwrap()],
+            ..EgressPolicyConfig::default()
+        }
+    }
+
+    #[test]
+    fn learned_service_addresses_are_denied_until_no_longer_reported() {
+        let live = LivePolicy::new(loopback_allowed());
+        let redis: SocketAddr = "127.0.0.1:6379".parse().unwrap();
+        let other_loopback: SocketAddr = "127.0.0.2:6379".parse().unwrap();
+        let web: SocketAddr = "127.0.0.1:8080".parse().unwrap();
+        assert_eq!(live.current().check(redis), Ok(()));
+        live.learn([redis]);
+        assert_eq!(live.current().check(redis), Err(Denial::ProtectedService));
+        // Any loopback address reaches a service listening on loopback.
+        assert_eq!(
+            live.current().check(other_loopback),
+            Err(Denial::ProtectedService)
+        );
+        assert_eq!(live.current().check(web), Ok(()));
+        live.learn(std::iter::empty::<SocketAddr>());
+        assert_eq!(live.current().check(redis), Ok(()));
+    }
+
+    #[test]
+    fn learning_keeps_the_base_rules_and_recompiles_only_on_change() {
+        let live = LivePolicy::new(EgressPolicyConfig::default());
+        let api: SocketAddr = "198.51.100.10:7070".parse().unwrap();
+        live.learn([api]);
+        let first = live.current();
+        let smtp: SocketAddr = "93.184.215.14:25".parse().unwrap();
+        assert_eq!(first.check(smtp), Err(Denial::Port(25)));
+        live.learn([api]);
+        assert!(Arc::ptr_eq(&first, &live.current()));
+        live.learn([api, "198.51.100.11:7070".parse().unwrap()]);
+        assert!(!Arc::ptr_eq(&first, &live.current()));
+    }
+}

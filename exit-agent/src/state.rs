@@ -92,3 +92,75 @@ impl AgentState {
         std::fs::rename(&tmp, path).map_err(err)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn enrolled() -> AgentState {
+        AgentState {
+            exit_id: Uuid::new_v4(),
+            credential: Secret::new("exit-credential"),
+            opted_out: None,
+        }
+    }
+
+    #[test]
+    fn a_saved_state_loads_back_with_its_withdrawal() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("nested").join("exit-agent.json");
+        let mut state = enrolled();
+        state.opted_out = Some(OptOutState {
+            requested_at: 1_700_000_000,
+            acknowledged_at: None,
+        });
+        state.save(&path).unwrap();
+        let loaded = AgentState::load(&path).unwrap().unwrap();
+        assert_eq!(loaded.exit_id, state.exit_id);
+        assert_eq!(loaded.credential, state.credential);
+        let opted_out = loaded.opted_out.unwrap();
+        assert_eq!(opted_out.requested_at, 1_700_000_000);
+        assert_eq!(opted_out.acknowledged_at, None);
+        assert!(!path.with_extension("tmp").exists());
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+            assert_eq!(mode & 0o777, 0o600);
+        }
+    }
+
+    #[test]
+    fn no_state_file_means_not_enrolled() {
+        let dir = tempfile::tempdir().unwrap();
+        let loaded = AgentState::load(&dir.path().join("exit-agent.json")).unwrap();
+        assert!(loaded.is_none());
+    }
+
+    #[test]
+    fn a_corrupt_state_file_is_reported_and_left_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("exit-agent.json");
+        std::fs::write(&path, b"{not json").unwrap();
+        match AgentState::load(&path) {
+            Err(StateError::Corrupt { path: reported, .. }) => {
+                assert_eq!(reported, path.display().to_string())
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(std::fs::read(&path).unwrap(), b"{not json");
+    }
+
+    #[test]
+    fn a_state_without_a_withdrawal_leaves_the_field_out_and_old_files_load() {
+        let state = enrolled();
+        let json = serde_json::to_value(&state).unwrap();
+        assert!(json.get("opted_out").is_none(), "{json}");
+        assert_eq!(json["credential"], "exit-credential");
+        // A state file written before withdrawals existed.
+        let old = format!(r#"{{"exit_id":"{}","credential":"c"}}"#, state.exit_id);
+        let parsed: AgentState = serde_json::from_str(&old).unwrap();
+        assert_eq!(parsed.exit_id, state.exit_id);
+        assert!(parsed.opted_out.is_none());
+    }
+}

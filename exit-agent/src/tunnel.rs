@@ -403,3 +403,148 @@ fn defer_port_choice(socket: &TcpSocket) {
 
 #[cfg(not(target_os = "linux"))]
 fn defer_port_choice(_socket: &TcpSocket) {}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use clap::Parser;
+
+    /// An agent serving from 192.0.2.1 (one tunnel at most), its state file
+    /// under `dir`.
+    pub(crate) fn context(dir: &std::path::Path) -> Arc<TunnelContext> {
+        let state_file = dir.join("exit-agent.json");
+        let config = Config::try_parse_from([
+            "exit-agent",
+            "--control-api",
+            "https://control.example",
+            "--egress-ip",
+            "192.0.2.1",
+            "--max-tunnels",
+            "1",
+            "--state-file",
+            state_file.to_str().unwrap(),
+        ])
+        .unwrap();
+        let policy = LivePolicy::new(config.egress.policy(&[]));
+        let resolver: SocketAddr = "127.0.0.1:53".parse().unwrap();
+        let dns = Dns::new(1, Duration::from_secs(1), &[resolver]);
+        Arc::new(TunnelContext {
+            config,
+            identity: AgentState {
+                exit_id: uuid::Uuid::new_v4(),
+                credential: proxynet_protocol::secret::Secret::new("exit-credential"),
+                opted_out: None,
+            },
+            policy,
+            dns,
+            active: AtomicUsize::new(0),
+            links_up: AtomicUsize::new(0),
+            draining: AtomicBool::new(false),
+            refusing: AtomicBool::new(false),
+            withdrawn: AtomicBool::new(false),
+            cut_all: std::sync::Mutex::new(tokio_util::sync::CancellationToken::new()),
+            beat_info: crate::control::BeatInfo::default(),
+            admin_token: proxynet_protocol::secret::Secret::new("admin-token"),
+            opt_out: std::sync::Mutex::new(None),
+            metrics: None,
+        })
+    }
+
+    fn ours() -> IpAddr {
+        "192.0.2.1".parse().unwrap()
+    }
+
+    #[test]
+    fn a_target_names_its_host_and_a_nonzero_port() {
+        let request = TunnelRequest::from_target("example.com:443", ours(), 1_500).unwrap();
+        assert_eq!(request.host, "example.com");
+        assert_eq!(request.port, 443);
+        assert_eq!(request.egress_ip, ours());
+        assert_eq!(request.budget, Duration::from_millis(1_500));
+    }
+
+    #[test]
+    fn a_target_without_a_usable_port_is_a_bad_request() {
+        for target in [
+            "example.com",
+            "example.com:0",
+            "example.com:99999",
+            "",
+            "exa mple.com:80",
+        ] {
+            assert_eq!(
+                TunnelRequest::from_target(target, ours(), 1_000).err(),
+                Some(Outcome::BadRequest),
+                "{target:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_answer_carries_the_outcome_as_status_and_header() {
+        for outcome in [
+            Outcome::Connected,
+            Outcome::PolicyDenied,
+            Outcome::Capacity,
+            Outcome::TimedOut,
+        ] {
+            let response = answer(outcome);
+            assert_eq!(response.status().as_u16(), outcome.status());
+            assert_eq!(response.headers()[HEADER_OUTCOME], outcome.as_str());
+        }
+    }
+
+    #[tokio::test]
+    async fn probes_fail_while_draining_or_withdrawn() {
+        let dir = tempfile::tempdir().unwrap();
+        let ctx = context(dir.path());
+        assert_eq!(probe_outcome(&ctx), Outcome::Connected);
+        ctx.draining.store(true, Ordering::Relaxed);
+        assert_eq!(probe_outcome(&ctx), Outcome::Draining);
+        ctx.draining.store(false, Ordering::Relaxed);
+        ctx.withdrawn.store(true, Ordering::Relaxed);
+        assert!(ctx.announces_draining());
+        assert_eq!(probe_outcome(&ctx), Outcome::Draining);
+    }
+
+    #[tokio::test]
+    async fn tunnels_beyond_the_limit_are_refused_and_a_freed_slot_is_reused() {
+        let dir = tempfile::tempdir().unwrap();
+        let ctx = context(dir.path());
+        let first = admit(&ctx);
+        assert!(first.is_some());
+        assert!(admit(&ctx).is_none());
+        // The refused attempt gave its count back at once.
+        assert_eq!(ctx.active.load(Ordering::Relaxed), 1);
+        drop(first);
+        assert_eq!(ctx.active.load(Ordering::Relaxed), 0);
+        assert!(admit(&ctx).is_some());
+    }
+
+    #[tokio::test]
+    async fn open_refuses_what_it_must_not_dial_before_dialling() {
+        let dir = tempfile::tempdir().unwrap();
+        let ctx = context(dir.path());
+        let tunnel = |target: &str, egress_ip: IpAddr| {
+            TunnelRequest::from_target(target, egress_ip, 5_000).unwrap()
+        };
+        let loopback = tunnel("127.0.0.1:6379", ours());
+        assert_eq!(
+            open(&ctx, &loopback).await.err(),
+            Some(Outcome::PolicyDenied)
+        );
+        let smtp = tunnel("93.184.215.14:25", ours());
+        assert_eq!(open(&ctx, &smtp).await.err(), Some(Outcome::PolicyDenied));
+        let not_ours = tunnel("93.184.215.14:443", "192.0.2.9".parse().unwrap());
+        assert_eq!(
+            open(&ctx, &not_ours).await.err(),
+            Some(Outcome::EgressUnavailable)
+        );
+        // An IPv4 egress address cannot reach an IPv6 target.
+        let v6 = tunnel("[2606:4700::1111]:443", ours());
+        assert_eq!(open(&ctx, &v6).await.err(), Some(Outcome::Unreachable));
+        ctx.withdrawn.store(true, Ordering::Relaxed);
+        let public = tunnel("93.184.215.14:443", ours());
+        assert_eq!(open(&ctx, &public).await.err(), Some(Outcome::Draining));
+    }
+}

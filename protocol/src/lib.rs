@@ -22,4 +22,6 @@ pub mod shutdown;
 pub mod sockets;
 pub mod splice;
 pub mod store;
+pub mod tasks;
 pub mod telemetry;
+pub mod username;

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use superproxy::health::{HealthBook, HealthConfig};
 use superproxy::link::registry::{Link, LinkSender};
-use superproxy::pool::{choose, Candidate, PoolView};
+use superproxy::select::{choose, Candidate, PoolView};
 use superproxy::username::Targeting;
 use uuid::Uuid;
 

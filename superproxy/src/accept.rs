@@ -14,6 +14,7 @@
 //! `unauthenticated_timeout_ms` after accept if it has not logged in by then.
 //! One address cannot hold the connection slots with sockets that never speak.
 
+use proxynet_protocol::tasks::Stop;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -24,8 +25,30 @@ use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{ErrorKind, ProxyError};
-use crate::ingress;
-use crate::pipeline::Pipeline;
+
+/// Serves the connections the acceptor admits, one call per connection; the
+/// futures it returns are spawned, each on a task of its own. The acceptor
+/// knows nothing of the protocols spoken on them.
+pub trait ConnectionHandler {
+    /// A connection on the HTTP proxy listener.
+    fn proxy(
+        &self,
+        stream: TcpStream,
+        ticket: ConnectionTicket,
+    ) -> impl Future<Output = ()> + Send + 'static;
+    /// A connection on the SOCKS5 listener.
+    fn socks(
+        &self,
+        stream: TcpStream,
+        ticket: ConnectionTicket,
+    ) -> impl Future<Output = ()> + Send + 'static;
+    /// A connection on the HTTPS proxy listener, its TLS handshake done.
+    fn tls(
+        &self,
+        stream: tokio_rustls::server::TlsStream<TcpStream>,
+        ticket: ConnectionTicket,
+    ) -> impl Future<Output = ()> + Send + 'static;
+}
 
 /// What a client connection holds while it, or a tunnel on it, lives.
 #[derive(Clone)]
@@ -185,11 +208,10 @@ impl PreAuth {
 
     /// Cuts connections past their pre-auth deadline, every quarter second:
     /// one sweep for all connections instead of a timer each.
-    pub async fn run_deadlines(self: Arc<Self>) {
+    pub async fn run_deadlines(self: Arc<Self>, stop: Stop) {
         let mut tick = tokio::time::interval(Duration::from_millis(250));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tick.tick().await;
+        while stop.run_until_cancelled(tick.tick()).await.is_some() {
             let now = tokio::time::Instant::now();
             // Cut under the lock: a login landing meanwhile (which takes
             // the slot out under the same lock) is never cut after it.
@@ -290,9 +312,9 @@ impl Gate {
 
 /// Accepts on both listeners until `stop` resolves, then drops them, so new
 /// connections are refused instead of waiting in the backlog.
-pub async fn run(
+pub async fn run<H: ConnectionHandler + Clone + Send + 'static>(
     listeners: Listeners,
-    pipeline: Arc<Pipeline>,
+    handler: &H,
     gate: &Gate,
     stop: impl Future<Output = ()>,
 ) {
@@ -334,31 +356,34 @@ pub async fn run(
             }
             Err(NoTicket::Closing) => continue,
         };
-        let pipeline = pipeline.clone();
-        let acceptor = listeners.tls.as_ref().map(|(_, a)| a.clone());
-        tokio::spawn(async move {
-            match door {
-                Door::Socks => ingress::socks5::serve_connection(pipeline, stream, ticket).await,
-                Door::Proxy => ingress::serve_any(pipeline, stream, ticket).await,
-                Door::Tls => {
-                    let Some(acceptor) = acceptor else { return };
+        match door {
+            Door::Socks => {
+                tokio::spawn(handler.socks(stream, ticket));
+            }
+            Door::Proxy => {
+                tokio::spawn(handler.proxy(stream, ticket));
+            }
+            Door::Tls => {
+                let Some(acceptor) = listeners.tls.as_ref().map(|(_, a)| a.clone()) else {
+                    continue;
+                };
+                let handler = handler.clone();
+                tokio::spawn(async move {
                     // The pre-auth deadline bounds the handshake too.
                     let handshake = tokio::select! {
                         done = acceptor.accept(stream) => Some(done),
                         () = ticket.cut().cancelled() => None,
                     };
                     match handshake {
-                        Some(Ok(tls)) => {
-                            ingress::http::serve_connection(pipeline, tls, ticket).await
-                        }
+                        Some(Ok(tls)) => handler.tls(tls, ticket).await,
                         Some(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
                         None => {
                             tracing::debug!(%peer, "TLS handshake not done before the pre-auth deadline")
                         }
                     }
-                }
+                });
             }
-        });
+        }
     }
     drop(listeners);
 }

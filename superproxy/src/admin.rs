@@ -6,13 +6,14 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
+use proxynet_protocol::tasks::Stop;
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 
 use crate::link::registry::LinkRegistry;
-use crate::pool::Pool;
+use crate::select::Pool;
 
 /// What the admin endpoints report on.
 pub struct AdminState {
@@ -31,9 +32,13 @@ impl AdminState {
     }
 }
 
-pub async fn run(listener: TcpListener, gateway: Arc<AdminState>) {
+pub async fn run(listener: TcpListener, gateway: Arc<AdminState>, stop: Stop) {
     loop {
-        let Ok((stream, _)) = listener.accept().await else {
+        let accepted = tokio::select! {
+            () = stop.cancelled() => return,
+            accepted = listener.accept() => accepted,
+        };
+        let Ok((stream, _)) = accepted else {
             tokio::time::sleep(Duration::from_millis(50)).await;
             continue;
         };

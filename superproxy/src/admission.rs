@@ -12,13 +12,15 @@
 //! is unreachable, limits fall back to this instance's own count.
 
 use proxynet_protocol::redis_target::RedisConnection;
-use proxynet_protocol::store::{AccountLimits, Keys, QuotaPeriod};
+use proxynet_protocol::store::{Keys, QuotaPeriod};
+use proxynet_protocol::tasks::Stop;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use uuid::Uuid;
 
 use crate::error::{ErrorKind, ProxyError};
+use crate::request::UserLimits;
 use crate::usage::QuotaOwner;
 
 /// `KEYS[1]` rate key, `ARGV[1]` tunnels per second. GCRA with one second of
@@ -133,17 +135,6 @@ pub struct Leases {
     _user: Option<Lease>,
     _local: Option<LocalSlot>,
     _account: Option<Lease>,
-}
-
-/// The limits of one user, from their record.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct UserLimits {
-    pub max_concurrent_tunnels: Option<u32>,
-    pub max_new_tunnels_per_second: Option<u32>,
-    /// Bytes (up + down) per period.
-    pub bandwidth: Option<(u64, QuotaPeriod)>,
-    /// The account's totals over all its users (its entitlements).
-    pub account: Option<AccountLimits>,
 }
 
 impl Admission {
@@ -292,10 +283,9 @@ impl Admission {
     }
 
     /// Extends this instance's leases every third of their lifetime.
-    pub async fn run_renewals(self: Arc<Self>) {
+    pub async fn run_renewals(self: Arc<Self>, stop: Stop) {
         let mut tick = tokio::time::interval(self.lease_ttl / 3);
-        loop {
-            tick.tick().await;
+        while stop.run_until_cancelled(tick.tick()).await.is_some() {
             let snapshot: Vec<(String, Vec<String>)> = self
                 .held
                 .lock()

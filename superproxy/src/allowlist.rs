@@ -20,6 +20,7 @@
 use proxynet_protocol::egress::Cidr;
 use proxynet_protocol::redis_target::RedisConnection;
 use proxynet_protocol::store::Keys;
+use proxynet_protocol::tasks::Stop;
 use redis::AsyncCommands;
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -105,11 +106,10 @@ impl Allowlist {
         }
     }
 
-    pub async fn run(self: Arc<Self>, interval: Duration) {
+    pub async fn run(self: Arc<Self>, interval: Duration, stop: Stop) {
         let mut tick = tokio::time::interval(interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tick.tick().await;
+        while stop.run_until_cancelled(tick.tick()).await.is_some() {
             self.refresh().await;
         }
     }

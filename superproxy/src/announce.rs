@@ -6,6 +6,7 @@
 use proxynet_protocol::egress::host_interface_addresses;
 use proxynet_protocol::redis_target::RedisConnection;
 use proxynet_protocol::store::{Keys, SuperproxyRecord, TOUCH_LIVE_SCRIPT};
+use proxynet_protocol::tasks::Stop;
 use redis::AsyncCommands;
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -19,11 +20,10 @@ pub struct Announcer {
 }
 
 impl Announcer {
-    pub async fn run(self) {
+    pub async fn run(self, stop: Stop) {
         let mut tick = tokio::time::interval(self.interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tick.tick().await;
+        while stop.run_until_cancelled(tick.tick()).await.is_some() {
             if let Err(e) = self.announce_once().await {
                 tracing::warn!(error = %e, "announcing the link address failed; retrying");
             }

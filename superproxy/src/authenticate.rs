@@ -372,11 +372,7 @@ fn unreachable_hmac() -> Hmac<Sha256> {
 /// Base usernames as the control-api allows them; anything else cannot exist,
 /// so it never reaches Redis as a key.
 pub fn valid_username(username: &str) -> bool {
-    !username.is_empty()
-        && username.len() <= 64
-        && username
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.')
+    proxynet_protocol::username::is_base_username(username)
 }
 
 /// Decodes `Proxy-Authorization: Basic base64(user:pass)`.

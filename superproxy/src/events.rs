@@ -4,13 +4,14 @@
 //! (on a cluster, to the next seed node: pub/sub is cluster-wide).
 
 use futures_util::StreamExt;
+use proxynet_protocol::tasks::Stop;
 use std::sync::Arc;
 use std::time::Duration;
 
 use proxynet_protocol::redis_target::RedisTarget;
 
-use crate::pool::Pool;
 use crate::revocation::Revoker;
+use crate::select::Pool;
 
 /// How often the subscription's connection is checked, and how long a PING
 /// may go unanswered before it is given up.
@@ -23,10 +24,24 @@ pub async fn run(
     revoker: Arc<Revoker>,
     pool: Arc<Pool>,
     allowlist: Arc<crate::allowlist::Allowlist>,
+    stop: Stop,
+) {
+    stop.run_until_cancelled(follow(&mut redis, &channel, &revoker, &pool, &allowlist))
+        .await;
+}
+
+/// Follows the change events for ever, resubscribing when the subscription
+/// is lost.
+async fn follow(
+    redis: &mut RedisTarget,
+    channel: &str,
+    revoker: &Revoker,
+    pool: &Pool,
+    allowlist: &crate::allowlist::Allowlist,
 ) {
     let mut backoff = Duration::from_millis(100);
     loop {
-        match redis.subscribe(&channel).await {
+        match redis.subscribe(channel).await {
             Ok(pubsub) => {
                 backoff = Duration::from_millis(100);
                 let (mut sink, mut messages) = pubsub.split();

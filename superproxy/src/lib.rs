@@ -1,20 +1,22 @@
 //! proxynet superproxy: the data plane.
 //!
-//! A tunnel passes these stages, one module each, always in this order
-//! ([`pipeline`] runs them for every ingress):
-//! [`accept`] (connection limit, drain guard) → [`ingress`] (speak the
-//! client's protocol: HTTP CONNECT, absolute-form, SOCKS5) →
-//! [`authenticate`] (credentials, argon2 off the hot path; [`limits`] charges
-//! attempts) → [`target`] (validate and normalise the destination) →
-//! [`admission`] (per-user limits and quota) → [`tunnel`] (pick an exit from
-//! the [`pool`], egress IP, safe retry) → [`link`] (the agents' links, one
-//! HTTP/2 stream per tunnel) → [`usage`] (meter) → splice (bytes both ways,
-//! `proxynet_protocol::splice`, shared with the agent).
+//! A tunnel passes these stages, always in this order:
+//! [`accept`] (connection limit, drain guard, pre-auth bounds; knows no
+//! protocol) → [`ingress`] (speak the client's protocol: HTTP CONNECT,
+//! absolute-form, SOCKS5, over TCP or TLS) → [`pipeline`], which runs the
+//! stages proper, a file each: authenticate (credentials via
+//! [`authenticate`], throttled by [`limits`]) → authorize (the account's
+//! entitlements bound the username's asks) → admit ([`admission`]: limits,
+//! quotas) → open (an exit from [`select`]: the pool, a session pin, egress IP,
+//! safe retry; dialled over a [`link`]) → meter ([`usage`]) → splice (bytes
+//! both ways, `proxynet_protocol::splice`, shared with the agent) → access log.
+//! [`request`] holds the plain data every stage reads.
 //! Around them: [`open_tunnels`] and [`revocation`] (cut what a revocation
 //! no longer allows), [`announce`] (tell agents where to dial), [`events`]
 //! (change events), [`health`] and [`probe`] (exit health), [`admin`]
 //! (health and pool endpoints), [`error`] (the one error type every ingress
-//! answers with).
+//! answers with). Background loops share one shape
+//! (`proxynet_protocol::tasks`): built with their parts, `run(stop)`.
 //!
 //! [`Superproxy::bind`] binds every listener (port 0 is fine) and reports the
 //! addresses; [`Superproxy::serve`] runs until its shutdown future resolves,
@@ -38,14 +40,14 @@ pub mod link;
 pub mod metrics;
 pub mod open_tunnels;
 pub mod pipeline;
-pub mod pool;
 pub mod probe;
+pub mod request;
 pub mod revocation;
-pub mod session;
+pub mod select;
 pub mod target;
-pub mod tunnel;
+/// The username grammar, shared with the control-api.
+pub use proxynet_protocol::username;
 pub mod usage;
-pub mod username;
 
 use proxynet_protocol::egress::EgressPolicy;
 use proxynet_protocol::redis_target::{RedisConnection, RedisTarget};
@@ -63,12 +65,14 @@ use accept::{Gate, Listeners};
 use admin::AdminState;
 use authenticate::Authenticator;
 pub use config::Config;
+use ingress::{IngressLimits, Ingresses};
 use link::registry::LinkRegistry;
 use link::tls::LinkIdentity;
-use pipeline::Pipeline;
-use pool::Pool;
+use pipeline::open::{RetryBudget, TunnelOpener};
+use pipeline::{Admit, Login, Pipeline};
+use proxynet_protocol::tasks::Tasks;
 use revocation::Revoker;
-use tunnel::{RetryBudget, TunnelOpener};
+use select::Pool;
 
 /// The addresses a running superproxy bound.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize)]
@@ -100,8 +104,11 @@ pub enum StartError {
 }
 
 pub struct Superproxy {
+    id: Uuid,
+    config: Arc<Config>,
     tls_cert: Option<Arc<ingress::tls::ReloadableCert>>,
     pipeline: Arc<Pipeline>,
+    parts: Parts,
     admin_state: Arc<AdminState>,
     addresses: Addresses,
     listeners: Listeners,
@@ -111,6 +118,17 @@ pub struct Superproxy {
     redis_target: RedisTarget,
     redis: RedisConnection,
     keys: Keys,
+}
+
+/// The components the background loops share with the pipeline.
+struct Parts {
+    auth: Authenticator,
+    auth_limiter: Arc<limits::AuthFailureLimiter>,
+    admission: Arc<admission::Admission>,
+    usage: Arc<usage::UsageRecorder>,
+    open_tunnels: Arc<open_tunnels::OpenTunnels>,
+    allowlist: Arc<allowlist::Allowlist>,
+    stats: Arc<metrics::Stats>,
 }
 
 async fn listen(
@@ -198,7 +216,7 @@ impl Superproxy {
         );
         let opener = TunnelOpener {
             pool: pool.clone(),
-            sessions: session::Sessions::new(
+            sessions: select::sessions::Sessions::new(
                 redis.clone(),
                 keys.clone(),
                 config.max_sessions_per_user,
@@ -208,16 +226,16 @@ impl Superproxy {
             retry_budget: RetryBudget::new(config.retry_budget_percent),
         };
         let id = Uuid::new_v4();
-        let usage = Arc::new(usage::UsageRecorder::new(
-            id,
-            redis.clone(),
-            keys.clone(),
-            config.usage_spill_dir.clone(),
-            config.usage_memory_batches,
-        ));
-        let pipeline = Arc::new(Pipeline {
-            id,
-            usage,
+        let stats = Arc::new(metrics::Stats::default());
+        let parts = Parts {
+            usage: Arc::new(usage::UsageRecorder::new(
+                id,
+                redis.clone(),
+                keys.clone(),
+                config.usage_spill_dir.clone(),
+                config.usage_memory_batches,
+                stats.clone(),
+            )),
             auth_limiter: Arc::new(limits::AuthFailureLimiter::new(
                 config.auth_failures_per_minute,
             )),
@@ -228,18 +246,27 @@ impl Superproxy {
                 Duration::from_millis(config.lease_ttl_ms.max(300)),
                 config.default_user_max_tunnels,
             )),
-            config: Arc::new(config),
             auth,
-            opener,
-            open_tunnels: open_tunnels.clone(),
-            stats: Arc::new(metrics::Stats::default()),
             allowlist: Arc::new(allowlist::Allowlist::new(
                 redis.clone(),
                 keys.clone(),
                 open_tunnels.clone(),
             )),
-        });
-        let _ = pipeline.usage.stats.set(pipeline.stats.clone());
+            open_tunnels,
+            stats,
+        };
+        let pipeline = Arc::new(Pipeline::new(
+            Login::new(
+                parts.auth.clone(),
+                parts.auth_limiter.clone(),
+                parts.allowlist.clone(),
+            ),
+            Admit::new(parts.admission.clone(), parts.usage.clone()),
+            opener,
+            parts.usage.clone(),
+            parts.open_tunnels.clone(),
+            parts.stats.clone(),
+        ));
         let admin_state = Arc::new(AdminState {
             metrics: proxynet_protocol::metrics::install(),
             superproxy_id: id,
@@ -248,7 +275,10 @@ impl Superproxy {
             draining: AtomicBool::new(false),
         });
         Ok(Self {
+            id,
+            config: Arc::new(config),
             pipeline,
+            parts,
             admin_state,
             addresses,
             listeners: Listeners { proxy, socks, tls },
@@ -266,21 +296,22 @@ impl Superproxy {
         self.addresses
     }
 
-    pub fn pipeline(&self) -> Arc<Pipeline> {
-        self.pipeline.clone()
-    }
-
     pub async fn serve(self, shutdown: impl Future<Output = ()> + Send + 'static) {
-        let pipeline = self.pipeline;
-        let admin_state = self.admin_state;
+        let Superproxy {
+            id,
+            config,
+            pipeline,
+            parts,
+            admin_state,
+            ..
+        } = self;
         let pool = admin_state.pool.clone();
-        let config = pipeline.config.clone();
         let advertise = config.link_advertise.unwrap_or(self.addresses.link);
         let announcer = announce::Announcer {
             redis: self.redis.clone(),
             keys: self.keys.clone(),
             record: SuperproxyRecord {
-                id: pipeline.id,
+                id,
                 link_addr: advertise,
                 cert_sha256: self.identity.cert_sha256.clone(),
                 service_addrs: announce::service_addresses(&self.addresses, advertise),
@@ -288,72 +319,96 @@ impl Superproxy {
             interval: config.announce_interval(),
         };
         let revoker = Arc::new(Revoker {
-            auth: pipeline.auth.clone(),
-            open_tunnels: pipeline.open_tunnels.clone(),
+            auth: parts.auth.clone(),
+            open_tunnels: parts.open_tunnels.clone(),
         });
         pool.refresh().await;
-        pipeline.allowlist.refresh().await;
-        let usage_flusher = tokio::spawn(pipeline.usage.clone().run(config.usage_flush()));
-        let background = vec![
-            tokio::spawn(pool.clone().run(config.pool_refresh())),
-            tokio::spawn(
-                link::listener::LinkListener {
-                    listener: self.link,
-                    acceptor: tokio_rustls::TlsAcceptor::from(self.identity.server_config.clone()),
-                    registry: admin_state.links.clone(),
-                    redis: self.redis.clone(),
-                    keys: self.keys.clone(),
-                    superproxy_id: pipeline.id,
-                    versions: config.link_versions.clone(),
-                    recv_budget: proxynet_protocol::mux::RecvBudget::new(
-                        config.link_receive_budget_mb.saturating_mul(1 << 20),
-                    ),
-                }
-                .run(),
-            ),
-            tokio::spawn(events::run(
-                self.redis_target,
-                self.keys.events(),
-                revoker.clone(),
-                pool.clone(),
-                pipeline.allowlist.clone(),
-            )),
-            tokio::spawn(pipeline.allowlist.clone().run(config.allowlist_refresh())),
-            tokio::spawn(admin::run(self.admin, admin_state.clone())),
-            tokio::spawn(pipeline.auth_limiter.clone().run_housekeeping()),
-            tokio::spawn(pipeline.admission.clone().run_renewals()),
-            tokio::spawn(revoker.run_sweep(config.revocation_sweep())),
-            tokio::spawn(
-                probe::Prober {
-                    stats: pipeline.stats.clone(),
-                    usage: pipeline.usage.clone(),
-                    superproxy_id: pipeline.id,
-                    registry: admin_state.links.clone(),
-                    health: pool.health().clone(),
-                    redis: self.redis.clone(),
-                    keys: self.keys.clone(),
-                }
-                .run(),
-            ),
-        ];
-        if let Err(e) = announcer.announce_once().await {
-            tracing::warn!(error = %e, "first announcement failed; retrying in the background");
-        }
-        let announcing = tokio::spawn(announcer.clone().run());
-        let reloads = self
-            .tls_cert
-            .map(|cert| tokio::spawn(cert.reload_on_sighup()));
-
-        // Drain in the order that loses nothing (seed 000 §5.9): readiness
-        // red first while still serving, then close the listeners, then let
-        // open tunnels finish, then cut the rest, then flush usage.
+        parts.allowlist.refresh().await;
+        // Stopped last, after every tunnel has ended.
+        let mut flusher = Tasks::new();
+        let usage = parts.usage.clone();
+        let every = config.usage_flush();
+        flusher.spawn("usage flush", |stop| usage.run(every, stop));
         let pre_auth = accept::PreAuth::new(
             config.max_unauthenticated_per_source,
             // Half the connection slots, but never below one address's share.
             (config.max_connections / 2).max(config.max_unauthenticated_per_source),
             config.unauthenticated_timeout(),
         );
-        let pre_auth_deadlines = tokio::spawn(pre_auth.clone().run_deadlines());
+        let mut background = Tasks::new();
+        {
+            let (pool, period) = (pool.clone(), config.pool_refresh());
+            background.spawn("pool refresh", |stop| pool.run(period, stop));
+        }
+        let link_listener = link::listener::LinkListener {
+            listener: self.link,
+            acceptor: tokio_rustls::TlsAcceptor::from(self.identity.server_config.clone()),
+            registry: admin_state.links.clone(),
+            redis: self.redis.clone(),
+            keys: self.keys.clone(),
+            superproxy_id: id,
+            versions: config.link_versions.clone(),
+            recv_budget: proxynet_protocol::mux::RecvBudget::new(
+                config.link_receive_budget_mb.saturating_mul(1 << 20),
+            ),
+        };
+        background.spawn("link listener", |stop| link_listener.run(stop));
+        {
+            let (revoker, pool, allowlist) =
+                (revoker.clone(), pool.clone(), parts.allowlist.clone());
+            let (target, channel) = (self.redis_target, self.keys.events());
+            background.spawn("change events", |stop| {
+                events::run(target, channel, revoker, pool, allowlist, stop)
+            });
+        }
+        {
+            let (allowlist, every) = (parts.allowlist.clone(), config.allowlist_refresh());
+            background.spawn("allow-list refresh", |stop| allowlist.run(every, stop));
+        }
+        {
+            let (admin, state) = (self.admin, admin_state.clone());
+            background.spawn("admin endpoint", |stop| admin::run(admin, state, stop));
+        }
+        let limiter = parts.auth_limiter.clone();
+        background.spawn("login throttle upkeep", |stop| {
+            limiter.run_housekeeping(stop)
+        });
+        let admission = parts.admission.clone();
+        background.spawn("lease renewals", |stop| admission.run_renewals(stop));
+        {
+            let (revoker, every) = (revoker.clone(), config.revocation_sweep());
+            background.spawn("revocation sweep", |stop| revoker.run_sweep(every, stop));
+        }
+        let prober = probe::Prober {
+            stats: parts.stats.clone(),
+            usage: parts.usage.clone(),
+            superproxy_id: id,
+            registry: admin_state.links.clone(),
+            health: pool.health().clone(),
+            redis: self.redis.clone(),
+            keys: self.keys.clone(),
+        };
+        background.spawn("exit probes", |stop| prober.run(stop));
+        {
+            let pre_auth = pre_auth.clone();
+            background.spawn("pre-auth deadlines", |stop| pre_auth.run_deadlines(stop));
+        }
+        if let Some(cert) = self.tls_cert {
+            background.spawn("TLS certificate reload", |stop| cert.reload_on_sighup(stop));
+        }
+        if let Err(e) = announcer.announce_once().await {
+            tracing::warn!(error = %e, "first announcement failed; retrying in the background");
+        }
+        // Stopped first: a withdrawn superproxy must not announce itself again.
+        let mut announcing = Tasks::new();
+        {
+            let announcer = announcer.clone();
+            announcing.spawn("announcer", |stop| announcer.run(stop));
+        }
+
+        // Drain in the order that loses nothing (seed 000 §5.9): readiness
+        // red first while still serving, then close the listeners, then let
+        // open tunnels finish, then cut the rest, then flush usage.
         let mut gate = Gate::new(config.max_connections, pre_auth);
         let stop = {
             let admin_state = admin_state.clone();
@@ -368,7 +423,14 @@ impl Superproxy {
                 tokio::time::sleep(delay).await;
             }
         };
-        accept::run(self.listeners, pipeline.clone(), &gate, stop).await;
+        let ingresses = Ingresses::new(
+            pipeline,
+            IngressLimits {
+                header_read_timeout: config.header_read_timeout(),
+                tunnel: config.tunnel_limits(),
+            },
+        );
+        accept::run(self.listeners, &ingresses, &gate, stop).await;
         tracing::info!(
             open = gate.open(config.max_connections),
             "listeners closed; waiting for open tunnels"
@@ -376,7 +438,7 @@ impl Superproxy {
         // Agents keep the links of a withdrawn superproxy open for their
         // tunnels (they stop new streams with GOAWAY), so withdrawing now
         // only stops new links.
-        announcing.abort();
+        announcing.stop(TASK_STOP).await;
         announcer.withdraw().await;
         if !gate.wait_idle(config.drain_timeout()).await {
             tracing::warn!(
@@ -386,13 +448,13 @@ impl Superproxy {
             gate.cut_all();
             let _ = gate.wait_idle(Duration::from_secs(5)).await;
         }
-        pre_auth_deadlines.abort();
-        for task in background.into_iter().chain(reloads) {
-            task.abort();
-        }
+        background.stop(TASK_STOP).await;
         // Every tunnel has ended: its bytes reach the ledger (or the spill file).
-        usage_flusher.abort();
-        pipeline.usage.flush_for_shutdown().await;
+        flusher.stop(TASK_STOP).await;
+        parts.usage.flush_for_shutdown().await;
         tracing::info!("stopped");
     }
 }
+
+/// How long the background loops get to return once told to stop.
+const TASK_STOP: Duration = Duration::from_secs(5);

@@ -14,6 +14,7 @@
 
 use governor::clock::{Clock, DefaultClock};
 use governor::{DefaultKeyedRateLimiter, Quota};
+use proxynet_protocol::tasks::Stop;
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::num::NonZeroU32;
@@ -131,10 +132,9 @@ impl AuthFailureLimiter {
         }
     }
 
-    pub async fn run_housekeeping(self: std::sync::Arc<Self>) {
+    pub async fn run_housekeeping(self: std::sync::Arc<Self>, stop: Stop) {
         let mut tick = tokio::time::interval(Duration::from_secs(60));
-        loop {
-            tick.tick().await;
+        while stop.run_until_cancelled(tick.tick()).await.is_some() {
             self.housekeeping();
         }
     }

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use crate::error::ErrorKind;
-use crate::pipeline::Ingress;
+use crate::request::Ingress;
 
 /// Running totals this instance publishes for the fleet view.
 #[derive(Default)]

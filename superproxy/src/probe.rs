@@ -9,6 +9,7 @@
 use futures_util::future::join_all;
 use proxynet_protocol::redis_target::RedisConnection;
 use proxynet_protocol::store::Keys;
+use proxynet_protocol::tasks::Stop;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use uuid::Uuid;
@@ -28,12 +29,11 @@ pub struct Prober {
 }
 
 impl Prober {
-    pub async fn run(self) {
+    pub async fn run(self, stop: Stop) {
         let config = self.health.config;
         let mut tick = tokio::time::interval(config.probe_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tick.tick().await;
+        while stop.run_until_cancelled(tick.tick()).await.is_some() {
             self.round().await;
         }
     }

@@ -11,6 +11,7 @@
 //! tombstone): a Redis that restarted empty must not cut every tunnel before
 //! the control-api has re-projected.
 
+use proxynet_protocol::tasks::Stop;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -61,11 +62,10 @@ impl Revoker {
     }
 
     /// Re-checks every user with an open tunnel here, every `interval`.
-    pub async fn run_sweep(self: Arc<Self>, interval: Duration) {
+    pub async fn run_sweep(self: Arc<Self>, interval: Duration, stop: Stop) {
         let mut tick = tokio::time::interval(interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tick.tick().await;
+        while stop.run_until_cancelled(tick.tick()).await.is_some() {
             for username in self.open_tunnels.usernames() {
                 self.revalidate(&username).await;
             }

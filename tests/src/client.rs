@@ -224,3 +224,14 @@ pub async fn read_head(s: &mut TcpStream) -> String {
     }
     String::from_utf8_lossy(&head).into_owned()
 }
+
+/// A CONNECT tunnel to an echo target as `user` (the stack's password),
+/// proven by one round trip.
+pub async fn open_echo_tunnel(proxy: SocketAddr, user: &str, echo: SocketAddr) -> TcpStream {
+    let (mut s, head) = connect_tunnel(proxy, user, crate::stack::PASSWORD, echo).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    crate::targets::echo_round_trip(&mut s, b"ping")
+        .await
+        .expect("tunnel works");
+    s
+}

@@ -113,11 +113,11 @@ pub async fn run_retention(
     db: sqlx::PgPool,
     retention: std::time::Duration,
     every: std::time::Duration,
+    stop: proxynet_protocol::tasks::Stop,
 ) {
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tick.tick().await;
+    while stop.run_until_cancelled(tick.tick()).await.is_some() {
         let deleted =
             sqlx::query("DELETE FROM target_log WHERE minute < now() - make_interval(secs => $1)")
                 .bind(retention.as_secs_f64())

@@ -66,30 +66,15 @@ fn validate_allowlist(
     if options.is_empty() {
         return Ok(());
     }
-    let parts: Vec<&str> = options.split('-').collect();
-    if !parts.len().is_multiple_of(2) || options.len() > 200 {
-        return Err(ApiError::BadRequest(
-            "allowlist_options: key-value pairs of the username grammar, e.g. country-de-type-dc"
-                .into(),
-        ));
-    }
-    for pair in parts.chunks(2) {
-        let known = [
-            "session", "sesstime", "sessmode", "country", "city", "asn", "type", "channel", "exit",
-        ];
-        if !known.contains(&pair[0])
-            || pair[1].is_empty()
-            || !pair[1]
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'_')
-        {
-            return Err(ApiError::BadRequest(format!(
-                "allowlist_options: {:?} is not a username-grammar option (docs/username.md)",
-                pair.join("-")
-            )));
-        }
-    }
-    Ok(())
+    // The superproxy's own parser: options accepted here parse at login.
+    proxynet_protocol::username::parse_options(options)
+        .map(drop)
+        .map_err(|e| {
+            ApiError::BadRequest(format!(
+                "allowlist_options: {e} (key-value pairs of the username grammar, e.g. \
+                 country-de-type-dc; docs/username.md)"
+            ))
+        })
 }
 
 /// One allow-listed network against the account's rules: no wider than the

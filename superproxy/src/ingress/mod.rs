@@ -2,32 +2,88 @@
 //! wire, run the [`crate::pipeline`], answer in the client's protocol.
 //!
 //! One port can serve both protocols: a SOCKS5 client's first byte is 0x05,
-//! which no HTTP request line starts with ([`serve_any`]).
+//! which no HTTP request line starts with ([`serve_any`]). [`Ingresses`] is
+//! what the acceptor hands each admitted connection to.
 
 pub mod http;
 pub mod socks5;
 pub mod tls;
 
+use proxynet_protocol::splice::TunnelLimits;
+use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::net::TcpStream;
 
-use crate::accept::ConnectionTicket;
+use crate::accept::{ConnectionHandler, ConnectionTicket};
 use crate::pipeline::Pipeline;
 
+/// What the ingresses need besides the pipeline.
+#[derive(Debug, Clone, Copy)]
+pub struct IngressLimits {
+    /// A request head (or SOCKS handshake) must arrive within this.
+    pub header_read_timeout: Duration,
+    /// Idle timeout and lifetime of every tunnel.
+    pub tunnel: TunnelLimits,
+}
+
+/// Every ingress, as the acceptor's connection handler.
+#[derive(Clone)]
+pub struct Ingresses {
+    pipeline: Arc<Pipeline>,
+    limits: IngressLimits,
+}
+
+impl Ingresses {
+    pub fn new(pipeline: Arc<Pipeline>, limits: IngressLimits) -> Self {
+        Self { pipeline, limits }
+    }
+}
+
+impl ConnectionHandler for Ingresses {
+    fn proxy(
+        &self,
+        stream: TcpStream,
+        ticket: ConnectionTicket,
+    ) -> impl Future<Output = ()> + Send + 'static {
+        serve_any(self.pipeline.clone(), self.limits, stream, ticket)
+    }
+
+    fn socks(
+        &self,
+        stream: TcpStream,
+        ticket: ConnectionTicket,
+    ) -> impl Future<Output = ()> + Send + 'static {
+        socks5::serve_connection(self.pipeline.clone(), self.limits, stream, ticket)
+    }
+
+    fn tls(
+        &self,
+        stream: tokio_rustls::server::TlsStream<TcpStream>,
+        ticket: ConnectionTicket,
+    ) -> impl Future<Output = ()> + Send + 'static {
+        http::serve_connection(self.pipeline.clone(), self.limits, stream, ticket)
+    }
+}
+
 /// Peeks at the first byte and hands the connection to the right protocol.
-pub async fn serve_any(pipeline: Arc<Pipeline>, stream: TcpStream, ticket: ConnectionTicket) {
+pub async fn serve_any(
+    pipeline: Arc<Pipeline>,
+    limits: IngressLimits,
+    stream: TcpStream,
+    ticket: ConnectionTicket,
+) {
     let mut first = [0u8; 1];
     let peeked = tokio::select! {
-        peeked = tokio::time::timeout(
-            pipeline.config.header_read_timeout(),
-            stream.peek(&mut first),
-        ) => peeked,
+        peeked = tokio::time::timeout(limits.header_read_timeout, stream.peek(&mut first)) => peeked,
         // The pre-auth deadline (or a drain) ends a silent connection.
         () = ticket.cut().cancelled() => return,
     };
     match peeked {
-        Ok(Ok(1)) if first[0] == 0x05 => socks5::serve_connection(pipeline, stream, ticket).await,
-        Ok(Ok(1)) => http::serve_connection(pipeline, stream, ticket).await,
+        Ok(Ok(1)) if first[0] == 0x05 => {
+            socks5::serve_connection(pipeline, limits, stream, ticket).await
+        }
+        Ok(Ok(1)) => http::serve_connection(pipeline, limits, stream, ticket).await,
         _ => {
             tracing::debug!(peer = %ticket.peer(), "client sent nothing before the header timeout")
         }

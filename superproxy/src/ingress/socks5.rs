@@ -16,15 +16,18 @@ use std::sync::Arc;
 use std::time::Instant;
 use tokio::net::TcpStream;
 
+use super::IngressLimits;
 use crate::accept::ConnectionTicket;
 use crate::error::{ErrorKind, ProxyError};
-use crate::pipeline::{Client, Credentials, Ingress, Pipeline, TargetSpec};
+use crate::pipeline::Pipeline;
+use crate::request::{Client, Credentials, Ingress, TargetSpec};
 use crate::target::Target;
 
 type CommandRead = Socks5ServerProtocol<TcpStream, fast_socks5::server::states::CommandRead>;
 
 pub async fn serve_connection(
     pipeline: Arc<Pipeline>,
+    limits: IngressLimits,
     stream: TcpStream,
     ticket: ConnectionTicket,
 ) {
@@ -32,7 +35,7 @@ pub async fn serve_connection(
     let peer = ticket.peer();
     let handshake = tokio::select! {
         done = tokio::time::timeout(
-            pipeline.config.header_read_timeout(),
+            limits.header_read_timeout,
             handshake(&pipeline, stream, &ticket),
         ) => done,
         // The pre-auth deadline (or a drain) ends a handshake too.
@@ -82,7 +85,7 @@ pub async fn serve_connection(
             return;
         }
     };
-    let outcome = tunnel.splice(client, pipeline.config.tunnel_limits()).await;
+    let outcome = tunnel.splice(client, limits.tunnel).await;
     tracing::debug!(up = outcome.up, down = outcome.down, end = ?outcome.end, "SOCKS tunnel closed");
 }
 

@@ -8,6 +8,7 @@
 //! resolver is consulted per handshake). A certificate that fails to load is
 //! reported and the old one stays in service.
 
+use proxynet_protocol::tasks::Stop;
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use rustls::ServerConfig;
@@ -83,7 +84,7 @@ impl ReloadableCert {
     }
 
     /// Reloads on every SIGHUP until the task is dropped.
-    pub async fn reload_on_sighup(self: Arc<Self>) {
+    pub async fn reload_on_sighup(self: Arc<Self>, stop: Stop) {
         #[cfg(unix)]
         {
             use tokio::signal::unix::{signal, SignalKind};
@@ -91,7 +92,7 @@ impl ReloadableCert {
                 tracing::warn!("cannot listen for SIGHUP; the TLS certificate will not reload");
                 return;
             };
-            while hangups.recv().await.is_some() {
+            while let Some(Some(())) = stop.run_until_cancelled(hangups.recv()).await {
                 match self.reload() {
                     Ok(()) => {
                         tracing::info!(cert = %self.cert_path.display(), "TLS certificate reloaded")

@@ -11,6 +11,7 @@ use proxynet_protocol::mux::{self, MuxConfig, ReadAhead, Role};
 use proxynet_protocol::redis_target::RedisConnection;
 use proxynet_protocol::secret::{constant_time_eq, sha256_hex};
 use proxynet_protocol::store::{AuditEvent, ExitRecord, Keys};
+use proxynet_protocol::tasks::Stop;
 use redis::AsyncCommands;
 use std::sync::Arc;
 use std::time::Duration;
@@ -41,10 +42,14 @@ pub struct LinkListener {
 const TLS_SEND_BUFFER: usize = 512 * 1024;
 
 impl LinkListener {
-    pub async fn run(self) {
+    pub async fn run(self, stop: Stop) {
         let this = Arc::new(self);
         loop {
-            let (tcp, peer) = match this.listener.accept().await {
+            let accepted = tokio::select! {
+                () = stop.cancelled() => return,
+                accepted = this.listener.accept() => accepted,
+            };
+            let (tcp, peer) = match accepted {
                 Ok(conn) => conn,
                 Err(e) => {
                     tracing::warn!(error = %e, "link accept failed");

@@ -1,8 +1,10 @@
 //! Exact byte accounting: meters on every tunnel, flushed to the ledger.
 //!
-//! Three rooms: [`meter`] (the hot path: counting and quota budgets),
-//! this module (batches to the Redis usage stream and the shared quota
-//! counters) and [`spill`] (the disk file for batches Redis did not take).
+//! Four rooms: [`meter`] (the hot path: counting and quota budgets), this
+//! module (the recorder: meters, budgets and collecting them into batches),
+//! [`delivery`] (sending batches to the Redis usage stream and the shared
+//! quota counters, the flush loop) and [`spill`] (the disk file for batches
+//! Redis did not take).
 //!
 //! Every stream to an exit is wrapped in a [`Metered`] reader/writer that
 //! counts bytes as they cross it: written to the exit = up (client → target),
@@ -29,6 +31,7 @@
 //! counts twice. A clean shutdown flushes (or spills); `kill -9` loses at
 //! most one flush interval.
 
+mod delivery;
 mod meter;
 mod spill;
 
@@ -36,6 +39,7 @@ pub use meter::{Budget, Meter, MeterHandle, Metered, QuotaBinding, QuotaOwner};
 
 use proxynet_protocol::redis_target::RedisConnection;
 use proxynet_protocol::store::{Keys, QuotaPeriod, SourceType, TargetRow, UsageBatch, UsageRow};
+use proxynet_protocol::tasks::Stop;
 use serde::{Deserialize, Serialize};
 use spill::Spill;
 use std::collections::HashMap;
@@ -121,8 +125,8 @@ pub struct UsageRecorder {
     targets: Mutex<HashMap<TargetKey, u32>>,
     /// Bytes (up, down) per exit since start, for the fleet view.
     exit_bytes: Mutex<HashMap<Uuid, (u64, u64)>>,
-    /// Where byte totals are counted (set once at start).
-    pub stats: std::sync::OnceLock<Arc<crate::metrics::Stats>>,
+    /// Where byte totals are counted for the fleet view.
+    stats: Arc<crate::metrics::Stats>,
     /// Whether the current Redis outage was already logged (one warning
     /// per outage, not one per flush).
     outage_logged: std::sync::atomic::AtomicBool,
@@ -143,6 +147,7 @@ impl UsageRecorder {
         keys: Keys,
         spill_dir: Option<PathBuf>,
         memory_batches: usize,
+        stats: Arc<crate::metrics::Stats>,
     ) -> Self {
         Self {
             superproxy_id,
@@ -156,7 +161,7 @@ impl UsageRecorder {
             budgets: Mutex::new(HashMap::new()),
             targets: Mutex::new(HashMap::new()),
             exit_bytes: Mutex::new(HashMap::new()),
-            stats: std::sync::OnceLock::new(),
+            stats,
             outage_logged: std::sync::atomic::AtomicBool::new(false),
             keep_budgets: std::sync::atomic::AtomicBool::new(false),
         }
@@ -331,9 +336,7 @@ impl UsageRecorder {
                 e.1 += dd;
             }
         }
-        if let Some(stats) = self.stats.get() {
-            stats.bytes(up, down);
-        }
+        self.stats.bytes(up, down);
         let targets: Vec<TargetRow> = self
             .targets
             .lock()
@@ -407,254 +410,6 @@ impl UsageRecorder {
             {
                 t.meter.cut();
             }
-        }
-    }
-
-    /// Sends one batch: the stream entry, then each owner's quota counter
-    /// (both idempotent, so a retry after a lost reply counts nothing twice).
-    async fn send(&self, next: &Pending) -> Result<(), redis::RedisError> {
-        let json = serde_json::to_string(&next.batch).map_err(|e| {
-            redis::RedisError::from((redis::ErrorKind::Client, "encoding", e.to_string()))
-        })?;
-        let mut redis = self.redis.clone();
-        let _: () = redis::cmd("XADD")
-            .arg(self.keys.usage_stream())
-            .arg("*")
-            .arg("batch")
-            .arg(json)
-            .query_async(&mut redis)
-            .await?;
-        // Each owner's counter lives in that owner's slot (on a cluster,
-        // maybe each on another node).
-        let totals: Vec<u64> = redis
-            .query_batch(
-                next.quota
-                    .iter()
-                    .map(|delta| {
-                        let mut cmd = redis::cmd("EVAL");
-                        cmd.arg(ADD_ONCE_SCRIPT)
-                            .arg(2)
-                            .arg(&delta.counter)
-                            .arg(format!("{}:applied", delta.counter))
-                            .arg(delta.bytes)
-                            .arg(delta.expire_at)
-                            .arg(next.batch.superproxy_id.to_string())
-                            .arg(next.seq);
-                        cmd
-                    })
-                    .collect(),
-            )
-            .await?;
-        for (delta, total) in next.quota.iter().zip(totals) {
-            // The shared counter is the truth (it includes other instances),
-            // less what this instance spent since the batch was collected.
-            if let (Some(at_collect), Some(budget)) = (
-                delta.spent_at_collect,
-                self.budgets
-                    .lock()
-                    .ok()
-                    .and_then(|b| b.get(&delta.owner).cloned()),
-            ) {
-                let unsent = budget.spent().saturating_sub(at_collect);
-                budget.reset(delta.limit as i64 - total as i64 - unsent as i64);
-            }
-            if total >= delta.limit {
-                tracing::info!(owner = %delta.owner, total, limit = delta.limit, "bandwidth quota exhausted; cutting its tunnels");
-                self.cut_owner(delta.owner);
-            }
-        }
-        Ok(())
-    }
-
-    /// Collects and sends everything not yet in the stream: spilled batches
-    /// first (they are older), then those in memory. A batch Redis does not
-    /// take goes to the spill file at once (with a spill directory), so
-    /// nothing collected lives only in memory beyond one failed send.
-    pub async fn flush(&self) {
-        let mut pending = self.pending.lock().await;
-        if let Some(batch) = self.collect() {
-            pending.push(batch);
-        }
-        if let Some(spill) = &self.spill {
-            if let Err(e) = self.replay(spill).await {
-                self.keep_budgets.store(true, Ordering::Relaxed);
-                if !self.outage_logged.swap(true, Ordering::Relaxed) {
-                    tracing::warn!(error = %e, "replaying spilled usage failed; keeping it for the next try");
-                } else {
-                    tracing::debug!(error = %e, "replaying spilled usage failed again");
-                }
-                // Older batches are still on disk: the new ones follow them
-                // there, so the replay order stays oldest first.
-                let unsent = std::mem::take(&mut *pending);
-                self.spill_or_drop(unsent).await;
-                crate::metrics::usage_batches(0);
-                return;
-            }
-        }
-        let mut failed = false;
-        while let Some(next) = pending.first() {
-            match self.send(next).await {
-                Ok(()) => {
-                    pending.remove(0);
-                    crate::metrics::usage_batch("flushed");
-                }
-                Err(e) => {
-                    crate::metrics::store_error("redis", "usage_flush");
-                    failed = true;
-                    if !self.outage_logged.swap(true, Ordering::Relaxed) {
-                        tracing::warn!(error = %e, unsent = pending.len(), "usage flush failed; keeping the batches for the next try");
-                    }
-                    if self.spill.is_some() {
-                        let unsent = std::mem::take(&mut *pending);
-                        self.spill_or_drop(unsent).await;
-                    }
-                    break;
-                }
-            }
-        }
-        // Budgets of owners with no tunnel here any more are rebuilt from
-        // the shared counter on their next tunnel — once that counter has
-        // every byte again: during an outage (batches unsent or spilled) a
-        // budget is all that holds the quota, so it is kept.
-        // (A flush that sent everything after an outage clears the mark; the
-        // next one may clean up.)
-        if failed {
-            self.keep_budgets.store(true, Ordering::Relaxed);
-        }
-        let counters_current = !failed
-            && pending.is_empty()
-            && !self.keep_budgets.swap(false, Ordering::Relaxed)
-            && self.spill_is_empty().await;
-        if !failed && pending.is_empty() && self.outage_logged.swap(false, Ordering::Relaxed) {
-            tracing::info!("usage reaches Redis again");
-        }
-        if counters_current {
-            let active: std::collections::HashSet<Uuid> = self
-                .meters
-                .lock()
-                .map(|m| {
-                    m.iter()
-                        .flat_map(|t| t.meter.quotas.iter().map(|q| q.owner.id()))
-                        .collect()
-                })
-                .unwrap_or_default();
-            if let Ok(mut budgets) = self.budgets.lock() {
-                budgets.retain(|owner, _| active.contains(owner));
-            }
-        }
-        self.spill_overflow(&mut pending).await;
-        crate::metrics::usage_batches(pending.len());
-    }
-
-    /// Without a spill directory: drops batches beyond the in-memory bound
-    /// (with an error); with one, nothing stays in memory to bound.
-    async fn spill_overflow(&self, pending: &mut Vec<Pending>) {
-        if pending.len() <= self.memory_batches {
-            return;
-        }
-        let overflow: Vec<Pending> = pending
-            .drain(..pending.len() - self.memory_batches)
-            .collect();
-        self.spill_or_drop(overflow).await;
-    }
-
-    async fn spill_or_drop(&self, batches: Vec<Pending>) {
-        if batches.is_empty() {
-            return;
-        }
-        match &self.spill {
-            Some(spill) => match spill.append(self.superproxy_id, &batches).await {
-                Ok(()) => {
-                    metrics::counter!("proxynet_usage_batches_total", "outcome" => "spilled")
-                        .increment(batches.len() as u64);
-                    tracing::debug!(batches = batches.len(), dir = %spill.dir.display(), "usage spilled to disk until Redis returns");
-                }
-                Err(e) => tracing::error!(error = %e, dropped = batches.len(), "usage batches lost: cannot write the spill file"),
-            },
-            None => tracing::error!(
-                dropped = batches.len(),
-                "usage batches dropped after a long Redis outage (set --usage-spill-dir to keep them)"
-            ),
-        }
-    }
-
-    /// Whether no spill file waits (no spill directory: none ever does).
-    async fn spill_is_empty(&self) -> bool {
-        match &self.spill {
-            Some(spill) => spill.files().await.is_ok_and(|f| f.is_empty()),
-            None => true,
-        }
-    }
-
-    /// Sends every spilled batch, file by file, deleting a file once all of
-    /// its batches are in. Re-sending a batch after a crash is harmless. A
-    /// file that cannot be read (a torn write, bad permissions) is set aside
-    /// (`.bad`) rather than blocking every later flush; only Redis errors
-    /// stop the replay.
-    async fn replay(&self, spill: &Spill) -> Result<(), String> {
-        use tokio::io::AsyncBufReadExt;
-        for file in spill.files().await.map_err(|e| e.to_string())? {
-            let lines = match tokio::fs::File::open(&file).await {
-                Ok(f) => tokio::io::BufReader::new(f).lines(),
-                Err(e) => {
-                    spill.quarantine(&file, &e.to_string()).await;
-                    continue;
-                }
-            };
-            let mut lines = lines;
-            let mut sent = 0usize;
-            loop {
-                let line = match lines.next_line().await {
-                    Ok(Some(line)) => line,
-                    Ok(None) => break,
-                    Err(e) => {
-                        spill.quarantine(&file, &e.to_string()).await;
-                        break;
-                    }
-                };
-                if line.trim().is_empty() {
-                    continue;
-                }
-                let Ok(batch) = serde_json::from_str::<Pending>(&line) else {
-                    tracing::error!(file = %file.display(), "skipping an unreadable spilled usage line");
-                    continue;
-                };
-                self.send(&batch).await.map_err(|e| e.to_string())?;
-                sent += 1;
-            }
-            if tokio::fs::try_exists(&file).await.unwrap_or(false) {
-                if let Err(e) = tokio::fs::remove_file(&file).await {
-                    // Replayed already; sending it again later counts nothing twice.
-                    tracing::error!(file = %file.display(), error = %e, "cannot remove a replayed spill file");
-                    spill.quarantine(&file, &e.to_string()).await;
-                }
-            }
-            tracing::info!(file = %file.display(), batches = sent, "spilled usage replayed");
-        }
-        Ok(())
-    }
-
-    /// The last flush of a stopping instance: everything in memory reaches
-    /// Redis, or the spill file if Redis does not answer within a few tries.
-    pub async fn flush_for_shutdown(&self) {
-        for _ in 0..5 {
-            self.flush().await;
-            if self.pending.lock().await.is_empty() {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        }
-        let mut pending = self.pending.lock().await;
-        let left = std::mem::take(&mut *pending);
-        self.spill_or_drop(left).await;
-    }
-
-    pub async fn run(self: Arc<Self>, every: Duration) {
-        let mut tick = tokio::time::interval(every);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tick.tick().await;
-            self.flush().await;
         }
     }
 }

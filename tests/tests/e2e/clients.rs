@@ -1,4 +1,4 @@
-//! Issue 11: the HTTPS proxy listener, IP allow-list login, and real clients
+//! The HTTPS proxy listener, IP allow-list login, and real clients
 //! (curl, Python requests and httpx, Node undici, headless Chromium) against
 //! the real stack.
 

@@ -1,4 +1,4 @@
-//! Issue 12: tenant isolation on the link. Tunnels whose clients stopped
+//! Tenant isolation on the link. Tunnels whose clients stopped
 //! reading (their targets still streaming) must not freeze the other tunnels
 //! through the same exit. Functional: the fresh download must finish; the
 //! time limit only stops a hung test.

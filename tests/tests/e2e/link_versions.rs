@@ -1,4 +1,4 @@
-//! Issue 12: link versions. A superproxy and an agent of adjacent releases
+//! Link versions. A superproxy and an agent of adjacent releases
 //! agree on the newest link version both speak; peers restricted with
 //! `--link-versions 1` put exactly the v1 wire on the link (no version
 //! fields), so these are the previous release as far as the other side can

@@ -1,4 +1,4 @@
-//! Issue 10: metrics every binary exports (checked by promtool and scraped by
+//! Metrics every binary exports (checked by promtool and scraped by
 //! a real Prometheus running every dashboard query), the built-in dashboard
 //! in headless Chromium, the JSON access log, and compose.yaml's flags.
 

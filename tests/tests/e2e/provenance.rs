@@ -1,4 +1,4 @@
-//! Issue 9: exit provenance and consent — recorded, enforced in routing on
+//! Exit provenance and consent — recorded, enforced in routing on
 //! every ingress, answerable to customers and abuse desks.
 
 use proxynet_tests::client::{connect_tunnel, curl, raw_request, socks5};

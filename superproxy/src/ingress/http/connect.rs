@@ -15,10 +15,13 @@ use super::head_guard::TunnelSwitch;
 use super::response::{empty_body, tunnel_headers, ProxyBody};
 use crate::accept::ConnectionTicket;
 use crate::error::{ErrorKind, ProxyError};
-use crate::pipeline::{Ingress, Pipeline, TargetSpec};
+use crate::pipeline::Pipeline;
+use crate::request::{Ingress, TargetSpec};
+use proxynet_protocol::splice::TunnelLimits;
 
 pub async fn connect(
     pipeline: Arc<Pipeline>,
+    limits: TunnelLimits,
     switch: TunnelSwitch,
     ticket: ConnectionTicket,
     req: Request<Incoming>,
@@ -43,7 +46,6 @@ pub async fn connect(
 
     switch.engage();
     let on_client_upgrade = hyper::upgrade::on(req);
-    let limits = pipeline.config.tunnel_limits();
     tokio::spawn(async move {
         match on_client_upgrade.await {
             Ok(upgraded) => {

@@ -27,7 +27,9 @@ use super::MAX_HEADERS;
 use crate::accept::ConnectionTicket;
 use crate::authenticate::parse_basic;
 use crate::error::serialize_response;
-use crate::pipeline::{Credentials, Ingress, Pipeline, TargetSpec};
+use crate::ingress::IngressLimits;
+use crate::pipeline::Pipeline;
+use crate::request::{Credentials, Ingress, TargetSpec};
 
 /// What is left of the connection for hyper, if anything.
 pub enum Remaining<IO> {
@@ -43,6 +45,7 @@ pub enum Remaining<IO> {
 /// spliced, the tunnel ends on the cut itself (and accounts for its bytes).
 pub async fn serve<IO>(
     pipeline: &Arc<Pipeline>,
+    limits: IngressLimits,
     mut guarded: HeadGuard<IO>,
     switch: &TunnelSwitch,
     ticket: &ConnectionTicket,
@@ -50,10 +53,7 @@ pub async fn serve<IO>(
 where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let reading = tokio::time::timeout(
-        pipeline.config.header_read_timeout(),
-        read_head(&mut guarded),
-    );
+    let reading = tokio::time::timeout(limits.header_read_timeout, read_head(&mut guarded));
     let head = tokio::select! {
         read = reading => match read {
             Ok(Ok(Some(head))) => head,
@@ -99,9 +99,8 @@ where
             // The splice gets a small task of its own, as on hyper's path:
             // this one is sized for every ingress's state (hyper's
             // connection, TLS, SOCKS) and would hold ~10 KB per idle tunnel.
-            let limits = pipeline.config.tunnel_limits();
             tokio::spawn(async move {
-                let outcome = tunnel.splice(Plain(guarded), limits).await;
+                let outcome = tunnel.splice(Plain(guarded), limits.tunnel).await;
                 tracing::debug!(up = outcome.up, down = outcome.down, end = ?outcome.end, "tunnel closed");
             });
             Remaining::Done

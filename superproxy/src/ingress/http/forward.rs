@@ -21,7 +21,8 @@ use super::hygiene::end_to_end;
 use super::response::{empty_body, tunnel_headers, ProxyBody};
 use crate::accept::ConnectionTicket;
 use crate::error::{ErrorKind, ProxyError};
-use crate::pipeline::{Ingress, Pipeline, TargetSpec};
+use crate::pipeline::Pipeline;
+use crate::request::{Ingress, TargetSpec};
 
 /// Methods this proxy answers itself when `Max-Forwards` reaches zero.
 const ALLOW: &str = "GET, HEAD, POST, PUT, DELETE, OPTIONS, PATCH, CONNECT";
@@ -123,7 +124,7 @@ pub async fn forward(
     tunnel_headers(&mut tunnel_info, &tunnel);
     let mut holds = tunnel.holds;
     if let Ok(mut current) = identity.lock() {
-        *current = Some(holds.register_connection(&pipeline.open_tunnels));
+        *current = Some(holds.register_connection());
     }
     let meter = tunnel.io.meter();
     let (mut sender, connection) = hyper::client::conn::http1::Builder::new()

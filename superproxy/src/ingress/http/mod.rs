@@ -28,8 +28,11 @@ use std::sync::Arc;
 use crate::accept::ConnectionTicket;
 use crate::authenticate::parse_basic;
 use crate::error::{ErrorKind, ProxyError};
-use crate::pipeline::{Credentials, Pipeline};
+use crate::ingress::IngressLimits;
+use crate::pipeline::Pipeline;
+use crate::request::Credentials;
 use head_guard::{HeadGuard, HeadLimits, TunnelSwitch};
+use proxynet_protocol::splice::TunnelLimits;
 use response::{error_response, ProxyBody};
 
 /// Largest request head accepted (431 beyond), and largest response head
@@ -40,8 +43,12 @@ pub const MAX_HEAD_BYTES: usize = 64 * 1024;
 pub const MAX_HEADERS: usize = 256;
 
 /// Serves one client connection (plain TCP, or TLS on the HTTPS listener).
-pub async fn serve_connection<IO>(pipeline: Arc<Pipeline>, stream: IO, ticket: ConnectionTicket)
-where
+pub async fn serve_connection<IO>(
+    pipeline: Arc<Pipeline>,
+    limits: IngressLimits,
+    stream: IO,
+    ticket: ConnectionTicket,
+) where
     IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let switch = TunnelSwitch::default();
@@ -53,7 +60,7 @@ where
         },
         switch.clone(),
     );
-    let guarded = match first_connect::serve(&pipeline, guarded, &switch, &ticket).await {
+    let guarded = match first_connect::serve(&pipeline, limits, guarded, &switch, &ticket).await {
         first_connect::Remaining::Done => return,
         first_connect::Remaining::Hyper(guarded) => guarded,
     };
@@ -63,6 +70,7 @@ where
         service_fn(move |req| {
             handle(
                 pipeline.clone(),
+                limits.tunnel,
                 switch.clone(),
                 ticket.clone(),
                 identity.clone(),
@@ -73,7 +81,7 @@ where
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
         .timer(TokioTimer::new())
-        .header_read_timeout(pipeline.config.header_read_timeout())
+        .header_read_timeout(limits.header_read_timeout)
         .preserve_header_case(true)
         .max_headers(MAX_HEADERS)
         // The guard enforces the real limit with a proper 431; hyper's buffer
@@ -97,13 +105,14 @@ where
 
 async fn handle(
     pipeline: Arc<Pipeline>,
+    limits: TunnelLimits,
     switch: TunnelSwitch,
     ticket: ConnectionTicket,
     identity: forward::ConnectionIdentity,
     req: Request<Incoming>,
 ) -> Result<Response<ProxyBody>, Infallible> {
     let is_connect = req.method() == Method::CONNECT;
-    let response = match route(pipeline, switch.clone(), ticket, identity, req).await {
+    let response = match route(pipeline, limits, switch.clone(), ticket, identity, req).await {
         Ok(response) => response,
         Err(e) => {
             tracing::debug!(error = %e, "request refused");
@@ -119,13 +128,14 @@ async fn handle(
 
 async fn route(
     pipeline: Arc<Pipeline>,
+    limits: TunnelLimits,
     switch: TunnelSwitch,
     ticket: ConnectionTicket,
     identity: forward::ConnectionIdentity,
     req: Request<Incoming>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     if req.method() == Method::CONNECT {
-        return connect::connect(pipeline, switch, ticket, req).await;
+        return connect::connect(pipeline, limits, switch, ticket, req).await;
     }
     if req.uri().scheme().is_none() {
         return Err(ProxyError::new(

@@ -1,4 +1,11 @@
-//! The pool of exits this superproxy can route through, and the choice among them.
+//! Choosing the exit: the pool of exits this superproxy can route through,
+//! the choice among them, and the session pins that keep a choice.
+//!
+//! The room, a file per job: this file the pool and its upkeep; [`view`]
+//! the immutable snapshot, the power-of-two choice and the targeting match;
+//! [`sync`] the Redis reads; [`candidates`] one tunnel's ordered candidates;
+//! [`sticky`] the session policy (pin first, re-pin, keep the IP);
+//! [`sessions`] the pins in Redis; [`egress_ip`] the egress IP for a target.
 //!
 //! An exit is eligible when its agent heartbeats (Redis live set), it is neither
 //! draining (its agent said so, or an operator) nor disabled, and it has a
@@ -33,10 +40,24 @@
 //! eligible for [`RESET_HOLD`] while its link is up and passes its probes,
 //! or until its liveness comes back (or lapses again, which is then news).
 
+mod candidates;
+mod egress_ip;
+pub mod sessions;
+mod sticky;
+mod sync;
+mod view;
+
+pub use candidates::Candidates;
+pub use egress_ip::egress_ip_for;
+pub use sticky::Sticky;
+use sync::*;
+pub use view::*;
+
 use proxynet_protocol::redis_target::RedisConnection;
 use proxynet_protocol::store::{
     ExitRecord, Keys, ProvenanceBlock, LIVE_AND_DRAINING_SCRIPT, POOL_DELTA_SCRIPT,
 };
+use proxynet_protocol::tasks::Stop;
 use rand::Rng;
 use redis::AsyncCommands;
 use std::collections::{HashMap, HashSet};
@@ -49,42 +70,6 @@ use crate::health::HealthBook;
 use crate::link::registry::{Link, LinkRegistry};
 use crate::open_tunnels::OpenTunnels;
 use crate::username::Targeting;
-
-/// One exit we could send a tunnel through.
-#[derive(Clone)]
-pub struct Candidate {
-    pub record: Arc<ExitRecord>,
-    pub link: Link,
-}
-
-impl Candidate {
-    /// One of the exit's egress IPs, chosen at random.
-    pub fn egress_ip(&self) -> Option<IpAddr> {
-        let ips = &self.record.egress_ips;
-        if ips.is_empty() {
-            return None;
-        }
-        Some(ips[rand::thread_rng().gen_range(0..ips.len())])
-    }
-}
-
-#[derive(Default)]
-pub struct PoolView {
-    pub eligible: Vec<Candidate>,
-    /// Position of each eligible exit in `eligible`.
-    pub index: HashMap<Uuid, usize>,
-    /// Exits with a live heartbeat, linked to us or not.
-    pub live: usize,
-    /// Last refresh from Redis failed; the view is the last known one.
-    pub degraded: bool,
-    /// Linked exits that provenance or consent keeps out of rotation.
-    pub blocked: Vec<(Arc<ExitRecord>, ProvenanceBlock)>,
-    /// Since when the control plane has been silent, if it is.
-    pub control_plane_silent_since: Option<Instant>,
-    /// Eligible exits kept only by their probed links (the control plane
-    /// silent and their heartbeat liveness lapsed, or a store reset lost it).
-    pub held_by_links: usize,
-}
 
 pub struct Pool {
     health: Arc<HealthBook>,
@@ -163,147 +148,6 @@ const DELTA_BATCH: usize = 10_000;
 /// (a consent that expires) can get if nothing else changes.
 const REBUILD_AT_LEAST_EVERY: Duration = Duration::from_secs(5);
 
-/// One exit as a delta reports it.
-struct Changed {
-    id: Uuid,
-    live: bool,
-    agent_draining: bool,
-    record: Option<ExitRecord>,
-}
-
-enum Read {
-    Full {
-        now_ms: i64,
-        cursor: String,
-        live: HashSet<Uuid>,
-        agent_draining: HashSet<Uuid>,
-        records: HashMap<Uuid, Arc<ExitRecord>>,
-        control_present: bool,
-    },
-    Delta {
-        now_ms: i64,
-        cursor: String,
-        expired: Vec<Uuid>,
-        changed: Vec<Changed>,
-        control_present: bool,
-    },
-}
-
-/// Why a refresh kept the last known pool.
-enum ReadError {
-    Redis(redis::RedisError),
-    /// Redis answers but lost the projection (restart, flush) and the
-    /// control-api has not rebuilt it yet: an empty read would be a lie.
-    NotProjected,
-}
-
-impl From<redis::RedisError> for ReadError {
-    fn from(e: redis::RedisError) -> Self {
-        Self::Redis(e)
-    }
-}
-
-impl PoolView {
-    pub fn get(&self, id: &Uuid) -> Option<&Candidate> {
-        self.index.get(id).and_then(|i| self.eligible.get(*i))
-    }
-}
-
-/// Power of two random choices among the usable exits (eligible, matching
-/// `targeting`, not in `tried`, available by health unless in panic mode, below
-/// capacity): the less loaded of the two wins. O(1) when usable exits are
-/// common — a bounded number of random probes — and a scan from a random start
-/// only when they are rare. Takes no lock beyond the health map's read lock.
-pub fn choose(
-    view: &PoolView,
-    health: &HealthBook,
-    tried: &[Uuid],
-    targeting: &Targeting,
-) -> Option<Candidate> {
-    let healthy = |c: &Candidate| {
-        let id = c.record.id;
-        !health.at_capacity(id)
-            && (health.in_panic() || health.exit(id).available(std::time::Instant::now()))
-    };
-    if let Some(id) = targeting.exit {
-        return view
-            .get(&id)
-            .filter(|c| !tried.contains(&id) && matches(&c.record, targeting) && healthy(c))
-            .cloned();
-    }
-    let n = view.eligible.len();
-    if n == 0 {
-        return None;
-    }
-    let usable = |c: &Candidate| {
-        !tried.contains(&c.record.id) && matches(&c.record, targeting) && healthy(c)
-    };
-    let mut rng = rand::thread_rng();
-    let first = (0..8)
-        .map(|_| &view.eligible[rng.gen_range(0..n)])
-        .find(|c| usable(c))
-        .or_else(|| {
-            let start = rng.gen_range(0..n);
-            (0..n)
-                .map(|i| &view.eligible[(start + i) % n])
-                .find(|c| usable(c))
-        })?;
-    let second = (0..8)
-        .map(|_| &view.eligible[rng.gen_range(0..n)])
-        .find(|c| c.record.id != first.record.id && usable(c));
-    let chosen = match second {
-        Some(second) if better(health, second, first) => second,
-        _ => first,
-    };
-    Some(chosen.clone())
-}
-
-/// Fewer tunnels in flight wins; at equal load, only a clearly better score
-/// (25%) wins, so near-equal exits share traffic instead of all of it herding
-/// onto whichever measured a few microseconds faster.
-fn better(health: &HealthBook, a: &Candidate, b: &Candidate) -> bool {
-    let (ha, hb) = (health.exit(a.record.id), health.exit(b.record.id));
-    match ha.in_flight().cmp(&hb.in_flight()) {
-        std::cmp::Ordering::Less => true,
-        std::cmp::Ordering::Greater => false,
-        std::cmp::Ordering::Equal => ha.score() > hb.score() * 1.25,
-    }
-}
-
-/// Whether an exit satisfies a client's targeting.
-pub fn matches(record: &ExitRecord, targeting: &Targeting) -> bool {
-    targeting
-        .country
-        .as_deref()
-        .is_none_or(|c| record.country == c)
-        && targeting
-            .city
-            .as_deref()
-            .is_none_or(|c| record.city.as_deref() == Some(c))
-        && targeting.asn.is_none_or(|a| record.asn == Some(a))
-        && targeting
-            .source_type
-            .is_none_or(|t| record.source_type == t)
-        && targeting.exit.is_none_or(|e| record.id == e)
-        && targeting
-            .allowed_types
-            .as_ref()
-            .is_none_or(|types| types.contains(&record.source_type))
-        && targeting
-            .allowed_countries
-            .as_ref()
-            .is_none_or(|countries| countries.contains(&record.country))
-        && targeting.channel.is_none_or(|c| record.channel == Some(c))
-        && targeting
-            .allowed_channels
-            .as_ref()
-            .is_none_or(|channels| record.channel.is_some_and(|c| channels.contains(&c)))
-        && targeting
-            .plan_types
-            .as_ref()
-            .is_none_or(|types| types.contains(&record.source_type))
-}
-
 impl Pool {
     pub fn new(
         redis: RedisConnection,
@@ -379,9 +223,9 @@ impl Pool {
         *rounds = [last, now];
     }
 
-    /// Keeps the view current until the task is dropped: on every refresh,
+    /// Keeps the view current until `stop`: on every refresh,
     /// every link change, and at the earliest consent expiry ahead.
-    pub async fn run(self: Arc<Self>, period: Duration) {
+    pub async fn run(self: Arc<Self>, period: Duration, stop: Stop) {
         let mut links_changed = self.registry.subscribe();
         let mut tick = tokio::time::interval(period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -394,6 +238,7 @@ impl Pool {
                 }
             };
             tokio::select! {
+                () = stop.cancelled() => return,
                 _ = tick.tick() => self.refresh().await,
                 changed = links_changed.changed() => {
                     if changed.is_err() { return; }
@@ -574,112 +419,9 @@ impl Pool {
     /// Refused while Redis holds no complete projection (back from a restart,
     /// not yet re-projected): its exit records would be missing, and an empty
     /// read must not replace the last known pool.
-    async fn read_full(&self) -> Result<Read, ReadError> {
-        let mut redis = self.redis.clone();
-        let projected: bool = redis.exists(self.keys.exits_projected()).await?;
-        if !projected {
-            return Err(ReadError::NotProjected);
-        }
-        let (now_ms, cursor, ids, draining, control): (i64, String, Vec<String>, Vec<String>, i64) =
-            redis::Script::new(LIVE_AND_DRAINING_SCRIPT)
-                .key(self.keys.exits_live())
-                .key(self.keys.exits_draining())
-                .key(self.keys.exit_changes())
-                .key(self.keys.control_plane_alive())
-                .invoke_async(&mut redis)
-                .await?;
-        let live: HashSet<Uuid> = ids.iter().filter_map(|s| s.parse().ok()).collect();
-        let agent_draining: HashSet<Uuid> =
-            draining.iter().filter_map(|s| s.parse().ok()).collect();
-        let mut records = HashMap::with_capacity(live.len());
-        // Linked exits too, live or not: their provenance is judged (and
-        // their tunnels cut on a block) whatever their heartbeats say.
-        let ids: Vec<Uuid> = live
-            .iter()
-            .copied()
-            .chain(
-                self.registry
-                    .snapshot()
-                    .into_keys()
-                    .filter(|id| !live.contains(id)),
-            )
-            .collect();
-        // Every record shares the `{exits}` slot, so MGET works on a cluster too.
-        for chunk in ids.chunks(1000) {
-            let keys: Vec<String> = chunk.iter().map(|id| self.keys.exit(*id)).collect();
-            let values: Vec<Option<String>> = redis::cmd("MGET")
-                .arg(&keys)
-                .query_async(&mut redis)
-                .await?;
-            for json in values.into_iter().flatten() {
-                if let Ok(record) = serde_json::from_str::<ExitRecord>(&json) {
-                    records.insert(record.id, Arc::new(record));
-                }
-            }
-        }
-        Ok(Read::Full {
-            now_ms,
-            cursor,
-            live,
-            agent_draining,
-            records,
-            control_present: control == 1,
-        })
-    }
-
     /// What changed since `cursor`; `None` when the stream lost our place.
     /// (A delta needs no projection check: a Redis that lost the projection
     /// lost the change stream with it, and so our place.)
-    async fn read_delta(
-        &self,
-        cursor: &str,
-        read_at_ms: i64,
-    ) -> Result<Option<Read>, redis::RedisError> {
-        let mut redis = self.redis.clone();
-        type Reply = (i64, i64, String, Vec<String>, Vec<redis::Value>, i64);
-        let (now_ms, complete, cursor, expired, flat, control): Reply =
-            redis::Script::new(POOL_DELTA_SCRIPT)
-                .key(self.keys.exits_live())
-                .key(self.keys.exits_draining())
-                .key(self.keys.exit_changes())
-                .key(self.keys.control_plane_alive())
-                .arg(read_at_ms)
-                .arg(cursor)
-                .arg(DELTA_BATCH)
-                .arg(self.keys.exit_prefix())
-                .invoke_async(&mut redis)
-                .await?;
-        if complete == 0 {
-            return Ok(None);
-        }
-        let text = |v: &redis::Value| -> String {
-            redis::from_redis_value_ref::<String>(v).unwrap_or_default()
-        };
-        let changed = flat
-            .chunks_exact(4)
-            .filter_map(|entry| {
-                let id: Uuid = text(&entry[0]).parse().ok()?;
-                let expiry: Option<i64> = text(&entry[1]).parse::<f64>().ok().map(|s| s as i64);
-                let agent_draining =
-                    redis::from_redis_value_ref::<i64>(&entry[2]).unwrap_or(0) == 1;
-                let record = serde_json::from_str::<ExitRecord>(&text(&entry[3])).ok();
-                Some(Changed {
-                    id,
-                    live: expiry.is_some_and(|e| e > now_ms),
-                    agent_draining,
-                    record,
-                })
-            })
-            .collect();
-        Ok(Some(Read::Delta {
-            now_ms,
-            cursor,
-            expired: expired.iter().filter_map(|s| s.parse().ok()).collect(),
-            changed,
-            control_present: control == 1,
-        }))
-    }
-
     /// A live, linked exit blocked by provenance that would match
     /// `targeting`: the reason class a 503 names.
     pub fn blocked_match(&self, targeting: &Targeting) -> Option<ProvenanceBlock> {

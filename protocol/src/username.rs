@@ -17,8 +17,12 @@
 //! Anything else — unknown keys, duplicates, missing or bad values, more than
 //! 256 bytes — is an error with a precise reason, never silently ignored.
 //! docs/username.md is the user-facing copy of this table.
+//!
+//! Written once, here: the superproxy parses every login with [`parse`], and
+//! the control-api checks stored allow-list options with [`parse_options`]
+//! and new base usernames with [`is_base_username`].
 
-use proxynet_protocol::store::{Channel, SourceType};
+use crate::store::{Channel, SourceType};
 use std::fmt;
 use std::time::Duration;
 use uuid::Uuid;
@@ -152,6 +156,36 @@ pub fn is_country_code(code: &str) -> bool {
     code.len() == 2 && COUNTRIES.split(' ').any(|c| c == code)
 }
 
+/// The base-username rule: 1–64 of `A-Z a-z 0-9 _ .` (no `-`, which starts
+/// the grammar). A name outside it cannot exist, so it never reaches Redis
+/// as a key.
+pub fn is_base_username(user: &str) -> bool {
+    !user.is_empty()
+        && user.len() <= MAX_BASE_USERNAME_BYTES
+        && user
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.')
+}
+
+/// Longest base username.
+pub const MAX_BASE_USERNAME_BYTES: usize = 64;
+
+/// Longest option string stored for allow-listed logins.
+pub const MAX_OPTIONS_BYTES: usize = 200;
+
+/// The grammar's options alone (`country-de-type-dc`), as an allow-listed
+/// user's stored options stand in for a username: parsed by the same rules
+/// as a login, so options the API accepted always parse at login.
+pub fn parse_options(options: &str) -> Result<ParsedUsername, UsernameError> {
+    if options.len() > MAX_OPTIONS_BYTES {
+        return Err(UsernameError::TooLong);
+    }
+    if options.is_empty() {
+        return parse("u");
+    }
+    parse(&format!("u-{options}"))
+}
+
 pub fn parse(raw: &str) -> Result<ParsedUsername, UsernameError> {
     if raw.len() > MAX_USERNAME_BYTES {
         return Err(UsernameError::TooLong);
@@ -161,12 +195,7 @@ pub fn parse(raw: &str) -> Result<ParsedUsername, UsernameError> {
     }
     let mut tokens = raw.split('-');
     let user = tokens.next().unwrap_or_default();
-    if user.is_empty()
-        || user.len() > 64
-        || !user
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.')
-    {
+    if !is_base_username(user) {
         return Err(UsernameError::BadUser);
     }
     let mut session_id: Option<String> = None;

@@ -1,0 +1,193 @@
+//! The tunnel pipeline: the one order of stages every ingress goes through.
+//! This file holds the order and nothing else; each stage is a file here:
+//!
+//! [`authenticate`] (who is asking) → [`authorize`] (what the account lets
+//! them ask for) → parse the target and refuse literal addresses the egress
+//! policy forbids → [`admit`] (quotas, limits, leases) → [`open`] (choose an
+//! exit, dial, safe retry) → meter → [`Tunnel`] → [`access_log`] when it ends.
+//!
+//! CONNECT, absolute-form HTTP and SOCKS5 differ only in how they read the
+//! credentials and the target off the wire and how they answer; they all call
+//! [`Pipeline::open`] and get back a [`Tunnel`] that owns everything the
+//! tunnel holds for exactly as long as the bytes flow.
+
+mod access_log;
+mod admit;
+mod authenticate;
+mod authorize;
+pub mod open;
+mod tunnel;
+
+pub use admit::Admit;
+pub use authenticate::Login;
+pub use open::TunnelOpener;
+pub use tunnel::{Holds, Tunnel};
+
+use std::sync::Arc;
+use std::time::Instant;
+use uuid::Uuid;
+
+use crate::accept::ConnectionTicket;
+use crate::error::{ErrorKind, ProxyError};
+use crate::metrics::Stats;
+use crate::open_tunnels::OpenTunnels;
+use crate::request::{Client, Credentials, Ingress, TargetSpec};
+use crate::usage::{Metered, UsageRecorder};
+
+/// The stages, built by the caller; [`Pipeline::open`] runs them in order.
+pub struct Pipeline {
+    login: Login,
+    admit: Admit,
+    opener: TunnelOpener,
+    usage: Arc<UsageRecorder>,
+    open_tunnels: Arc<OpenTunnels>,
+    stats: Arc<Stats>,
+}
+
+impl Pipeline {
+    pub fn new(
+        login: Login,
+        admit: Admit,
+        opener: TunnelOpener,
+        usage: Arc<UsageRecorder>,
+        open_tunnels: Arc<OpenTunnels>,
+        stats: Arc<Stats>,
+    ) -> Self {
+        Self {
+            login,
+            admit,
+            opener,
+            usage,
+            open_tunnels,
+            stats,
+        }
+    }
+
+    /// Runs every stage for one tunnel; on failure the error says how to answer.
+    pub async fn open(
+        &self,
+        ingress: Ingress,
+        credentials: Option<Credentials>,
+        target: TargetSpec<'_>,
+        ticket: &ConnectionTicket,
+    ) -> Result<Tunnel, ProxyError> {
+        let started = Instant::now();
+        match self.authenticate(credentials, ticket).await {
+            Ok(client) => self.open_as(client, ingress, target, ticket, started).await,
+            Err(e) => {
+                self.stats.tunnel_failed(ingress, e.kind);
+                access_log::refused(ingress, ticket.peer(), started, None, &e);
+                Err(e)
+            }
+        }
+    }
+
+    /// The stages after authentication, for an ingress that must answer the
+    /// login before it can read the target (SOCKS5). Only
+    /// [`Pipeline::authenticate`] makes a [`Client`], so the order holds.
+    pub async fn open_as(
+        &self,
+        client: Client,
+        ingress: Ingress,
+        target: TargetSpec<'_>,
+        ticket: &ConnectionTicket,
+        started: Instant,
+    ) -> Result<Tunnel, ProxyError> {
+        let opened = async {
+            let target = target.parse()?;
+            // Literal addresses the policy forbids never cost an exit a stream.
+            self.opener.check_literal(&target)?;
+            let (lease, quotas) = self.admit.admit(&client).await?;
+            let opened = self.opener.open(&target, &client).await?;
+            Ok::<_, ProxyError>((target, lease, quotas, opened))
+        }
+        .await;
+        let (target, lease, quotas, opened) = match opened {
+            Ok(done) => done,
+            Err(e) => {
+                self.stats.tunnel_failed(ingress, e.kind);
+                access_log::refused(ingress, ticket.peer(), started, Some(&client), &e);
+                return Err(e);
+            }
+        };
+        self.stats.tunnel_opened(ingress, started.elapsed());
+        let meter = self.usage.meter(
+            client.account_id,
+            client.user_id,
+            opened.exit_id,
+            opened.source_type,
+            &quotas,
+        );
+        self.usage.record_target(
+            client.account_id,
+            client.user_id,
+            opened.exit_id,
+            opened.egress_ip,
+            target.host_string(),
+            target.port,
+        );
+        let meter_view = meter.0.clone();
+        let registration = self.open_tunnels.register(
+            client.user_id,
+            &client.username,
+            client.credential_digest,
+            opened.exit_id,
+            client.network,
+            ticket.cut().clone(),
+        );
+        Ok(Tunnel {
+            io: Metered::new(opened.io, meter),
+            exit_id: opened.exit_id,
+            pin: opened.pin,
+            holds: Holds {
+                credential_digest: client.credential_digest,
+                network: client.network,
+                log: access_log::AccessLog {
+                    id: Uuid::new_v4(),
+                    ingress,
+                    account_id: client.account_id,
+                    user_id: client.user_id,
+                    username: client.username,
+                    exit_id: opened.exit_id,
+                    egress_ip: opened.egress_ip,
+                    target: target.to_string(),
+                    peer: ticket.peer(),
+                    started,
+                    setup_ms: started.elapsed().as_secs_f64() * 1000.0,
+                    meter: meter_view,
+                    end: None,
+                },
+                _lease: lease,
+                _in_flight: opened.in_flight,
+                _registration: registration,
+                ticket: ticket.clone(),
+                open_tunnels: self.open_tunnels.clone(),
+            },
+        })
+    }
+
+    /// Authenticates and authorizes the client. A success frees the
+    /// connection's pre-auth slot.
+    pub async fn authenticate(
+        &self,
+        credentials: Option<Credentials>,
+        ticket: &ConnectionTicket,
+    ) -> Result<Client, ProxyError> {
+        let result = self
+            .login
+            .check(credentials, ticket.peer().ip())
+            .await
+            .and_then(authorize::authorize);
+        if result.is_ok() {
+            ticket.authenticated();
+        }
+        crate::metrics::auth(match &result {
+            Ok(_) => "ok",
+            Err(e) if e.kind == ErrorKind::TooManyRequests => "limited",
+            Err(e) if e.kind == ErrorKind::BadRequest => "bad_username",
+            Err(e) if e.kind == ErrorKind::AuthRequired => "denied",
+            Err(_) => "error",
+        });
+        result
+    }
+}

@@ -1,0 +1,250 @@
+//! Stage 4, open: exit choice (rotating or sticky, filtered by targeting),
+//! egress IP choice (the target's family; a session keeps its IP), dial,
+//! safe retry within a retry budget.
+//!
+//! The connect budget covers every attempt. An attempt that provably did not
+//! reach the target (link not ready, stream refused, exit draining or full) is
+//! retried on another exit while budget and attempts remain; anything that may
+//! have reached the target is reported, never replayed. A sticky session uses
+//! its pinned exit while it is eligible; when it is not, `soft` sessions are
+//! re-pinned to another exit and `hard` ones fail with a coded 502.
+
+use proxynet_protocol::egress::EgressPolicy;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::time::Instant;
+use uuid::Uuid;
+
+use crate::error::{ErrorKind, ProxyError};
+use crate::health::InFlight;
+use crate::link::dial;
+use crate::link::stream::ExitStream;
+use crate::request::Client;
+use crate::select::sessions::{Pin, Sessions};
+use crate::select::{egress_ip_for, Candidate, Candidates, Pool, Sticky};
+use crate::target::Target;
+use crate::username::Targeting;
+
+/// Exits tried for one tunnel before giving up.
+pub const MAX_ATTEMPTS: usize = 3;
+
+/// A tunnel stream the exit answered `connected` on.
+pub struct Opened {
+    pub io: ExitStream,
+    pub exit_id: Uuid,
+    /// The exit's source type as its record says now (what the bytes bill as).
+    pub source_type: Option<proxynet_protocol::store::SourceType>,
+    pub egress_ip: IpAddr,
+    /// Set for sticky sessions.
+    pub pin: Option<Pin>,
+    /// Counts this tunnel against its exit's load until dropped: keep it for
+    /// as long as the tunnel lives.
+    pub in_flight: InFlight,
+}
+
+/// Retries may add at most `percent` of first attempts (plus a burst of ten),
+/// so an outage that makes every exit refuse cannot triple the load it sees.
+/// Tokens are counted in hundredths of a retry.
+pub struct RetryBudget {
+    percent: u32,
+    tokens: Mutex<u32>,
+}
+
+impl RetryBudget {
+    const BURST: u32 = 10 * 100;
+
+    pub fn new(percent: u32) -> Self {
+        Self {
+            percent: percent.min(100),
+            tokens: Mutex::new(Self::BURST),
+        }
+    }
+
+    fn deposit(&self) {
+        if let Ok(mut t) = self.tokens.lock() {
+            *t = (*t + self.percent).min(Self::BURST);
+        }
+    }
+
+    fn withdraw(&self) -> bool {
+        match self.tokens.lock() {
+            Ok(mut t) if *t >= 100 => {
+                *t -= 100;
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
+pub struct TunnelOpener {
+    pub pool: Arc<Pool>,
+    pub sessions: Sessions,
+    pub policy: EgressPolicy,
+    pub connect_budget: Duration,
+    pub retry_budget: RetryBudget,
+}
+
+impl TunnelOpener {
+    /// Denies literal targets the egress policy forbids before any exit is used.
+    pub fn check_literal(&self, target: &Target) -> Result<(), ProxyError> {
+        match target.socket_addr() {
+            Some(addr) => self.policy.check(addr).map_err(|denial| {
+                ProxyError::new(
+                    ErrorKind::DestinationProhibited,
+                    format!("destination denied: {denial}"),
+                )
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Opens a stream to `target` through the first candidate that takes
+    /// it: take the next candidate, check the budget, dial, record the
+    /// outcome, then retry or stop by `retry_safe`.
+    pub async fn open(&self, target: &Target, client: &Client) -> Result<Opened, ProxyError> {
+        let deadline = Instant::now() + self.connect_budget;
+        let targeting = &client.request.targeting;
+        let mut candidates = Candidates::new(&self.pool, targeting, MAX_ATTEMPTS);
+        let mut sticky = match &client.request.session {
+            Some(session) => Some(Sticky::load(&self.sessions, client.user_id, session).await),
+            None => None,
+        };
+        let mut last_error = None;
+        let mut no_family = false;
+        self.retry_budget.deposit();
+        while !candidates.exhausted() {
+            if last_error.is_some() && !self.retry_budget.withdraw() {
+                tracing::debug!("retry budget spent; not retrying on another exit");
+                break;
+            }
+            let exit = match &mut sticky {
+                Some(sticky) => sticky.choose(&mut candidates, target).await?,
+                None => candidates.draw(),
+            };
+            let Some(exit) = exit else { break };
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            if remaining.is_zero() {
+                return Err(ProxyError::new(
+                    ErrorKind::ConnectionTimeout,
+                    "connect budget exhausted",
+                ));
+            }
+            let preferred = sticky.as_ref().and_then(|s| s.egress_ip_on(exit.record.id));
+            let Some(egress_ip) = egress_ip_for(&exit, target, preferred) else {
+                no_family = true;
+                continue;
+            };
+            if let Some(sticky) = &mut sticky {
+                sticky.keep_ip(exit.record.id, egress_ip).await?;
+            }
+            match self.dial(&exit, target, egress_ip, remaining).await {
+                Ok(io) => {
+                    return Ok(Opened {
+                        io,
+                        exit_id: exit.record.id,
+                        source_type: Some(exit.record.source_type),
+                        egress_ip,
+                        pin: sticky.as_ref().and_then(Sticky::pin),
+                        in_flight: self.pool.health().start_tunnel(exit.record.id),
+                    });
+                }
+                Err(e) if e.kind.retry_safe() => {
+                    tracing::debug!(exit = %exit.record.id, error = %e, "exit refused the tunnel before dialling; trying another");
+                    last_error = Some(e);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last_error.unwrap_or_else(|| self.no_exit(targeting, no_family)))
+    }
+
+    /// One attempt on one exit, its outcome recorded for the exit's health
+    /// (exit faults only: a target's refusal or slowness is not the exit's).
+    async fn dial(
+        &self,
+        exit: &Candidate,
+        target: &Target,
+        egress_ip: IpAddr,
+        budget: Duration,
+    ) -> Result<ExitStream, ProxyError> {
+        let started = std::time::Instant::now();
+        let result = dial::open_tunnel(&exit.link, target, egress_ip, budget).await;
+        let linked = self.pool.view().eligible.len();
+        let health = self.pool.health();
+        match &result {
+            Ok(_) => health.record_outcome(exit.record.id, false, Some(started.elapsed()), linked),
+            Err(e) => {
+                let exit_fault =
+                    matches!(e.kind, ErrorKind::ExitUnavailable | ErrorKind::ExitLinkLost);
+                health.record_outcome(exit.record.id, exit_fault, None, linked);
+            }
+        }
+        result
+    }
+
+    /// Why no exit took the tunnel, as precisely as may be said: the
+    /// target's family, provenance, the account's plan, or none available.
+    fn no_exit(&self, targeting: &Targeting, no_family: bool) -> ProxyError {
+        if no_family {
+            return ProxyError::new(
+                ErrorKind::DestinationUnreachable,
+                "no eligible exit has an egress address of the target's IP family",
+            );
+        }
+        // Name the reason class when provenance is what keeps the
+        // matching exits out (never which exit or whose consent).
+        if let Some(why) = self.pool.blocked_match(targeting) {
+            return ProxyError::new(
+                ErrorKind::NoExit,
+                format!(
+                    "no exit with valid provenance is available ({})",
+                    why.as_str()
+                ),
+            );
+        }
+        // The account's plan is what keeps the matching exits out: say so
+        // (403), not "none available" (503).
+        if let Some(priced) = &targeting.plan_types {
+            let unpriced = Targeting {
+                plan_types: None,
+                ..targeting.clone()
+            };
+            if self.pool.pick(&[], &unpriced).is_some() {
+                let names: Vec<&str> = priced.iter().map(|t| t.as_str()).collect();
+                return ProxyError::new(
+                    ErrorKind::TargetingNotAllowed,
+                    format!(
+                        "the account's plan does not price the source type of the exits that match; it prices: {}",
+                        if names.is_empty() { "none".to_owned() } else { names.join(", ") }
+                    ),
+                );
+            }
+        }
+        let detail = if targeting.is_empty() {
+            "no exit is available right now".to_owned()
+        } else {
+            format!("no eligible exit matches {targeting}")
+        };
+        ProxyError::new(ErrorKind::NoExit, detail)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_retry_budget_allows_a_burst_then_its_share() {
+        let budget = RetryBudget::new(20);
+        let burst = (0..100).take_while(|_| budget.withdraw()).count();
+        assert_eq!(burst, 10);
+        // 20% of 50 opens: 10 more retries, no more.
+        for _ in 0..50 {
+            budget.deposit();
+        }
+        let share = (0..100).take_while(|_| budget.withdraw()).count();
+        assert_eq!(share, 10);
+    }
+}

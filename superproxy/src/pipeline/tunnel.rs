@@ -1,0 +1,83 @@
+//! What the pipeline hands an ingress: an open [`Tunnel`] — the metered
+//! stream to the exit — and the [`Holds`] it keeps until its bytes stop
+//! flowing: the connection's ticket (permit, drain guard, cut token), the
+//! user's leases, the exit's in-flight count, the revocation registration
+//! and the access-log line. Dropping the tunnel releases them all.
+
+use proxynet_protocol::egress::Cidr;
+use proxynet_protocol::splice::{splice_until, End, SpliceOutcome, TunnelLimits};
+use std::sync::Arc;
+use uuid::Uuid;
+
+use crate::accept::ConnectionTicket;
+use crate::admission::Leases;
+use crate::health::InFlight;
+use crate::link::stream::ExitStream;
+use crate::open_tunnels::{OpenTunnels, Registration};
+use crate::select::sessions::Pin;
+use crate::usage::Metered;
+
+use super::access_log::AccessLog;
+
+/// An open tunnel: the metered stream to the exit and everything it holds.
+pub struct Tunnel {
+    pub io: Metered<ExitStream>,
+    pub exit_id: Uuid,
+    /// Set for sticky sessions.
+    pub pin: Option<Pin>,
+    pub holds: Holds,
+}
+
+/// What a tunnel holds until its bytes stop flowing; dropping it releases
+/// them and writes the access-log line.
+pub struct Holds {
+    /// Who the tunnel runs for, as revocation sees it.
+    pub credential_digest: [u8; 32],
+    /// The allow-listed network it came in by, if any.
+    pub(super) network: Option<Cidr>,
+    pub(super) log: AccessLog,
+    pub(super) _lease: Leases,
+    pub(super) _in_flight: InFlight,
+    pub(super) _registration: Registration,
+    pub(super) ticket: ConnectionTicket,
+    pub(super) open_tunnels: Arc<OpenTunnels>,
+}
+
+impl Holds {
+    /// Registers the client connection itself under this tunnel's user, for
+    /// as long as the returned registration is kept: a kept-alive
+    /// absolute-form connection is cut on revocation even between requests.
+    pub fn register_connection(&self) -> Registration {
+        self.open_tunnels.register(
+            self.log.user_id,
+            &self.log.username,
+            self.credential_digest,
+            Uuid::nil(),
+            self.network,
+            self.ticket.cut().clone(),
+        )
+    }
+
+    /// Resolves when the tunnel must end now (revocation, drain deadline).
+    pub fn cut(&self) -> tokio_util::sync::WaitForCancellationFuture<'_> {
+        self.ticket.cut().cancelled()
+    }
+
+    /// Records why the tunnel ended, for its access-log line.
+    pub fn ended(&mut self, end: End) {
+        self.log.end = Some(end);
+    }
+}
+
+impl Tunnel {
+    /// Splices `client` and the exit until the tunnel ends or is cut.
+    pub async fn splice<C>(self, client: C, limits: TunnelLimits) -> SpliceOutcome
+    where
+        C: proxynet_protocol::splice::ChunkIo,
+    {
+        let Tunnel { io, mut holds, .. } = self;
+        let outcome = splice_until(client, io, limits, holds.cut()).await;
+        holds.ended(outcome.end);
+        outcome
+    }
+}

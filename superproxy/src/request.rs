@@ -1,0 +1,87 @@
+//! What a tunnel request is made of, as plain data: the ingress it came in
+//! on, the credentials and target the ingress read off the wire, and — once
+//! the pipeline has logged it in — the [`Client`] it runs for.
+//!
+//! A leaf: every stage reads these types, none of them reaches back into a
+//! stage.
+
+use proxynet_protocol::egress::Cidr;
+use proxynet_protocol::secret::Secret;
+use proxynet_protocol::store::{AccountLimits, QuotaPeriod};
+use uuid::Uuid;
+
+use crate::error::{ErrorKind, ProxyError};
+use crate::target::Target;
+use crate::username::ParsedUsername;
+
+/// Which client protocol a tunnel came in on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ingress {
+    Connect,
+    Forward,
+    Socks5,
+}
+
+impl Ingress {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Ingress::Connect => "connect",
+            Ingress::Forward => "forward",
+            Ingress::Socks5 => "socks5",
+        }
+    }
+}
+
+/// Proxy credentials as the client presented them.
+pub struct Credentials {
+    /// The full proxy username, grammar and all (`alice-session-x1`).
+    pub username: String,
+    pub password: Secret,
+}
+
+/// The destination as the ingress read it, parsed by the pipeline.
+pub enum TargetSpec<'a> {
+    /// CONNECT's authority-form `host:port` (the port is required).
+    Authority(&'a str),
+    /// An absolute-form URL's authority (`host[:port]`, port 80 when absent).
+    UrlAuthority(&'a str),
+    /// Already structured (SOCKS5).
+    Parsed(Target),
+}
+
+impl TargetSpec<'_> {
+    pub(crate) fn parse(self) -> Result<Target, ProxyError> {
+        let parsed = match self {
+            TargetSpec::Authority(a) => Target::parse_authority(a),
+            TargetSpec::UrlAuthority(a) => Target::parse_url_authority(a, 80),
+            TargetSpec::Parsed(t) => return Ok(t),
+        };
+        parsed.map_err(|e| ProxyError::new(ErrorKind::BadRequest, format!("bad target: {e}")))
+    }
+}
+
+/// Who is asking: the authenticated user and what their username asked for,
+/// already bounded by what the account allows (only the pipeline's login
+/// stage makes one).
+pub struct Client {
+    pub user_id: Uuid,
+    pub account_id: Uuid,
+    /// The base username (no grammar, never the password).
+    pub username: String,
+    pub credential_digest: [u8; 32],
+    pub limits: UserLimits,
+    pub request: ParsedUsername,
+    /// The allow-listed network it logged in by (no credentials).
+    pub network: Option<Cidr>,
+}
+
+/// The limits of one user, from their record.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct UserLimits {
+    pub max_concurrent_tunnels: Option<u32>,
+    pub max_new_tunnels_per_second: Option<u32>,
+    /// Bytes (up + down) per period.
+    pub bandwidth: Option<(u64, QuotaPeriod)>,
+    /// The account's totals over all its users (its entitlements).
+    pub account: Option<AccountLimits>,
+}

@@ -1,0 +1,104 @@
+//! The session policy: a sticky session's pin is tried first while it is
+//! usable; when it is not, a `soft` session is re-pinned to the next
+//! candidate and a `hard` one fails with a coded 502; a session keeps its
+//! egress IP too. Every change of pin is one compare-and-set in Redis
+//! ([`Sticky::repin`]), so superproxies agree on it.
+
+use std::net::IpAddr;
+use uuid::Uuid;
+
+use super::sessions::{Pin, Sessions};
+use super::{egress_ip_for, Candidate, Candidates};
+use crate::error::{ErrorKind, ProxyError};
+use crate::target::Target;
+use crate::username::{Session, SessionMode};
+
+/// One tunnel's view of its session: what the username asked for and the
+/// pin as last read or written.
+pub struct Sticky<'a> {
+    sessions: &'a Sessions,
+    user: Uuid,
+    session: &'a Session,
+    pin: Option<Pin>,
+}
+
+impl<'a> Sticky<'a> {
+    /// The session's current pin, read once per tunnel.
+    pub async fn load(sessions: &'a Sessions, user: Uuid, session: &'a Session) -> Self {
+        let pin = sessions.get(user, &session.id).await;
+        Self {
+            sessions,
+            user,
+            session,
+            pin,
+        }
+    }
+
+    /// The pin now in force.
+    pub fn pin(&self) -> Option<Pin> {
+        self.pin
+    }
+
+    /// The next exit for this session: the pinned one while usable;
+    /// otherwise (soft) the next candidate, pinned. `Ok(None)`: no
+    /// candidate is left.
+    pub async fn choose(
+        &mut self,
+        candidates: &mut Candidates<'_>,
+        target: &Target,
+    ) -> Result<Option<Candidate>, ProxyError> {
+        if let Some(current) = self.pin {
+            if let Some(pinned) = candidates.exactly(current.exit) {
+                return Ok(Some(pinned));
+            }
+            if self.session.mode == SessionMode::Hard {
+                return Err(ProxyError::new(
+                    ErrorKind::SessionExitLost,
+                    "the session's exit is no longer available (sessmode=hard)",
+                ));
+            }
+        }
+        let Some(drawn) = candidates.draw() else {
+            return Ok(None);
+        };
+        let ip = egress_ip_for(&drawn, target, None);
+        let pinned = self.repin(drawn.record.id, ip).await?;
+        // Another superproxy may have re-pinned first: follow it.
+        Ok(Some(candidates.follow(pinned.exit, drawn)))
+    }
+
+    /// The session's egress IP on `exit`, if it is pinned there.
+    pub fn egress_ip_on(&self, exit: Uuid) -> Option<IpAddr> {
+        self.pin
+            .filter(|p| p.exit == exit)
+            .and_then(|p| p.egress_ip)
+    }
+
+    /// Records the egress IP now in use on the pinned exit, so the session
+    /// keeps it.
+    pub async fn keep_ip(&mut self, exit: Uuid, ip: IpAddr) -> Result<(), ProxyError> {
+        match self.pin {
+            Some(current) if current.exit == exit && current.egress_ip != Some(ip) => {
+                self.repin(exit, Some(ip)).await.map(drop)
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// The one way a pin changes: compare-and-set from the pin we know.
+    async fn repin(&mut self, exit: Uuid, ip: Option<IpAddr>) -> Result<Pin, ProxyError> {
+        let pin = self
+            .sessions
+            .set(
+                self.user,
+                &self.session.id,
+                self.pin,
+                exit,
+                ip,
+                self.session.ttl,
+            )
+            .await?;
+        self.pin = Some(pin);
+        Ok(pin)
+    }
+}
