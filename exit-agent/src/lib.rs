@@ -240,10 +240,11 @@ async fn heartbeat_loop(control: ControlClient, ctx: Arc<TunnelContext>, stop: S
     let mut failures: u32 = 0;
     loop {
         let draining = ctx.announces_draining();
-        match control
-            .heartbeat(&ctx.identity, draining, active(&ctx), &ctx.beat_info)
-            .await
-        {
+        let beat = control.heartbeat(&ctx.identity, draining, active(&ctx), &ctx.beat_info);
+        let Some(answer) = stop.run_until_cancelled(beat).await else {
+            return;
+        };
+        match answer {
             Ok(reply) => {
                 failures = 0;
                 interval = Duration::from_millis(reply.heartbeat_interval_ms.clamp(100, 60_000));

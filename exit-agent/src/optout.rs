@@ -81,7 +81,13 @@ pub async fn acknowledge_until_done(
     loop {
         let pending = status(&ctx).is_some_and(|s| s.acknowledged_at.is_none());
         if pending {
-            match control.opt_out(&ctx.identity).await {
+            let Some(answer) = stop
+                .run_until_cancelled(control.opt_out(&ctx.identity))
+                .await
+            else {
+                return;
+            };
+            match answer {
                 Ok(()) => {
                     let acked = OptOutState {
                         acknowledged_at: Some(now_unix()),

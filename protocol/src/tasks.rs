@@ -3,9 +3,12 @@
 //! in one [`Tasks`] list, fires one stop signal and waits for them under a
 //! bounded drain.
 //!
-//! A loop sees the signal at its own waiting point (its next tick, its next
-//! message), so work it is in the middle of — a usage flush, a Redis write —
-//! finishes instead of being torn off by an abort.
+//! A loop sees the signal at its own waiting point (its next tick, its
+//! next message), so work it is in the middle of — a usage flush, a Redis
+//! write — finishes. A loop still running at the deadline (a request stuck
+//! past its own timeout) is the one case left for cancelling from outside:
+//! logged as a fault, and cancelled so that, say, a withdrawn superproxy
+//! cannot announce itself again after its withdrawal.
 
 use std::future::Future;
 use std::time::Duration;
@@ -47,12 +50,13 @@ impl Tasks {
 
     /// Fires the stop signal and waits for every loop, at most `deadline` in
     /// all. True when every one returned; the ones still running are named in
-    /// the log and end with the runtime.
+    /// the log and cancelled.
     pub async fn stop(self, deadline: Duration) -> bool {
         self.stop.cancel();
         let until = tokio::time::Instant::now() + deadline;
         let mut all_done = true;
         for (name, handle) in self.running {
+            let backstop = handle.abort_handle();
             match tokio::time::timeout_at(until, handle).await {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => {
@@ -63,8 +67,9 @@ impl Tasks {
                     all_done = false;
                     tracing::warn!(
                         task = name,
-                        "background task still running at the stop deadline"
+                        "background task ignored the stop signal; cancelling it"
                     );
+                    backstop.abort();
                 }
             }
         }

@@ -173,17 +173,15 @@ pub const MAX_BASE_USERNAME_BYTES: usize = 64;
 /// Longest option string stored for allow-listed logins.
 pub const MAX_OPTIONS_BYTES: usize = 200;
 
-/// The grammar's options alone (`country-de-type-dc`), as an allow-listed
-/// user's stored options stand in for a username: parsed by the same rules
-/// as a login, so options the API accepted always parse at login.
-pub fn parse_options(options: &str) -> Result<ParsedUsername, UsernameError> {
-    if options.len() > MAX_OPTIONS_BYTES {
-        return Err(UsernameError::TooLong);
-    }
+/// An allow-listed user's stored options (`country-de-type-dc`), which stand
+/// in for the grammar of a username it never sends: parsed as the login
+/// parses them, `user-options`, so options the API accepted always parse at
+/// login.
+pub fn parse_options(user: &str, options: &str) -> Result<ParsedUsername, UsernameError> {
     if options.is_empty() {
-        return parse("u");
+        return parse(user);
     }
-    parse(&format!("u-{options}"))
+    parse(&format!("{user}-{options}"))
 }
 
 pub fn parse(raw: &str) -> Result<ParsedUsername, UsernameError> {
@@ -352,6 +350,27 @@ fn truncated(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stored_options_parse_as_the_login_parses_them() {
+        let parsed = parse_options("alice", "country-de-type-dc").unwrap();
+        assert_eq!(parsed.user, "alice");
+        assert_eq!(parsed.targeting.country.as_deref(), Some("DE"));
+        assert_eq!(parse_options("alice", "").unwrap().user, "alice");
+        assert_eq!(
+            parse_options("alice", "country-de-country-fr").unwrap_err(),
+            UsernameError::Duplicate("country")
+        );
+        // The login's string is `user-options`: with the longest base name the
+        // options' room is what the username bound leaves.
+        let long_user = "u".repeat(MAX_BASE_USERNAME_BYTES);
+        let options = format!("session-{}", "s".repeat(64));
+        assert!(parse_options(&long_user, &options).is_ok());
+        assert_eq!(
+            parse_options(&long_user, &"city-x-".repeat(30)).unwrap_err(),
+            UsernameError::TooLong
+        );
+    }
 
     #[test]
     fn plain_user_rotates() {

@@ -215,17 +215,27 @@ impl ErrorKind {
     }
 }
 
+/// An answer to the client, and why. `kind` and `detail` are what the client
+/// is told (status, `Proxy-Status` token and details, the body); `cause` is
+/// what went wrong inside (a library's error text, an address of the stack)
+/// and goes to the log only — `Display` shows it, the wire never does.
 #[derive(Debug, Clone)]
 pub struct ProxyError {
     pub kind: ErrorKind,
+    /// Client-safe: names the problem in the client's terms.
     pub detail: Cow<'static, str>,
     /// Seconds for `Retry-After` on 429/503.
     pub retry_after: Option<u32>,
+    cause: Option<std::sync::Arc<str>>,
 }
 
 impl std::fmt::Display for ProxyError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}: {}", self.kind.proxy_status_error(), self.detail)
+        write!(f, "{}: {}", self.kind.proxy_status_error(), self.detail)?;
+        match &self.cause {
+            Some(cause) => write!(f, " ({cause})"),
+            None => Ok(()),
+        }
     }
 }
 
@@ -244,7 +254,19 @@ impl ProxyError {
             kind,
             detail: detail.into(),
             retry_after,
+            cause: None,
         }
+    }
+
+    /// Records the internal cause, for the log only.
+    pub fn caused_by(mut self, cause: impl std::fmt::Display) -> Self {
+        self.cause = Some(cause.to_string().into());
+        self
+    }
+
+    /// The internal cause, if one was recorded (never sent to the client).
+    pub fn cause(&self) -> Option<&str> {
+        self.cause.as_deref()
     }
 
     pub fn auth_required() -> Self {
@@ -348,6 +370,20 @@ fn sf_string_escape(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_cause_reaches_the_log_but_never_the_client() {
+        let error = ProxyError::new(ErrorKind::ExitLinkLost, "the exit link failed")
+            .caused_by("h2 protocol error: 10.0.0.7:9000 reset");
+        let wire = String::from_utf8(error.to_wire()).unwrap();
+        assert!(!wire.contains("10.0.0.7"), "{wire}");
+        assert!(!error.proxy_status().contains("h2 protocol"));
+        assert!(error.to_string().contains("10.0.0.7:9000 reset"));
+        assert_eq!(
+            error.cause(),
+            Some("h2 protocol error: 10.0.0.7:9000 reset")
+        );
+    }
 
     #[test]
     fn proxy_status_escapes_details() {

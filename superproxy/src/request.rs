@@ -61,8 +61,8 @@ impl TargetSpec<'_> {
 }
 
 /// Who is asking: the authenticated user and what their username asked for,
-/// already bounded by what the account allows (only the pipeline's login
-/// stage makes one).
+/// already bounded by what the account allows (only the pipeline's
+/// authorize stage makes one).
 pub struct Client {
     pub user_id: Uuid,
     pub account_id: Uuid,

@@ -1,3 +1,4 @@
+
 const cols = ["name","source_type","country","owner","egress_ips","state","score","probe_rtt_ms","success","in_flight","bytes_per_sec","last_heartbeat_at"];
 let rows = [], sortBy = "state", desc = false;
 function fmt(k, v) {

@@ -148,11 +148,6 @@ impl Projector {
         Ok(ids.iter().filter_map(|s| s.parse().ok()).collect())
     }
 
-    /// Runs [`Self::resync`] now, every `period`, and at once whenever Redis
-    /// (or one cluster node) comes back empty — a restart without
-    /// persistence, a flush: the projection markers written after each full
-    /// resync ([`Keys::projection_markers`]) are counted every second, so
-    /// users and exits reappear within a second of Redis returning.
     /// Says the control plane is taking heartbeats: refreshes
     /// [`Keys::control_plane_alive`] every half `interval`, expiring after
     /// one `interval`, so superproxies notice within a heartbeat interval

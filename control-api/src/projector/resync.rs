@@ -114,6 +114,11 @@ impl Projector {
         Ok(())
     }
 
+    /// Runs [`Self::resync`] now, every `period`, and at once whenever Redis
+    /// (or one cluster node) comes back empty — a restart without
+    /// persistence, a flush: the projection markers written after each full
+    /// resync ([`Keys::projection_markers`]) are counted every second, so
+    /// users and exits reappear within a second of Redis returning.
     pub async fn run_resync_loop(self, period: Duration, stop: Stop) {
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -4,7 +4,7 @@
 //! Keys have lineage: each records the key that minted it, and revoking a
 //! key revokes everything it minted, transitively, in one statement. So a
 //! leaked key cannot leave its holder a second one behind. Dashboard
-//! sessions opened with a revoked key end within seconds (`dashboard.rs`).
+//! sessions opened with a revoked key end within seconds (`routes/dashboard/sessions.rs`).
 
 use crate::extract::Json;
 use crate::extract::{Path, Query};

@@ -54,7 +54,7 @@ async fn read(
         .query_async(&mut redis)
         .await
         .map_err(|e| ApiError::Unavailable(format!("sessions unavailable: {e}")))?;
-    // The pin is `EXIT_ID` or `EXIT_ID EGRESS_IP` (superproxy/src/session.rs).
+    // The pin is `EXIT_ID` or `EXIT_ID EGRESS_IP` (superproxy/src/select/sessions.rs).
     Ok(exit.filter(|_| ttl > 0).and_then(|value| {
         let mut parts = value.split(' ');
         let exit_id = parts.next()?.parse().ok()?;

@@ -48,6 +48,7 @@ pub struct CreateUser {
 /// Checks CIDRs (address/prefix, IPv4 or IPv6) against the account's rules
 /// (prefix length, special ranges) and the allow-list options.
 fn validate_allowlist(
+    username: &str,
     cidrs: &[String],
     options: &str,
     rules: &AllowlistRules,
@@ -66,8 +67,15 @@ fn validate_allowlist(
     if options.is_empty() {
         return Ok(());
     }
-    // The superproxy's own parser: options accepted here parse at login.
-    proxynet_protocol::username::parse_options(options)
+    if options.len() > proxynet_protocol::username::MAX_OPTIONS_BYTES {
+        return Err(ApiError::BadRequest(format!(
+            "allowlist_options: at most {} bytes",
+            proxynet_protocol::username::MAX_OPTIONS_BYTES
+        )));
+    }
+    // The superproxy's own parser, on the string it will parse at login:
+    // options accepted here always parse there.
+    proxynet_protocol::username::parse_options(username, options)
         .map(drop)
         .map_err(|e| {
             ApiError::BadRequest(format!(
@@ -273,6 +281,7 @@ pub async fn create(
     body.limits.validate()?;
     let entitled = entitlements(&state.db, account_id).await?;
     validate_allowlist(
+        &body.username,
         &body.allowed_source_cidrs,
         &body.allowlist_options,
         &entitled.allowlist,
@@ -391,7 +400,7 @@ pub async fn update(
         limits.validate()?;
     }
     // Who the user belongs to and what bounds it (404 for another account's).
-    let (account_id, ceilings) = {
+    let (account_id, ceilings, username) = {
         let current = fetch(&state, caller, id).await?;
         if matches!(caller, Caller::Account(_))
             && current.disabled_by_operator
@@ -401,10 +410,11 @@ pub async fn update(
                 "enabled: an operator disabled this user; only an operator can enable it".into(),
             ));
         }
-        (current.account_id, current.ceilings.0)
+        (current.account_id, current.ceilings.0, current.username)
     };
     let entitled = entitlements(&state.db, account_id).await?;
     validate_allowlist(
+        &username,
         body.allowed_source_cidrs.as_deref().unwrap_or_default(),
         body.allowlist_options.as_deref().unwrap_or_default(),
         &entitled.allowlist,

@@ -83,7 +83,7 @@ impl ReloadableCert {
         Ok(Arc::new(config))
     }
 
-    /// Reloads on every SIGHUP until the task is dropped.
+    /// Reloads on every SIGHUP until `stop`.
     pub async fn reload_on_sighup(self: Arc<Self>, stop: Stop) {
         #[cfg(unix)]
         {

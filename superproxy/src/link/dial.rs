@@ -53,8 +53,9 @@ async fn open_mux(
         budget_ms: budget.as_millis() as u64,
         window,
     };
-    let request = serde_json::to_vec(&request)
-        .map_err(|e| ProxyError::new(ErrorKind::Internal, format!("encoding link request: {e}")))?;
+    let request = serde_json::to_vec(&request).map_err(|e| {
+        ProxyError::new(ErrorKind::Internal, "could not encode the link request").caused_by(e)
+    })?;
     let opening = match window {
         Some(w) => link.handle.open_with_window(request.into(), w),
         None => link.handle.open_with_window(request.into(), STREAM_WINDOW),
@@ -80,10 +81,9 @@ async fn open_mux(
             ))
         }
         Ok(Err(OpenError::Lost(e))) => {
-            return Err(ProxyError::new(
-                ErrorKind::ExitLinkLost,
-                format!("exit link failed: {e}"),
-            ))
+            return Err(
+                ProxyError::new(ErrorKind::ExitLinkLost, "the exit link failed").caused_by(e),
+            )
         }
         Ok(Ok(opened)) => opened,
     };
@@ -117,14 +117,13 @@ async fn open_http2(
         .header(HEADER_EGRESS_IP, egress_ip.to_string())
         .header(HEADER_CONNECT_BUDGET_MS, budget.as_millis().to_string())
         .body(Empty::<Bytes>::new())
-        .map_err(|e| ProxyError::new(ErrorKind::Internal, format!("building link request: {e}")))?;
+        .map_err(|e| {
+            ProxyError::new(ErrorKind::Internal, "could not build the link request").caused_by(e)
+        })?;
 
     // A link that is not ready never saw the request: safe to try elsewhere.
     sender.ready().await.map_err(|e| {
-        ProxyError::new(
-            ErrorKind::ExitUnavailable,
-            format!("exit link unavailable: {e}"),
-        )
+        ProxyError::new(ErrorKind::ExitUnavailable, "the exit link is unavailable").caused_by(e)
     })?;
     let response = match tokio::time::timeout(budget, sender.send_request(request)).await {
         Err(_) => {
@@ -140,10 +139,9 @@ async fn open_http2(
             ))
         }
         Ok(Err(e)) => {
-            return Err(ProxyError::new(
-                ErrorKind::ExitLinkLost,
-                format!("exit link failed: {e}"),
-            ))
+            return Err(
+                ProxyError::new(ErrorKind::ExitLinkLost, "the exit link failed").caused_by(e),
+            )
         }
         Ok(Ok(response)) => response,
     };
@@ -157,10 +155,8 @@ async fn open_http2(
             .await
             .map(|upgraded| ExitStream::Http2(TokioIo::new(upgraded)))
             .map_err(|e| {
-                ProxyError::new(
-                    ErrorKind::ExitLinkLost,
-                    format!("exit link upgrade failed: {e}"),
-                )
+                ProxyError::new(ErrorKind::ExitLinkLost, "the exit link's upgrade failed")
+                    .caused_by(e)
             }),
         Some(outcome) => Err(ProxyError::new(
             ErrorKind::from_outcome(outcome),

@@ -85,6 +85,7 @@ pub(super) fn refused(
         client = %peer,
         outcome = error.kind.proxy_status_error(),
         status = error.kind.status().as_u16(),
+        cause = error.cause(),
         bytes_up = 0u64,
         bytes_down = 0u64,
         setup_ms = started.elapsed().as_secs_f64() * 1000.0,

@@ -89,11 +89,12 @@ impl Login {
             .lookup(peer)
             .ok_or_else(ProxyError::auth_required)?;
         let verified = self.auth.allowlisted(&username).await?;
-        let raw = match verified.record.allowlist_options.as_deref() {
-            Some(options) if !options.is_empty() => format!("{username}-{options}"),
-            _ => username,
-        };
-        let request = username::parse(&raw).map_err(|e| {
+        let options = verified
+            .record
+            .allowlist_options
+            .as_deref()
+            .unwrap_or_default();
+        let request = username::parse_options(&username, options).map_err(|e| {
             ProxyError::new(
                 ErrorKind::BadRequest,
                 format!("allow-list options of this user: {e}"),

@@ -415,13 +415,6 @@ impl Pool {
         }
     }
 
-    /// The whole pool: live and draining sets, then every live exit's record.
-    /// Refused while Redis holds no complete projection (back from a restart,
-    /// not yet re-projected): its exit records would be missing, and an empty
-    /// read must not replace the last known pool.
-    /// What changed since `cursor`; `None` when the stream lost our place.
-    /// (A delta needs no projection check: a Redis that lost the projection
-    /// lost the change stream with it, and so our place.)
     /// A live, linked exit blocked by provenance that would match
     /// `targeting`: the reason class a 503 names.
     pub fn blocked_match(&self, targeting: &Targeting) -> Option<ProvenanceBlock> {

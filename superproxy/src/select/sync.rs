@@ -44,6 +44,10 @@ impl From<redis::RedisError> for ReadError {
 }
 
 impl Pool {
+    /// The whole pool: live and draining sets, then every live exit's record.
+    /// Refused while Redis holds no complete projection (back from a restart,
+    /// not yet re-projected): its exit records would be missing, and an empty
+    /// read must not replace the last known pool.
     pub(super) async fn read_full(&self) -> Result<Read, ReadError> {
         let mut redis = self.redis.clone();
         let projected: bool = redis.exists(self.keys.exits_projected()).await?;
@@ -97,6 +101,9 @@ impl Pool {
         })
     }
 
+    /// What changed since `cursor`; `None` when the stream lost our place.
+    /// (A delta needs no projection check: a Redis that lost the projection
+    /// lost the change stream with it, and so our place.)
     pub(super) async fn read_delta(
         &self,
         cursor: &str,

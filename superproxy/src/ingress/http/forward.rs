@@ -134,7 +134,7 @@ pub async fn forward(
         .handshake::<_, UpstreamBody>(TokioIo::new(tunnel.io))
         .await
         .map_err(|e| {
-            ProxyError::new(ErrorKind::ExitLinkLost, format!("exit stream failed: {e}"))
+            ProxyError::new(ErrorKind::ExitLinkLost, "the exit stream failed").caused_by(e)
         })?;
     tokio::spawn(async move {
         // The upstream connection outlives the response head: it holds the
@@ -170,8 +170,9 @@ pub async fn forward(
         }
         ProxyError::new(
             ErrorKind::BadResponse,
-            format!("target closed the connection or sent an invalid response: {e}"),
+            "target closed the connection or sent an invalid response",
         )
+        .caused_by(e)
     })?;
     if let Some(gate) = &gate {
         // A final answer before any 100: the body stays back for good.
