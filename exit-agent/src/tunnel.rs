@@ -1,8 +1,8 @@
 //! Serving one tunnel stream: check, resolve, vet, bind, connect, splice.
 //!
 //! Both link versions end up here: a v1 stream is an HTTP/2 `CONNECT`
-//! ([`handle`]), a v2 stream a mux OPEN ([`serve_stream`]); each is parsed
-//! into the same [`TunnelRequest`] and served by the same code.
+//! (`link/v1_http2.rs`), a v2 stream a mux OPEN (`link/v2_mux.rs`); each is
+//! parsed into the same [`TunnelRequest`] and served by the same code.
 //!
 //! The agent resolves the target itself, applies the egress policy to every
 //! resolved address and dials only an address it vetted, bound to the egress
@@ -10,18 +10,8 @@
 //! limit and the superproxy's remaining budget minus a margin, so it gives up
 //! first and answers with a precise [`Outcome`].
 
-use bytes::Bytes;
-use http::{Method, Request, Response};
-use http_body_util::Empty;
-use hyper_util::rt::TokioIo;
 use proxynet_protocol::egress::parse_ip_literal;
-use proxynet_protocol::link::{
-    Outcome, StreamRequest, HEADER_CONNECT_BUDGET_MS, HEADER_EGRESS_IP, HEADER_OUTCOME,
-    HEADER_VERSION, LINK_V1_HTTP2, PROBE_PATH,
-};
-use proxynet_protocol::mux::Incoming;
-use proxynet_protocol::splice::{splice_until, Plain};
-use std::convert::Infallible;
+use proxynet_protocol::link::Outcome;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -79,7 +69,7 @@ impl TunnelContext {
 }
 
 /// Decrements the active-tunnel count however the tunnel ends.
-struct ActiveGuard(Arc<TunnelContext>);
+pub(crate) struct ActiveGuard(Arc<TunnelContext>);
 
 impl Drop for ActiveGuard {
     fn drop(&mut self) {
@@ -96,31 +86,17 @@ pub struct TunnelRequest {
 }
 
 impl TunnelRequest {
-    /// A v1 stream: `CONNECT host:port` with the `proxynet-*` headers.
-    fn from_http2(req: &Request<hyper::body::Incoming>) -> Result<Self, Outcome> {
-        let header = |name: &str| req.headers().get(name).and_then(|v| v.to_str().ok());
-        if req.method() != Method::CONNECT
-            || header(HEADER_VERSION) != Some(&LINK_V1_HTTP2.to_string())
-        {
-            return Err(Outcome::BadRequest);
-        }
-        let authority = req.uri().authority().ok_or(Outcome::BadRequest)?;
-        let egress_ip = header(HEADER_EGRESS_IP)
-            .and_then(|v| v.parse().ok())
-            .ok_or(Outcome::BadRequest)?;
-        let budget_ms = header(HEADER_CONNECT_BUDGET_MS)
-            .and_then(|v| v.parse::<u64>().ok())
-            .ok_or(Outcome::BadRequest)?;
-        Self::new(authority, egress_ip, budget_ms)
-    }
-
     /// A v2 stream's `tunnel` request.
-    fn from_target(target: &str, egress_ip: IpAddr, budget_ms: u64) -> Result<Self, Outcome> {
+    pub(crate) fn from_target(
+        target: &str,
+        egress_ip: IpAddr,
+        budget_ms: u64,
+    ) -> Result<Self, Outcome> {
         let authority: http::uri::Authority = target.parse().map_err(|_| Outcome::BadRequest)?;
         Self::new(&authority, egress_ip, budget_ms)
     }
 
-    fn new(
+    pub(crate) fn new(
         authority: &http::uri::Authority,
         egress_ip: IpAddr,
         budget_ms: u64,
@@ -139,7 +115,7 @@ impl TunnelRequest {
 }
 
 /// Draining agents fail probes too: superproxies stop choosing them.
-fn probe_outcome(ctx: &TunnelContext) -> Outcome {
+pub(crate) fn probe_outcome(ctx: &TunnelContext) -> Outcome {
     if ctx.announces_draining() {
         Outcome::Draining
     } else {
@@ -148,120 +124,20 @@ fn probe_outcome(ctx: &TunnelContext) -> Outcome {
 }
 
 /// Counts the tunnel against `max_tunnels`; `None` when at capacity.
-fn admit(ctx: &Arc<TunnelContext>) -> Option<ActiveGuard> {
+pub(crate) fn admit(ctx: &Arc<TunnelContext>) -> Option<ActiveGuard> {
     let previous = ctx.active.fetch_add(1, Ordering::Relaxed);
     let guard = ActiveGuard(ctx.clone());
     (previous < ctx.config.max_tunnels).then_some(guard)
 }
 
-/// Serves one v2 (mux) stream: probe or tunnel.
-pub async fn serve_stream(ctx: Arc<TunnelContext>, incoming: Incoming) {
-    let request = serde_json::from_slice::<StreamRequest>(&incoming.request);
-    let (guard, tcp) = match request {
-        Ok(StreamRequest::Probe) => {
-            reply(incoming, probe_outcome(&ctx));
-            return;
-        }
-        Err(_) => {
-            reply(incoming, Outcome::BadRequest);
-            return;
-        }
-        Ok(StreamRequest::Tunnel {
-            target,
-            egress_ip,
-            budget_ms,
-            window,
-        }) => {
-            // Before anything is sent: the superproxy grants what it named.
-            if let Some(window) = window {
-                incoming.start_window(window);
-            }
-            let Some(guard) = admit(&ctx) else {
-                reply(incoming, Outcome::Capacity);
-                return;
-            };
-            let opened = match TunnelRequest::from_target(&target, egress_ip, budget_ms) {
-                Ok(request) => open(&ctx, &request).await,
-                Err(outcome) => Err(outcome),
-            };
-            match opened {
-                Ok(tcp) => (guard, tcp),
-                Err(outcome) => {
-                    reply(incoming, outcome);
-                    return;
-                }
-            }
-        }
-    };
-    count(Outcome::Connected);
-    let stream = incoming.reply(Bytes::from_static(Outcome::Connected.as_str().as_bytes()));
-    let _guard = guard;
-    let cut = ctx.cut_token();
-    let outcome = splice_until(stream, tcp, ctx.config.tunnel_limits(), cut.cancelled()).await;
-    tracing::debug!(up = outcome.up, down = outcome.down, end = ?outcome.end, "tunnel closed");
-}
-
-/// Answers a v2 stream that will carry no bytes (and so resets it).
-fn reply(incoming: Incoming, outcome: Outcome) {
-    count(outcome);
-    drop(incoming.reply(Bytes::from_static(outcome.as_str().as_bytes())));
-}
-
-fn count(outcome: Outcome) {
+pub(crate) fn count(outcome: Outcome) {
     metrics::counter!("proxynet_agent_tunnels_total", "outcome" => outcome.as_str()).increment(1);
 }
 
-/// Serves one v1 (HTTP/2) stream: probe or tunnel.
-pub async fn handle(
-    ctx: Arc<TunnelContext>,
-    mut req: Request<hyper::body::Incoming>,
-) -> Result<Response<Empty<Bytes>>, Infallible> {
-    if req.method() == Method::GET && req.uri().path() == PROBE_PATH {
-        return Ok(answer(probe_outcome(&ctx)));
-    }
-    let Some(guard) = admit(&ctx) else {
-        return Ok(answer(Outcome::Capacity));
-    };
-    let opened = match TunnelRequest::from_http2(&req) {
-        Ok(request) => open(&ctx, &request).await,
-        Err(outcome) => Err(outcome),
-    };
-    let tcp = match opened {
-        Ok(tcp) => tcp,
-        Err(outcome) => return Ok(answer(outcome)),
-    };
-    let on_upgrade = hyper::upgrade::on(&mut req);
-    let limits = ctx.config.tunnel_limits();
-    let cut = ctx.cut_token();
-    tokio::spawn(async move {
-        let _guard = guard;
-        match on_upgrade.await {
-            Ok(upgraded) => {
-                let outcome =
-                    splice_until(Plain(TokioIo::new(upgraded)), tcp, limits, cut.cancelled()).await;
-                tracing::debug!(up = outcome.up, down = outcome.down, end = ?outcome.end, "tunnel closed");
-            }
-            Err(e) => {
-                tracing::debug!(error = %e, "superproxy dropped the stream before it started")
-            }
-        }
-    });
-    Ok(answer(Outcome::Connected))
-}
-
-fn answer(outcome: Outcome) -> Response<Empty<Bytes>> {
-    count(outcome);
-    let mut response = Response::new(Empty::new());
-    *response.status_mut() =
-        http::StatusCode::from_u16(outcome.status()).unwrap_or(http::StatusCode::BAD_GATEWAY);
-    response.headers_mut().insert(
-        HEADER_OUTCOME,
-        http::HeaderValue::from_static(outcome.as_str()),
-    );
-    response
-}
-
-async fn open(ctx: &TunnelContext, request: &TunnelRequest) -> Result<TcpStream, Outcome> {
+pub(crate) async fn open(
+    ctx: &TunnelContext,
+    request: &TunnelRequest,
+) -> Result<TcpStream, Outcome> {
     if ctx.refusing.load(Ordering::Relaxed) || ctx.withdrawn.load(Ordering::Relaxed) {
         return Err(Outcome::Draining);
     }
@@ -477,20 +353,6 @@ pub(crate) mod tests {
                 Some(Outcome::BadRequest),
                 "{target:?}"
             );
-        }
-    }
-
-    #[test]
-    fn an_answer_carries_the_outcome_as_status_and_header() {
-        for outcome in [
-            Outcome::Connected,
-            Outcome::PolicyDenied,
-            Outcome::Capacity,
-            Outcome::TimedOut,
-        ] {
-            let response = answer(outcome);
-            assert_eq!(response.status().as_u16(), outcome.status());
-            assert_eq!(response.headers()[HEADER_OUTCOME], outcome.as_str());
         }
     }
 

@@ -2,12 +2,11 @@
 //! then the agreed version's framing with us opening streams: HTTP/2 as the
 //! client (v1) or the mux as its client role (v2).
 
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use proxynet_protocol::link::{
     choose_version, read_frame, write_frame, AgentHello, HelloReply, LinkVersions, HELLO_VERSION,
     LINK_V2_MUX,
 };
-use proxynet_protocol::mux::{self, MuxConfig, ReadAhead, Role};
+use proxynet_protocol::mux::ReadAhead;
 use proxynet_protocol::redis_target::RedisConnection;
 use proxynet_protocol::secret::{constant_time_eq, sha256_hex};
 use proxynet_protocol::store::{AuditEvent, ExitRecord, Keys};
@@ -19,6 +18,14 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
 
 use super::registry::{LinkRegistry, LinkSender};
+use super::{v1_http2, v2_mux};
+
+/// An agent's link once TLS is up, before the version's framing starts.
+pub(super) type AgentTls = tokio_rustls::server::TlsStream<ReadAhead<TcpStream>>;
+
+/// Drives a started link until it ends; the error text when it failed.
+pub(super) type LinkDriver =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Option<String>> + Send>>;
 
 /// Time an agent has for TLS plus its hello.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -36,10 +43,6 @@ pub struct LinkListener {
     /// What every v2 link's streams may hold between them (stalled readers).
     pub recv_budget: Arc<proxynet_protocol::mux::RecvBudget>,
 }
-
-/// Plaintext rustls may hold for sending before the socket takes it: large
-/// enough that one bulk write becomes one vectored syscall of many records.
-const TLS_SEND_BUFFER: usize = 512 * 1024;
 
 impl LinkListener {
     pub async fn run(self, stop: Stop) {
@@ -68,17 +71,18 @@ impl LinkListener {
 
     async fn admit(&self, tcp: TcpStream, peer: std::net::SocketAddr) -> Result<(), String> {
         let _ = tcp.set_nodelay(true);
-        let (mut tls, hello) = tokio::time::timeout(HANDSHAKE_TIMEOUT, async {
-            let mut tls = self
-                .acceptor
-                .accept(ReadAhead::new(tcp))
-                .await
-                .map_err(|e| format!("tls: {e}"))?;
-            let hello: AgentHello = read_frame(&mut tls).await.map_err(|e| e.to_string())?;
-            Ok::<_, String>((tls, hello))
-        })
-        .await
-        .map_err(|_| "handshake timed out".to_owned())??;
+        let (mut tls, hello): (AgentTls, AgentHello) =
+            tokio::time::timeout(HANDSHAKE_TIMEOUT, async {
+                let mut tls = self
+                    .acceptor
+                    .accept(ReadAhead::new(tcp))
+                    .await
+                    .map_err(|e| format!("tls: {e}"))?;
+                let hello: AgentHello = read_frame(&mut tls).await.map_err(|e| e.to_string())?;
+                Ok::<_, String>((tls, hello))
+            })
+            .await
+            .map_err(|_| "handshake timed out".to_owned())??;
 
         let verdict = self.verify(&hello).await;
         let reply = HelloReply {
@@ -92,46 +96,14 @@ impl LinkListener {
             .map_err(|e| e.to_string())?;
         let version = verdict?;
         let exit_id = hello.exit_id;
-        if version == LINK_V2_MUX {
-            tls.get_mut().1.set_buffer_limit(Some(TLS_SEND_BUFFER));
-            let (handle, connection) = mux::start(
-                tls,
-                Role::Client,
-                // Tunnels are opened by us only: an agent that opens streams
-                // breaks the protocol, and is not left holding our memory.
-                // Every link's streams share the instance's receive budget.
-                MuxConfig {
-                    accepts_streams: false,
-                    recv_budget: Some(self.recv_budget.clone()),
-                    ..MuxConfig::default()
-                },
-            );
-            let link = super::registry::MuxLink {
-                handle,
-                open_window: hello.open_window,
-            };
-            let link_id = self.link_up(exit_id, peer, LinkSender::Mux(link)).await;
-            let ended = connection.await;
-            self.link_down(exit_id, link_id, ended.err().map(|e| e.to_string()));
-            return Ok(());
-        }
-
-        let (sender, connection) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
-            .timer(TokioTimer::new())
-            // Windows are credit, not buffers: memory grows only while a
-            // peer does not read (see the constants for the isolation rule).
-            .initial_stream_window_size(proxynet_protocol::link::H2_STREAM_WINDOW)
-            .initial_connection_window_size(proxynet_protocol::link::H2_CONNECTION_WINDOW)
-            .max_frame_size(proxynet_protocol::link::H2_MAX_FRAME_SIZE)
-            .keep_alive_interval(Duration::from_secs(10))
-            .keep_alive_timeout(Duration::from_secs(5))
-            .keep_alive_while_idle(true)
-            .handshake(TokioIo::new(tls))
-            .await
-            .map_err(|e| format!("http/2 handshake: {e}"))?;
-        let link_id = self.link_up(exit_id, peer, LinkSender::Http2(sender)).await;
-        let ended = connection.await;
-        self.link_down(exit_id, link_id, ended.err().map(|e| e.to_string()));
+        let (sender, driver) = if version == LINK_V2_MUX {
+            v2_mux::start(tls, self.recv_budget.clone(), hello.open_window)
+        } else {
+            v1_http2::start(tls).await?
+        };
+        let link_id = self.link_up(exit_id, peer, sender).await;
+        let ended = driver.await;
+        self.link_down(exit_id, link_id, ended);
         Ok(())
     }
 

@@ -4,13 +4,17 @@
 //! credential, agree on a link version and hand us a connection on which we
 //! open streams (HTTP/2 for v1, the mux for v2). [`registry`] keeps one live
 //! link per exit; [`dial`] opens a tunnel stream on it, [`stream`] is that
-//! stream whichever version carries it.
+//! stream whichever version carries it. Each link version is one file:
+//! [`v1_http2`] and [`v2_mux`] (starting the link, opening and probing
+//! streams); the rest is shared.
 
 pub mod dial;
 pub mod listener;
 pub mod registry;
 pub mod stream;
 pub mod tls;
+pub mod v1_http2;
+pub mod v2_mux;
 
 /// ALPN protocol id of the link. It names the hello exchange, which every
 /// link version shares; the link version itself is agreed in the hello.

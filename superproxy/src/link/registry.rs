@@ -12,16 +12,14 @@
 //! Every change bumps a watch channel so the pool recomputes eligibility at once
 //! instead of waiting for its next refresh.
 
-use bytes::Bytes;
-use http_body_util::Empty;
-use hyper::client::conn::http2::SendRequest;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use tokio::sync::watch;
 use uuid::Uuid;
 
-pub type Http2Sender = SendRequest<Empty<Bytes>>;
+pub use super::v1_http2::Http2Sender;
+pub use super::v2_mux::MuxLink;
 
 /// How streams are opened on a link, by link version.
 #[derive(Clone)]
@@ -30,15 +28,6 @@ pub enum LinkSender {
     Http2(Http2Sender),
     /// v2: one mux stream per stream.
     Mux(MuxLink),
-}
-
-/// A v2 link: the mux and what its agent agreed to.
-#[derive(Clone)]
-pub struct MuxLink {
-    pub handle: proxynet_protocol::mux::MuxHandle,
-    /// The agent starts tunnel streams with the window their OPEN names, so
-    /// this superproxy can grant less under memory pressure.
-    pub open_window: bool,
 }
 
 impl LinkSender {

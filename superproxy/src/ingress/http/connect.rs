@@ -5,14 +5,14 @@
 //! carries tunnel bytes; bytes the client pipelined behind its request head
 //! were held by the head guard and reach the tunnel first.
 
-use http::{Request, Response, StatusCode};
+use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use proxynet_protocol::splice::Plain;
 use std::sync::Arc;
 
 use super::head_guard::TunnelSwitch;
-use super::response::{empty_body, tunnel_headers, ProxyBody};
+use super::response::{connect_established, empty_body, ProxyBody};
 use crate::accept::ConnectionTicket;
 use crate::error::{ErrorKind, ProxyError};
 use crate::pipeline::Pipeline;
@@ -40,9 +40,7 @@ pub async fn connect(
             &ticket,
         )
         .await?;
-    let mut response = Response::new(empty_body());
-    tunnel_headers(response.headers_mut(), &tunnel);
-    *response.status_mut() = StatusCode::OK;
+    let response = connect_established(&tunnel).map(|()| empty_body());
 
     switch.engage();
     let on_client_upgrade = hyper::upgrade::on(req);

@@ -14,7 +14,7 @@
 //! carries the same headers, a refusal the same status, `Proxy-Status` and
 //! body ([`ProxyError::to_response`]).
 
-use http::{header, HeaderMap, HeaderValue};
+use http::{header, HeaderValue};
 use proxynet_protocol::secret::Secret;
 use proxynet_protocol::splice::Plain;
 use std::io;
@@ -22,7 +22,7 @@ use std::sync::Arc;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::head_guard::{HeadGuard, TunnelSwitch};
-use super::response::tunnel_headers;
+use super::response::connect_established;
 use super::MAX_HEADERS;
 use crate::accept::ConnectionTicket;
 use crate::authenticate::parse_basic;
@@ -83,9 +83,8 @@ where
     match opened {
         Ok(tunnel) => {
             let answer = {
-                let mut headers = HeaderMap::new();
-                tunnel_headers(&mut headers, &tunnel);
-                serialize_response(http::StatusCode::OK, &headers, &[])
+                let (head, ()) = connect_established(&tunnel).into_parts();
+                serialize_response(head.status, &head.headers, &[])
             };
             // Engaged before the answer is written, as on hyper's path: the
             // bytes the client sends after reading `200` are tunnel bytes.

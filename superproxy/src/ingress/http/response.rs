@@ -33,6 +33,15 @@ pub fn error_response(error: &ProxyError) -> Response<ProxyBody> {
         .map(|body| body.map_err(|never| match never {}).boxed_unsync())
 }
 
+/// The answer to a `CONNECT` whose tunnel is open — `200` with
+/// [`tunnel_headers`] and no body — whichever path serves it (hyper's, or
+/// the first-CONNECT path that writes it itself).
+pub fn connect_established(tunnel: &Tunnel) -> Response<()> {
+    let mut response = Response::new(());
+    tunnel_headers(response.headers_mut(), tunnel);
+    response
+}
+
 /// `Proxynet-Exit` and, for sessions, `Proxynet-Session-Expires` (Unix seconds).
 pub fn tunnel_headers(headers: &mut http::HeaderMap, tunnel: &Tunnel) {
     if let Ok(v) = HeaderValue::from_str(&tunnel.exit_id.to_string()) {

@@ -1,17 +1,16 @@
 //! The agent's side of the link: dial a superproxy, prove who we are, then
 //! serve its tunnel streams: as the HTTP/2 server on a v1 link, as the mux
-//! acceptor on a v2 link (whichever version the hello settled on).
+//! acceptor on a v2 link (whichever version the hello settled on; one file
+//! each: [`v1_http2`], [`v2_mux`]).
 //!
 //! The superproxy's certificate is pinned by the SHA-256 the control-api handed
 //! us, so the link needs no public CA. One supervisor task per superproxy keeps
 //! its link up, reconnecting with jittered exponential back-off.
 
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use proxynet_protocol::link::{
     read_frame, write_frame, AgentHello, HelloReply, HELLO_VERSION, LINK_V1_HTTP2, LINK_V2_MUX,
 };
-use proxynet_protocol::mux::{self, MuxConfig, ReadAhead, Role};
+use proxynet_protocol::mux::ReadAhead;
 use proxynet_protocol::store::SuperproxyRecord;
 use rand::Rng;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
@@ -25,7 +24,10 @@ use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 use tokio_util::sync::CancellationToken;
 
-use crate::tunnel::{self, TunnelContext};
+use crate::tunnel::TunnelContext;
+
+mod v1_http2;
+mod v2_mux;
 
 pub const LINK_ALPN: &[u8] = b"proxynet-link/1";
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -52,8 +54,8 @@ pub async fn supervise(
                 metrics::counter!("proxynet_agent_link_connects_total").increment(1);
                 tracing::info!(superproxy = %superproxy.id, addr = %superproxy.link_addr, link_version = version, "link up");
                 let result = match version {
-                    LINK_V2_MUX => serve_mux(tls, ctx.clone(), &stop).await,
-                    _ => serve_http2(tls, ctx.clone(), &stop)
+                    LINK_V2_MUX => v2_mux::serve(tls, ctx.clone(), &stop).await,
+                    _ => v1_http2::serve(tls, ctx.clone(), &stop)
                         .await
                         .map_err(|e| e.to_string()),
                 };
@@ -137,67 +139,6 @@ async fn connect(
     }
     tls.get_mut().1.set_buffer_limit(Some(TLS_SEND_BUFFER));
     Ok((tls, version))
-}
-
-/// Serves a v2 link: accepts mux streams until `stop`, then sends GOAWAY
-/// and lets the open tunnels finish.
-async fn serve_mux(
-    tls: LinkStream,
-    ctx: Arc<TunnelContext>,
-    stop: &CancellationToken,
-) -> Result<(), String> {
-    let config = MuxConfig {
-        // Streams past our tunnel limit would only be refused: reset them at
-        // the mux, before any work.
-        max_streams: ctx.config.max_tunnels.saturating_add(64),
-        ..MuxConfig::default()
-    };
-    let (handle, connection) = mux::start(tls, Role::Server, config);
-    tokio::pin!(connection);
-    let mut stopping = false;
-    loop {
-        tokio::select! {
-            ended = connection.as_mut() => return ended.map_err(|e| e.to_string()),
-            incoming = handle.accept(), if !stopping => match incoming {
-                Some(incoming) => {
-                    tokio::spawn(tunnel::serve_stream(ctx.clone(), incoming));
-                }
-                // No more streams will come; the connection ends when the
-                // open ones finish.
-                None => stopping = true,
-            },
-            () = stop.cancelled(), if !stopping => {
-                stopping = true;
-                handle.go_away();
-            }
-        }
-    }
-}
-
-async fn serve_http2(
-    tls: LinkStream,
-    ctx: Arc<TunnelContext>,
-    stop: &CancellationToken,
-) -> Result<(), hyper::Error> {
-    let service = {
-        let ctx = ctx.clone();
-        service_fn(move |req| tunnel::handle(ctx.clone(), req))
-    };
-    let connection = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
-        .timer(TokioTimer::new())
-        .initial_stream_window_size(proxynet_protocol::link::H2_STREAM_WINDOW)
-        .initial_connection_window_size(proxynet_protocol::link::H2_CONNECTION_WINDOW)
-        .max_frame_size(proxynet_protocol::link::H2_MAX_FRAME_SIZE)
-        .max_concurrent_streams(u32::try_from(ctx.config.max_tunnels).unwrap_or(u32::MAX))
-        .keep_alive_interval(Duration::from_secs(10))
-        .keep_alive_timeout(Duration::from_secs(5))
-        .serve_connection(TokioIo::new(tls), service);
-    tokio::pin!(connection);
-    tokio::select! {
-        result = connection.as_mut() => return result,
-        () = stop.cancelled() => connection.as_mut().graceful_shutdown(),
-    }
-    connection.await
 }
 
 fn pinned_client_config(cert_sha256: &str) -> Result<Arc<ClientConfig>, String> {
