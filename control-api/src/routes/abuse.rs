@@ -22,7 +22,7 @@ use crate::AppState;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct LookupQuery {
+pub(crate) struct LookupQuery {
     egress_ip: String,
     /// When the complaint says the traffic arrived (RFC 3339).
     at: DateTime<Utc>,
@@ -33,7 +33,7 @@ pub struct LookupQuery {
 }
 
 #[derive(Serialize, sqlx::FromRow)]
-pub struct LookupRow {
+pub(crate) struct LookupRow {
     minute: DateTime<Utc>,
     egress_ip: String,
     exit_id: Uuid,
@@ -47,7 +47,7 @@ pub struct LookupRow {
 }
 
 /// `GET /v1/abuse/lookup?egress_ip=&at=&target=&window_minutes=`
-pub async fn lookup(
+pub(crate) async fn lookup(
     _: Operator,
     State(state): State<AppState>,
     Query(q): Query<LookupQuery>,
@@ -109,7 +109,7 @@ pub async fn lookup(
 }
 
 /// Deletes target-log rows older than the retention, now and every hour.
-pub async fn run_retention(
+pub(crate) async fn run_retention(
     db: sqlx::PgPool,
     retention: std::time::Duration,
     every: std::time::Duration,
@@ -140,7 +140,7 @@ pub async fn run_retention(
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct AuditQuery {
+pub(crate) struct AuditQuery {
     action: Option<String>,
     subject: Option<String>,
     actor: Option<String>,
@@ -152,7 +152,7 @@ pub struct AuditQuery {
 }
 
 #[derive(Serialize, sqlx::FromRow)]
-pub struct AuditRow {
+pub(crate) struct AuditRow {
     id: i64,
     at: DateTime<Utc>,
     actor: String,
@@ -162,7 +162,7 @@ pub struct AuditRow {
 }
 
 /// `GET /v1/audit?action=&subject=&actor=&from=&to=&limit=&after=`, newest first.
-pub async fn audit_log(
+pub(crate) async fn audit_log(
     _: Operator,
     State(state): State<AppState>,
     Query(q): Query<AuditQuery>,

@@ -17,12 +17,12 @@ use crate::{audit, AppState};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct CreateAccount {
+pub(crate) struct CreateAccount {
     name: String,
 }
 
 #[derive(Serialize, sqlx::FromRow)]
-pub struct Account {
+pub(crate) struct Account {
     id: Uuid,
     name: String,
     plan_id: Option<Uuid>,
@@ -32,7 +32,7 @@ pub struct Account {
 
 const ACCOUNT_COLUMNS: &str = "id, name, plan_id, entitlements, created_at";
 
-pub async fn create(
+pub(crate) async fn create(
     _: Operator,
     State(state): State<AppState>,
     Json(body): Json<CreateAccount>,
@@ -64,7 +64,7 @@ pub async fn create(
 }
 
 /// `GET /v1/accounts?limit=&after=ID` (operators), by id.
-pub async fn list(
+pub(crate) async fn list(
     _: Operator,
     State(state): State<AppState>,
     Query(page): Query<PageQuery>,
@@ -90,7 +90,7 @@ pub async fn list(
     Ok((headers, Json(accounts)))
 }
 
-pub async fn get_one(
+pub(crate) async fn get_one(
     caller: Caller,
     State(state): State<AppState>,
     Path(id): Path<Uuid>,
@@ -109,7 +109,7 @@ pub async fn get_one(
 /// `PUT /v1/accounts/{id}/entitlements` (operators): replaces what the
 /// account is granted. Every user of the account is re-projected at once, so
 /// the superproxies enforce the new bounds on the next tunnel.
-pub async fn set_entitlements(
+pub(crate) async fn set_entitlements(
     _: Operator,
     State(state): State<AppState>,
     Path(id): Path<Uuid>,
@@ -145,7 +145,7 @@ pub async fn set_entitlements(
 /// `DELETE /v1/accounts/{id}` (operators): the account's users are disabled
 /// (and so cut on every superproxy at once), its keys revoked and its
 /// allow-listed networks released; its ledger, invoices and audit trail stay.
-pub async fn delete(
+pub(crate) async fn delete(
     _: Operator,
     State(state): State<AppState>,
     Path(id): Path<Uuid>,
@@ -197,7 +197,7 @@ pub async fn delete(
 
 /// Bumps every user of the account (their projected records carry the
 /// account's entitlements and plan, and the projection is monotonic).
-pub async fn touch_users(
+pub(crate) async fn touch_users(
     tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
     account: Uuid,
 ) -> Result<(), ApiError> {
@@ -211,7 +211,7 @@ pub async fn touch_users(
 }
 
 /// 404 unless the account exists (and is not deleted).
-pub async fn ensure_exists(state: &AppState, id: Uuid) -> Result<(), ApiError> {
+pub(crate) async fn ensure_exists(state: &AppState, id: Uuid) -> Result<(), ApiError> {
     let found: Option<(Uuid,)> =
         sqlx::query_as("SELECT id FROM accounts WHERE id = $1 AND deleted_at IS NULL")
             .bind(id)

@@ -25,7 +25,7 @@ use crate::{audit, AppState};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct CreateEnrollmentToken {
+pub(super) struct CreateEnrollmentToken {
     name: String,
     /// The source (`POST /v1/sources`) the exit's address belongs to.
     source_id: Uuid,
@@ -39,14 +39,14 @@ pub struct CreateEnrollmentToken {
 }
 
 #[derive(Serialize)]
-pub struct EnrollmentToken {
+pub(super) struct EnrollmentToken {
     id: Uuid,
     /// Shown once; only its SHA-256 is stored.
     token: String,
     expires_at: DateTime<Utc>,
 }
 
-pub async fn create_enrollment_token(
+pub(super) async fn create_enrollment_token(
     _: Operator,
     State(state): State<AppState>,
     Json(body): Json<CreateEnrollmentToken>,
@@ -126,7 +126,7 @@ pub async fn create_enrollment_token(
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Enroll {
+pub(super) struct Enroll {
     token: Secret,
     egress_ips: Vec<IpAddr>,
     #[serde(default)]
@@ -136,7 +136,7 @@ pub struct Enroll {
 }
 
 #[derive(Serialize)]
-pub struct Enrolled {
+pub(super) struct Enrolled {
     exit_id: Uuid,
     /// The agent's own credential; shown once, only its SHA-256 is stored.
     credential: String,
@@ -156,7 +156,7 @@ struct TokenRow {
     used: bool,
 }
 
-pub async fn enroll(
+pub(super) async fn enroll(
     State(state): State<AppState>,
     Json(body): Json<Enroll>,
 ) -> Result<(StatusCode, Json<Enrolled>), ApiError> {
@@ -266,7 +266,7 @@ fn deny_list(
 /// `liveness.rs`); Postgres hears of the beat in a later batch. Every agent
 /// gets the same answer, so it is serialised once and reused briefly: at
 /// 20,000 beats a second the reply is most of a beat's cost otherwise.
-pub async fn heartbeat(
+pub(super) async fn heartbeat(
     State(state): State<AppState>,
     Path(exit_id): Path<Uuid>,
     parts: Parts,

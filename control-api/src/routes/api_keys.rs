@@ -23,13 +23,13 @@ use crate::{audit, AppState};
 
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
-pub struct CreateKey {
+pub(super) struct CreateKey {
     #[serde(default)]
     name: String,
 }
 
 #[derive(Serialize)]
-pub struct NewKey {
+pub(super) struct NewKey {
     id: Uuid,
     /// `None` for an operator key.
     account_id: Option<Uuid>,
@@ -41,7 +41,7 @@ pub struct NewKey {
 
 /// A key as listed: never any secret material.
 #[derive(Serialize, sqlx::FromRow)]
-pub struct KeyInfo {
+pub(super) struct KeyInfo {
     id: Uuid,
     account_id: Option<Uuid>,
     name: String,
@@ -123,7 +123,7 @@ async fn insert(
 }
 
 /// `POST /v1/accounts/{id}/api-keys`: a key for that account (the operator, or the account itself).
-pub async fn create_for_account(
+pub(super) async fn create_for_account(
     caller: KeyCaller,
     State(state): State<AppState>,
     Path(account): Path<Uuid>,
@@ -140,7 +140,7 @@ pub async fn create_for_account(
 
 /// `GET /v1/accounts/{id}/api-keys?limit=&after=ID`: the account's keys,
 /// revoked ones included, by id.
-pub async fn list_for_account(
+pub(super) async fn list_for_account(
     caller: Caller,
     State(state): State<AppState>,
     Path(account): Path<Uuid>,
@@ -175,7 +175,7 @@ pub async fn list_for_account(
 }
 
 /// `POST /v1/api-keys`: an operator key (operators only).
-pub async fn create_operator(
+pub(super) async fn create_operator(
     _: Operator,
     caller: KeyCaller,
     State(state): State<AppState>,
@@ -206,7 +206,7 @@ async fn lock_lineage(
 /// transitively (the operator any key, an account its own). Revoking a key
 /// already revoked cascades again (and answers 204): a descendant that
 /// escaped an earlier cascade is caught.
-pub async fn revoke(
+pub(super) async fn revoke(
     caller: Caller,
     State(state): State<AppState>,
     Path(id): Path<Uuid>,

@@ -32,20 +32,20 @@ const BYTES_PER_GB: i128 = 1_000_000_000;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct CreatePlan {
+pub(super) struct CreatePlan {
     name: String,
     /// Cents per GB by source type (`dc`, `isp`, `res`, `mobile`).
     prices: BTreeMap<String, i64>,
 }
 
 #[derive(Serialize)]
-pub struct Plan {
+pub(super) struct Plan {
     id: Uuid,
     name: String,
     prices: BTreeMap<String, i64>,
 }
 
-pub async fn create_plan(
+pub(super) async fn create_plan(
     _: Operator,
     State(state): State<AppState>,
     Json(body): Json<CreatePlan>,
@@ -104,12 +104,12 @@ pub async fn create_plan(
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct SetPlan {
+pub(super) struct SetPlan {
     plan_id: Uuid,
 }
 
 /// `PUT /v1/accounts/{id}/plan` (operators).
-pub async fn set_plan(
+pub(super) async fn set_plan(
     _: Operator,
     State(state): State<AppState>,
     Path(account): Path<Uuid>,
@@ -149,7 +149,7 @@ pub async fn set_plan(
 }
 
 /// `GET /v1/plans?limit=&after=NAME` (operators), by name.
-pub async fn list_plans(
+pub(super) async fn list_plans(
     _: Operator,
     State(state): State<AppState>,
     Query(page): Query<crate::routes::page::PageQuery>,
@@ -180,7 +180,7 @@ pub async fn list_plans(
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct InvoiceQuery {
+pub(super) struct InvoiceQuery {
     /// `YYYY-MM`; default the current month.
     month: Option<String>,
     /// `json` (default) or `csv`.
@@ -188,7 +188,7 @@ pub struct InvoiceQuery {
 }
 
 #[derive(Serialize)]
-pub struct InvoiceLine {
+pub(super) struct InvoiceLine {
     source_type: String,
     bytes_up: i64,
     bytes_down: i64,
@@ -198,7 +198,7 @@ pub struct InvoiceLine {
 }
 
 #[derive(Serialize)]
-pub struct Invoice {
+pub(super) struct Invoice {
     account_id: Uuid,
     month: String,
     plan_id: Option<Uuid>,
@@ -207,7 +207,7 @@ pub struct Invoice {
 }
 
 /// `GET /v1/accounts/{id}/invoices?month=YYYY-MM&format=json|csv`
-pub async fn invoice(
+pub(super) async fn invoice(
     caller: Caller,
     State(state): State<AppState>,
     Path(account): Path<Uuid>,
@@ -317,7 +317,7 @@ fn parse_month(m: &str) -> Result<(i32, u32), ApiError> {
 }
 
 #[derive(Serialize)]
-pub struct QuotaState {
+pub(super) struct QuotaState {
     user_id: Uuid,
     bandwidth_bytes: Option<i64>,
     period: String,
@@ -335,7 +335,7 @@ pub struct QuotaState {
 }
 
 /// `GET /v1/users/{id}/quota`
-pub async fn quota(
+pub(super) async fn quota(
     caller: Caller,
     State(state): State<AppState>,
     Path(user): Path<Uuid>,

@@ -15,7 +15,7 @@ use crate::routes::page::{finish, PageQuery};
 use crate::{audit, AppState};
 
 #[derive(Serialize, sqlx::FromRow)]
-pub struct ExitRow {
+pub(super) struct ExitRow {
     id: Uuid,
     name: String,
     source_type: String,
@@ -36,7 +36,7 @@ pub struct ExitRow {
 }
 
 #[derive(Serialize)]
-pub struct ExitView {
+pub(super) struct ExitView {
     #[serde(flatten)]
     row: ExitRow,
     /// Heartbeat seen within the TTL (Redis live set).
@@ -50,7 +50,7 @@ const COLUMNS: &str =
      draining, admin_draining, disabled, enrolled_at, last_heartbeat_at";
 
 /// `GET /v1/exits?limit=&after=EXIT_ID`, by exit id.
-pub async fn list(
+pub(super) async fn list(
     _: Operator,
     State(state): State<AppState>,
     Query(page): Query<PageQuery>,
@@ -74,7 +74,7 @@ pub async fn list(
     Ok((headers, Json(views(&state, rows).await?)))
 }
 
-pub async fn get_one(
+pub(super) async fn get_one(
     _: Operator,
     State(state): State<AppState>,
     Path(id): Path<Uuid>,
@@ -109,7 +109,7 @@ async fn views(state: &AppState, rows: Vec<ExitRow>) -> Result<Vec<ExitView>, Ap
 }
 
 /// `POST /v1/exits/{id}/drain`: no new tunnels; open ones finish.
-pub async fn drain(
+pub(super) async fn drain(
     op: Operator,
     state: State<AppState>,
     id: Path<Uuid>,
@@ -118,7 +118,7 @@ pub async fn drain(
 }
 
 /// `POST /v1/exits/{id}/undrain`: back in rotation.
-pub async fn undrain(
+pub(super) async fn undrain(
     op: Operator,
     state: State<AppState>,
     id: Path<Uuid>,
@@ -127,7 +127,7 @@ pub async fn undrain(
 }
 
 /// `POST /v1/exits/{id}/disable`: out of rotation until enabled.
-pub async fn disable(
+pub(super) async fn disable(
     op: Operator,
     state: State<AppState>,
     id: Path<Uuid>,
@@ -136,7 +136,7 @@ pub async fn disable(
 }
 
 /// `POST /v1/exits/{id}/enable`.
-pub async fn enable(
+pub(super) async fn enable(
     op: Operator,
     state: State<AppState>,
     id: Path<Uuid>,

@@ -5,12 +5,12 @@ use axum::http::StatusCode;
 
 use crate::AppState;
 
-pub async fn healthz() -> &'static str {
+pub(super) async fn healthz() -> &'static str {
     "ok\n"
 }
 
 /// Ready when both stores answer.
-pub async fn readyz(State(state): State<AppState>) -> (StatusCode, String) {
+pub(super) async fn readyz(State(state): State<AppState>) -> (StatusCode, String) {
     let postgres = sqlx::query("SELECT 1").execute(&state.db).await.is_ok();
     let mut redis = state.redis.clone();
     let redis_ok = redis::cmd("PING")

@@ -5,21 +5,21 @@ use axum::Router;
 
 use crate::AppState;
 
-pub mod abuse;
-pub mod accounts;
+pub(crate) mod abuse;
+pub(crate) mod accounts;
 mod agent;
 mod api_keys;
 mod billing;
-pub mod dashboard;
+pub(crate) mod dashboard;
 mod exits;
 mod health;
-pub mod page;
+pub(crate) mod page;
 mod provenance;
 mod sessions;
 mod usage;
-pub mod users;
+pub(crate) mod users;
 
-pub fn router(state: AppState) -> Router {
+pub(crate) fn router(state: AppState) -> Router {
     Router::new()
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))

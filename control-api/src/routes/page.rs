@@ -7,19 +7,19 @@ use serde::Deserialize;
 
 use crate::error::ApiError;
 
-pub const DEFAULT_LIMIT: i64 = 100;
-pub const MAX_LIMIT: i64 = 1000;
+pub(crate) const DEFAULT_LIMIT: i64 = 100;
+pub(crate) const MAX_LIMIT: i64 = 1000;
 
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
-pub struct PageQuery {
+pub(crate) struct PageQuery {
     pub limit: Option<i64>,
     /// The sort key of the last row of the previous page.
     pub after: Option<String>,
 }
 
 impl PageQuery {
-    pub fn limit(&self) -> Result<i64, ApiError> {
+    pub(crate) fn limit(&self) -> Result<i64, ApiError> {
         match self.limit {
             None => Ok(DEFAULT_LIMIT),
             Some(n) if (1..=MAX_LIMIT).contains(&n) => Ok(n),
@@ -30,7 +30,7 @@ impl PageQuery {
 
 /// Trims the one extra row fetched to detect a next page and builds the
 /// `Link` header pointing at it.
-pub fn finish<T>(
+pub(crate) fn finish<T>(
     mut rows: Vec<T>,
     limit: i64,
     path: &str,

@@ -15,7 +15,7 @@ use crate::error::ApiError;
 use crate::AppState;
 
 #[derive(Serialize)]
-pub struct SessionView {
+pub(super) struct SessionView {
     session: String,
     exit_id: Uuid,
     /// The egress IP the session leaves from, once a tunnel has used it.
@@ -68,7 +68,7 @@ async fn read(
     }))
 }
 
-pub async fn list(
+pub(super) async fn list(
     caller: Caller,
     State(state): State<AppState>,
     Path(user): Path<Uuid>,
@@ -92,7 +92,7 @@ pub async fn list(
     Ok(Json(sessions))
 }
 
-pub async fn get_one(
+pub(super) async fn get_one(
     caller: Caller,
     State(state): State<AppState>,
     Path((user, session)): Path<(Uuid, String)>,
@@ -106,7 +106,7 @@ pub async fn get_one(
         .ok_or(ApiError::NotFound("session"))
 }
 
-pub async fn end(
+pub(super) async fn end(
     caller: Caller,
     State(state): State<AppState>,
     Path((user, session)): Path<(Uuid, String)>,

@@ -13,7 +13,7 @@ use crate::AppState;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct UsageQuery {
+pub(super) struct UsageQuery {
     /// RFC 3339; default 24 hours before `to`.
     from: Option<DateTime<Utc>>,
     /// RFC 3339, exclusive; default now.
@@ -23,7 +23,7 @@ pub struct UsageQuery {
 }
 
 #[derive(Serialize, sqlx::FromRow)]
-pub struct UsageRow {
+pub(super) struct UsageRow {
     #[serde(skip_serializing_if = "Option::is_none")]
     user_id: Option<Uuid>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -38,7 +38,7 @@ pub struct UsageRow {
     bytes_down: i64,
 }
 
-pub async fn usage(
+pub(super) async fn usage(
     caller: Caller,
     State(state): State<AppState>,
     Path(account): Path<Uuid>,

@@ -29,7 +29,7 @@ use crate::{audit, AppState};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct CreateUser {
+pub(crate) struct CreateUser {
     username: String,
     password: Secret,
     #[serde(default)]
@@ -170,7 +170,7 @@ async fn set_cidrs(
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct UpdateUser {
+pub(crate) struct UpdateUser {
     enabled: Option<bool>,
     password: Option<Secret>,
     /// Replaces the allow-listed networks when present (`[]` removes them).
@@ -181,7 +181,7 @@ pub struct UpdateUser {
 }
 
 #[derive(Serialize, sqlx::FromRow)]
-pub struct User {
+pub(crate) struct User {
     id: Uuid,
     account_id: Uuid,
     username: String,
@@ -212,7 +212,7 @@ const USER_COLUMNS: &str = "id, account_id, username, enabled, version, max_conc
        AS allowed_source_cidrs, allowlist_options, ceilings, disabled_by_operator, created_at, updated_at";
 
 /// The account's entitlements, 404 if the account is absent or deleted.
-pub async fn entitlements(
+pub(crate) async fn entitlements(
     db: impl sqlx::PgExecutor<'_>,
     account: Uuid,
 ) -> Result<Entitlements, ApiError> {
@@ -269,7 +269,7 @@ fn limits_to_store(
     }
 }
 
-pub async fn create(
+pub(crate) async fn create(
     caller: Caller,
     State(state): State<AppState>,
     Path(account_id): Path<Uuid>,
@@ -342,7 +342,7 @@ pub async fn create(
 }
 
 /// `GET /v1/accounts/{id}/users?limit=&after=USERNAME`, by username.
-pub async fn list(
+pub(crate) async fn list(
     caller: Caller,
     State(state): State<AppState>,
     Path(account_id): Path<Uuid>,
@@ -369,7 +369,7 @@ pub async fn list(
     Ok((headers, Json(users)))
 }
 
-pub async fn get_one(
+pub(crate) async fn get_one(
     caller: Caller,
     State(state): State<AppState>,
     Path(id): Path<Uuid>,
@@ -378,7 +378,7 @@ pub async fn get_one(
 }
 
 /// A user the caller may see (`None` for another account's user).
-pub async fn fetch(state: &AppState, caller: Caller, id: Uuid) -> Result<User, ApiError> {
+pub(crate) async fn fetch(state: &AppState, caller: Caller, id: Uuid) -> Result<User, ApiError> {
     sqlx::query_as(&format!(
         "SELECT {USER_COLUMNS} FROM proxy_users
           WHERE id = $1 AND deleted_at IS NULL AND ($2::uuid IS NULL OR account_id = $2)"
@@ -390,7 +390,7 @@ pub async fn fetch(state: &AppState, caller: Caller, id: Uuid) -> Result<User, A
     .ok_or(ApiError::NotFound("user"))
 }
 
-pub async fn update(
+pub(crate) async fn update(
     caller: Caller,
     State(state): State<AppState>,
     Path(id): Path<Uuid>,
@@ -518,7 +518,7 @@ pub async fn update(
     Ok(Json(user))
 }
 
-pub async fn delete(
+pub(crate) async fn delete(
     caller: Caller,
     State(state): State<AppState>,
     Path(id): Path<Uuid>,
@@ -565,7 +565,7 @@ pub async fn delete(
 }
 
 /// Who the audit log names for a change.
-pub fn actor(caller: Caller) -> String {
+pub(crate) fn actor(caller: Caller) -> String {
     match caller {
         Caller::Operator => "operator".to_owned(),
         Caller::Account(id) => format!("account:{id}"),

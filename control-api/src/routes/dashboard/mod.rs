@@ -25,8 +25,8 @@
 mod security;
 mod sessions;
 
-pub use security::*;
-pub use sessions::*;
+pub(crate) use security::*;
+pub(crate) use sessions::*;
 
 use axum::extract::{Form, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
@@ -68,7 +68,7 @@ fn page(title: &str, body: &str) -> Html<String> {
 
 // ---- login -------------------------------------------------------------------
 
-pub async fn login_form() -> Html<String> {
+pub(crate) async fn login_form() -> Html<String> {
     Html(format!(
         "<!doctype html><html><head><meta charset=\"utf-8\"><title>Log in — proxynet</title><style>{STYLE}</style></head>\
 <body><h1>proxynet dashboard</h1><form method=\"post\" action=\"/dashboard/login\">\
@@ -78,11 +78,11 @@ pub async fn login_form() -> Html<String> {
 }
 
 #[derive(Deserialize)]
-pub struct LoginForm {
+pub(crate) struct LoginForm {
     key: String,
 }
 
-pub async fn login(
+pub(crate) async fn login(
     State(state): State<AppState>,
     peer: Peer,
     headers: HeaderMap,
@@ -130,7 +130,7 @@ pub async fn login(
     }
 }
 
-pub async fn logout(State(state): State<AppState>, headers: HeaderMap) -> Response {
+pub(crate) async fn logout(State(state): State<AppState>, headers: HeaderMap) -> Response {
     if let Err(r) = same_origin(&headers) {
         return *r;
     }
@@ -150,7 +150,7 @@ pub async fn logout(State(state): State<AppState>, headers: HeaderMap) -> Respon
 /// The fleet table's script, allowed by its hash in the CSP.
 pub(super) const TABLE_SCRIPT: &str = include_str!("../../../assets/dashboard/fleet.js");
 
-pub async fn overview(State(state): State<AppState>, headers: HeaderMap) -> Response {
+pub(crate) async fn overview(State(state): State<AppState>, headers: HeaderMap) -> Response {
     match session(&state, &headers).await {
         Err(r) => return r.into_response(),
         Ok(Caller::Account(_)) => return Redirect::to("/dashboard/usage").into_response(),
@@ -213,7 +213,7 @@ pub async fn overview(State(state): State<AppState>, headers: HeaderMap) -> Resp
 }
 
 /// The table's data, refreshed by the page's script.
-pub async fn data(State(state): State<AppState>, headers: HeaderMap) -> Response {
+pub(crate) async fn data(State(state): State<AppState>, headers: HeaderMap) -> Response {
     if let Err(r) = operator_only(&state, &headers).await {
         return r.into_response();
     }
@@ -280,7 +280,7 @@ fn plot(points: &[(i64, f64)]) -> String {
     )
 }
 
-pub async fn exit_page(
+pub(crate) async fn exit_page(
     State(state): State<AppState>,
     headers: HeaderMap,
     Path(id): Path<Uuid>,
@@ -359,7 +359,7 @@ struct UsageRow {
 }
 
 /// Usage over the last 24 hours: an account its own users; the operator all.
-pub async fn usage(State(state): State<AppState>, headers: HeaderMap) -> Response {
+pub(crate) async fn usage(State(state): State<AppState>, headers: HeaderMap) -> Response {
     let caller = match session(&state, &headers).await {
         Ok(c) => c,
         Err(r) => return r.into_response(),

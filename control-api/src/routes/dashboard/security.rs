@@ -5,7 +5,7 @@
 use super::*;
 
 /// The client's address (unspecified when the server was not told it).
-pub struct Peer(pub(super) std::net::IpAddr);
+pub(crate) struct Peer(pub(super) std::net::IpAddr);
 
 impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Peer {
     type Rejection = std::convert::Infallible;
@@ -74,7 +74,7 @@ pub(super) fn secure_attr(state: &AppState, headers: &HeaderMap) -> &'static str
 
 /// Headers on every dashboard response: no framing, no caching, and only
 /// this page's own script may run.
-pub async fn security_headers(
+pub(crate) async fn security_headers(
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {

@@ -7,10 +7,10 @@ pub(super) const COOKIE: &str = "pn_dashboard";
 pub(super) const SESSION_TTL: Duration = Duration::from_secs(12 * 3600);
 pub(super) const MAX_SESSIONS: usize = 10_000;
 /// Sessions one key may hold; the oldest goes when another opens.
-pub const MAX_SESSIONS_PER_KEY: usize = 16;
+pub(crate) const MAX_SESSIONS_PER_KEY: usize = 16;
 /// How often a session re-checks that its key is still valid: a revoked
 /// key's sessions end within this (at once on the instance that revoked it).
-pub const SESSION_RECHECK: Duration = Duration::from_secs(2);
+pub(crate) const SESSION_RECHECK: Duration = Duration::from_secs(2);
 /// Failed logins allowed per source address (IPv6 per /64) per minute.
 pub(super) const LOGIN_FAILURES_PER_MINUTE: u32 = 10;
 pub(super) const FAILURE_WINDOW: Duration = Duration::from_secs(60);

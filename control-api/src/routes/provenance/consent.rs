@@ -5,7 +5,7 @@ use super::*;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct GrantConsent {
+pub(crate) struct GrantConsent {
     /// When the person agreed (default: now).
     granted_at: Option<DateTime<Utc>>,
     /// `in_app_opt_in`, `click_through_terms` or `signed_contract`.
@@ -22,12 +22,12 @@ pub struct GrantConsent {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RevokeConsent {
+pub(crate) struct RevokeConsent {
     reason: String,
 }
 
 #[derive(Serialize, sqlx::FromRow)]
-pub struct ConsentRecord {
+pub(crate) struct ConsentRecord {
     pub(super) version: i32,
     pub(super) state: String,
     pub(super) granted_at: DateTime<Utc>,
@@ -157,7 +157,7 @@ pub(super) enum Append {
     Reinstate,
 }
 
-pub struct ConsentInsert {
+pub(crate) struct ConsentInsert {
     state: &'static str,
     granted_at: DateTime<Utc>,
     method: String,
@@ -170,7 +170,7 @@ pub struct ConsentInsert {
     revoked_reason: Option<String>,
 }
 
-pub async fn grant_consent(
+pub(crate) async fn grant_consent(
     _: Operator,
     State(state): State<AppState>,
     Path(exit): Path<Uuid>,
@@ -183,7 +183,7 @@ pub async fn grant_consent(
 /// withdrew, only together with a fresh consent record (same body as a
 /// grant) in one transaction. The agent itself stays withdrawn until its
 /// owner runs `exit-agent opt-in` on the host: both sides must agree.
-pub async fn reinstate(
+pub(crate) async fn reinstate(
     _: Operator,
     State(state): State<AppState>,
     Path(exit): Path<Uuid>,
@@ -272,7 +272,7 @@ pub(super) fn revocation(
     })
 }
 
-pub async fn revoke_consent(
+pub(crate) async fn revoke_consent(
     _: Operator,
     State(state): State<AppState>,
     Path(exit): Path<Uuid>,
@@ -289,7 +289,7 @@ pub async fn revoke_consent(
     Ok(Json(record))
 }
 
-pub async fn consent_history(
+pub(crate) async fn consent_history(
     _: Operator,
     State(state): State<AppState>,
     Path(exit): Path<Uuid>,

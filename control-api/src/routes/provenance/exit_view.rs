@@ -32,7 +32,7 @@ pub(super) struct ProvenanceRow {
 /// `GET /v1/exits/{id}/provenance`: operators see everything; an account
 /// key sees the customer view of an exit that carried its traffic (404 for
 /// any other), never contracts or evidence references.
-pub async fn exit_provenance(
+pub(crate) async fn exit_provenance(
     caller: Caller,
     State(state): State<AppState>,
     Path(exit): Path<Uuid>,

@@ -16,10 +16,10 @@ mod exit_view;
 mod notices;
 mod opt_out;
 
-pub use consent::*;
-pub use exit_view::*;
-pub use notices::*;
-pub use opt_out::*;
+pub(super) use consent::*;
+pub(super) use exit_view::*;
+pub(super) use notices::*;
+pub(super) use opt_out::*;
 
 use crate::extract::{Json, Path};
 use axum::extract::State;
@@ -40,7 +40,7 @@ use crate::{audit, AppState};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct SourceBody {
+pub(super) struct SourceBody {
     name: String,
     source_type: String,
     channel: String,
@@ -64,7 +64,7 @@ pub struct SourceBody {
 }
 
 #[derive(Serialize, sqlx::FromRow)]
-pub struct Source {
+pub(super) struct Source {
     id: Uuid,
     name: String,
     source_type: String,
@@ -82,7 +82,7 @@ pub struct Source {
 }
 
 #[derive(Serialize)]
-pub struct SourceView {
+pub(super) struct SourceView {
     #[serde(flatten)]
     source: Source,
     /// Whether the source answers the four questions (consent aside).
@@ -175,7 +175,7 @@ fn source_view(source: Source) -> SourceView {
     }
 }
 
-pub async fn create_source(
+pub(super) async fn create_source(
     _: Operator,
     State(state): State<AppState>,
     Json(body): Json<SourceBody>,
@@ -214,7 +214,7 @@ pub async fn create_source(
     Ok((StatusCode::CREATED, Json(source_view(source))))
 }
 
-pub async fn list_sources(
+pub(super) async fn list_sources(
     _: Operator,
     State(state): State<AppState>,
 ) -> Result<Json<Vec<SourceView>>, ApiError> {
@@ -226,7 +226,7 @@ pub async fn list_sources(
     Ok(Json(rows.into_iter().map(source_view).collect()))
 }
 
-pub async fn get_source(
+pub(super) async fn get_source(
     _: Operator,
     State(state): State<AppState>,
     Path(id): Path<Uuid>,
@@ -242,7 +242,7 @@ pub async fn get_source(
 }
 
 /// `PUT /v1/sources/{id}`: replaces the source's answers (its exits follow at once).
-pub async fn replace_source(
+pub(super) async fn replace_source(
     _: Operator,
     State(state): State<AppState>,
     Path(id): Path<Uuid>,

@@ -5,18 +5,18 @@ use super::*;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct NoticeBody {
+pub(crate) struct NoticeBody {
     version: String,
     body: String,
 }
 
 #[derive(Serialize)]
-pub struct Notice {
+pub(crate) struct Notice {
     version: String,
     sha256: String,
 }
 
-pub async fn create_notice(
+pub(crate) async fn create_notice(
     _: Operator,
     State(state): State<AppState>,
     Json(body): Json<NoticeBody>,
@@ -66,7 +66,7 @@ pub async fn create_notice(
 
 /// `GET /v1/consent-notices/{version}`: the text itself, public, so anyone
 /// can check what a person was shown (`Proxynet-Notice-Sha256` names it).
-pub async fn get_notice(
+pub(crate) async fn get_notice(
     State(state): State<AppState>,
     Path(version): Path<String>,
 ) -> Result<Response, ApiError> {

@@ -5,13 +5,13 @@ use super::*;
 
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
-pub struct OptOut {
+pub(crate) struct OptOut {
     #[serde(default)]
     reason: Option<String>,
 }
 
 #[derive(Serialize)]
-pub struct OptedOut {
+pub(crate) struct OptedOut {
     withdrawn_at: DateTime<Utc>,
 }
 
@@ -19,7 +19,7 @@ pub struct OptedOut {
 /// person behind the exit withdraws it. Marks the exit withdrawn, revokes its
 /// consent if it has one, audits, re-projects; idempotent (the agent retries
 /// until it hears back), and never needs the operator.
-pub async fn agent_opt_out(
+pub(crate) async fn agent_opt_out(
     State(state): State<AppState>,
     Path(exit): Path<Uuid>,
     parts: axum::http::request::Parts,
