@@ -1,14 +1,21 @@
 //! The OpenAPI 3.1 document served at `/openapi.json`.
 //!
-//! Written as one table of operations next to the router; a test in
-//! `tests/tests/e2e/api_contract.rs` checks that the table and the router list
-//! the same routes and that no operation answers 500 to generated input.
+//! Rendered from the same table the router is built from
+//! ([`crate::routes::operations`]): each entry pairs a handler with its
+//! summary, who may call it, its body schema and its success status, so the
+//! document cannot list a route the router lacks or miss one it serves.
+//! `tests/tests/e2e/api_contract.rs` calls every documented operation on a
+//! running stack (routed, never a 500 to generated input).
 
+use axum::handler::Handler;
+use axum::routing::MethodRouter;
 use serde_json::{json, Map, Value};
+
+use crate::AppState;
 
 /// Who may call an operation.
 #[derive(Clone, Copy)]
-enum Auth {
+pub(crate) enum Auth {
     None,
     /// Operator key or admin token.
     Operator,
@@ -18,463 +25,56 @@ enum Auth {
     Agent,
 }
 
-/// (method, path, summary, auth, request schema, success status)
-type Operation = (
-    &'static str,
-    &'static str,
-    &'static str,
-    Auth,
-    Option<&'static str>,
-    u16,
-);
+/// One operation: the handler the router serves and what the document says
+/// of it, written once in [`crate::routes::operations`].
+pub(crate) struct Op {
+    pub(crate) method: &'static str,
+    pub(crate) path: &'static str,
+    pub(crate) handler: MethodRouter<AppState>,
+    summary: &'static str,
+    auth: Auth,
+    /// The request body's schema in `components.schemas`.
+    body: Option<&'static str>,
+    status: u16,
+}
 
-const OPERATIONS: &[Operation] = &[
-    ("get", "/healthz", "Process is alive", Auth::None, None, 200),
-    (
-        "get",
-        "/readyz",
-        "Postgres and Redis answer",
-        Auth::None,
-        None,
-        200,
-    ),
-    (
-        "get",
-        "/openapi.json",
-        "This document",
-        Auth::None,
-        None,
-        200,
-    ),
-    (
-        "post",
-        "/v1/accounts",
-        "Create an account",
-        Auth::Operator,
-        Some("CreateAccount"),
-        201,
-    ),
-    (
-        "get",
-        "/v1/accounts",
-        "List accounts (?limit=&after=, Link rel=next)",
-        Auth::Operator,
-        None,
-        200,
-    ),
-    (
-        "get",
-        "/v1/accounts/{id}",
-        "Read an account (with its plan and entitlements)",
-        Auth::Account,
-        None,
-        200,
-    ),
-    (
-        "delete",
-        "/v1/accounts/{id}",
-        "Delete an account: its users disabled and cut, its keys revoked, its ledger kept",
-        Auth::Operator,
-        None,
-        204,
-    ),
-    (
-        "put",
-        "/v1/accounts/{id}/entitlements",
-        "Replace what the account is granted: totals, restrictions, allow-list bounds",
-        Auth::Operator,
-        Some("Entitlements"),
-        200,
-    ),
-    (
-        "post",
-        "/v1/accounts/{id}/users",
-        "Create a proxy user",
-        Auth::Account,
-        Some("CreateUser"),
-        201,
-    ),
-    (
-        "get",
-        "/v1/accounts/{id}/users",
-        "List an account's proxy users (?limit=&after=, Link rel=next)",
-        Auth::Account,
-        None,
-        200,
-    ),
-    (
-        "get",
-        "/v1/accounts/{id}/usage",
-        "Bytes up/down from the ledger",
-        Auth::Account,
-        None,
-        200,
-    ),
-    (
-        "get",
-        "/v1/accounts/{id}/invoices",
-        "A month's invoice (JSON or CSV)",
-        Auth::Account,
-        None,
-        200,
-    ),
-    (
-        "put",
-        "/v1/accounts/{id}/plan",
-        "Set the account's plan",
-        Auth::Operator,
-        Some("SetPlan"),
-        204,
-    ),
-    (
-        "post",
-        "/v1/accounts/{id}/api-keys",
-        "Create an account API key (records the key that minted it)",
-        Auth::Account,
-        Some("CreateKey"),
-        201,
-    ),
-    (
-        "get",
-        "/v1/accounts/{id}/api-keys",
-        "List the account's keys: who minted each, last use, revocation; never secrets",
-        Auth::Account,
-        None,
-        200,
-    ),
-    (
-        "post",
-        "/v1/api-keys",
-        "Create an operator API key",
-        Auth::Operator,
-        Some("CreateKey"),
-        201,
-    ),
-    (
-        "delete",
-        "/v1/api-keys/{id}",
-        "Revoke an API key",
-        Auth::Account,
-        None,
-        204,
-    ),
-    (
-        "post",
-        "/v1/plans",
-        "Create a plan with prices per GB",
-        Auth::Operator,
-        Some("CreatePlan"),
-        201,
-    ),
-    (
-        "get",
-        "/v1/plans",
-        "List plans with their prices (?limit=&after=, Link rel=next)",
-        Auth::Operator,
-        None,
-        200,
-    ),
-    (
-        "get",
-        "/v1/users/{id}",
-        "Read a proxy user",
-        Auth::Account,
-        None,
-        200,
-    ),
-    (
-        "patch",
-        "/v1/users/{id}",
-        "Enable/disable, rotate password, set limits",
-        Auth::Account,
-        Some("UpdateUser"),
-        200,
-    ),
-    (
-        "delete",
-        "/v1/users/{id}",
-        "Delete a proxy user",
-        Auth::Account,
-        None,
-        204,
-    ),
-    (
-        "get",
-        "/v1/users/{id}/quota",
-        "Current quota period state",
-        Auth::Account,
-        None,
-        200,
-    ),
-    (
-        "get",
-        "/v1/users/{id}/sessions",
-        "List sticky sessions",
-        Auth::Account,
-        None,
-        200,
-    ),
-    (
-        "get",
-        "/v1/users/{id}/sessions/{session}",
-        "Read a sticky session",
-        Auth::Account,
-        None,
-        200,
-    ),
-    (
-        "delete",
-        "/v1/users/{id}/sessions/{session}",
-        "End a sticky session",
-        Auth::Account,
-        None,
-        204,
-    ),
-    (
-        "post",
-        "/v1/enrollment-tokens",
-        "Create a one-time exit enrollment token",
-        Auth::Operator,
-        Some("CreateEnrollmentToken"),
-        201,
-    ),
-    (
-        "post",
-        "/v1/agent/enroll",
-        "Exchange an enrollment token for an exit credential",
-        Auth::None,
-        Some("Enroll"),
-        201,
-    ),
-    (
-        "post",
-        "/v1/agent/exits/{id}/heartbeat",
-        "Agent heartbeat; lists superproxies",
-        Auth::Agent,
-        Some("Heartbeat"),
-        200,
-    ),
-    (
-        "get",
-        "/v1/exits",
-        "Exits with provenance, liveness and fleet health (?limit=&after=, Link rel=next)",
-        Auth::Operator,
-        None,
-        200,
-    ),
-    (
-        "get",
-        "/v1/exits/{id}",
-        "One exit",
-        Auth::Operator,
-        None,
-        200,
-    ),
-    (
-        "post",
-        "/v1/exits/{id}/drain",
-        "No new tunnels; open ones finish",
-        Auth::Operator,
-        None,
-        200,
-    ),
-    (
-        "post",
-        "/v1/exits/{id}/undrain",
-        "Back into rotation",
-        Auth::Operator,
-        None,
-        200,
-    ),
-    (
-        "post",
-        "/v1/exits/{id}/disable",
-        "Out of rotation",
-        Auth::Operator,
-        None,
-        200,
-    ),
-    (
-        "post",
-        "/v1/exits/{id}/enable",
-        "Back into rotation",
-        Auth::Operator,
-        None,
-        200,
-    ),
-    (
-        "post",
-        "/v1/sources",
-        "Create a provenance source (the four questions)",
-        Auth::Operator,
-        Some("Source"),
-        201,
-    ),
-    (
-        "get",
-        "/v1/sources",
-        "List sources with their completeness",
-        Auth::Operator,
-        None,
-        200,
-    ),
-    (
-        "get",
-        "/v1/sources/{id}",
-        "One source",
-        Auth::Operator,
-        None,
-        200,
-    ),
-    (
-        "put",
-        "/v1/sources/{id}",
-        "Replace a source's answers (its exits follow at once)",
-        Auth::Operator,
-        Some("Source"),
-        200,
-    ),
-    (
-        "post",
-        "/v1/consent-notices",
-        "Store a consent notice text under a version",
-        Auth::Operator,
-        Some("Notice"),
-        201,
-    ),
-    (
-        "get",
-        "/v1/consent-notices/{version}",
-        "A consent notice text (public; Proxynet-Notice-Sha256)",
-        Auth::None,
-        None,
-        200,
-    ),
-    (
-        "post",
-        "/v1/exits/{id}/consent",
-        "Record granted consent (a new version)",
-        Auth::Operator,
-        Some("GrantConsent"),
-        201,
-    ),
-    (
-        "get",
-        "/v1/exits/{id}/consent",
-        "The exit's consent history (append-only)",
-        Auth::Operator,
-        None,
-        200,
-    ),
-    (
-        "post",
-        "/v1/exits/{id}/consent/revoke",
-        "Revoke consent (a new version)",
-        Auth::Operator,
-        Some("RevokeConsent"),
-        200,
-    ),
-    (
-        "post",
-        "/v1/exits/{id}/reinstate",
-        "Bring back an exit its owner withdrew, with a fresh consent record (the owner must also run exit-agent opt-in)",
-        Auth::Operator,
-        Some("GrantConsent"),
-        201,
-    ),
-    (
-        "get",
-        "/v1/exits/{id}/provenance",
-        "Provenance: full for operators, the customer view for accounts whose traffic the exit carried",
-        Auth::Account,
-        None,
-        200,
-    ),
-    (
-        "post",
-        "/v1/agent/exits/{id}/opt-out",
-        "The exit's owner withdraws it (idempotent)",
-        Auth::Agent,
-        Some("OptOut"),
-        200,
-    ),
-    (
-        "get",
-        "/v1/abuse/lookup",
-        "Who used an egress IP for a target around a time (?egress_ip=&at=&target=&window_minutes=)",
-        Auth::Operator,
-        None,
-        200,
-    ),
-    (
-        "get",
-        "/v1/audit",
-        "The audit log, newest first (?action=&subject=&actor=&from=&to=&limit=&after=)",
-        Auth::Operator,
-        None,
-        200,
-    ),
-    (
-        "get",
-        "/dashboard",
-        "Dashboard: fleet overview (HTML; session cookie from /dashboard/login)",
-        Auth::None,
-        None,
-        200,
-    ),
-    (
-        "get",
-        "/dashboard/login",
-        "Dashboard login form (HTML)",
-        Auth::None,
-        None,
-        200,
-    ),
-    (
-        "post",
-        "/dashboard/login",
-        "Exchange an API key (form field `key`) for an HttpOnly session cookie",
-        Auth::None,
-        None,
-        303,
-    ),
-    (
-        "post",
-        "/dashboard/logout",
-        "End the dashboard session",
-        Auth::None,
-        None,
-        303,
-    ),
-    (
-        "get",
-        "/dashboard/data.json",
-        "Dashboard table data (operator session)",
-        Auth::None,
-        None,
-        200,
-    ),
-    (
-        "get",
-        "/dashboard/exits/{id}",
-        "One exit's last hour (HTML, operator session)",
-        Auth::None,
-        None,
-        200,
-    ),
-    (
-        "get",
-        "/dashboard/usage",
-        "Usage of the session's account (HTML)",
-        Auth::None,
-        None,
-        200,
-    ),
-];
+macro_rules! op_constructors {
+    ($($method:ident),*) => {$(
+        pub(crate) fn $method<H, T>(
+            path: &'static str,
+            handler: H,
+            summary: &'static str,
+            auth: Auth,
+        ) -> Self
+        where
+            H: Handler<T, AppState>,
+            T: 'static,
+        {
+            Self {
+                method: stringify!($method),
+                path,
+                handler: axum::routing::$method(handler),
+                summary,
+                auth,
+                body: None,
+                status: 200,
+            }
+        }
+    )*};
+}
 
-/// Method and path of every documented operation.
-pub fn operations() -> impl Iterator<Item = (&'static str, &'static str)> {
-    OPERATIONS.iter().map(|(m, p, ..)| (*m, *p))
+impl Op {
+    op_constructors!(get, post, put, patch, delete);
+
+    pub(crate) fn body(mut self, schema: &'static str) -> Self {
+        self.body = Some(schema);
+        self
+    }
+
+    pub(crate) fn status(mut self, status: u16) -> Self {
+        self.status = status;
+        self
+    }
 }
 
 fn schemas() -> Value {
@@ -551,9 +151,24 @@ fn schemas() -> Value {
     })
 }
 
-pub fn document() -> Value {
+/// The document, rendered once from the operations table.
+pub(crate) fn document() -> Value {
+    static DOCUMENT: std::sync::OnceLock<Value> = std::sync::OnceLock::new();
+    DOCUMENT.get_or_init(render).clone()
+}
+
+fn render() -> Value {
     let mut paths: Map<String, Value> = Map::new();
-    for (method, path, summary, auth, body, status) in OPERATIONS {
+    for Op {
+        method,
+        path,
+        summary,
+        auth,
+        body,
+        status,
+        ..
+    } in crate::routes::operations()
+    {
         let mut op = json!({
             "summary": summary,
             "responses": {
@@ -579,7 +194,7 @@ pub fn document() -> Value {
             Auth::Agent => json!([{"agentCredential": []}]),
         };
         let entry = paths.entry(path.to_string()).or_insert_with(|| json!({}));
-        entry[*method] = op;
+        entry[method] = op;
     }
     json!({
         "openapi": "3.1.0",

@@ -1,8 +1,11 @@
-//! The REST surface, one module per resource.
+//! The REST surface, one module per resource, and the one table of its
+//! operations: the router is built from [`operations`] and `/openapi.json`
+//! is rendered from the same table ([`crate::openapi`]), so neither can list a
+//! route the other lacks.
 
-use axum::routing::{get, post};
 use axum::Router;
 
+use crate::openapi::{Auth, Op};
 use crate::AppState;
 
 pub(crate) mod abuse;
@@ -19,108 +22,83 @@ mod sessions;
 mod usage;
 pub(crate) mod users;
 
+/// Every operation the control API serves, with what its document says.
+pub(crate) fn operations() -> Vec<Op> {
+    vec![
+        Op::get("/healthz", health::healthz, "Process is alive", Auth::None),
+        Op::get("/readyz", health::readyz, "Postgres and Redis answer", Auth::None),
+        Op::get("/openapi.json", openapi_json, "This document", Auth::None),
+        Op::get("/v1/accounts", accounts::list, "List accounts (?limit=&after=, Link rel=next)", Auth::Operator),
+        Op::post("/v1/accounts", accounts::create, "Create an account", Auth::Operator).body("CreateAccount").status(201),
+        Op::get("/v1/accounts/{id}", accounts::get_one, "Read an account (with its plan and entitlements)", Auth::Account),
+        Op::delete("/v1/accounts/{id}", accounts::delete, "Delete an account: its users disabled and cut, its keys revoked, its ledger kept", Auth::Operator).status(204),
+        Op::put("/v1/accounts/{id}/entitlements", accounts::set_entitlements, "Replace what the account is granted: totals, restrictions, allow-list bounds", Auth::Operator).body("Entitlements"),
+        Op::get("/v1/accounts/{id}/users", users::list, "List an account's proxy users (?limit=&after=, Link rel=next)", Auth::Account),
+        Op::post("/v1/accounts/{id}/users", users::create, "Create a proxy user", Auth::Account).body("CreateUser").status(201),
+        Op::get("/v1/users/{id}", users::get_one, "Read a proxy user", Auth::Account),
+        Op::patch("/v1/users/{id}", users::update, "Enable/disable, rotate password, set limits", Auth::Account).body("UpdateUser"),
+        Op::delete("/v1/users/{id}", users::delete, "Delete a proxy user", Auth::Account).status(204),
+        Op::get("/v1/accounts/{id}/usage", usage::usage, "Bytes up/down from the ledger", Auth::Account),
+        Op::get("/v1/accounts/{id}/invoices", billing::invoice, "A month's invoice (JSON or CSV)", Auth::Account),
+        Op::put("/v1/accounts/{id}/plan", billing::set_plan, "Set the account's plan", Auth::Operator).body("SetPlan").status(204),
+        Op::get("/v1/plans", billing::list_plans, "List plans with their prices (?limit=&after=, Link rel=next)", Auth::Operator),
+        Op::post("/v1/plans", billing::create_plan, "Create a plan with prices per GB", Auth::Operator).body("CreatePlan").status(201),
+        Op::get("/v1/users/{id}/quota", billing::quota, "Current quota period state", Auth::Account),
+        Op::get("/v1/accounts/{id}/api-keys", api_keys::list_for_account, "List the account's keys: who minted each, last use, revocation; never secrets", Auth::Account),
+        Op::post("/v1/accounts/{id}/api-keys", api_keys::create_for_account, "Create an account API key (records the key that minted it)", Auth::Account).body("CreateKey").status(201),
+        Op::post("/v1/api-keys", api_keys::create_operator, "Create an operator API key", Auth::Operator).body("CreateKey").status(201),
+        Op::delete("/v1/api-keys/{id}", api_keys::revoke, "Revoke an API key", Auth::Account).status(204),
+        Op::get("/v1/users/{id}/sessions", sessions::list, "List sticky sessions", Auth::Account),
+        Op::get("/v1/users/{id}/sessions/{session}", sessions::get_one, "Read a sticky session", Auth::Account),
+        Op::delete("/v1/users/{id}/sessions/{session}", sessions::end, "End a sticky session", Auth::Account).status(204),
+        Op::post("/v1/enrollment-tokens", agent::create_enrollment_token, "Create a one-time exit enrollment token", Auth::Operator).body("CreateEnrollmentToken").status(201),
+        Op::post("/v1/agent/enroll", agent::enroll, "Exchange an enrollment token for an exit credential", Auth::None).body("Enroll").status(201),
+        Op::post("/v1/agent/exits/{id}/heartbeat", agent::heartbeat, "Agent heartbeat; lists superproxies", Auth::Agent).body("Heartbeat"),
+        Op::get("/v1/exits", exits::list, "Exits with provenance, liveness and fleet health (?limit=&after=, Link rel=next)", Auth::Operator),
+        Op::get("/v1/exits/{id}", exits::get_one, "One exit", Auth::Operator),
+        Op::post("/v1/exits/{id}/drain", exits::drain, "No new tunnels; open ones finish", Auth::Operator),
+        Op::post("/v1/exits/{id}/undrain", exits::undrain, "Back into rotation", Auth::Operator),
+        Op::post("/v1/exits/{id}/disable", exits::disable, "Out of rotation", Auth::Operator),
+        Op::post("/v1/exits/{id}/enable", exits::enable, "Back into rotation", Auth::Operator),
+        Op::get("/v1/sources", provenance::list_sources, "List sources with their completeness", Auth::Operator),
+        Op::post("/v1/sources", provenance::create_source, "Create a provenance source (the four questions)", Auth::Operator).body("Source").status(201),
+        Op::get("/v1/sources/{id}", provenance::get_source, "One source", Auth::Operator),
+        Op::put("/v1/sources/{id}", provenance::replace_source, "Replace a source's answers (its exits follow at once)", Auth::Operator).body("Source"),
+        Op::post("/v1/consent-notices", provenance::create_notice, "Store a consent notice text under a version", Auth::Operator).body("Notice").status(201),
+        Op::get("/v1/consent-notices/{version}", provenance::get_notice, "A consent notice text (public; Proxynet-Notice-Sha256)", Auth::None),
+        Op::get("/v1/exits/{id}/consent", provenance::consent_history, "The exit's consent history (append-only)", Auth::Operator),
+        Op::post("/v1/exits/{id}/consent", provenance::grant_consent, "Record granted consent (a new version)", Auth::Operator).body("GrantConsent").status(201),
+        Op::post("/v1/exits/{id}/consent/revoke", provenance::revoke_consent, "Revoke consent (a new version)", Auth::Operator).body("RevokeConsent"),
+        Op::post("/v1/exits/{id}/reinstate", provenance::reinstate, "Bring back an exit its owner withdrew, with a fresh consent record (the owner must also run exit-agent opt-in)", Auth::Operator).body("GrantConsent").status(201),
+        Op::get("/v1/exits/{id}/provenance", provenance::exit_provenance, "Provenance: full for operators, the customer view for accounts whose traffic the exit carried", Auth::Account),
+        Op::post("/v1/agent/exits/{id}/opt-out", provenance::agent_opt_out, "The exit's owner withdraws it (idempotent)", Auth::Agent).body("OptOut"),
+        Op::get("/v1/abuse/lookup", abuse::lookup, "Who used an egress IP for a target around a time (?egress_ip=&at=&target=&window_minutes=)", Auth::Operator),
+        Op::get("/v1/audit", abuse::audit_log, "The audit log, newest first (?action=&subject=&actor=&from=&to=&limit=&after=)", Auth::Operator),
+        Op::get("/dashboard", dashboard::overview, "Dashboard: fleet overview (HTML; session cookie from /dashboard/login)", Auth::None),
+        Op::get("/dashboard/login", dashboard::login_form, "Dashboard login form (HTML)", Auth::None),
+        Op::post("/dashboard/login", dashboard::login, "Exchange an API key (form field `key`) for an HttpOnly session cookie", Auth::None).status(303),
+        Op::post("/dashboard/logout", dashboard::logout, "End the dashboard session", Auth::None).status(303),
+        Op::get("/dashboard/data.json", dashboard::data, "Dashboard table data (operator session)", Auth::None),
+        Op::get("/dashboard/exits/{id}", dashboard::exit_page, "One exit's last hour (HTML, operator session)", Auth::None),
+        Op::get("/dashboard/usage", dashboard::usage, "Usage of the session's account (HTML)", Auth::None),
+    ]
+}
+
+async fn openapi_json() -> axum::Json<serde_json::Value> {
+    axum::Json(crate::openapi::document())
+}
+
 pub(crate) fn router(state: AppState) -> Router {
-    Router::new()
-        .route("/healthz", get(health::healthz))
-        .route("/readyz", get(health::readyz))
-        .route(
-            "/openapi.json",
-            get(|| async { axum::Json(crate::openapi::document()) }),
-        )
-        .route("/v1/accounts", post(accounts::create).get(accounts::list))
-        .route(
-            "/v1/accounts/{id}",
-            get(accounts::get_one).delete(accounts::delete),
-        )
-        .route(
-            "/v1/accounts/{id}/entitlements",
-            axum::routing::put(accounts::set_entitlements),
-        )
-        .route(
-            "/v1/accounts/{id}/users",
-            post(users::create).get(users::list),
-        )
-        .route(
-            "/v1/users/{id}",
-            get(users::get_one)
-                .patch(users::update)
-                .delete(users::delete),
-        )
-        .route("/v1/accounts/{id}/usage", get(usage::usage))
-        .route("/v1/accounts/{id}/invoices", get(billing::invoice))
-        .route(
-            "/v1/accounts/{id}/plan",
-            axum::routing::put(billing::set_plan),
-        )
-        .route(
-            "/v1/plans",
-            post(billing::create_plan).get(billing::list_plans),
-        )
-        .route("/v1/users/{id}/quota", get(billing::quota))
-        .route(
-            "/v1/accounts/{id}/api-keys",
-            post(api_keys::create_for_account).get(api_keys::list_for_account),
-        )
-        .route("/v1/api-keys", post(api_keys::create_operator))
-        .route("/v1/api-keys/{id}", axum::routing::delete(api_keys::revoke))
-        .route("/v1/users/{id}/sessions", get(sessions::list))
-        .route(
-            "/v1/users/{id}/sessions/{session}",
-            get(sessions::get_one).delete(sessions::end),
-        )
-        .route(
-            "/v1/enrollment-tokens",
-            post(agent::create_enrollment_token),
-        )
-        .route("/v1/agent/enroll", post(agent::enroll))
-        .route("/v1/agent/exits/{id}/heartbeat", post(agent::heartbeat))
-        .route("/v1/exits", get(exits::list))
-        .route("/v1/exits/{id}", get(exits::get_one))
-        .route("/v1/exits/{id}/drain", post(exits::drain))
-        .route("/v1/exits/{id}/undrain", post(exits::undrain))
-        .route("/v1/exits/{id}/disable", post(exits::disable))
-        .route("/v1/exits/{id}/enable", post(exits::enable))
-        .route(
-            "/v1/sources",
-            post(provenance::create_source).get(provenance::list_sources),
-        )
-        .route(
-            "/v1/sources/{id}",
-            get(provenance::get_source).put(provenance::replace_source),
-        )
-        .route("/v1/consent-notices", post(provenance::create_notice))
-        .route("/v1/consent-notices/{version}", get(provenance::get_notice))
-        .route(
-            "/v1/exits/{id}/consent",
-            post(provenance::grant_consent).get(provenance::consent_history),
-        )
-        .route(
-            "/v1/exits/{id}/consent/revoke",
-            post(provenance::revoke_consent),
-        )
-        .route("/v1/exits/{id}/reinstate", post(provenance::reinstate))
-        .route(
-            "/v1/exits/{id}/provenance",
-            get(provenance::exit_provenance),
-        )
-        .route(
-            "/v1/agent/exits/{id}/opt-out",
-            post(provenance::agent_opt_out),
-        )
-        .route("/v1/abuse/lookup", get(abuse::lookup))
-        .route("/v1/audit", get(abuse::audit_log))
-        .merge(
-            Router::new()
-                .route("/dashboard", get(dashboard::overview))
-                .route(
-                    "/dashboard/login",
-                    get(dashboard::login_form).post(dashboard::login),
-                )
-                .route("/dashboard/logout", post(dashboard::logout))
-                .route("/dashboard/data.json", get(dashboard::data))
-                .route("/dashboard/exits/{id}", get(dashboard::exit_page))
-                .route("/dashboard/usage", get(dashboard::usage))
-                .layer(axum::middleware::from_fn(dashboard::security_headers)),
-        )
+    let (mut api, mut pages) = (Router::new(), Router::new());
+    for op in operations() {
+        // The dashboard's pages carry its security headers (CSP, no framing,
+        // no caching); the JSON API sets its own.
+        if op.path.starts_with("/dashboard") {
+            pages = pages.route(op.path, op.handler);
+        } else {
+            api = api.route(op.path, op.handler);
+        }
+    }
+    api.merge(pages.layer(axum::middleware::from_fn(dashboard::security_headers)))
         .with_state(state)
 }
