@@ -11,7 +11,7 @@
 
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
-use proxynet_protocol::secret::{constant_time_eq, sha256_hex};
+use proxynet_common::secret::{constant_time_eq, sha256_hex};
 
 use crate::error::ApiError;
 use crate::AppState;

@@ -1,7 +1,7 @@
 //! control-api configuration: flags, each with an environment variable.
 
 use clap::Parser;
-use proxynet_protocol::secret::Secret;
+use proxynet_common::secret::Secret;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -42,7 +42,7 @@ pub struct Config {
     pub database_url: Secret,
 
     #[command(flatten)]
-    pub redis: proxynet_protocol::redis_target::RedisArgs,
+    pub redis: proxynet_store::redis_target::RedisArgs,
 
     /// Operator token for the admin REST routes (`Authorization: Bearer ...`).
     /// Required: generate one with `openssl rand -hex 32`.
@@ -96,7 +96,7 @@ pub struct Config {
     /// Log line format: `text` for people, `json` (one object per line,
     /// the access log included) for log pipelines.
     #[arg(long, env = "PROXYNET_LOG_FORMAT", value_enum, default_value = "text")]
-    pub log_format: proxynet_protocol::telemetry::LogFormat,
+    pub log_format: proxynet_common::telemetry::LogFormat,
 
     /// Lifetime of a new enrollment token unless the request says otherwise, in seconds.
     #[arg(long, env = "PROXYNET_ENROLLMENT_TTL_SECS", default_value_t = 3_600)]
@@ -160,7 +160,7 @@ mod tests {
         assert_eq!(config.instance_name, "control-api-1");
         assert_eq!(
             config.log_format,
-            proxynet_protocol::telemetry::LogFormat::Text
+            proxynet_common::telemetry::LogFormat::Text
         );
     }
 
@@ -179,7 +179,7 @@ mod tests {
         assert_eq!(config.listen.port(), 0);
         assert_eq!(
             config.log_format,
-            proxynet_protocol::telemetry::LogFormat::Json
+            proxynet_common::telemetry::LogFormat::Json
         );
     }
 }

@@ -15,8 +15,8 @@
 //! The same stream carries audit events from the data plane (field `audit`),
 //! recorded into the audit log once each by their id.
 
-use proxynet_protocol::redis_target::{RedisConnection, RedisTarget};
-use proxynet_protocol::store::{AuditEvent, Keys, UsageBatch};
+use proxynet_store::redis_target::{RedisConnection, RedisTarget};
+use proxynet_store::{AuditEvent, Keys, UsageBatch};
 use redis::streams::{StreamReadOptions, StreamReadReply};
 use redis::AsyncCommands;
 use sqlx::PgPool;
@@ -45,7 +45,7 @@ pub struct LedgerConsumer {
 impl LedgerConsumer {
     /// Consumes until `stop` (a batch cut off mid-way is delivered again:
     /// the ledger counts each batch id once).
-    pub async fn run(self, stop: proxynet_protocol::tasks::Stop) {
+    pub async fn run(self, stop: proxynet_common::tasks::Stop) {
         stop.run_until_cancelled(self.follow()).await;
     }
 

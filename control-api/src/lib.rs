@@ -22,10 +22,10 @@ pub mod passwords;
 pub mod projector;
 mod routes;
 
-use proxynet_protocol::redis_target::RedisConnection;
-use proxynet_protocol::secret::Secret;
-use proxynet_protocol::store::{redact_url, Keys, StoreUnavailable};
-use proxynet_protocol::tasks::{Stop, Tasks};
+use proxynet_common::secret::Secret;
+use proxynet_common::tasks::{Stop, Tasks};
+use proxynet_store::redis_target::RedisConnection;
+use proxynet_store::{redact_url, Keys, StoreUnavailable};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
 use std::future::Future;
@@ -143,7 +143,7 @@ impl ControlApi {
         Ok(Self {
             listener,
             admin,
-            metrics: proxynet_protocol::metrics::install(),
+            metrics: proxynet_common::metrics::install(),
             ledger,
             state: AppState {
                 db,
@@ -263,7 +263,7 @@ async fn serve_admin(
                         Some(handle) => (
                             axum::http::StatusCode::OK,
                             [("content-type", "text/plain; version=0.0.4; charset=utf-8")],
-                            proxynet_protocol::metrics::render(&handle),
+                            proxynet_common::metrics::render(&handle),
                         ),
                         None => (
                             axum::http::StatusCode::NOT_FOUND,
@@ -289,7 +289,7 @@ async fn protected_addresses(api: SocketAddr, store_urls: &[&str]) -> Vec<Socket
     let mut out = Vec::new();
     if api.ip().is_unspecified() {
         out.extend(
-            proxynet_protocol::egress::host_interface_addresses()
+            proxynet_common::egress::host_interface_addresses()
                 .into_iter()
                 .map(|ip| SocketAddr::new(ip, api.port())),
         );

@@ -229,7 +229,7 @@ impl HeartbeatBook {
         self: std::sync::Arc<Self>,
         db: PgPool,
         every: Duration,
-        stop: proxynet_protocol::tasks::Stop,
+        stop: proxynet_common::tasks::Stop,
     ) {
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -1,6 +1,6 @@
 use clap::Parser;
 use control_api::{Config, ControlApi};
-use proxynet_protocol::{ready, telemetry};
+use proxynet_common::{ready, telemetry};
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
@@ -31,7 +31,7 @@ async fn main() -> std::process::ExitCode {
     if let Err(e) = ready::announce(&serde_json::json!({ "api": addr, "admin": admin })) {
         eprintln!("control-api: cannot write ready line: {e}");
     }
-    match api.serve(proxynet_protocol::shutdown::signal()).await {
+    match api.serve(proxynet_common::shutdown::signal()).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("control-api: {e}");

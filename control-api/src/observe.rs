@@ -113,7 +113,7 @@ struct History {
     fleet: VecDeque<FleetPoint>,
     per_exit: HashMap<Uuid, VecDeque<ExitPoint>>,
     events: HashMap<Uuid, VecDeque<ExitEvent>>,
-    last_totals: Option<(DateTime<Utc>, proxynet_protocol::store::SuperproxyStats)>,
+    last_totals: Option<(DateTime<Utc>, proxynet_store::SuperproxyStats)>,
     last_exit: HashMap<Uuid, (DateTime<Utc>, u64, u64, ExitState)>,
     sampled_at: Option<DateTime<Utc>>,
 }
@@ -177,7 +177,7 @@ impl Observer {
         every: Duration,
         keep: Duration,
         exit_limit: usize,
-        stop: proxynet_protocol::tasks::Stop,
+        stop: proxynet_common::tasks::Stop,
     ) {
         let points = (keep.as_secs() / every.as_secs().max(1)).clamp(2, 3600) as usize;
         let mut tick = tokio::time::interval(every);

@@ -5,7 +5,7 @@
 
 use argon2::password_hash::{rand_core::OsRng, PasswordHasher, SaltString};
 use argon2::Argon2;
-use proxynet_protocol::secret::Secret;
+use proxynet_common::secret::Secret;
 use std::sync::Arc;
 use tokio::sync::Semaphore;
 
@@ -64,7 +64,7 @@ pub fn validate_password(password: &str) -> Result<(), ApiError> {
 /// Base usernames: letters, digits, `_` and `.`, 1–64 bytes. Never `-`, which the
 /// username grammar uses to separate session and targeting keys.
 pub fn validate_username(username: &str) -> Result<(), ApiError> {
-    if proxynet_protocol::username::is_base_username(username) {
+    if proxynet_wire::username::is_base_username(username) {
         Ok(())
     } else {
         Err(ApiError::BadRequest(

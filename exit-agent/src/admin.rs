@@ -73,7 +73,7 @@ async fn metrics(
         Some(handle) => (
             StatusCode::OK,
             [("content-type", "text/plain; version=0.0.4; charset=utf-8")],
-            proxynet_protocol::metrics::render(handle),
+            proxynet_common::metrics::render(handle),
         ),
         None => (
             StatusCode::NOT_FOUND,

@@ -8,7 +8,7 @@
 //! to the state file, created with mode 0600 at the first start, so only the
 //! host's own user (and the CLI it runs) can read it.
 
-use proxynet_protocol::secret::{constant_time_eq, Secret};
+use proxynet_common::secret::{constant_time_eq, Secret};
 use std::path::{Path, PathBuf};
 
 /// Where the token lives unless `--admin-token-file` says otherwise: beside

@@ -1,9 +1,9 @@
 //! exit-agent configuration: flags, each with an environment variable.
 
 use clap::Parser;
-use proxynet_protocol::egress::EgressArgs;
-use proxynet_protocol::secret::Secret;
-use proxynet_protocol::splice::TunnelLimits;
+use proxynet_common::egress::EgressArgs;
+use proxynet_common::secret::Secret;
+use proxynet_common::splice::TunnelLimits;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -48,7 +48,7 @@ pub struct Config {
     /// speak is used): 1 = HTTP/2, 2 = the lean mux. `1` alone makes the agent
     /// talk exactly like a v1 release (for staged upgrades).
     #[arg(long, env = "PROXYNET_LINK_VERSIONS", default_value = "1,2")]
-    pub link_versions: proxynet_protocol::link::LinkVersions,
+    pub link_versions: proxynet_wire::link::LinkVersions,
 
     /// Worker threads of the runtime; default: one per core this process
     /// may run on.
@@ -131,7 +131,7 @@ pub struct Config {
     /// Log line format: `text` for people, `json` (one object per line,
     /// the access log included) for log pipelines.
     #[arg(long, env = "PROXYNET_LOG_FORMAT", value_enum, default_value = "text")]
-    pub log_format: proxynet_protocol::telemetry::LogFormat,
+    pub log_format: proxynet_common::telemetry::LogFormat,
 
     #[command(flatten)]
     pub egress: EgressArgs,

@@ -1,6 +1,6 @@
 //! Talking to the control-api: enrollment once, heartbeats forever.
 
-use proxynet_protocol::secret::Secret;
+use proxynet_common::secret::Secret;
 use serde::{Deserialize, Serialize};
 use std::net::IpAddr;
 use std::time::Duration;
@@ -36,8 +36,8 @@ struct EnrollResponse {
     credential: Secret,
 }
 
-pub use proxynet_protocol::heartbeat::HeartbeatReply;
-use proxynet_protocol::heartbeat::HeartbeatRequest;
+pub use proxynet_wire::heartbeat::HeartbeatReply;
+use proxynet_wire::heartbeat::HeartbeatRequest;
 
 /// What this agent tells the control plane about itself in each beat.
 #[derive(Debug, Clone, Default)]

@@ -20,8 +20,8 @@ pub mod policy;
 pub mod state;
 pub mod tunnel;
 
-use proxynet_protocol::store::SuperproxyRecord;
-use proxynet_protocol::tasks::{Stop, Tasks};
+use proxynet_common::tasks::{Stop, Tasks};
+use proxynet_store::SuperproxyRecord;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::future::Future;
@@ -146,7 +146,7 @@ impl ExitAgent {
             cut_all: std::sync::Mutex::new(CancellationToken::new()),
             admin_token,
             opt_out,
-            metrics: proxynet_protocol::metrics::install(),
+            metrics: proxynet_common::metrics::install(),
             config,
         });
         Ok(Self {
@@ -217,7 +217,7 @@ fn expand_unspecified(addr: SocketAddr) -> Vec<SocketAddr> {
     if !addr.ip().is_unspecified() {
         return vec![addr];
     }
-    proxynet_protocol::egress::host_interface_addresses()
+    proxynet_common::egress::host_interface_addresses()
         .into_iter()
         .map(|ip| SocketAddr::new(ip, addr.port()))
         .collect()
@@ -228,7 +228,7 @@ fn expand_unspecified(addr: SocketAddr) -> Vec<SocketAddr> {
 fn control_api_addr(url: &str) -> Option<SocketAddr> {
     let parsed = reqwest::Url::parse(url).ok()?;
     let host = parsed.host_str()?;
-    let ip = proxynet_protocol::egress::parse_ip_literal(host)?;
+    let ip = proxynet_common::egress::parse_ip_literal(host)?;
     Some(SocketAddr::new(ip, parsed.port_or_known_default()?))
 }
 

@@ -6,11 +6,11 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use clap::Parser;
 use exit_agent::{Config, ExitAgent};
-use proxynet_protocol::{ready, shutdown, telemetry};
+use proxynet_common::{ready, shutdown, telemetry};
 
 fn main() -> std::process::ExitCode {
     let config = Config::parse();
-    match proxynet_protocol::runtime::run(config.worker_threads, run(config)) {
+    match proxynet_common::runtime::run(config.worker_threads, run(config)) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("exit-agent: runtime: {e}");

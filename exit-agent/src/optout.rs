@@ -75,7 +75,7 @@ fn persist(ctx: &TunnelContext, opted_out: Option<OptOutState>) -> Result<(), St
 pub async fn acknowledge_until_done(
     ctx: Arc<TunnelContext>,
     control: ControlClient,
-    stop: proxynet_protocol::tasks::Stop,
+    stop: proxynet_common::tasks::Stop,
 ) {
     let mut backoff = Duration::from_millis(500);
     loop {

@@ -4,7 +4,7 @@
 //! denied when a tunnel names them by hostname (`localhost`, a name that
 //! resolves to them) just as when it names them literally.
 
-use proxynet_protocol::egress::{EgressPolicy, EgressPolicyConfig};
+use proxynet_common::egress::{EgressPolicy, EgressPolicyConfig};
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::sync::{Arc, RwLock};
@@ -61,7 +61,7 @@ impl LivePolicy {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use proxynet_protocol::egress::{Cidr, Denial};
+    use proxynet_common::egress::{Cidr, Denial};
 
     fn loopback_allowed() -> EgressPolicyConfig {
         EgressPolicyConfig {

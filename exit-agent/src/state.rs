@@ -1,6 +1,6 @@
 //! The agent's enrolled identity on disk.
 
-use proxynet_protocol::secret::Secret;
+use proxynet_common::secret::Secret;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 use uuid::Uuid;

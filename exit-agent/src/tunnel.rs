@@ -10,8 +10,8 @@
 //! limit and the superproxy's remaining budget minus a margin, so it gives up
 //! first and answers with a precise [`Outcome`].
 
-use proxynet_protocol::egress::parse_ip_literal;
-use proxynet_protocol::link::Outcome;
+use proxynet_common::egress::parse_ip_literal;
+use proxynet_wire::link::Outcome;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -46,7 +46,7 @@ pub struct TunnelContext {
     /// What each heartbeat says about this agent (its admin listener).
     pub beat_info: crate::control::BeatInfo,
     /// The admin listener's secret for state-changing routes.
-    pub admin_token: proxynet_protocol::secret::Secret,
+    pub admin_token: proxynet_common::secret::Secret,
     /// The withdrawal, as persisted in the state file.
     pub opt_out: std::sync::Mutex<Option<crate::state::OptOutState>>,
     /// `/metrics` on the admin listener.
@@ -238,7 +238,7 @@ async fn connect_from(
         .bind(SocketAddr::new(egress_ip, 0))
         .map_err(|_| Outcome::EgressUnavailable)?;
     let _ = socket.set_nodelay(true);
-    proxynet_protocol::sockets::bound_unsent(&socket);
+    proxynet_common::sockets::bound_unsent(&socket);
     match tokio::time::timeout_at(deadline, socket.connect(target)).await {
         Err(_) => Err(Outcome::TimedOut),
         Ok(Ok(stream)) => Ok(stream),
@@ -308,7 +308,7 @@ pub(crate) mod tests {
             config,
             identity: AgentState {
                 exit_id: uuid::Uuid::new_v4(),
-                credential: proxynet_protocol::secret::Secret::new("exit-credential"),
+                credential: proxynet_common::secret::Secret::new("exit-credential"),
                 opted_out: None,
             },
             policy,
@@ -320,7 +320,7 @@ pub(crate) mod tests {
             withdrawn: AtomicBool::new(false),
             cut_all: std::sync::Mutex::new(tokio_util::sync::CancellationToken::new()),
             beat_info: crate::control::BeatInfo::default(),
-            admin_token: proxynet_protocol::secret::Secret::new("admin-token"),
+            admin_token: proxynet_common::secret::Secret::new("admin-token"),
             opt_out: std::sync::Mutex::new(None),
             metrics: None,
         })

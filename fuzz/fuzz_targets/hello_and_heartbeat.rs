@@ -3,8 +3,8 @@
 //! value or an error, never a panic.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use proxynet_protocol::heartbeat::HeartbeatRequest;
-use proxynet_protocol::link::{read_frame, AgentHello, HelloReply, StreamRequest};
+use proxynet_wire::heartbeat::HeartbeatRequest;
+use proxynet_wire::link::{read_frame, AgentHello, HelloReply, StreamRequest};
 
 fuzz_target!(|data: &[u8]| {
     let _ = serde_json::from_slice::<HeartbeatRequest>(data);

@@ -3,7 +3,7 @@
 //! holds no more than its bounds.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use proxynet_protocol::mux::{self, MuxConfig, Role};
+use proxynet_wire::mux::{self, MuxConfig, Role};
 use tokio::io::AsyncWriteExt;
 
 fuzz_target!(|data: &[u8]| {

@@ -7,8 +7,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use proxynet_protocol::mux;
-use proxynet_protocol::store::{ExitRecord, SourceType};
+use proxynet_store::{ExitRecord, SourceType};
+use proxynet_wire::mux;
 use std::collections::HashMap;
 use std::hint::black_box;
 use std::sync::Arc;

@@ -14,7 +14,7 @@
 //! `unauthenticated_timeout_ms` after accept if it has not logged in by then.
 //! One address cannot hold the connection slots with sockets that never speak.
 
-use proxynet_protocol::tasks::Stop;
+use proxynet_common::tasks::Stop;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;

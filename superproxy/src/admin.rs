@@ -6,7 +6,7 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use proxynet_protocol::tasks::Stop;
+use proxynet_common::tasks::Stop;
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
@@ -65,7 +65,7 @@ fn respond(gateway: &AdminState, req: &Request<Incoming>) -> Response<Full<Bytes
         "/healthz" => text(StatusCode::OK, "ok\n".into()),
         "/metrics" => match &gateway.metrics {
             Some(handle) => {
-                let mut r = text(StatusCode::OK, proxynet_protocol::metrics::render(handle));
+                let mut r = text(StatusCode::OK, proxynet_common::metrics::render(handle));
                 r.headers_mut().insert(
                     header::CONTENT_TYPE,
                     HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),

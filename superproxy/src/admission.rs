@@ -11,9 +11,9 @@
 //! simply expire, so they cannot leak for longer than `lease_ttl`. While Redis
 //! is unreachable, limits fall back to this instance's own count.
 
-use proxynet_protocol::redis_target::RedisConnection;
-use proxynet_protocol::store::{Keys, QuotaPeriod};
-use proxynet_protocol::tasks::Stop;
+use proxynet_common::tasks::Stop;
+use proxynet_store::redis_target::RedisConnection;
+use proxynet_store::{Keys, QuotaPeriod};
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

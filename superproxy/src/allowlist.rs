@@ -17,10 +17,10 @@
 //! disabled), the tunnel is cut: within `allowlist_refresh_ms` at worst,
 //! at once on the change event.
 
-use proxynet_protocol::egress::Cidr;
-use proxynet_protocol::redis_target::RedisConnection;
-use proxynet_protocol::store::Keys;
-use proxynet_protocol::tasks::Stop;
+use proxynet_common::egress::Cidr;
+use proxynet_common::tasks::Stop;
+use proxynet_store::redis_target::RedisConnection;
+use proxynet_store::Keys;
 use redis::AsyncCommands;
 use std::collections::HashMap;
 use std::net::IpAddr;

@@ -3,10 +3,10 @@
 //! Agents learn the list from their heartbeat replies, so adding a superproxy
 //! needs no change on any exit host.
 
-use proxynet_protocol::egress::host_interface_addresses;
-use proxynet_protocol::redis_target::RedisConnection;
-use proxynet_protocol::store::{Keys, SuperproxyRecord, TOUCH_LIVE_SCRIPT};
-use proxynet_protocol::tasks::Stop;
+use proxynet_common::egress::host_interface_addresses;
+use proxynet_common::tasks::Stop;
+use proxynet_store::redis_target::RedisConnection;
+use proxynet_store::{Keys, SuperproxyRecord, TOUCH_LIVE_SCRIPT};
 use redis::AsyncCommands;
 use std::net::SocketAddr;
 use std::time::Duration;

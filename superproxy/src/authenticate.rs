@@ -17,8 +17,8 @@ use argon2::password_hash::{
 };
 use argon2::Argon2;
 use hmac::{Hmac, Mac};
-use proxynet_protocol::redis_target::RedisConnection;
-use proxynet_protocol::store::{Keys, UserEntry, UserRecord};
+use proxynet_store::redis_target::RedisConnection;
+use proxynet_store::{Keys, UserEntry, UserRecord};
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -372,7 +372,7 @@ fn unreachable_hmac() -> Hmac<Sha256> {
 /// Base usernames as the control-api allows them; anything else cannot exist,
 /// so it never reaches Redis as a key.
 pub fn valid_username(username: &str) -> bool {
-    proxynet_protocol::username::is_base_username(username)
+    proxynet_wire::username::is_base_username(username)
 }
 
 /// Decodes `Proxy-Authorization: Basic base64(user:pass)`.

@@ -5,8 +5,8 @@
 //! the innermost hop fails first and the client gets a precise reason.
 
 use clap::Parser;
-use proxynet_protocol::egress::EgressArgs;
-use proxynet_protocol::splice::TunnelLimits;
+use proxynet_common::egress::EgressArgs;
+use proxynet_common::splice::TunnelLimits;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -103,7 +103,7 @@ pub struct Config {
     /// used): 1 = HTTP/2, 2 = the lean mux. `1` alone makes this superproxy
     /// talk exactly like a v1 release (for staged upgrades).
     #[arg(long, env = "PROXYNET_LINK_VERSIONS", default_value = "1,2")]
-    pub link_versions: proxynet_protocol::link::LinkVersions,
+    pub link_versions: proxynet_wire::link::LinkVersions,
 
     /// Address announced to agents for the link; defaults to the bound link address.
     #[arg(long, env = "PROXYNET_LINK_ADVERTISE")]
@@ -119,7 +119,7 @@ pub struct Config {
     pub link_key: Option<PathBuf>,
 
     #[command(flatten)]
-    pub redis: proxynet_protocol::redis_target::RedisArgs,
+    pub redis: proxynet_store::redis_target::RedisArgs,
 
     /// Time a client has to send a complete request head (slowloris bound), ms.
     #[arg(
@@ -269,7 +269,7 @@ pub struct Config {
     /// Log line format: `text` for people, `json` (one object per line,
     /// the access log included) for log pipelines.
     #[arg(long, env = "PROXYNET_LOG_FORMAT", value_enum, default_value = "text")]
-    pub log_format: proxynet_protocol::telemetry::LogFormat,
+    pub log_format: proxynet_common::telemetry::LogFormat,
 
     #[command(flatten)]
     pub egress: EgressArgs,

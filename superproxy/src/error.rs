@@ -9,7 +9,7 @@
 use bytes::Bytes;
 use http::{header, HeaderMap, HeaderValue, Response, StatusCode};
 use http_body_util::Full;
-use proxynet_protocol::link::Outcome;
+use proxynet_wire::link::Outcome;
 use std::borrow::Cow;
 
 /// Name this gateway uses in `Proxy-Status` (RFC 9209 §2).

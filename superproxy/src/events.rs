@@ -4,11 +4,11 @@
 //! (on a cluster, to the next seed node: pub/sub is cluster-wide).
 
 use futures_util::StreamExt;
-use proxynet_protocol::tasks::Stop;
+use proxynet_common::tasks::Stop;
 use std::sync::Arc;
 use std::time::Duration;
 
-use proxynet_protocol::redis_target::RedisTarget;
+use proxynet_store::redis_target::RedisTarget;
 
 use crate::revocation::Revoker;
 use crate::select::Pool;

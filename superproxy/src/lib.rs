@@ -9,14 +9,14 @@
 //! entitlements bound the username's asks) → admit ([`admission`]: limits,
 //! quotas) → open (an exit from [`select`]: the pool, a session pin, egress IP,
 //! safe retry; dialled over a [`link`]) → meter ([`usage`]) → splice (bytes
-//! both ways, `proxynet_protocol::splice`, shared with the agent) → access log.
+//! both ways, `proxynet_common::splice`, shared with the agent) → access log.
 //! [`request`] holds the plain data every stage reads.
 //! Around them: [`open_tunnels`] and [`revocation`] (cut what a revocation
 //! no longer allows), [`announce`] (tell agents where to dial), [`events`]
 //! (change events), [`health`] and [`probe`] (exit health), [`admin`]
 //! (health and pool endpoints), [`error`] (the one error type every ingress
 //! answers with). Background loops share one shape
-//! (`proxynet_protocol::tasks`): built with their parts, `run(stop)`.
+//! (`proxynet_common::tasks`): built with their parts, `run(stop)`.
 //!
 //! [`Superproxy::bind`] binds every listener (port 0 is fine) and reports the
 //! addresses; [`Superproxy::serve`] runs until its shutdown future resolves,
@@ -46,12 +46,12 @@ pub mod revocation;
 pub mod select;
 pub mod target;
 /// The username grammar, shared with the control-api.
-pub use proxynet_protocol::username;
+pub use proxynet_wire::username;
 pub mod usage;
 
-use proxynet_protocol::egress::EgressPolicy;
-use proxynet_protocol::redis_target::{RedisConnection, RedisTarget};
-use proxynet_protocol::store::{Keys, StoreUnavailable, SuperproxyRecord};
+use proxynet_common::egress::EgressPolicy;
+use proxynet_store::redis_target::{RedisConnection, RedisTarget};
+use proxynet_store::{Keys, StoreUnavailable, SuperproxyRecord};
 use serde::{Deserialize, Serialize};
 use std::future::Future;
 use std::net::SocketAddr;
@@ -70,7 +70,7 @@ use link::registry::LinkRegistry;
 use link::tls::LinkIdentity;
 use pipeline::open::{RetryBudget, TunnelOpener};
 use pipeline::{Admit, Login, Pipeline};
-use proxynet_protocol::tasks::Tasks;
+use proxynet_common::tasks::Tasks;
 use revocation::Revoker;
 use select::Pool;
 
@@ -158,8 +158,8 @@ impl Superproxy {
         let (proxy, proxy_addr) = listen("proxy", config.listen).await?;
         let (socks, socks_addr) = listen("socks", config.socks_listen).await?;
         // Client sockets inherit their options from these listeners.
-        proxynet_protocol::sockets::prepare_client_listener(&proxy);
-        proxynet_protocol::sockets::prepare_client_listener(&socks);
+        proxynet_common::sockets::prepare_client_listener(&proxy);
+        proxynet_common::sockets::prepare_client_listener(&socks);
         let (admin, admin_addr) = listen("admin", config.admin_listen).await?;
         let (link, link_addr) = listen("link", config.link_listen).await?;
         let (tls, tls_addr, tls_cert) =
@@ -171,7 +171,7 @@ impl Superproxy {
                     );
                     let server_config = reloadable.server_config().map_err(StartError::Other)?;
                     let (listener, bound) = listen("tls", *addr).await?;
-                    proxynet_protocol::sockets::prepare_client_listener(&listener);
+                    proxynet_common::sockets::prepare_client_listener(&listener);
                     (
                         Some((listener, tokio_rustls::TlsAcceptor::from(server_config))),
                         Some(bound),
@@ -268,7 +268,7 @@ impl Superproxy {
             parts.stats.clone(),
         ));
         let admin_state = Arc::new(AdminState {
-            metrics: proxynet_protocol::metrics::install(),
+            metrics: proxynet_common::metrics::install(),
             superproxy_id: id,
             pool,
             links: registry,
@@ -348,7 +348,7 @@ impl Superproxy {
             keys: self.keys.clone(),
             superproxy_id: id,
             versions: config.link_versions.clone(),
-            recv_budget: proxynet_protocol::mux::RecvBudget::new(
+            recv_budget: proxynet_wire::mux::RecvBudget::new(
                 config.link_receive_budget_mb.saturating_mul(1 << 20),
             ),
         };

@@ -14,7 +14,7 @@
 
 use governor::clock::{Clock, DefaultClock};
 use governor::{DefaultKeyedRateLimiter, Quota};
-use proxynet_protocol::tasks::Stop;
+use proxynet_common::tasks::Stop;
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::num::NonZeroU32;

@@ -5,12 +5,12 @@
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use clap::Parser;
-use proxynet_protocol::{ready, shutdown, telemetry};
+use proxynet_common::{ready, shutdown, telemetry};
 use superproxy::{Config, Superproxy};
 
 fn main() -> std::process::ExitCode {
     let config = Config::parse();
-    match proxynet_protocol::runtime::run(config.worker_threads, run(config)) {
+    match proxynet_common::runtime::run(config.worker_threads, run(config)) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("superproxy: runtime: {e}");

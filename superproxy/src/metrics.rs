@@ -8,7 +8,7 @@
 //! which aggregates what every superproxy reports.
 
 use metrics::{counter, gauge, histogram};
-use proxynet_protocol::store::SuperproxyStats;
+use proxynet_store::SuperproxyStats;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 

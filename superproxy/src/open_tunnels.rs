@@ -23,7 +23,7 @@ pub struct Entry {
     pub credential_digest: [u8; 32],
     pub exit_id: Uuid,
     /// The allow-listed network that let the tunnel in (no credentials).
-    pub network: Option<proxynet_protocol::egress::Cidr>,
+    pub network: Option<proxynet_common::egress::Cidr>,
     cut: CancellationToken,
 }
 
@@ -55,7 +55,7 @@ impl OpenTunnels {
         username: &str,
         credential_digest: [u8; 32],
         exit_id: Uuid,
-        network: Option<proxynet_protocol::egress::Cidr>,
+        network: Option<proxynet_common::egress::Cidr>,
         cut: CancellationToken,
     ) -> Registration {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
@@ -107,7 +107,7 @@ impl OpenTunnels {
     /// says their network no longer admits their user; returns how many.
     pub fn cut_where_network(
         &self,
-        gone: impl Fn(&proxynet_protocol::egress::Cidr, &str) -> bool,
+        gone: impl Fn(&proxynet_common::egress::Cidr, &str) -> bool,
     ) -> usize {
         self.cut_where(|e| e.network.as_ref().is_some_and(|n| gone(n, &e.username)))
     }
@@ -143,7 +143,7 @@ mod tests {
         let (alice, bob, exit) = (Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4());
         let (a, b) = (CancellationToken::new(), CancellationToken::new());
         let ra = registry.register(alice, "alice", [1; 32], exit, None, a.clone());
-        let net: proxynet_protocol::egress::Cidr = "192.0.2.0/24".parse().unwrap();
+        let net: proxynet_common::egress::Cidr = "192.0.2.0/24".parse().unwrap();
         let _rb = registry.register(bob, "bob", [2; 32], Uuid::new_v4(), Some(net), b.clone());
         assert_eq!(registry.cut_where_network(|_, user| user != "bob"), 0);
         assert_eq!(registry.usernames(), vec!["alice", "bob"]);

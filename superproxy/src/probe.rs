@@ -7,9 +7,9 @@
 //! network blip is visible as exactly that.
 
 use futures_util::future::join_all;
-use proxynet_protocol::redis_target::RedisConnection;
-use proxynet_protocol::store::Keys;
-use proxynet_protocol::tasks::Stop;
+use proxynet_common::tasks::Stop;
+use proxynet_store::redis_target::RedisConnection;
+use proxynet_store::Keys;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use uuid::Uuid;

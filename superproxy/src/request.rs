@@ -5,9 +5,9 @@
 //! A leaf: every stage reads these types, none of them reaches back into a
 //! stage.
 
-use proxynet_protocol::egress::Cidr;
-use proxynet_protocol::secret::Secret;
-use proxynet_protocol::store::{AccountLimits, QuotaPeriod};
+use proxynet_common::egress::Cidr;
+use proxynet_common::secret::Secret;
+use proxynet_store::{AccountLimits, QuotaPeriod};
 use uuid::Uuid;
 
 use crate::error::{ErrorKind, ProxyError};

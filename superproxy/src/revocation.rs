@@ -11,13 +11,13 @@
 //! tombstone): a Redis that restarted empty must not cut every tunnel before
 //! the control-api has re-projected.
 
-use proxynet_protocol::tasks::Stop;
+use proxynet_common::tasks::Stop;
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::authenticate::Authenticator;
 use crate::open_tunnels::OpenTunnels;
-use proxynet_protocol::store::UserEntry;
+use proxynet_store::UserEntry;
 use sha2::{Digest, Sha256};
 
 pub struct Revoker {

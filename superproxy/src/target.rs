@@ -4,7 +4,7 @@
 //! `127.0.0.1`) so the early egress check and the agent see one canonical
 //! address. Names are passed to the agent unresolved: DNS happens at the exit.
 
-use proxynet_protocol::egress::parse_ip_literal;
+use proxynet_common::egress::parse_ip_literal;
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 

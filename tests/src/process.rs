@@ -118,7 +118,7 @@ pub async fn spawn_ready_logged<T: DeserializeOwned>(
     let mut lines = BufReader::new(stdout).lines();
     let ready = tokio::time::timeout(READY_TIMEOUT, async {
         while let Some(line) = lines.next_line().await.expect("read stdout") {
-            if let Some(v) = proxynet_protocol::ready::parse::<T>(&line) {
+            if let Some(v) = proxynet_common::ready::parse::<T>(&line) {
                 return Some(v);
             }
         }

@@ -1,7 +1,7 @@
 //! A fresh database and Redis prefix per test.
 
-use proxynet_protocol::redis_target::{RedisConnection, RedisTarget};
-use proxynet_protocol::store::Keys;
+use proxynet_store::redis_target::{RedisConnection, RedisTarget};
+use proxynet_store::Keys;
 use sqlx::Connection;
 use uuid::Uuid;
 

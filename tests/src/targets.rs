@@ -66,7 +66,7 @@ pub async fn firehose() -> (SocketAddr, std::sync::Arc<std::sync::atomic::Atomic
             // Targets share this host's kernel with the stack under test: a
             // thousand streams each queueing megabytes unsent would push the
             // kernel into TCP memory pressure, testing the host, not us.
-            proxynet_protocol::sockets::bound_unsent(&s);
+            proxynet_common::sockets::bound_unsent(&s);
             let counter = counter.clone();
             tokio::spawn(async move {
                 let chunk = vec![0x42u8; 64 * 1024];

@@ -10,7 +10,7 @@
 //! The superproxy enforces the stricter of account and user (the projection
 //! writes both into the user's record).
 
-use proxynet_protocol::store::{Channel, QuotaPeriod, SourceType};
+use proxynet_store::{Channel, QuotaPeriod, SourceType};
 use serde::{Deserialize, Serialize};
 
 use crate::error::ApiError;
@@ -137,7 +137,7 @@ pub struct AllowlistRules {
 
 impl AllowlistRules {
     /// Whether `cidr` is within these rules; the reason when not.
-    pub fn permits(&self, cidr: &proxynet_protocol::egress::Cidr) -> Result<(), String> {
+    pub fn permits(&self, cidr: &proxynet_common::egress::Cidr) -> Result<(), String> {
         let (min, family) = match cidr.network() {
             std::net::IpAddr::V4(_) => (self.min_prefix_v4.unwrap_or(MIN_PREFIX_V4), "IPv4"),
             std::net::IpAddr::V6(_) => (self.min_prefix_v6.unwrap_or(MIN_PREFIX_V6), "IPv6"),

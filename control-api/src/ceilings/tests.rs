@@ -250,7 +250,7 @@ fn unknown_limit_fields_are_refused_and_absent_ones_are_not_written() {
 
 #[test]
 fn allowlisted_networks_wider_than_the_default_prefixes_are_refused() {
-    let cidr = |s: &str| s.parse::<proxynet_protocol::egress::Cidr>().unwrap();
+    let cidr = |s: &str| s.parse::<proxynet_common::egress::Cidr>().unwrap();
     let rules = AllowlistRules::default();
     assert!(rules.permits(&cidr("8.8.8.0/24")).is_ok());
     assert!(rules.permits(&cidr("8.8.0.0/16")).is_err());
@@ -267,7 +267,7 @@ fn allowlisted_networks_wider_than_the_default_prefixes_are_refused() {
 #[test]
 fn special_purpose_ranges_need_an_explicit_entitlement() {
     let private = "10.1.2.0/24"
-        .parse::<proxynet_protocol::egress::Cidr>()
+        .parse::<proxynet_common::egress::Cidr>()
         .unwrap();
     let refusal = AllowlistRules::default().permits(&private).unwrap_err();
     assert!(refusal.contains("special-purpose"), "{refusal}");

@@ -13,13 +13,13 @@ impl Projector {
     /// The summed running totals of every live superproxy.
     pub async fn superproxy_stats(
         &self,
-    ) -> Result<proxynet_protocol::store::SuperproxyStats, ProjectionError> {
+    ) -> Result<proxynet_store::SuperproxyStats, ProjectionError> {
         let mut redis = self.redis.clone();
         let ids: Vec<String> = redis::Script::new(LIVE_MEMBERS_SCRIPT)
             .key(self.keys.superproxies_live())
             .invoke_async(&mut redis)
             .await?;
-        let mut total = proxynet_protocol::store::SuperproxyStats::default();
+        let mut total = proxynet_store::SuperproxyStats::default();
         let keys: Vec<String> = ids
             .iter()
             .filter_map(|s| s.parse::<Uuid>().ok())
@@ -32,9 +32,11 @@ impl Projector {
             .arg(&keys)
             .query_async(&mut redis)
             .await?;
-        for one in values.into_iter().flatten().filter_map(|j| {
-            serde_json::from_str::<proxynet_protocol::store::SuperproxyStats>(&j).ok()
-        }) {
+        for one in values
+            .into_iter()
+            .flatten()
+            .filter_map(|j| serde_json::from_str::<proxynet_store::SuperproxyStats>(&j).ok())
+        {
             total.tunnels_opened += one.tunnels_opened;
             total.bytes_up += one.bytes_up;
             total.bytes_down += one.bytes_down;

@@ -4,7 +4,7 @@
 //! own presence, which tells superproxies a control-api is answering.
 
 use super::*;
-use proxynet_protocol::tasks::Stop;
+use proxynet_common::tasks::Stop;
 
 impl Projector {
     /// One agent heartbeat: the exit is alive for `ttl` from now (Redis

@@ -24,8 +24,8 @@ mod resync;
 
 pub use fleet::FleetHealth;
 
-use proxynet_protocol::redis_target::RedisConnection;
-use proxynet_protocol::store::{
+use proxynet_store::redis_target::RedisConnection;
+use proxynet_store::{
     user_bucket, AccountLimits, Channel, ExitRecord, Keys, ProvenanceBlock, QuotaPeriod,
     SourceType, SuperproxyRecord, Tombstone, UserRecord, DEL_EXIT_SCRIPT, DEL_USER_SCRIPT,
     EXIT_CHANGES_KEPT, HEARTBEAT_SCRIPT, LIVE_MEMBERS_SCRIPT, PUT_EXIT_SCRIPT, PUT_USER_SCRIPT,
@@ -371,7 +371,7 @@ impl Projector {
         let rows: Vec<(String, String)> = all
             .into_iter()
             .filter(|(cidr, _, entitlements)| {
-                cidr.parse::<proxynet_protocol::egress::Cidr>()
+                cidr.parse::<proxynet_common::egress::Cidr>()
                     .is_ok_and(|c| entitlements.0.allowlist.permits(&c).is_ok())
             })
             .map(|(cidr, user, _)| (cidr, user))

@@ -3,7 +3,7 @@
 //! on a period and at once when Redis lost the projection.
 
 use super::*;
-use proxynet_protocol::tasks::Stop;
+use proxynet_common::tasks::Stop;
 
 impl Projector {
     /// Full re-projection of users and exits; removes user keys that no longer

@@ -113,7 +113,7 @@ pub(crate) async fn run_retention(
     db: sqlx::PgPool,
     retention: std::time::Duration,
     every: std::time::Duration,
-    stop: proxynet_protocol::tasks::Stop,
+    stop: proxynet_common::tasks::Stop,
 ) {
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

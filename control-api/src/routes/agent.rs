@@ -13,8 +13,8 @@ use axum::http::request::Parts;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use chrono::{DateTime, Utc};
-use proxynet_protocol::secret::{constant_time_eq, sha256_hex, Secret};
-use proxynet_protocol::store::SuperproxyRecord;
+use proxynet_common::secret::{constant_time_eq, sha256_hex, Secret};
+use proxynet_store::SuperproxyRecord;
 use serde::{Deserialize, Serialize};
 use std::net::IpAddr;
 use uuid::Uuid;
@@ -237,9 +237,7 @@ fn truncate(s: &str, max: usize) -> String {
     s.chars().take(max).collect()
 }
 
-use proxynet_protocol::heartbeat::{
-    HeartbeatReply, HeartbeatRequest as Heartbeat, MAX_ADMIN_ADDRS,
-};
+use proxynet_wire::heartbeat::{HeartbeatReply, HeartbeatRequest as Heartbeat, MAX_ADMIN_ADDRS};
 
 /// The reply's deny list and superproxy records from what the projector read.
 fn deny_list(
@@ -255,7 +253,7 @@ fn deny_list(
     }
     deny.extend(inputs.agent_admin);
     if !internal {
-        deny.retain(|a| !proxynet_protocol::egress::in_special_range(a.ip()));
+        deny.retain(|a| !proxynet_common::egress::in_special_range(a.ip()));
     }
     deny.sort_unstable();
     deny.dedup();
@@ -335,7 +333,7 @@ pub(super) async fn heartbeat(
         .iter()
         .copied()
         .filter(|a| {
-            proxynet_protocol::egress::in_special_range(a.ip()) || egress_ips.contains(&a.ip())
+            proxynet_common::egress::in_special_range(a.ip()) || egress_ips.contains(&a.ip())
         })
         .take(MAX_ADMIN_ADDRS)
         .collect();
@@ -355,7 +353,7 @@ pub(super) async fn heartbeat(
     let internal = body.internal_targets
         && egress_ips
             .iter()
-            .any(|ip| proxynet_protocol::egress::in_special_range(*ip));
+            .any(|ip| proxynet_common::egress::in_special_range(*ip));
     let reply = state
         .projector
         .heartbeat_reply(internal, |inputs| {

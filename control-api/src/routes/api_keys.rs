@@ -11,7 +11,7 @@ use crate::extract::{Path, Query};
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use chrono::{DateTime, Utc};
-use proxynet_protocol::secret::sha256_hex;
+use proxynet_common::secret::sha256_hex;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 

@@ -18,7 +18,7 @@ use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use chrono::{Datelike, TimeZone, Utc};
-use proxynet_protocol::store::{QuotaPeriod, SourceType};
+use proxynet_store::{QuotaPeriod, SourceType};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use uuid::Uuid;

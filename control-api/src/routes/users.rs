@@ -16,7 +16,7 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::http::StatusCode;
 use chrono::{DateTime, Utc};
-use proxynet_protocol::secret::Secret;
+use proxynet_common::secret::Secret;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
@@ -60,22 +60,22 @@ fn validate_allowlist(
     }
     for c in cidrs {
         let cidr = c
-            .parse::<proxynet_protocol::egress::Cidr>()
+            .parse::<proxynet_common::egress::Cidr>()
             .map_err(|e| ApiError::BadRequest(format!("allowed_source_cidrs: {e}")))?;
         check_allowlist_network(&cidr, rules)?;
     }
     if options.is_empty() {
         return Ok(());
     }
-    if options.len() > proxynet_protocol::username::MAX_OPTIONS_BYTES {
+    if options.len() > proxynet_wire::username::MAX_OPTIONS_BYTES {
         return Err(ApiError::BadRequest(format!(
             "allowlist_options: at most {} bytes",
-            proxynet_protocol::username::MAX_OPTIONS_BYTES
+            proxynet_wire::username::MAX_OPTIONS_BYTES
         )));
     }
     // The superproxy's own parser, on the string it will parse at login:
     // options accepted here always parse there.
-    proxynet_protocol::username::parse_options(username, options)
+    proxynet_wire::username::parse_options(username, options)
         .map(drop)
         .map_err(|e| {
             ApiError::BadRequest(format!(
@@ -92,7 +92,7 @@ fn validate_allowlist(
 /// ride the account without a password. IPv4-mapped IPv6 networks are
 /// refused: peers are matched as IPv4.
 fn check_allowlist_network(
-    cidr: &proxynet_protocol::egress::Cidr,
+    cidr: &proxynet_common::egress::Cidr,
     rules: &AllowlistRules,
 ) -> Result<(), ApiError> {
     if let std::net::IpAddr::V6(v6) = cidr.network() {

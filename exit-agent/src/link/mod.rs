@@ -7,11 +7,11 @@
 //! us, so the link needs no public CA. One supervisor task per superproxy keeps
 //! its link up, reconnecting with jittered exponential back-off.
 
-use proxynet_protocol::link::{
+use proxynet_store::SuperproxyRecord;
+use proxynet_wire::link::{
     read_frame, write_frame, AgentHello, HelloReply, HELLO_VERSION, LINK_V1_HTTP2, LINK_V2_MUX,
 };
-use proxynet_protocol::mux::ReadAhead;
-use proxynet_protocol::store::SuperproxyRecord;
+use proxynet_wire::mux::ReadAhead;
 use rand::Rng;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
@@ -142,7 +142,7 @@ async fn connect(
 }
 
 fn pinned_client_config(cert_sha256: &str) -> Result<Arc<ClientConfig>, String> {
-    let provider = proxynet_protocol::link::tls_provider();
+    let provider = proxynet_wire::link::tls_provider();
     let verifier = Arc::new(PinnedCert {
         sha256: cert_sha256.to_ascii_lowercase(),
         provider: provider.clone(),
@@ -175,8 +175,7 @@ impl ServerCertVerifier for PinnedCert {
         _now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
         let presented = hex::encode(Sha256::digest(end_entity.as_ref()));
-        if proxynet_protocol::secret::constant_time_eq(presented.as_bytes(), self.sha256.as_bytes())
-        {
+        if proxynet_common::secret::constant_time_eq(presented.as_bytes(), self.sha256.as_bytes()) {
             Ok(ServerCertVerified::assertion())
         } else {
             Err(rustls::Error::InvalidCertificate(
@@ -227,7 +226,7 @@ mod tests {
     fn verify(pin: &str, cert: &[u8]) -> Result<ServerCertVerified, rustls::Error> {
         let verifier = PinnedCert {
             sha256: pin.to_owned(),
-            provider: proxynet_protocol::link::tls_provider(),
+            provider: proxynet_wire::link::tls_provider(),
         };
         let name = ServerName::try_from("proxynet-superproxy").unwrap();
         verifier.verify_server_cert(

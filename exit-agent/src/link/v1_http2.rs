@@ -8,11 +8,11 @@ use http::{Method, Request, Response};
 use http_body_util::Empty;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use proxynet_protocol::link::{
+use proxynet_common::splice::{splice_until, Plain};
+use proxynet_wire::link::{
     Outcome, HEADER_CONNECT_BUDGET_MS, HEADER_EGRESS_IP, HEADER_OUTCOME, HEADER_VERSION,
     LINK_V1_HTTP2, PROBE_PATH,
 };
-use proxynet_protocol::splice::{splice_until, Plain};
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
@@ -32,9 +32,9 @@ pub(super) async fn serve(
     };
     let connection = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
         .timer(TokioTimer::new())
-        .initial_stream_window_size(proxynet_protocol::link::H2_STREAM_WINDOW)
-        .initial_connection_window_size(proxynet_protocol::link::H2_CONNECTION_WINDOW)
-        .max_frame_size(proxynet_protocol::link::H2_MAX_FRAME_SIZE)
+        .initial_stream_window_size(proxynet_wire::link::H2_STREAM_WINDOW)
+        .initial_connection_window_size(proxynet_wire::link::H2_CONNECTION_WINDOW)
+        .max_frame_size(proxynet_wire::link::H2_MAX_FRAME_SIZE)
         .max_concurrent_streams(u32::try_from(ctx.config.max_tunnels).unwrap_or(u32::MAX))
         .keep_alive_interval(Duration::from_secs(10))
         .keep_alive_timeout(Duration::from_secs(5))

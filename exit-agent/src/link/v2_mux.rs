@@ -3,9 +3,9 @@
 //! probe or a tunnel request.
 
 use bytes::Bytes;
-use proxynet_protocol::link::{Outcome, StreamRequest};
-use proxynet_protocol::mux::{self, Incoming, MuxConfig, Role};
-use proxynet_protocol::splice::splice_until;
+use proxynet_common::splice::splice_until;
+use proxynet_wire::link::{Outcome, StreamRequest};
+use proxynet_wire::mux::{self, Incoming, MuxConfig, Role};
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 

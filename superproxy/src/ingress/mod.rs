@@ -9,7 +9,7 @@ pub mod http;
 pub mod socks5;
 pub mod tls;
 
-use proxynet_protocol::splice::TunnelLimits;
+use proxynet_common::splice::TunnelLimits;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;

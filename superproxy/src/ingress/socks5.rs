@@ -10,7 +10,7 @@
 use fast_socks5::server::{PasswordAuthentication, Socks5ServerProtocol};
 use fast_socks5::util::target_addr::TargetAddr;
 use fast_socks5::{ReplyError, Socks5Command};
-use proxynet_protocol::secret::Secret;
+use proxynet_common::secret::Secret;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;

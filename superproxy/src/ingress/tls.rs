@@ -8,7 +8,7 @@
 //! resolver is consulted per handshake). A certificate that fails to load is
 //! reported and the old one stays in service.
 
-use proxynet_protocol::tasks::Stop;
+use proxynet_common::tasks::Stop;
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use rustls::ServerConfig;

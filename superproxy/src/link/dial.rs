@@ -8,7 +8,7 @@
 //! target may have been reached (never retried) or certainly was not (retried
 //! on another exit).
 
-use proxynet_protocol::link::Outcome;
+use proxynet_wire::link::Outcome;
 use std::net::IpAddr;
 use std::time::Duration;
 

@@ -2,15 +2,15 @@
 //! then the agreed version's framing with us opening streams: HTTP/2 as the
 //! client (v1) or the mux as its client role (v2).
 
-use proxynet_protocol::link::{
+use proxynet_common::secret::{constant_time_eq, sha256_hex};
+use proxynet_common::tasks::Stop;
+use proxynet_store::redis_target::RedisConnection;
+use proxynet_store::{AuditEvent, ExitRecord, Keys};
+use proxynet_wire::link::{
     choose_version, read_frame, write_frame, AgentHello, HelloReply, LinkVersions, HELLO_VERSION,
     LINK_V2_MUX,
 };
-use proxynet_protocol::mux::ReadAhead;
-use proxynet_protocol::redis_target::RedisConnection;
-use proxynet_protocol::secret::{constant_time_eq, sha256_hex};
-use proxynet_protocol::store::{AuditEvent, ExitRecord, Keys};
-use proxynet_protocol::tasks::Stop;
+use proxynet_wire::mux::ReadAhead;
 use redis::AsyncCommands;
 use std::sync::Arc;
 use std::time::Duration;
@@ -41,7 +41,7 @@ pub struct LinkListener {
     /// Link versions we accept; the newest one the agent also offers is used.
     pub versions: LinkVersions,
     /// What every v2 link's streams may hold between them (stalled readers).
-    pub recv_budget: Arc<proxynet_protocol::mux::RecvBudget>,
+    pub recv_budget: Arc<proxynet_wire::mux::RecvBudget>,
 }
 
 impl LinkListener {

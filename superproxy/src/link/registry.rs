@@ -33,8 +33,8 @@ pub enum LinkSender {
 impl LinkSender {
     pub fn version(&self) -> u16 {
         match self {
-            LinkSender::Http2(_) => proxynet_protocol::link::LINK_V1_HTTP2,
-            LinkSender::Mux(_) => proxynet_protocol::link::LINK_V2_MUX,
+            LinkSender::Http2(_) => proxynet_wire::link::LINK_V1_HTTP2,
+            LinkSender::Mux(_) => proxynet_wire::link::LINK_V2_MUX,
         }
     }
 }

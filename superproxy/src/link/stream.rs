@@ -3,8 +3,8 @@
 use bytes::Bytes;
 use hyper::upgrade::Upgraded;
 use hyper_util::rt::TokioIo;
-use proxynet_protocol::mux::MuxStream;
-use proxynet_protocol::splice::ChunkIo;
+use proxynet_common::splice::ChunkIo;
+use proxynet_wire::mux::MuxStream;
 use std::io::{self, IoSlice};
 use std::pin::Pin;
 use std::task::{Context, Poll};

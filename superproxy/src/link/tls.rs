@@ -64,7 +64,7 @@ impl LinkIdentity {
             TlsSetupError::Invalid("link certificate file holds no certificate".into())
         })?;
         let cert_sha256 = hex::encode(Sha256::digest(end_entity.as_ref()));
-        let provider = proxynet_protocol::link::tls_provider();
+        let provider = proxynet_wire::link::tls_provider();
         let mut config = ServerConfig::builder_with_provider(provider)
             .with_protocol_versions(&[&rustls::version::TLS13])
             .map_err(|e| TlsSetupError::Invalid(e.to_string()))?

@@ -8,7 +8,7 @@ use http::{Method, Request, Uri};
 use http_body_util::Empty;
 use hyper::client::conn::http2::SendRequest;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use proxynet_protocol::link::{
+use proxynet_wire::link::{
     Outcome, HEADER_CONNECT_BUDGET_MS, HEADER_EGRESS_IP, HEADER_OUTCOME, HEADER_VERSION,
     LINK_V1_HTTP2,
 };
@@ -29,9 +29,9 @@ pub type Http2Sender = SendRequest<Empty<Bytes>>;
 pub(super) async fn start(tls: AgentTls) -> Result<(LinkSender, LinkDriver), String> {
     let (sender, connection) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
         .timer(TokioTimer::new())
-        .initial_stream_window_size(proxynet_protocol::link::H2_STREAM_WINDOW)
-        .initial_connection_window_size(proxynet_protocol::link::H2_CONNECTION_WINDOW)
-        .max_frame_size(proxynet_protocol::link::H2_MAX_FRAME_SIZE)
+        .initial_stream_window_size(proxynet_wire::link::H2_STREAM_WINDOW)
+        .initial_connection_window_size(proxynet_wire::link::H2_CONNECTION_WINDOW)
+        .max_frame_size(proxynet_wire::link::H2_MAX_FRAME_SIZE)
         .keep_alive_interval(Duration::from_secs(10))
         .keep_alive_timeout(Duration::from_secs(5))
         .keep_alive_while_idle(true)
@@ -112,7 +112,7 @@ pub(super) async fn open(
 }
 
 pub(super) async fn probe(mut sender: Http2Sender, timeout: Duration) -> bool {
-    use proxynet_protocol::link::PROBE_PATH;
+    use proxynet_wire::link::PROBE_PATH;
     let Ok(request) = Request::builder()
         .method(Method::GET)
         .uri(format!("http://proxynet{PROBE_PATH}"))

@@ -1,10 +1,10 @@
-//! Link v2, the mux (`protocol/src/mux/`), from the superproxy's side:
+//! Link v2, the mux (`wire/src/mux/`), from the superproxy's side:
 //! starting it on an admitted link, opening a tunnel stream (an OPEN naming
 //! the target, the egress IP, the budget and the stream's window), probing.
 
-use proxynet_protocol::link::{Outcome, StreamRequest};
-use proxynet_protocol::mux::frame::STREAM_WINDOW;
-use proxynet_protocol::mux::{self, MuxConfig, MuxHandle, OpenError, RecvBudget, Role};
+use proxynet_wire::link::{Outcome, StreamRequest};
+use proxynet_wire::mux::frame::STREAM_WINDOW;
+use proxynet_wire::mux::{self, MuxConfig, MuxHandle, OpenError, RecvBudget, Role};
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;

@@ -4,7 +4,7 @@
 //! is dropped, or at once for a refused one. Never a password; the username
 //! is the base user without its grammar.
 
-use proxynet_protocol::splice::End;
+use proxynet_common::splice::End;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Instant;

@@ -3,7 +3,7 @@
 //! takes an allow-listed source address as the login; every failure is
 //! charged to the source address by the login throttle.
 
-use proxynet_protocol::egress::Cidr;
+use proxynet_common::egress::Cidr;
 use std::net::IpAddr;
 use std::sync::Arc;
 

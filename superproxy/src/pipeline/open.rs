@@ -9,7 +9,7 @@
 //! its pinned exit while it is eligible; when it is not, `soft` sessions are
 //! re-pinned to another exit and `hard` ones fail with a coded 502.
 
-use proxynet_protocol::egress::EgressPolicy;
+use proxynet_common::egress::EgressPolicy;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -34,7 +34,7 @@ pub struct Opened {
     pub io: ExitStream,
     pub exit_id: Uuid,
     /// The exit's source type as its record says now (what the bytes bill as).
-    pub source_type: Option<proxynet_protocol::store::SourceType>,
+    pub source_type: Option<proxynet_store::SourceType>,
     pub egress_ip: IpAddr,
     /// Set for sticky sessions.
     pub pin: Option<Pin>,

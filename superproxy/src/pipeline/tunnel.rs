@@ -4,8 +4,8 @@
 //! user's leases, the exit's in-flight count, the revocation registration
 //! and the access-log line. Dropping the tunnel releases them all.
 
-use proxynet_protocol::egress::Cidr;
-use proxynet_protocol::splice::{splice_until, End, SpliceOutcome, TunnelLimits};
+use proxynet_common::egress::Cidr;
+use proxynet_common::splice::{splice_until, End, SpliceOutcome, TunnelLimits};
 use std::sync::Arc;
 use uuid::Uuid;
 
@@ -73,7 +73,7 @@ impl Tunnel {
     /// Splices `client` and the exit until the tunnel ends or is cut.
     pub async fn splice<C>(self, client: C, limits: TunnelLimits) -> SpliceOutcome
     where
-        C: proxynet_protocol::splice::ChunkIo,
+        C: proxynet_common::splice::ChunkIo,
     {
         let Tunnel { io, mut holds, .. } = self;
         let outcome = splice_until(client, io, limits, holds.cut()).await;

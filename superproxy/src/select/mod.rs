@@ -53,11 +53,11 @@ pub use sticky::Sticky;
 use sync::*;
 pub use view::*;
 
-use proxynet_protocol::redis_target::RedisConnection;
-use proxynet_protocol::store::{
+use proxynet_common::tasks::Stop;
+use proxynet_store::redis_target::RedisConnection;
+use proxynet_store::{
     ExitRecord, Keys, ProvenanceBlock, LIVE_AND_DRAINING_SCRIPT, POOL_DELTA_SCRIPT,
 };
-use proxynet_protocol::tasks::Stop;
 use rand::Rng;
 use redis::AsyncCommands;
 use std::collections::{HashMap, HashSet};

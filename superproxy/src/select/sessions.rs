@@ -7,8 +7,8 @@
 //! long the exit stays the same, not an idle timeout). A local copy of recent
 //! pins keeps sessions on their exit while Redis is unreachable.
 
-use proxynet_protocol::redis_target::RedisConnection;
-use proxynet_protocol::store::Keys;
+use proxynet_store::redis_target::RedisConnection;
+use proxynet_store::Keys;
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::Mutex;

@@ -11,7 +11,7 @@
 //! not by the number of tunnels times a read size.
 
 use bytes::{Buf, Bytes};
-use proxynet_protocol::store::{QuotaPeriod, SourceType};
+use proxynet_store::{QuotaPeriod, SourceType};
 use std::io;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
@@ -306,7 +306,7 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Metered<IO> {
     }
 }
 
-impl<IO: proxynet_protocol::splice::ChunkIo> proxynet_protocol::splice::ChunkIo for Metered<IO> {
+impl<IO: proxynet_common::splice::ChunkIo> proxynet_common::splice::ChunkIo for Metered<IO> {
     fn chunked(&self) -> bool {
         self.io.chunked()
     }

@@ -37,9 +37,9 @@ mod spill;
 
 pub use meter::{Budget, Meter, MeterHandle, Metered, QuotaBinding, QuotaOwner};
 
-use proxynet_protocol::redis_target::RedisConnection;
-use proxynet_protocol::store::{Keys, QuotaPeriod, SourceType, TargetRow, UsageBatch, UsageRow};
-use proxynet_protocol::tasks::Stop;
+use proxynet_common::tasks::Stop;
+use proxynet_store::redis_target::RedisConnection;
+use proxynet_store::{Keys, QuotaPeriod, SourceType, TargetRow, UsageBatch, UsageRow};
 use serde::{Deserialize, Serialize};
 use spill::Spill;
 use std::collections::HashMap;

@@ -117,7 +117,7 @@ fn main() {
 async fn serve_targets() {
     let echo = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let bulk = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    proxynet_protocol::ready::announce(&serde_json::json!({
+    proxynet_common::ready::announce(&serde_json::json!({
         "echo": echo.local_addr().unwrap(),
         "bulk": bulk.local_addr().unwrap(),
     }))
@@ -149,7 +149,7 @@ async fn serve_targets() {
     tokio::select! {
         _ = echo_task => {}
         _ = bulk_task => {}
-        () = proxynet_protocol::shutdown::signal() => {}
+        () = proxynet_common::shutdown::signal() => {}
     }
 }
 
@@ -157,7 +157,7 @@ async fn serve_targets() {
 async fn bulk_session(mut s: TcpStream) {
     // The target shares the host's kernel with the proxies: stalled streams
     // queueing megabytes each would measure the host's TCP memory pressure.
-    proxynet_protocol::sockets::bound_unsent(&s);
+    proxynet_common::sockets::bound_unsent(&s);
     let mut head = [0u8; 9];
     if s.read_exact(&mut head).await.is_err() {
         return;

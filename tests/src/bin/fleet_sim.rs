@@ -110,7 +110,7 @@ async fn spawn(
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     let ready = tokio::time::timeout(Duration::from_secs(120), async {
         while let Some(line) = lines.next_line().await.unwrap() {
-            if let Some(v) = proxynet_protocol::ready::parse::<serde_json::Value>(&line) {
+            if let Some(v) = proxynet_common::ready::parse::<serde_json::Value>(&line) {
                 return v;
             }
         }

@@ -28,12 +28,12 @@ async fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    if proxynet_protocol::ready::announce(&serde_json::json!({ "whoami": addr })).is_err() {
+    if proxynet_common::ready::announce(&serde_json::json!({ "whoami": addr })).is_err() {
         return std::process::ExitCode::FAILURE;
     }
     tokio::select! {
         () = proxynet_tests::whoami::serve(listener) => {}
-        () = proxynet_protocol::shutdown::signal() => {}
+        () = proxynet_common::shutdown::signal() => {}
     }
     std::process::ExitCode::SUCCESS
 }

@@ -151,7 +151,7 @@ async fn a_client_that_stops_reading_pins_little_kernel_memory() {
     // acknowledged (the client's own buffer is full, so: not yet sent).
     let queued = tx_queue(stack.proxy_addrs.proxy, stalled.local_addr().unwrap())
         .expect("the superproxy's socket to the client in /proc/net/tcp");
-    let bound = 2 * proxynet_protocol::sockets::UNSENT_LIMIT as usize + 256 * 1024;
+    let bound = 2 * proxynet_common::sockets::UNSENT_LIMIT as usize + 256 * 1024;
     assert!(
         queued <= bound,
         "the superproxy's kernel holds {queued} bytes for a client that stopped reading (bound {bound})"

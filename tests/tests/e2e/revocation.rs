@@ -122,9 +122,9 @@ async fn a_stale_projection_write_does_not_resurrect_a_disabled_user() {
         .unwrap();
     assert!(r.status().is_success());
     // What a resync that read Postgres before the disable would write now.
-    let written: i64 = redis::Script::new(proxynet_protocol::store::PUT_USER_SCRIPT)
+    let written: i64 = redis::Script::new(proxynet_store::PUT_USER_SCRIPT)
         .key(&key)
-        .key(keys.users_in_bucket(proxynet_protocol::store::user_bucket("lazarus")))
+        .key(keys.users_in_bucket(proxynet_store::user_bucket("lazarus")))
         .arg(&enabled)
         .arg(
             serde_json::from_str::<serde_json::Value>(&enabled).unwrap()["version"]

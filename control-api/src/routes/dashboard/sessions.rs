@@ -54,7 +54,7 @@ impl Sessions {
                 }
             }
             m.insert(
-                proxynet_protocol::secret::sha256_hex(&token),
+                proxynet_common::secret::sha256_hex(&token),
                 Session {
                     caller,
                     key_id,
@@ -70,7 +70,7 @@ impl Sessions {
     /// The session's caller, if it is open and its key still valid.
     async fn caller(&self, state: &AppState, headers: &HeaderMap) -> Option<Caller> {
         let token = cookie(headers)?;
-        let digest = proxynet_protocol::secret::sha256_hex(&token);
+        let digest = proxynet_common::secret::sha256_hex(&token);
         let now = Instant::now();
         let (caller, recheck) = {
             let m = self.map.lock().ok()?;
@@ -96,7 +96,7 @@ impl Sessions {
 
     pub(super) fn close(&self, headers: &HeaderMap) {
         if let (Some(token), Ok(mut m)) = (cookie(headers), self.map.lock()) {
-            m.remove(&proxynet_protocol::secret::sha256_hex(&token));
+            m.remove(&proxynet_common::secret::sha256_hex(&token));
         }
     }
 
@@ -217,7 +217,7 @@ mod tests {
             .collect();
         let map = sessions.map.lock().unwrap();
         assert_eq!(map.len(), MAX_SESSIONS_PER_KEY);
-        let digest = |t: &String| proxynet_protocol::secret::sha256_hex(t);
+        let digest = |t: &String| proxynet_common::secret::sha256_hex(t);
         assert!(!map.contains_key(&digest(&tokens[0])), "the oldest went");
         assert!(map.contains_key(&digest(&tokens[MAX_SESSIONS_PER_KEY])));
         drop(map);

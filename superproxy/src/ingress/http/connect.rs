@@ -8,7 +8,7 @@
 use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
-use proxynet_protocol::splice::Plain;
+use proxynet_common::splice::Plain;
 use std::sync::Arc;
 
 use super::head_guard::TunnelSwitch;
@@ -17,7 +17,7 @@ use crate::accept::ConnectionTicket;
 use crate::error::{ErrorKind, ProxyError};
 use crate::pipeline::Pipeline;
 use crate::request::{Ingress, TargetSpec};
-use proxynet_protocol::splice::TunnelLimits;
+use proxynet_common::splice::TunnelLimits;
 
 pub async fn connect(
     pipeline: Arc<Pipeline>,

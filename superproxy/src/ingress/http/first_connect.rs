@@ -15,8 +15,8 @@
 //! body ([`ProxyError::to_response`]).
 
 use http::{header, HeaderValue};
-use proxynet_protocol::secret::Secret;
-use proxynet_protocol::splice::Plain;
+use proxynet_common::secret::Secret;
+use proxynet_common::splice::Plain;
 use std::io;
 use std::sync::Arc;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};

@@ -149,7 +149,7 @@ pub async fn forward(
             () = holds.cut() => true,
         };
         if cut {
-            holds.ended(proxynet_protocol::splice::End::Cut);
+            holds.ended(proxynet_common::splice::End::Cut);
         }
     });
     let response = sender.send_request(upstream).await.map_err(|e| {

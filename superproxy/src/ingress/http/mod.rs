@@ -21,7 +21,7 @@ use http::{header, Method, Request, Response};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use proxynet_protocol::secret::Secret;
+use proxynet_common::secret::Secret;
 use std::convert::Infallible;
 use std::sync::Arc;
 
@@ -32,7 +32,7 @@ use crate::ingress::IngressLimits;
 use crate::pipeline::Pipeline;
 use crate::request::Credentials;
 use head_guard::{HeadGuard, HeadLimits, TunnelSwitch};
-use proxynet_protocol::splice::TunnelLimits;
+use proxynet_common::splice::TunnelLimits;
 use response::{error_response, ProxyBody};
 
 /// Largest request head accepted (431 beyond), and largest response head

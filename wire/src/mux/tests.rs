@@ -204,7 +204,7 @@ async fn a_stream_sending_beyond_its_credit_ends_the_link() {
 
 #[tokio::test]
 async fn a_spliced_stream_trades_buffers_both_ways_with_half_close() {
-    use crate::splice::{splice, End, TunnelLimits};
+    use proxynet_common::splice::{splice, End, TunnelLimits};
     let (client, server) = pair();
     // The acceptor splices its stream with a plain pipe, as an agent does
     // with its target: the mux side trades buffers, the pipe side copies.
@@ -356,8 +356,8 @@ async fn the_side_told_goaway_answers_so_both_close_cleanly() {
 
 #[tokio::test]
 async fn received_payloads_own_exactly_their_memory() {
-    use crate::splice::ChunkIo;
     use frame::{Frame, Kind};
+    use proxynet_common::splice::ChunkIo;
     use std::future::poll_fn;
     let (a, mut b) = tokio::io::duplex(4 << 20);
     let (server, conn) = start(a, Role::Server, MuxConfig::default());

@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
 
-use crate::store::SuperproxyRecord;
+use proxynet_store::SuperproxyRecord;
 
 /// Most admin addresses one agent may report (more are ignored).
 pub const MAX_ADMIN_ADDRS: usize = 16;

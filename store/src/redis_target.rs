@@ -16,8 +16,8 @@ use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisFuture, Value};
 
-use crate::secret::Secret;
-use crate::store::{redact_url, StoreUnavailable};
+use crate::{redact_url, StoreUnavailable};
+use proxynet_common::secret::Secret;
 
 /// How long a connection attempt or a reply may take before the call fails
 /// (and the caller degrades) instead of hanging a request.

@@ -15,6 +15,8 @@
 //! Liveness uses sorted sets scored by expiry time taken from Redis' own clock
 //! (`TIME` inside a script), so hosts with skewed clocks agree on who is alive.
 
+pub mod redis_target;
+
 use serde::{Deserialize, Serialize};
 use std::net::{IpAddr, SocketAddr};
 use uuid::Uuid;

@@ -14,7 +14,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use super::connection::Shared;
 use super::frame::{Frame, Kind, FLAG_FIN, MAX_DATA_PAYLOAD};
 use super::recv_queue::RecvQueue;
-use crate::splice::ChunkIo;
+use proxynet_common::splice::ChunkIo;
 
 pub struct MuxStream {
     shared: Arc<Shared>,

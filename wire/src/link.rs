@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use uuid::Uuid;
 
-use crate::secret::Secret;
+use proxynet_common::secret::Secret;
 
 /// Version of the hello frames themselves; never changes (new fields are
 /// optional), so peers of any link version can always read each other's

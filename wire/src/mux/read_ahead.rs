@@ -11,7 +11,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use crate::buffers::{self, Class};
+use proxynet_common::buffers::{self, Class};
 
 pub struct ReadAhead<T> {
     inner: T,

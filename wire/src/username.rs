@@ -22,7 +22,7 @@
 //! the control-api checks stored allow-list options with [`parse_options`]
 //! and new base usernames with [`is_base_username`].
 
-use crate::store::{Channel, SourceType};
+use proxynet_store::{Channel, SourceType};
 use std::fmt;
 use std::time::Duration;
 use uuid::Uuid;
