@@ -22,6 +22,9 @@ mod sessions;
 mod usage;
 pub(crate) mod users;
 
+#[cfg(test)]
+mod tests;
+
 /// Every operation the control API serves, with what its document says.
 pub(crate) fn operations() -> Vec<Op> {
     vec![

@@ -139,3 +139,204 @@ pub fn matches(record: &ExitRecord, targeting: &Targeting) -> bool {
             .as_ref()
             .is_none_or(|types| types.contains(&record.source_type))
 }
+
+#[cfg(test)]
+mod tests {
+    //! Selection over hand-built views: no Redis, no agents, no sockets
+    //! beyond an in-memory pipe under the one link every candidate carries.
+
+    use super::*;
+    use crate::health::HealthConfig;
+    use crate::link::registry::{Link, LinkSender, MuxLink};
+    use proxynet_store::{Channel, SourceType};
+    use proxynet_wire::mux;
+    use std::time::Duration;
+
+    fn link() -> Link {
+        // Selection never touches the link; any live one will do.
+        let (client, _server) = tokio::io::duplex(1 << 12);
+        let (handle, conn) = mux::start(client, mux::Role::Client, mux::MuxConfig::default());
+        tokio::spawn(conn);
+        Link {
+            id: 1,
+            exit_id: Uuid::nil(),
+            peer: "127.0.0.1:1".parse().unwrap(),
+            sender: LinkSender::Mux(MuxLink {
+                handle,
+                open_window: true,
+            }),
+        }
+    }
+
+    fn exit(country: &str, source_type: SourceType, channel: Option<Channel>) -> ExitRecord {
+        ExitRecord {
+            id: Uuid::new_v4(),
+            name: format!("{country}-{}", source_type.as_str()),
+            egress_ips: vec!["203.0.113.1".parse().unwrap()],
+            source_type,
+            country: country.into(),
+            owner: "test".into(),
+            city: None,
+            asn: None,
+            draining: false,
+            disabled: false,
+            credential_sha256: String::new(),
+            version: 0,
+            channel,
+            blocked: None,
+            consent_expires_at_ms: None,
+        }
+    }
+
+    fn view(records: Vec<ExitRecord>) -> PoolView {
+        let link = link();
+        let eligible: Vec<Candidate> = records
+            .into_iter()
+            .map(|record| Candidate {
+                record: Arc::new(record),
+                link: link.clone(),
+            })
+            .collect();
+        let index = eligible
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (c.record.id, i))
+            .collect();
+        PoolView {
+            live: eligible.len(),
+            eligible,
+            index,
+            ..PoolView::default()
+        }
+    }
+
+    fn health() -> HealthBook {
+        HealthBook::new(HealthConfig {
+            probe_interval: Duration::from_secs(2),
+            probe_timeout: Duration::from_secs(1),
+            healthy_threshold: 2,
+            unhealthy_threshold: 3,
+            eject_after: 5,
+            eject_base: Duration::from_secs(5),
+            eject_max: Duration::from_secs(300),
+            max_ejected_percent: 50,
+            panic_threshold_percent: 30,
+            capacity: 2,
+        })
+    }
+
+    #[tokio::test]
+    async fn a_pick_matches_the_targeting_and_skips_what_was_tried() {
+        let pool = view(vec![
+            exit("DE", SourceType::Dc, None),
+            exit("US", SourceType::Res, None),
+            exit("DE", SourceType::Res, None),
+        ]);
+        let health = health();
+        let german_res = Targeting {
+            country: Some("DE".into()),
+            source_type: Some(SourceType::Res),
+            ..Targeting::default()
+        };
+        for _ in 0..50 {
+            let picked = choose(&pool, &health, &[], &german_res).unwrap();
+            assert_eq!(picked.record.country, "DE");
+            assert_eq!(picked.record.source_type, SourceType::Res);
+        }
+        let only = pool.eligible[2].record.id;
+        assert!(choose(&pool, &health, &[only], &german_res).is_none());
+        // Rotating: the three exits, each tried once, then none.
+        let mut tried = Vec::new();
+        while let Some(c) = choose(&pool, &health, &tried, &Targeting::default()) {
+            assert!(!tried.contains(&c.record.id));
+            tried.push(c.record.id);
+        }
+        assert_eq!(tried.len(), 3);
+    }
+
+    #[tokio::test]
+    async fn the_accounts_bounds_keep_exits_out_even_when_the_username_asks_nothing() {
+        let pool = view(vec![
+            exit("DE", SourceType::Dc, Some(Channel::Owned)),
+            exit("US", SourceType::Res, Some(Channel::Sdk)),
+        ]);
+        let health = health();
+        let bounded = Targeting {
+            allowed_types: Some(vec![SourceType::Dc]),
+            allowed_channels: Some(vec![Channel::Owned]),
+            plan_types: Some(vec![SourceType::Dc, SourceType::Res]),
+            ..Targeting::default()
+        };
+        for _ in 0..50 {
+            let picked = choose(&pool, &health, &[], &bounded).unwrap();
+            assert_eq!(picked.record.source_type, SourceType::Dc);
+        }
+        // A plan that prices nothing these exits are: no exit at all.
+        let unpriced = Targeting {
+            plan_types: Some(vec![SourceType::Mobile]),
+            ..Targeting::default()
+        };
+        assert!(choose(&pool, &health, &[], &unpriced).is_none());
+        // An exit without a channel never satisfies a channel bound.
+        let mut unlabelled = exit("DE", SourceType::Dc, None);
+        unlabelled.channel = None;
+        assert!(!matches(&unlabelled, &bounded));
+    }
+
+    #[tokio::test]
+    async fn a_named_exit_is_that_exit_or_none_and_a_full_exit_is_passed_over() {
+        let pool = view(vec![
+            exit("DE", SourceType::Dc, None),
+            exit("DE", SourceType::Dc, None),
+        ]);
+        let health = health();
+        let (a, b) = (pool.eligible[0].record.id, pool.eligible[1].record.id);
+        let named = Targeting {
+            exit: Some(a),
+            ..Targeting::default()
+        };
+        assert_eq!(choose(&pool, &health, &[], &named).unwrap().record.id, a);
+        assert!(choose(&pool, &health, &[a], &named).is_none());
+        // At its capacity (2 here) an exit takes no more tunnels.
+        let _held = (health.start_tunnel(a), health.start_tunnel(a));
+        for _ in 0..50 {
+            let picked = choose(&pool, &health, &[], &Targeting::default()).unwrap();
+            assert_eq!(picked.record.id, b);
+        }
+        assert!(choose(&pool, &health, &[], &named).is_none());
+    }
+
+    #[tokio::test]
+    async fn the_egress_ip_is_of_the_targets_family_and_a_session_keeps_its_own() {
+        let mut dual = exit("DE", SourceType::Dc, None);
+        dual.egress_ips = vec![
+            "203.0.113.1".parse().unwrap(),
+            "203.0.113.2".parse().unwrap(),
+            "2001:db8::1".parse().unwrap(),
+        ];
+        let v4_only = exit("DE", SourceType::Dc, None);
+        let pool = view(vec![dual, v4_only]);
+        let (dual, v4_only) = (&pool.eligible[0], &pool.eligible[1]);
+        let v6_target = crate::target::Target::parse_authority("[2001:db8::99]:443").unwrap();
+        let named = crate::target::Target::parse_authority("example.com:443").unwrap();
+        let ip = |c, t, p| crate::select::egress_ip_for(c, t, p);
+        assert_eq!(
+            ip(dual, &v6_target, None),
+            Some("2001:db8::1".parse().unwrap())
+        );
+        // Names leave from IPv4 when the exit has it (the agent dials that family).
+        for _ in 0..20 {
+            assert!(ip(dual, &named, None).unwrap().is_ipv4());
+        }
+        let pinned: std::net::IpAddr = "203.0.113.2".parse().unwrap();
+        for _ in 0..20 {
+            assert_eq!(ip(dual, &named, Some(pinned)), Some(pinned));
+        }
+        // A pinned IP of the wrong family gives way; no IP of the family, none.
+        assert_eq!(
+            ip(dual, &v6_target, Some(pinned)),
+            Some("2001:db8::1".parse().unwrap())
+        );
+        assert_eq!(ip(v4_only, &v6_target, None), None);
+    }
+}
