@@ -235,3 +235,15 @@ pub async fn open_echo_tunnel(proxy: SocketAddr, user: &str, echo: SocketAddr) -
         .expect("tunnel works");
     s
 }
+
+/// A gateway refusal as the error catalogue promises it: `status`, a
+/// `Proxy-Status` naming `token`, and a one-line body.
+pub fn assert_gateway_error(r: &RawResponse, status: u16, token: &str) {
+    assert_eq!(r.status, status, "{r:?}");
+    let proxy_status = r.header("proxy-status").unwrap_or_default();
+    assert!(
+        proxy_status.starts_with("proxynet; error=") && proxy_status.contains(token),
+        "Proxy-Status {proxy_status:?} in {r:?}"
+    );
+    assert!(!r.body.trim().is_empty(), "a one-line body: {r:?}");
+}

@@ -2,6 +2,7 @@
 //! exit is dialled, and the stack's own services are prohibited by name and
 //! by every embedded spelling of their addresses.
 
+use proxynet_tests::client::assert_gateway_error;
 use proxynet_tests::client::{curl, raw_request, socks5};
 use proxynet_tests::process::eventually;
 use proxynet_tests::stack::{redis_service_addr, Stack, StackOptions, PASSWORD, USERNAME};
@@ -13,17 +14,7 @@ fn basic_auth() -> String {
     base64::engine::general_purpose::STANDARD.encode(format!("{USERNAME}:{PASSWORD}"))
 }
 
-fn assert_gateway_error(r: &proxynet_tests::client::RawResponse, status: u16, token: &str) {
-    assert_eq!(r.status, status, "{r:?}");
-    let proxy_status = r.header("proxy-status").unwrap_or_default();
-    assert!(
-        proxy_status.starts_with("proxynet; error=") && proxy_status.contains(token),
-        "Proxy-Status {proxy_status:?} in {r:?}"
-    );
-    assert!(!r.body.trim().is_empty(), "a one-line body: {r:?}");
-}
-
-/// an invalid port is a 400 on every ingress, never a default.
+/// An invalid port is a 400 on every ingress, never a default.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn invalid_ports_are_refused_and_nothing_is_dialled() {
     let stack = Stack::start().await;

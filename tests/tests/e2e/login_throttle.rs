@@ -14,7 +14,7 @@ fn basic(user: &str, password: &str) -> String {
     base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"))
 }
 
-/// argon2 verifications the superproxy has started (its metrics).
+/// Argon2 verifications the superproxy has started (its metrics).
 async fn verifications_started(stack: &Stack) -> f64 {
     let text = scrape(&stack.http, stack.proxy_addrs.admin).await;
     sample(&text, "proxynet_auth_verifications_total", &[])

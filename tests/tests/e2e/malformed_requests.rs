@@ -1,22 +1,13 @@
 //! Bad input gets a clear error: requests hyper refuses still carry
 //! `Proxy-Status`, and the API's rejections are problem details.
 
+use proxynet_tests::client::assert_gateway_error;
 use proxynet_tests::client::raw_request;
 use proxynet_tests::stack::{Stack, StackOptions, ADMIN_TOKEN};
 use serde_json::json;
 use std::time::Duration;
 
-fn assert_gateway_error(r: &proxynet_tests::client::RawResponse, status: u16, token: &str) {
-    assert_eq!(r.status, status, "{r:?}");
-    let proxy_status = r.header("proxy-status").unwrap_or_default();
-    assert!(
-        proxy_status.starts_with("proxynet; error=") && proxy_status.contains(token),
-        "Proxy-Status {proxy_status:?} in {r:?}"
-    );
-    assert!(!r.body.trim().is_empty(), "a one-line body: {r:?}");
-}
-
-/// what hyper itself would refuse gets our 400 with `Proxy-Status`.
+/// What hyper itself would refuse gets our 400 with `Proxy-Status`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_hyper_refuses_carry_proxy_status() {
     let stack = Stack::start().await;

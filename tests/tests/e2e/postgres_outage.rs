@@ -5,7 +5,7 @@ use proxynet_tests::process::eventually;
 use proxynet_tests::stack::{Stack, StackOptions};
 use std::time::{Duration, Instant};
 
-/// a Postgres outage never empties the pool. With the demo's
+/// A Postgres outage never empties the pool. With the demo's
 /// heartbeat timing (1 s interval, 4 s TTL) and the database blackholed for
 /// 60 s, both exits stay eligible at every sample and every tunnel works.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
