@@ -151,13 +151,8 @@ fn schemas() -> Value {
     })
 }
 
-/// The document, rendered once from the operations table.
-pub(crate) fn document() -> Value {
-    static DOCUMENT: std::sync::OnceLock<Value> = std::sync::OnceLock::new();
-    DOCUMENT.get_or_init(render).clone()
-}
-
-fn render() -> Value {
+/// The document of `operations` (the router's own table).
+pub(crate) fn document(operations: Vec<Op>) -> Value {
     let mut paths: Map<String, Value> = Map::new();
     for Op {
         method,
@@ -167,7 +162,7 @@ fn render() -> Value {
         body,
         status,
         ..
-    } in crate::routes::operations()
+    } in operations
     {
         let mut op = json!({
             "summary": summary,

@@ -87,8 +87,14 @@ pub(crate) fn operations() -> Vec<Op> {
     ]
 }
 
+/// `/openapi.json`, rendered once from [`operations`].
 async fn openapi_json() -> axum::Json<serde_json::Value> {
-    axum::Json(crate::openapi::document())
+    static DOCUMENT: std::sync::OnceLock<serde_json::Value> = std::sync::OnceLock::new();
+    axum::Json(
+        DOCUMENT
+            .get_or_init(|| crate::openapi::document(operations()))
+            .clone(),
+    )
 }
 
 pub(crate) fn router(state: AppState) -> Router {

@@ -8,7 +8,6 @@
 //! target may have been reached (never retried) or certainly was not (retried
 //! on another exit).
 
-use proxynet_wire::link::Outcome;
 use std::net::IpAddr;
 use std::time::Duration;
 
@@ -30,22 +29,6 @@ pub async fn open_tunnel(
             v1_http2::open(sender.clone(), target, egress_ip, budget).await
         }
         LinkSender::Mux(link) => v2_mux::open(link, target, egress_ip, budget).await,
-    }
-}
-
-/// What the client is told an outcome means.
-pub(super) fn outcome_detail(outcome: Outcome) -> &'static str {
-    match outcome {
-        Outcome::Connected => "connected",
-        Outcome::Refused => "target refused the connection",
-        Outcome::TimedOut => "target did not answer in time",
-        Outcome::Unreachable => "target network or host unreachable from the exit",
-        Outcome::DnsError => "target name did not resolve",
-        Outcome::PolicyDenied => "target address is not allowed by the egress policy",
-        Outcome::EgressUnavailable => "exit cannot use the requested egress address",
-        Outcome::Draining => "exit is draining",
-        Outcome::Capacity => "exit is at capacity",
-        Outcome::BadRequest => "exit did not understand the tunnel request",
     }
 }
 

@@ -18,14 +18,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
 
 use super::registry::{LinkRegistry, LinkSender};
+use super::version::AgentTls;
 use super::{v1_http2, v2_mux};
-
-/// An agent's link once TLS is up, before the version's framing starts.
-pub(super) type AgentTls = tokio_rustls::server::TlsStream<ReadAhead<TcpStream>>;
-
-/// Drives a started link until it ends; the error text when it failed.
-pub(super) type LinkDriver =
-    std::pin::Pin<Box<dyn std::future::Future<Output = Option<String>> + Send>>;
 
 /// Time an agent has for TLS plus its hello.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);

@@ -15,6 +15,7 @@ pub mod stream;
 pub mod tls;
 pub mod v1_http2;
 pub mod v2_mux;
+mod version;
 
 /// ALPN protocol id of the link. It names the hello exchange, which every
 /// link version shares; the link version itself is agreed in the hello.

@@ -15,9 +15,9 @@ use proxynet_wire::link::{
 use std::net::IpAddr;
 use std::time::Duration;
 
-use super::listener::{AgentTls, LinkDriver};
 use super::registry::LinkSender;
 use super::stream::ExitStream;
+use super::version::{outcome_detail, AgentTls, LinkDriver};
 use crate::error::{ErrorKind, ProxyError};
 use crate::target::Target;
 
@@ -102,7 +102,7 @@ pub(super) async fn open(
             }),
         Some(outcome) => Err(ProxyError::new(
             ErrorKind::from_outcome(outcome),
-            super::dial::outcome_detail(outcome),
+            outcome_detail(outcome),
         )),
         None => Err(ProxyError::new(
             ErrorKind::ExitLinkLost,

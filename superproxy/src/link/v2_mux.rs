@@ -9,9 +9,9 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::listener::{AgentTls, LinkDriver};
 use super::registry::LinkSender;
 use super::stream::ExitStream;
+use super::version::{outcome_detail, AgentTls, LinkDriver};
 use crate::error::{ErrorKind, ProxyError};
 use crate::target::Target;
 
@@ -109,7 +109,7 @@ pub(super) async fn open(
         Some(Outcome::Connected) => Ok(ExitStream::Mux(stream)),
         Some(outcome) => Err(ProxyError::new(
             ErrorKind::from_outcome(outcome),
-            super::dial::outcome_detail(outcome),
+            outcome_detail(outcome),
         )),
         None => Err(ProxyError::new(
             ErrorKind::ExitLinkLost,
