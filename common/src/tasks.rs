@@ -3,9 +3,11 @@
 //! in one [`Tasks`] list, fires one stop signal and waits for them under a
 //! bounded drain.
 //!
-//! A loop sees the signal at its own waiting point (its next tick, its
-//! next message), so work it is in the middle of — a usage flush, a Redis
-//! write — finishes. A loop still running at the deadline (a request stuck
+//! A ticking loop sees the signal at its own waiting point (its next tick),
+//! so work it is in the middle of — a usage flush, a Redis write — finishes.
+//! A loop that follows a stream (change events, the usage ledger) stops at
+//! its next await instead, which is safe where each entry is idempotent (the
+//! ledger counts a batch id once; an unacknowledged entry is read again). A loop still running at the deadline (a request stuck
 //! past its own timeout) is the one case left for cancelling from outside:
 //! logged as a fault, and cancelled so that, say, a withdrawn superproxy
 //! cannot announce itself again after its withdrawal.

@@ -75,6 +75,12 @@ impl Op {
         self.status = status;
         self
     }
+
+    /// Who the document says may call it.
+    #[cfg(test)]
+    pub(crate) fn auth(&self) -> Auth {
+        self.auth
+    }
 }
 
 fn schemas() -> Value {
@@ -108,12 +114,12 @@ fn schemas() -> Value {
                 "password": {"type": "string", "minLength": 8, "maxLength": 255},
                 "limits": {"$ref": "#/components/schemas/Limits"},
                 "allowed_source_cidrs": {"type": "array", "items": {"type": "string"}, "maxItems": 256},
-                "allowlist_options": {"type": "string", "pattern": "^[A-Za-z0-9-]{0,200}$"}}},
+                "allowlist_options": {"type": "string", "pattern": "^[A-Za-z0-9_-]{0,200}$"}}},
         "UpdateUser": {"type": "object", "additionalProperties": false,
             "properties": {"enabled": {"type": "boolean"}, "password": {"type": "string", "minLength": 8, "maxLength": 255},
                 "limits": {"$ref": "#/components/schemas/Limits"},
                 "allowed_source_cidrs": {"type": "array", "items": {"type": "string"}, "maxItems": 256},
-                "allowlist_options": {"type": "string", "pattern": "^[A-Za-z0-9-]{0,200}$"}}},
+                "allowlist_options": {"type": "string", "pattern": "^[A-Za-z0-9_-]{0,200}$"}}},
         "CreateKey": {"type": "object", "additionalProperties": false, "properties": {"name": {"type": "string", "maxLength": 200}}},
         "SetPlan": {"type": "object", "additionalProperties": false, "required": ["plan_id"], "properties": {"plan_id": {"type": "string", "format": "uuid"}}},
         "CreatePlan": {"type": "object", "additionalProperties": false, "required": ["name", "prices"],

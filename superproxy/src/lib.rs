@@ -448,10 +448,12 @@ impl Superproxy {
             gate.cut_all();
             let _ = gate.wait_idle(Duration::from_secs(5)).await;
         }
-        background.stop(TASK_STOP).await;
-        // Every tunnel has ended: its bytes reach the ledger (or the spill file).
+        // Every tunnel has ended: its bytes reach the ledger (or the spill
+        // file) first, while the shutdown budget is still whole; the other
+        // loops meter nothing any more.
         flusher.stop(TASK_STOP).await;
         parts.usage.flush_for_shutdown().await;
+        background.stop(TASK_STOP).await;
         tracing::info!("stopped");
     }
 }

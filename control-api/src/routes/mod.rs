@@ -102,7 +102,7 @@ pub(crate) fn router(state: AppState) -> Router {
     for op in operations() {
         // The dashboard's pages carry its security headers (CSP, no framing,
         // no caching); the JSON API sets its own.
-        if op.path.starts_with("/dashboard") {
+        if op.path == "/dashboard" || op.path.starts_with("/dashboard/") {
             pages = pages.route(op.path, op.handler);
         } else {
             api = api.route(op.path, op.handler);

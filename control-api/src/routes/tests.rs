@@ -223,3 +223,44 @@ async fn the_document_lists_every_operation_the_table_routes() {
         .sum();
     assert_eq!(documented, operations.len());
 }
+
+#[tokio::test]
+async fn every_protected_operation_refuses_a_caller_without_credentials_and_operator_ones_an_account_key(
+) {
+    let app = app().await;
+    let (account_id, key) = account(&app, "a").await;
+    let concrete = |path: &str| {
+        path.split('/')
+            .map(|seg| match seg {
+                "{id}" => account_id.to_string(),
+                s if s.starts_with('{') => "x".to_owned(),
+                s => s.to_owned(),
+            })
+            .collect::<Vec<_>>()
+            .join("/")
+    };
+    let mut checked = 0;
+    for op in crate::routes::operations() {
+        if matches!(op.auth(), crate::openapi::Auth::None) {
+            continue;
+        }
+        let method = Method::from_bytes(op.method.to_uppercase().as_bytes()).unwrap();
+        let uri = concrete(op.path);
+        let body = (method != Method::GET && method != Method::DELETE).then_some("{}");
+        let (status, _, problem) = call(&app, method.clone(), &uri, None, body).await;
+        assert_eq!(
+            status,
+            StatusCode::UNAUTHORIZED,
+            "{method} {uri} without credentials: {problem}"
+        );
+        if matches!(op.auth(), crate::openapi::Auth::Operator) {
+            let (status, _, problem) = call(&app, method.clone(), &uri, Some(&key), body).await;
+            assert!(
+                matches!(status, StatusCode::FORBIDDEN | StatusCode::NOT_FOUND),
+                "{method} {uri} with an account key: {status} {problem}"
+            );
+        }
+        checked += 1;
+    }
+    assert!(checked > 40, "only {checked} protected operations");
+}

@@ -57,13 +57,17 @@ impl<'a> Candidates<'a> {
     }
 
     /// `exit` in place of the last candidate drawn, `drawn`, when it is
-    /// eligible: another superproxy re-pinned the session first, and the
-    /// pin it wrote wins.
+    /// eligible, matches this request's targeting and was not tried: another
+    /// superproxy re-pinned the session first, and the pin it wrote wins.
     pub fn follow(&mut self, exit: Uuid, drawn: Candidate) -> Candidate {
         if exit == drawn.record.id {
             return drawn;
         }
-        match self.pool.eligible(&exit) {
+        let usable = self
+            .pool
+            .eligible(&exit)
+            .filter(|c| matches(&c.record, self.targeting) && !self.tried.contains(&exit));
+        match usable {
             Some(pinned) => {
                 if let Some(last) = self.tried.last_mut() {
                     *last = exit;
