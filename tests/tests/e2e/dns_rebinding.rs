@@ -14,8 +14,16 @@ use tokio::net::TcpListener;
 async fn a_rebinding_name_never_reaches_its_second_answer() {
     // The allowed target, and a denied one on the same port that counts
     // every connection that reaches it.
-    let allowed = TcpListener::bind("127.0.0.5:0").await.unwrap();
-    let port = allowed.local_addr().unwrap().port();
+    // The agent protects the stack's own services on every loopback address
+    // (`localhost:<port>` is `127.0.0.1:<port>`), so the port is also held on
+    // 127.0.0.1 for the whole test: no service of the stack can land on it.
+    let (allowed, port, _held) = loop {
+        let allowed = TcpListener::bind("127.0.0.5:0").await.unwrap();
+        let port = allowed.local_addr().unwrap().port();
+        if let Ok(held) = TcpListener::bind(("127.0.0.1", port)).await {
+            break (allowed, port, held);
+        }
+    };
     let denied = TcpListener::bind(("127.0.0.66", port)).await.unwrap();
     tokio::spawn(async move {
         while let Ok((s, _)) = allowed.accept().await {
