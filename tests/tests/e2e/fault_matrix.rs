@@ -80,9 +80,13 @@ async fn keep_tunnelling(
 }
 
 async fn readyz(stack: &Stack, admin: SocketAddr) -> (u16, String) {
+    // A fresh connection each time: the admin listener closes a kept-alive
+    // one idle for its 5 s header timeout, the same 5 s the loops sleep, and
+    // a reused one can be closed under the request.
     let r = stack
         .http
         .get(format!("http://{admin}/readyz"))
+        .header("connection", "close")
         .send()
         .await
         .unwrap();
