@@ -41,15 +41,6 @@ impl Tasks {
         self.running.push((name, handle));
     }
 
-    /// How many loops were started.
-    pub fn len(&self) -> usize {
-        self.running.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.running.is_empty()
-    }
-
     /// Fires the stop signal and waits for every loop, at most `deadline` in
     /// all. True when every one returned; the ones still running are named in
     /// the log and cancelled.
@@ -79,20 +70,6 @@ impl Tasks {
     }
 }
 
-/// Runs `tick` every `period` (missed ticks delayed, not bunched) until
-/// `stop` fires; a tick in progress finishes first.
-pub async fn every<F, Fut>(period: Duration, stop: Stop, mut tick: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = ()>,
-{
-    let mut interval = tokio::time::interval(period);
-    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    while stop.run_until_cancelled(interval.tick()).await.is_some() {
-        tick().await;
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -106,16 +83,14 @@ mod tests {
         let mut tasks = Tasks::new();
         let (t, f) = (ticks.clone(), finished.clone());
         tasks.spawn("slow ticker", move |stop| async move {
-            every(Duration::from_secs(1), stop, || {
-                let (t, f) = (t.clone(), f.clone());
-                async move {
-                    t.fetch_add(1, Ordering::SeqCst);
-                    // Work that takes a while: a stop arriving now waits for it.
-                    tokio::time::sleep(Duration::from_millis(500)).await;
-                    f.fetch_add(1, Ordering::SeqCst);
-                }
-            })
-            .await
+            // The shape every ticking loop of the binaries has.
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            while stop.run_until_cancelled(tick.tick()).await.is_some() {
+                t.fetch_add(1, Ordering::SeqCst);
+                // Work that takes a while: a stop arriving now waits for it.
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                f.fetch_add(1, Ordering::SeqCst);
+            }
         });
         tasks.spawn("waiter", |stop| async move { stop.cancelled().await });
         tokio::time::sleep(Duration::from_millis(2_200)).await;
@@ -131,7 +106,6 @@ mod tests {
     async fn a_loop_that_ignores_the_signal_is_reported_at_the_deadline() {
         let mut tasks = Tasks::new();
         tasks.spawn("deaf", |_stop| std::future::pending());
-        assert_eq!(tasks.len(), 1);
         assert!(!tasks.stop(Duration::from_secs(1)).await);
     }
 }

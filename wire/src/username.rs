@@ -352,6 +352,15 @@ mod tests {
     use super::*;
 
     #[test]
+    fn username_rules() {
+        assert!(is_base_username("alice.b_2"));
+        assert!(!is_base_username("alice-session-1"));
+        assert!(!is_base_username(""));
+        assert!(!is_base_username(&"a".repeat(65)));
+        assert!(!is_base_username("a:b"));
+    }
+
+    #[test]
     fn stored_options_parse_as_the_login_parses_them() {
         let parsed = parse_options("alice", "country-de-type-dc").unwrap();
         assert_eq!(parsed.user, "alice");

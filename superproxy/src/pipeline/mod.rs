@@ -161,9 +161,15 @@ impl Pipeline {
                 _in_flight: opened.in_flight,
                 _registration: registration,
                 ticket: ticket.clone(),
-                open_tunnels: self.open_tunnels.clone(),
             },
         })
+    }
+
+    /// Registers the client connection itself under `holds`' user, for as
+    /// long as the returned registration is kept: a kept-alive absolute-form
+    /// connection is cut on revocation even between requests.
+    pub fn register_connection(&self, holds: &Holds) -> crate::open_tunnels::Registration {
+        holds.register_connection(&self.open_tunnels)
     }
 
     /// Authenticates and authorizes the client. A success frees the

@@ -40,15 +40,13 @@ pub struct Holds {
     pub(super) _in_flight: InFlight,
     pub(super) _registration: Registration,
     pub(super) ticket: ConnectionTicket,
-    pub(super) open_tunnels: Arc<OpenTunnels>,
 }
 
 impl Holds {
-    /// Registers the client connection itself under this tunnel's user, for
-    /// as long as the returned registration is kept: a kept-alive
-    /// absolute-form connection is cut on revocation even between requests.
-    pub fn register_connection(&self) -> Registration {
-        self.open_tunnels.register(
+    /// Registers the client connection itself under this tunnel's user in
+    /// `open_tunnels`, for as long as the returned registration is kept.
+    pub(super) fn register_connection(&self, open_tunnels: &Arc<OpenTunnels>) -> Registration {
+        open_tunnels.register(
             self.log.user_id,
             &self.log.username,
             self.credential_digest,

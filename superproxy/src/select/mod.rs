@@ -61,7 +61,6 @@ use proxynet_store::{
 use rand::Rng;
 use redis::AsyncCommands;
 use std::collections::{HashMap, HashSet};
-use std::net::IpAddr;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 use uuid::Uuid;

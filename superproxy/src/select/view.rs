@@ -10,17 +10,6 @@ pub struct Candidate {
     pub link: Link,
 }
 
-impl Candidate {
-    /// One of the exit's egress IPs, chosen at random.
-    pub fn egress_ip(&self) -> Option<IpAddr> {
-        let ips = &self.record.egress_ips;
-        if ips.is_empty() {
-            return None;
-        }
-        Some(ips[rand::thread_rng().gen_range(0..ips.len())])
-    }
-}
-
 #[derive(Default)]
 pub struct PoolView {
     pub eligible: Vec<Candidate>,

@@ -124,7 +124,7 @@ pub async fn forward(
     tunnel_headers(&mut tunnel_info, &tunnel);
     let mut holds = tunnel.holds;
     if let Ok(mut current) = identity.lock() {
-        *current = Some(holds.register_connection());
+        *current = Some(pipeline.register_connection(&holds));
     }
     let meter = tunnel.io.meter();
     let (mut sender, connection) = hyper::client::conn::http1::Builder::new()
