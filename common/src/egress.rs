@@ -62,6 +62,31 @@ impl Cidr {
         self.addr
     }
 
+    /// The number of host bits (what the prefix leaves free).
+    pub fn host_bits(&self) -> u32 {
+        let width = if self.addr.is_ipv4() { 32 } else { 128 };
+        width - u32::from(self.prefix.min(width as u8))
+    }
+
+    /// The network with its host bits cleared: `fd0c::5/64` is `fd0c::/64`,
+    /// so two spellings of one network compare and print alike.
+    pub fn masked(&self) -> Cidr {
+        let addr = match self.addr {
+            IpAddr::V4(v4) => {
+                let mask = u32::MAX.checked_shl(self.host_bits()).unwrap_or(0);
+                IpAddr::V4(Ipv4Addr::from(u32::from(v4) & mask))
+            }
+            IpAddr::V6(v6) => {
+                let mask = u128::MAX.checked_shl(self.host_bits()).unwrap_or(0);
+                IpAddr::V6(Ipv6Addr::from(u128::from(v6) & mask))
+            }
+        };
+        Cidr {
+            addr,
+            prefix: self.prefix,
+        }
+    }
+
     /// Whether the two networks share any address.
     pub fn overlaps(&self, other: &Cidr) -> bool {
         self.contains(other.addr) || other.contains(self.addr)
@@ -189,6 +214,43 @@ const SPECIAL_RANGES: &[(Cidr, &str)] = &[
 
 /// Ports denied by default: SMTP submission and relay (spam is the classic abuse).
 pub const DEFAULT_DENIED_PORTS: &[u16] = &[25, 465, 587];
+
+/// Prefix lengths an exit may egress from: IPv6 /48 to /128 (a site's
+/// allocation at most), IPv4 /24 to /32 (the smallest block routed on the
+/// internet at most). A wider prefix is almost surely a typo, and one exit
+/// claiming it would claim other people's addresses.
+pub const EGRESS_PREFIX_V6: std::ops::RangeInclusive<u8> = 48..=128;
+pub const EGRESS_PREFIX_V4: std::ops::RangeInclusive<u8> = 24..=32;
+
+/// `prefix` as an exit's egress prefix (host bits cleared), or why it
+/// cannot be one. The agent checks its flags and the control-api the
+/// enrollment with this one rule.
+pub fn check_egress_prefix(prefix: &Cidr) -> Result<Cidr, String> {
+    let (family, allowed) = if prefix.network().is_ipv4() {
+        ("IPv4", EGRESS_PREFIX_V4)
+    } else {
+        ("IPv6", EGRESS_PREFIX_V6)
+    };
+    if !allowed.contains(&prefix.prefix_len()) {
+        return Err(format!(
+            "egress prefix {prefix}: an {family} egress prefix must be /{} to /{}",
+            allowed.start(),
+            allowed.end()
+        ));
+    }
+    Ok(prefix.masked())
+}
+
+/// Parses and checks an egress prefix (`--egress-prefix`).
+pub fn parse_egress_prefix(s: &str) -> Result<Cidr, String> {
+    let prefix: Cidr = s.trim().parse()?;
+    if !s.contains('/') {
+        return Err(format!(
+            "egress prefix {s:?} needs a prefix length (e.g. 2001:db8:1:2::/64); a single address is an --egress-ip"
+        ));
+    }
+    check_egress_prefix(&prefix)
+}
 
 /// Why an address was refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -763,6 +825,28 @@ mod tests {
             let c: Cidr = public.parse().unwrap();
             assert!(!c.touches_special_range(), "{public}");
         }
+    }
+
+    #[test]
+    fn egress_prefixes_are_site_sized_at_most_and_masked() {
+        let ok = |s: &str| parse_egress_prefix(s).unwrap().to_string();
+        assert_eq!(ok("2001:db8:1:2::5/64"), "2001:db8:1:2::/64");
+        assert_eq!(ok("2001:db8::/48"), "2001:db8::/48");
+        assert_eq!(ok("2001:db8::7/128"), "2001:db8::7/128");
+        assert_eq!(ok("192.0.2.77/24"), "192.0.2.0/24");
+        assert_eq!(ok("192.0.2.77/32"), "192.0.2.77/32");
+        for wide in ["2001:db8::/47", "2001::/16", "192.0.2.0/23", "0.0.0.0/0"] {
+            let e = parse_egress_prefix(wide).unwrap_err();
+            assert!(e.contains("must be /"), "{wide}: {e}");
+        }
+        assert!(parse_egress_prefix("2001:db8::1").is_err());
+        assert!(parse_egress_prefix("nonsense/64").is_err());
+        let c: Cidr = "10.1.2.3/28".parse().unwrap();
+        assert_eq!(c.host_bits(), 4);
+        assert_eq!(c.masked().to_string(), "10.1.2.0/28");
+        let all: Cidr = "::/0".parse().unwrap();
+        assert_eq!(all.host_bits(), 128);
+        assert_eq!(all.masked().to_string(), "::/0");
     }
 
     #[test]

@@ -66,6 +66,7 @@ pub struct ExitNow {
     pub country: String,
     pub owner: String,
     pub egress_ips: Vec<String>,
+    pub egress_prefixes: Vec<String>,
     pub state: ExitState,
     /// Why, when blocked by provenance.
     pub blocked: Option<&'static str>,
@@ -265,6 +266,7 @@ impl Observer {
                 country: row.country.clone(),
                 owner: row.owner.clone(),
                 egress_ips: row.egress_ips.clone(),
+                egress_prefixes: row.egress_prefixes.clone(),
                 state,
                 blocked: blocked.map(|b| b.as_str()),
                 score: fleet.score,

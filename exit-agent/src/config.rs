@@ -1,7 +1,7 @@
 //! exit-agent configuration: flags, each with an environment variable.
 
 use clap::Parser;
-use proxynet_common::egress::EgressArgs;
+use proxynet_common::egress::{Cidr, EgressArgs};
 use proxynet_common::secret::Secret;
 use proxynet_common::splice::TunnelLimits;
 use std::net::{IpAddr, SocketAddr};
@@ -13,7 +13,13 @@ use std::time::Duration;
     name = "exit-agent",
     version,
     about = "proxynet exit agent",
-    subcommand_negates_reqs = true
+    subcommand_negates_reqs = true,
+    group(
+        clap::ArgGroup::new("egress_addresses")
+            .args(["egress_ips", "egress_prefixes"])
+            .required(true)
+            .multiple(true)
+    )
 )]
 pub struct Config {
     #[command(subcommand)]
@@ -36,13 +42,23 @@ pub struct Config {
     pub state_file: PathBuf,
 
     /// Egress IPs this host serves tunnels from (repeat or comma-separate).
-    #[arg(
-        long = "egress-ip",
-        env = "PROXYNET_EGRESS_IPS",
-        value_delimiter = ',',
-        required = true
-    )]
+    /// An exit needs at least one egress IP or egress prefix.
+    #[arg(long = "egress-ip", env = "PROXYNET_EGRESS_IPS", value_delimiter = ',')]
     pub egress_ips: Vec<IpAddr>,
+
+    /// Prefixes this host serves tunnels from any address of (repeat or
+    /// comma-separate; IPv6 /48 to /128, IPv4 /24 to /32): the superproxy
+    /// picks an address per tunnel (a session keeps its pick). The host
+    /// must route the prefix to itself, e.g. `ip -6 route add local
+    /// 2001:db8:1:2::/64 dev lo`; the agent binds with IP_FREEBIND, so the
+    /// addresses need not be configured on an interface.
+    #[arg(
+        long = "egress-prefix",
+        env = "PROXYNET_EGRESS_PREFIXES",
+        value_delimiter = ',',
+        value_parser = proxynet_common::egress::parse_egress_prefix
+    )]
+    pub egress_prefixes: Vec<Cidr>,
 
     /// Link versions this agent offers its superproxies (the newest one both
     /// speak is used): 1 = HTTP/2, 2 = the lean mux. `1` alone makes the agent
@@ -119,6 +135,15 @@ pub struct Config {
     )]
     pub tunnel_max_lifetime_secs: u64,
 
+    /// A UDP association with no datagram relayed either way for this long
+    /// is closed, s (UDP has no close of its own; 0 is raised to 1).
+    #[arg(
+        long = "udp-idle-timeout",
+        env = "PROXYNET_UDP_IDLE_TIMEOUT_SECS",
+        default_value_t = 120
+    )]
+    pub udp_idle_timeout_secs: u64,
+
     /// After SIGTERM: how long to keep serving while superproxies learn we are
     /// draining, ms.
     #[arg(long, env = "PROXYNET_DRAIN_ANNOUNCE_MS", default_value_t = 3_000)]
@@ -152,6 +177,21 @@ pub enum Command {
 }
 
 impl Config {
+    /// Whether this exit may send from `ip`: one of its `--egress-ip`s, or
+    /// an address inside one of its `--egress-prefix`es. The one check every
+    /// tunnel and association makes before it binds a requested address.
+    pub fn owns_egress(&self, ip: IpAddr) -> bool {
+        self.egress_ips.contains(&ip) || self.egress_prefixes.iter().any(|p| p.contains(ip))
+    }
+
+    /// Whether binding `ip` needs IP_FREEBIND: a prefix address the host
+    /// routes to itself but has not configured on an interface. A listed
+    /// `--egress-ip` is bound plainly, so one missing from the host fails
+    /// the bind (`egress_unavailable`) instead of sending unanswerable packets.
+    pub fn egress_needs_freebind(&self, ip: IpAddr) -> bool {
+        !self.egress_ips.contains(&ip) && self.egress_prefixes.iter().any(|p| p.contains(ip))
+    }
+
     /// Where the admin token lives (see `admin_token.rs`).
     pub fn admin_token_path(&self) -> PathBuf {
         self.admin_token_file
@@ -202,6 +242,66 @@ mod tests {
     #[test]
     fn an_egress_ip_must_be_an_address() {
         assert!(parse(&["--egress-ip", "exit.example"]).is_err());
+    }
+
+    #[test]
+    fn egress_prefixes_may_stand_alone_and_are_checked() {
+        let only_prefixes = Config::try_parse_from([
+            "exit-agent",
+            "--control-api",
+            "https://control.example",
+            "--egress-prefix",
+            "2001:db8:1:2::/64,192.0.2.0/28",
+            "--egress-prefix",
+            "2001:db8:9::5/48",
+        ])
+        .unwrap();
+        assert!(only_prefixes.egress_ips.is_empty());
+        let prefixes: Vec<String> = only_prefixes
+            .egress_prefixes
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        // Host bits are dropped: the prefix is the network.
+        assert_eq!(
+            prefixes,
+            ["2001:db8:1:2::/64", "192.0.2.0/28", "2001:db8:9::/48"]
+        );
+        let ip = |s: &str| -> IpAddr { s.parse().unwrap() };
+        assert!(only_prefixes.owns_egress(ip("2001:db8:1:2:dead:beef:1:2")));
+        assert!(only_prefixes.owns_egress(ip("192.0.2.15")));
+        assert!(!only_prefixes.owns_egress(ip("192.0.2.16")));
+        assert!(!only_prefixes.owns_egress(ip("2001:db8:1:3::1")));
+        assert!(only_prefixes.egress_needs_freebind(ip("2001:db8:1:2::7")));
+
+        let both = parse(&["--egress-prefix", "192.0.2.0/24"]).unwrap();
+        assert!(both.owns_egress(ip("192.0.2.1")));
+        // A listed egress IP is bound as configured, even inside a prefix.
+        assert!(!both.egress_needs_freebind(ip("192.0.2.1")));
+        assert!(both.egress_needs_freebind(ip("192.0.2.2")));
+
+        for bad in ["2001:db8::/32", "192.0.2.0/16", "2001:db8::1", "fd00::/129"] {
+            let e = parse(&["--egress-prefix", bad]).unwrap_err().to_string();
+            assert!(
+                e.contains("egress prefix") || e.contains("prefix length"),
+                "{bad}: {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_exit_needs_an_egress_ip_or_prefix() {
+        let none =
+            Config::try_parse_from(["exit-agent", "--control-api", "https://control.example"]);
+        assert!(none.is_err());
+        // Subcommands talk to the running agent and need neither.
+        assert!(Config::try_parse_from([
+            "exit-agent",
+            "--control-api",
+            "https://control.example",
+            "opt-out"
+        ])
+        .is_ok());
     }
 
     #[test]

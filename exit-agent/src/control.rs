@@ -1,5 +1,6 @@
 //! Talking to the control-api: enrollment once, heartbeats forever.
 
+use proxynet_common::egress::Cidr;
 use proxynet_common::secret::Secret;
 use serde::{Deserialize, Serialize};
 use std::net::IpAddr;
@@ -26,6 +27,10 @@ pub enum ControlError {
 struct EnrollRequest<'a> {
     token: &'a Secret,
     egress_ips: &'a [IpAddr],
+    /// Left out when empty: a control-api older than prefixes refuses
+    /// unknown fields, and an exit without prefixes enrolls there still.
+    #[serde(skip_serializing_if = "<[Cidr]>::is_empty")]
+    egress_prefixes: &'a [Cidr],
     hostname: String,
     agent_version: &'static str,
 }
@@ -71,6 +76,7 @@ impl ControlClient {
         &self,
         token: &Secret,
         egress_ips: &[IpAddr],
+        egress_prefixes: &[Cidr],
     ) -> Result<AgentState, ControlError> {
         let hostname = std::fs::read_to_string("/etc/hostname")
             .map(|h| h.trim().to_owned())
@@ -78,6 +84,7 @@ impl ControlClient {
         let request = EnrollRequest {
             token,
             egress_ips,
+            egress_prefixes,
             hostname,
             agent_version: env!("CARGO_PKG_VERSION"),
         };
@@ -177,6 +184,7 @@ mod tests {
         let body = serde_json::to_value(EnrollRequest {
             token: &token,
             egress_ips: &egress_ips,
+            egress_prefixes: &[],
             hostname: "exit-1".into(),
             agent_version: "0.1.0",
         })
@@ -189,6 +197,25 @@ mod tests {
                 "hostname": "exit-1",
                 "agent_version": "0.1.0",
             })
+        );
+    }
+
+    #[test]
+    fn an_enrollment_request_declares_the_egress_prefixes_it_has() {
+        let token = Secret::new("pn_enroll_abc");
+        let prefixes: [Cidr; 1] = ["2001:db8:1:2::/64".parse().unwrap()];
+        let body = serde_json::to_value(EnrollRequest {
+            token: &token,
+            egress_ips: &[],
+            egress_prefixes: &prefixes,
+            hostname: "exit-1".into(),
+            agent_version: "0.1.0",
+        })
+        .unwrap();
+        assert_eq!(body["egress_ips"], serde_json::json!([]));
+        assert_eq!(
+            body["egress_prefixes"],
+            serde_json::json!(["2001:db8:1:2::/64"])
         );
     }
 }

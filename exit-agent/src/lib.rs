@@ -14,11 +14,13 @@ pub mod admin_token;
 pub mod config;
 pub mod control;
 pub mod dns;
+pub mod egress;
 pub mod link;
 pub mod optout;
 pub mod policy;
 pub mod state;
 pub mod tunnel;
+mod udp;
 
 use proxynet_common::tasks::{Stop, Tasks};
 use proxynet_store::SuperproxyRecord;
@@ -91,7 +93,9 @@ impl ExitAgent {
                 let token = config.enroll_token.as_ref().ok_or_else(|| {
                     StartError::NotEnrolled(config.state_file.display().to_string())
                 })?;
-                let state = control.enroll(token, &config.egress_ips).await?;
+                let state = control
+                    .enroll(token, &config.egress_ips, &config.egress_prefixes)
+                    .await?;
                 state.save(&config.state_file)?;
                 tracing::info!(exit = %state.exit_id, "enrolled");
                 state

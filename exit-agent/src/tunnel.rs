@@ -148,9 +148,10 @@ pub(crate) async fn open(
         budget,
     } = request;
     let (host, port, egress_ip, budget) = (host.as_str(), *port, *egress_ip, *budget);
-    if !ctx.config.egress_ips.contains(&egress_ip) {
+    if !ctx.config.owns_egress(egress_ip) {
         return Err(Outcome::EgressUnavailable);
     }
+    let freebind = ctx.config.egress_needs_freebind(egress_ip);
     let deadline = Instant::now()
         + budget
             .saturating_sub(BUDGET_MARGIN)
@@ -187,7 +188,7 @@ pub(crate) async fn open(
     }
     let mut last = Outcome::Unreachable;
     for addr in vetted.into_iter().take(2) {
-        match connect_from(egress_ip, addr, deadline).await {
+        match connect_from(egress_ip, freebind, addr, deadline).await {
             Ok(tcp) => return Ok(tcp),
             Err(Outcome::EgressUnavailable) => return Err(Outcome::EgressUnavailable),
             Err(outcome) => last = outcome,
@@ -222,8 +223,11 @@ async fn resolve(
 }
 
 /// Binds the egress IP, then connects: the source address is ours to choose.
+/// `freebind`: `egress_ip` is a prefix address no interface carries
+/// (`egress.rs`).
 async fn connect_from(
     egress_ip: IpAddr,
+    freebind: bool,
     target: SocketAddr,
     deadline: Instant,
 ) -> Result<TcpStream, Outcome> {
@@ -234,6 +238,12 @@ async fn connect_from(
     }
     .map_err(|_| Outcome::Capacity)?;
     defer_port_choice(&socket);
+    if freebind {
+        crate::egress::allow_nonlocal_bind(&socket, egress_ip).map_err(|e| {
+            tracing::warn!(%egress_ip, error = %e, "cannot bind a prefix address (IP_FREEBIND)");
+            Outcome::EgressUnavailable
+        })?;
+    }
     socket
         .bind(SocketAddr::new(egress_ip, 0))
         .map_err(|_| Outcome::EgressUnavailable)?;
@@ -398,6 +408,12 @@ pub(crate) mod tests {
         let smtp = tunnel("93.184.215.14:25", ours());
         assert_eq!(open(&ctx, &smtp).await.err(), Some(Outcome::PolicyDenied));
         let not_ours = tunnel("93.184.215.14:443", "192.0.2.9".parse().unwrap());
+        assert_eq!(
+            open(&ctx, &not_ours).await.err(),
+            Some(Outcome::EgressUnavailable)
+        );
+        // Outside every prefix is not ours either (the context has none).
+        let not_ours = tunnel("93.184.215.14:443", "2001:db8::9".parse().unwrap());
         assert_eq!(
             open(&ctx, &not_ours).await.err(),
             Some(Outcome::EgressUnavailable)

@@ -562,6 +562,10 @@ pub struct ExitRecord {
     pub id: Uuid,
     pub name: String,
     pub egress_ips: Vec<IpAddr>,
+    /// Prefixes the exit sends from any address of (the superproxy picks
+    /// one per tunnel; a session keeps its pick).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub egress_prefixes: Vec<proxynet_common::egress::Cidr>,
     pub source_type: SourceType,
     /// ISO 3166-1 alpha-2, upper case.
     pub country: String,
@@ -595,6 +599,26 @@ pub struct ExitRecord {
 }
 
 impl ExitRecord {
+    /// Whether the exit may send from `ip`: one of its egress IPs, or an
+    /// address inside one of its egress prefixes.
+    pub fn can_egress_from(&self, ip: IpAddr) -> bool {
+        self.egress_ips.contains(&ip) || self.egress_prefixes.iter().any(|p| p.contains(ip))
+    }
+
+    /// Whether the exit has any address of `ip`'s family to send from.
+    pub fn has_egress_family(&self, ipv4: bool) -> bool {
+        self.egress_ips.iter().any(|ip| ip.is_ipv4() == ipv4)
+            || self
+                .egress_prefixes
+                .iter()
+                .any(|p| p.network().is_ipv4() == ipv4)
+    }
+
+    /// Whether the exit has an address to send from at all.
+    pub fn has_egress(&self) -> bool {
+        !self.egress_ips.is_empty() || !self.egress_prefixes.is_empty()
+    }
+
     /// Why the exit may not carry traffic at `now_ms` for provenance reasons.
     pub fn provenance_block(&self, now_ms: i64) -> Option<ProvenanceBlock> {
         self.blocked.or_else(|| {
@@ -874,6 +898,31 @@ mod tests {
         let (key, _, end) = QuotaPeriod::Monthly.window(1_798_761_600 - 1); // 2026-12-31T23:59:59Z
         assert_eq!(key, "m202612");
         assert_eq!(end, 1_798_761_600);
+    }
+
+    #[test]
+    fn exit_records_carry_prefixes_only_when_they_have_some() {
+        let old = r#"{"id":"00000000-0000-0000-0000-000000000000","name":"a","egress_ips":["192.0.2.1"],
+            "source_type":"dc","country":"DE","owner":"o","draining":false,"disabled":false,
+            "credential_sha256":""}"#;
+        let mut record: ExitRecord = serde_json::from_str(old).unwrap();
+        assert!(record.egress_prefixes.is_empty());
+        assert!(!serde_json::to_string(&record)
+            .unwrap()
+            .contains("egress_prefixes"));
+        assert!(!record.has_egress_family(false));
+        record.egress_prefixes = vec!["2001:db8:7::/48".parse().unwrap()];
+        let json = serde_json::to_value(&record).unwrap();
+        assert_eq!(
+            json["egress_prefixes"],
+            serde_json::json!(["2001:db8:7::/48"])
+        );
+        let back: ExitRecord = serde_json::from_value(json).unwrap();
+        assert_eq!(back, record);
+        assert!(back.can_egress_from("2001:db8:7:1::9".parse().unwrap()));
+        assert!(back.can_egress_from("192.0.2.1".parse().unwrap()));
+        assert!(!back.can_egress_from("2001:db8:8::1".parse().unwrap()));
+        assert!(back.has_egress_family(false) && back.has_egress_family(true));
     }
 
     #[test]

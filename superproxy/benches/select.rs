@@ -32,6 +32,7 @@ fn link(rt: &tokio::runtime::Runtime) -> Link {
             sender: LinkSender::Mux(superproxy::link::registry::MuxLink {
                 handle,
                 open_window: true,
+                udp: true,
             }),
         }
     })
@@ -44,6 +45,7 @@ fn view(n: usize, link: &Link) -> PoolView {
                 id: Uuid::new_v4(),
                 name: format!("exit-{i}"),
                 egress_ips: vec!["203.0.113.1".parse().unwrap()],
+                egress_prefixes: Vec::new(),
                 source_type: if i % 4 == 0 {
                     SourceType::Res
                 } else {

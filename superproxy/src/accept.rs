@@ -56,12 +56,23 @@ pub struct ConnectionTicket(Arc<TicketInner>);
 
 struct TicketInner {
     peer: SocketAddr,
-    _counted: OpenConnection,
     cut: CancellationToken,
-    /// Released at the first successful login (or when the connection ends).
-    pre_auth: std::sync::Mutex<Option<PreAuthSlot>>,
-    _permit: OwnedSemaphorePermit,
-    _alive: mpsc::Sender<()>,
+    holds: TicketHolds,
+}
+
+/// What the ticket keeps alive: a connection's own places, or (for one
+/// stream of a multiplexed connection) the connection's ticket.
+enum TicketHolds {
+    Connection {
+        _counted: OpenConnection,
+        /// Released at the first successful login (or when the connection ends).
+        pre_auth: std::sync::Mutex<Option<PreAuthSlot>>,
+        _permit: OwnedSemaphorePermit,
+        _alive: mpsc::Sender<()>,
+    },
+    Stream {
+        connection: ConnectionTicket,
+    },
 }
 
 impl ConnectionTicket {
@@ -72,9 +83,29 @@ impl ConnectionTicket {
     /// The connection has logged in: it no longer counts against its
     /// address's pre-auth bound nor runs against the pre-auth deadline.
     pub fn authenticated(&self) {
-        if let Ok(mut slot) = self.0.pre_auth.lock() {
-            slot.take();
+        match &self.0.holds {
+            TicketHolds::Connection { pre_auth, .. } => {
+                if let Ok(mut slot) = pre_auth.lock() {
+                    slot.take();
+                }
+            }
+            TicketHolds::Stream { connection } => connection.authenticated(),
         }
+    }
+
+    /// A ticket for one stream of this (multiplexed) connection: it keeps
+    /// the connection's places, and its own cut token is a child of the
+    /// connection's, so revoking the user of one HTTP/2 stream cuts that
+    /// stream and leaves the connection's other users' streams alone, while
+    /// cutting the connection still cuts every stream.
+    pub fn stream(&self) -> ConnectionTicket {
+        ConnectionTicket(Arc::new(TicketInner {
+            peer: self.0.peer,
+            cut: self.0.cut.child_token(),
+            holds: TicketHolds::Stream {
+                connection: self.clone(),
+            },
+        }))
     }
 
     /// Cancelled when the connection must end now (revocation, drain deadline).
@@ -283,11 +314,13 @@ impl Gate {
         let alive = self.alive.clone().ok_or(NoTicket::Closing)?;
         Ok(ConnectionTicket(Arc::new(TicketInner {
             peer,
-            _counted: OpenConnection::new(),
             cut,
-            pre_auth: std::sync::Mutex::new(Some(slot)),
-            _permit: permit,
-            _alive: alive,
+            holds: TicketHolds::Connection {
+                _counted: OpenConnection::new(),
+                pre_auth: std::sync::Mutex::new(Some(slot)),
+                _permit: permit,
+                _alive: alive,
+            },
         })))
     }
 

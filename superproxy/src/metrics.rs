@@ -92,6 +92,18 @@ pub fn auth(outcome: &'static str) {
     counter!("proxynet_auth_total", "outcome" => outcome).increment(1);
 }
 
+/// An HTTP/2 client connection we closed for its behaviour (`rapid_reset`).
+pub fn h2_connection_closed(reason: &'static str) {
+    counter!("proxynet_h2_connections_closed_total", "reason" => reason).increment(1);
+}
+
+/// One datagram of a UDP association, `up` (client to exit) or `down`, and
+/// what became of it (`relayed`, or why it was dropped).
+pub fn udp_datagram(direction: &'static str, outcome: &'static str) {
+    counter!("proxynet_udp_datagrams_total", "direction" => direction, "outcome" => outcome)
+        .increment(1);
+}
+
 pub fn tunnels_active(delta: f64) {
     gauge!("proxynet_tunnels_active").increment(delta);
 }

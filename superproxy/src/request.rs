@@ -20,6 +20,12 @@ pub enum Ingress {
     Connect,
     Forward,
     Socks5,
+    /// A `CONNECT` stream of an HTTP/2 connection (RFC 9113 §8.5).
+    H2Connect,
+    /// An absolute-URI request on an HTTP/2 connection.
+    H2Forward,
+    /// A SOCKS5 UDP association (RFC 1928 §7).
+    Socks5Udp,
 }
 
 impl Ingress {
@@ -28,6 +34,9 @@ impl Ingress {
             Ingress::Connect => "connect",
             Ingress::Forward => "forward",
             Ingress::Socks5 => "socks5",
+            Ingress::H2Connect => "h2_connect",
+            Ingress::H2Forward => "h2_forward",
+            Ingress::Socks5Udp => "socks5_udp",
         }
     }
 }

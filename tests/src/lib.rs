@@ -13,6 +13,7 @@ pub mod client;
 pub mod dns;
 pub mod faults;
 pub mod metrics;
+pub mod netns;
 pub mod process;
 pub mod stack;
 pub mod stores;

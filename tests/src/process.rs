@@ -89,6 +89,19 @@ pub async fn spawn_ready_logged<T: DeserializeOwned>(
     envs: &[(&str, String)],
     log: Option<&std::path::Path>,
 ) -> (Proc, T) {
+    spawn_ready_via(&[], name, args, envs, log).await
+}
+
+/// [`spawn_ready_logged`], started through `wrapper` (a program and its
+/// arguments that run the binary, e.g. `ip netns exec NAME`; empty: none).
+/// The wrapper must exec the binary, so the child is the binary itself.
+pub async fn spawn_ready_via<T: DeserializeOwned>(
+    wrapper: &[String],
+    name: &str,
+    args: &[String],
+    envs: &[(&str, String)],
+    log: Option<&std::path::Path>,
+) -> (Proc, T) {
     let stderr = match log {
         Some(path) => Stdio::from(
             std::fs::OpenOptions::new()
@@ -99,7 +112,14 @@ pub async fn spawn_ready_logged<T: DeserializeOwned>(
         ),
         None => Stdio::inherit(),
     };
-    let mut cmd = Command::new(bin(name));
+    let mut cmd = match wrapper.split_first() {
+        Some((program, wrapper_args)) => {
+            let mut cmd = Command::new(program);
+            cmd.args(wrapper_args).arg(bin(name));
+            cmd
+        }
+        None => Command::new(bin(name)),
+    };
     cmd.args(args)
         .env_remove("RUST_LOG")
         .env(

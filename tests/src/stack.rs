@@ -60,6 +60,10 @@ pub struct StackOptions {
     /// Control-api instances behind one address (a round-robin balancer
     /// when more than one).
     pub control_apis: usize,
+    /// Where the control-api and the superproxy's link listener listen
+    /// (default 127.0.0.1): agents in a network namespace reach them on an
+    /// exit host's root-side address ([`crate::netns::ExitHost::stack_options`]).
+    pub service_ip: Option<IpAddr>,
 }
 
 impl Default for StackOptions {
@@ -80,6 +84,7 @@ impl Default for StackOptions {
             proxy_tls: false,
             agent_args: Vec::new(),
             control_apis: 1,
+            service_ip: None,
         }
     }
 }
@@ -103,7 +108,17 @@ pub struct AgentAddrs {
 pub struct Agent {
     pub proc: Proc,
     pub addrs: AgentAddrs,
+    /// Its first egress IP, or its first prefix's network when it has none.
     pub egress_ip: IpAddr,
+    /// How an agent not started from [`Stack::agent_args`] starts again.
+    relaunch: Option<Relaunch>,
+}
+
+/// An agent's own start: its wrapper (e.g. `ip netns exec NAME`) and its
+/// arguments without the enrollment token.
+struct Relaunch {
+    wrapper: Vec<String>,
+    args: Vec<String>,
 }
 
 pub struct Stack {
@@ -207,8 +222,9 @@ impl Stack {
                 files.key.display().to_string(),
             ]);
         }
-        let (proxy, proxy_addrs) = spawn_superproxy_with(
+        let (proxy, proxy_addrs) = spawn_superproxy_on(
             &stores,
+            options.service_ip.unwrap_or(LOOPBACK),
             &protect_args,
             options.superproxy_protects_redis,
             &options.superproxy_env,
@@ -406,13 +422,24 @@ impl Stack {
         egress_ip: IpAddr,
         state_file: &std::path::Path,
     ) -> Vec<String> {
+        let mut args = self.agent_args_without_egress(api_url, state_file);
+        args.splice(4..4, ["--egress-ip".to_owned(), egress_ip.to_string()]);
+        args
+    }
+
+    /// [`Self::agent_args_via`] without any `--egress-ip`: the caller adds
+    /// the agent's egress addresses. Starts with the control-api URL and
+    /// the state file (four words).
+    fn agent_args_without_egress(
+        &self,
+        api_url: &str,
+        state_file: &std::path::Path,
+    ) -> Vec<String> {
         vec![
             "--control-api".into(),
             api_url.to_owned(),
             "--state-file".into(),
             state_file.display().to_string(),
-            "--egress-ip".into(),
-            egress_ip.to_string(),
             "--admin-listen".into(),
             "127.0.0.1:0".into(),
             "--egress-allow".into(),
@@ -486,6 +513,68 @@ impl Stack {
             proc,
             addrs,
             egress_ip,
+            relaunch: None,
+        });
+        self.agents.len() - 1
+    }
+
+    /// An agent on `host`'s EXIT namespace, serving `egress_ips` and
+    /// `prefixes` (at least one of either), its egress policy allowing
+    /// `host`'s TARGET networks, with `extra` arguments. The stack must have
+    /// been started with `host.stack_options(..)`, so the agent reaches the
+    /// control-api and the link listener. Its admin listener is on EXIT's
+    /// loopback (not reachable from the test).
+    pub async fn add_agent_in(
+        &mut self,
+        host: &crate::netns::ExitHost,
+        egress_ips: &[IpAddr],
+        prefixes: &[proxynet_common::egress::Cidr],
+        extra: &[&str],
+    ) -> usize {
+        assert!(
+            !egress_ips.is_empty() || !prefixes.is_empty(),
+            "an agent needs an egress IP or prefix"
+        );
+        let name = host.exit.name().to_owned();
+        let token = self.enrollment_token(&format!("exit-{name}")).await;
+        let state = self.dir.path().join(format!("agent-{name}.json"));
+        let api_url = self.api_url.clone();
+        let mut args = self.agent_args_without_egress(&api_url, &state);
+        for ip in egress_ips {
+            args.extend(["--egress-ip".into(), ip.to_string()]);
+        }
+        for prefix in prefixes {
+            args.extend(["--egress-prefix".into(), prefix.to_string()]);
+        }
+        for network in host.target_networks() {
+            args.extend(["--egress-allow".into(), network.to_string()]);
+        }
+        args.extend(extra.iter().map(|a| (*a).to_owned()));
+        let wrapper = host.exit.wrapper();
+        let mut first_start = args.clone();
+        first_start.extend(["--enroll-token".into(), token]);
+        let log = self
+            .options
+            .log_dir
+            .as_ref()
+            .map(|d| d.join(format!("exit-agent-{name}.log")));
+        let (proc, addrs) = crate::process::spawn_ready_via::<AgentAddrs>(
+            &wrapper,
+            "exit-agent",
+            &first_start,
+            &[],
+            log.as_deref(),
+        )
+        .await;
+        let egress_ip = egress_ips
+            .first()
+            .copied()
+            .unwrap_or_else(|| prefixes[0].network());
+        self.agents.push(Agent {
+            proc,
+            addrs,
+            egress_ip,
+            relaunch: Some(Relaunch { wrapper, args }),
         });
         self.agents.len() - 1
     }
@@ -494,14 +583,22 @@ impl Stack {
     pub async fn restart_agent(&mut self, i: usize) {
         self.agents[i].proc.kill().await;
         let egress_ip = self.agents[i].egress_ip;
-        let state = self.dir.path().join(format!("agent-{egress_ip}.json"));
-        let args = self.agent_args(egress_ip, &state);
+        let relaunch = self.agents[i].relaunch.take();
+        let (wrapper, args) = match &relaunch {
+            Some(r) => (r.wrapper.clone(), r.args.clone()),
+            None => {
+                let state = self.dir.path().join(format!("agent-{egress_ip}.json"));
+                (Vec::new(), self.agent_args(egress_ip, &state))
+            }
+        };
         let (proc, addrs) =
-            crate::process::spawn_ready_logged::<AgentAddrs>("exit-agent", &args, &[], None).await;
+            crate::process::spawn_ready_via::<AgentAddrs>(&wrapper, "exit-agent", &args, &[], None)
+                .await;
         self.agents[i] = Agent {
             proc,
             addrs,
             egress_ip,
+            relaunch,
         };
     }
 
@@ -643,11 +740,15 @@ pub async fn created_id(r: reqwest::Response, what: &str) -> Uuid {
         .unwrap()
 }
 
+/// Where the stack's services listen unless [`StackOptions::service_ip`] says otherwise.
+const LOOPBACK: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+
 pub async fn spawn_control_api(
     stores: &TestStores,
     options: &StackOptions,
 ) -> (Proc, SocketAddr, SocketAddr) {
-    spawn_control_api_at(stores, options, "127.0.0.1:0".parse().unwrap()).await
+    let listen = SocketAddr::new(options.service_ip.unwrap_or(LOOPBACK), 0);
+    spawn_control_api_at(stores, options, listen).await
 }
 
 pub async fn spawn_control_api_at(
@@ -696,6 +797,19 @@ pub async fn spawn_superproxy_with(
     env: &[(String, String)],
     log: Option<&std::path::Path>,
 ) -> (Proc, ProxyAddrs) {
+    spawn_superproxy_on(stores, LOOPBACK, extra_args, protect_redis, env, log).await
+}
+
+/// [`spawn_superproxy_with`], its link listener on `link_ip` (the client
+/// listeners stay on loopback).
+pub async fn spawn_superproxy_on(
+    stores: &TestStores,
+    link_ip: IpAddr,
+    extra_args: &[String],
+    protect_redis: bool,
+    env: &[(String, String)],
+    log: Option<&std::path::Path>,
+) -> (Proc, ProxyAddrs) {
     let mut args: Vec<String> = vec![
         "--listen".into(),
         "127.0.0.1:0".into(),
@@ -704,7 +818,7 @@ pub async fn spawn_superproxy_with(
         "--admin-listen".into(),
         "127.0.0.1:0".into(),
         "--link-listen".into(),
-        "127.0.0.1:0".into(),
+        SocketAddr::new(link_ip, 0).to_string(),
         "--egress-allow".into(),
         "127.0.0.0/8".into(),
         "--pool-refresh-ms".into(),

@@ -104,3 +104,121 @@ pub async fn download_server(size: usize) -> SocketAddr {
     });
     addr
 }
+
+/// A WebSocket origin (RFC 6455): `GET /ws` with the upgrade headers gets
+/// `101` with the right `Sec-WebSocket-Accept`, then every frame is echoed
+/// back (unmasked, as a server sends); any other path is refused with `403`.
+pub async fn websocket_echo() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            tokio::spawn(websocket_session(stream));
+        }
+    });
+    addr
+}
+
+async fn websocket_session(mut stream: TcpStream) {
+    use base64::Engine;
+    use sha1::Digest;
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        if stream.read_exact(&mut byte).await.is_err() || head.len() > 16 * 1024 {
+            return;
+        }
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&head).to_string();
+    let key = head.lines().find_map(|l| {
+        let (name, value) = l.split_once(':')?;
+        name.eq_ignore_ascii_case("sec-websocket-key")
+            .then(|| value.trim().to_owned())
+    });
+    let (Some(key), true) = (key, head.starts_with("GET /ws ")) else {
+        let body = "no websocket here";
+        let _ = stream
+            .write_all(
+                format!(
+                    "HTTP/1.1 403 Forbidden\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                )
+                .as_bytes(),
+            )
+            .await;
+        return;
+    };
+    let accept = base64::engine::general_purpose::STANDARD.encode(sha1::Sha1::digest(
+        format!("{key}258EAFA5-E914-47DA-95CA-C5AB0DC85B11").as_bytes(),
+    ));
+    let answer = format!(
+        "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: {accept}\r\n\r\n"
+    );
+    if stream.write_all(answer.as_bytes()).await.is_err() {
+        return;
+    }
+    loop {
+        let mut first = [0u8; 2];
+        if stream.read_exact(&mut first).await.is_err() {
+            return;
+        }
+        let mut len = u64::from(first[1] & 0x7f);
+        if len == 126 {
+            let mut l = [0u8; 2];
+            if stream.read_exact(&mut l).await.is_err() {
+                return;
+            }
+            len = u64::from(u16::from_be_bytes(l));
+        } else if len == 127 {
+            let mut l = [0u8; 8];
+            if stream.read_exact(&mut l).await.is_err() {
+                return;
+            }
+            len = u64::from_be_bytes(l);
+        }
+        let mut mask = [0u8; 4];
+        if first[1] & 0x80 != 0 && stream.read_exact(&mut mask).await.is_err() {
+            return;
+        }
+        let mut payload = vec![0u8; len.min(1 << 20) as usize];
+        if stream.read_exact(&mut payload).await.is_err() {
+            return;
+        }
+        for (i, b) in payload.iter_mut().enumerate() {
+            *b ^= mask[i % 4];
+        }
+        let mut frame = vec![first[0]];
+        if payload.len() < 126 {
+            frame.push(payload.len() as u8);
+        } else {
+            frame.push(126);
+            frame.extend_from_slice(&(payload.len() as u16).to_be_bytes());
+        }
+        frame.extend_from_slice(&payload);
+        if stream.write_all(&frame).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// A UDP echo target on 127.0.0.1: answers every datagram with itself and
+/// records the source address of each, so a test can see where the
+/// datagrams left from.
+pub async fn udp_echo() -> (
+    SocketAddr,
+    std::sync::Arc<std::sync::Mutex<Vec<SocketAddr>>>,
+) {
+    let socket = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let addr = socket.local_addr().unwrap();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let record = seen.clone();
+    tokio::spawn(async move {
+        let mut buf = vec![0u8; 65_536];
+        while let Ok((n, from)) = socket.recv_from(&mut buf).await {
+            record.lock().unwrap().push(from);
+            let _ = socket.send_to(&buf[..n], from).await;
+        }
+    });
+    (addr, seen)
+}

@@ -1,9 +1,11 @@
 //! What proxynet's parties say to each other on the wire: the agent link
 //! ([`link`]: hello, link versions, stream requests and outcomes; [`mux`]:
-//! the v2 framing), the agent's heartbeat to the control-api
+//! the v2 framing; [`datagram`]: UDP datagrams on a link stream), the
+//! agent's heartbeat to the control-api
 //! ([`heartbeat`]), and the proxy username grammar clients send
 //! ([`username`]).
 
+pub mod datagram;
 pub mod heartbeat;
 pub mod link;
 pub mod mux;

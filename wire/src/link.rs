@@ -115,6 +115,17 @@ pub enum StreamRequest {
     /// A health probe: answered `connected` by a live agent that is not
     /// draining, without dialling anything.
     Probe,
+    /// Opens a UDP association: the stream then carries datagram capsules
+    /// (`crate::datagram`) both ways. The agent binds one UDP socket per
+    /// egress IP given (at most one per family) and sends each datagram from
+    /// the one of its target's family.
+    Udp {
+        egress_ips: Vec<std::net::IpAddr>,
+        budget_ms: u64,
+        /// As for `Tunnel`: the credit the agent starts the stream with.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        window: Option<u32>,
+    },
 }
 
 pub const HEADER_VERSION: &str = "proxynet-link-version";
@@ -179,6 +190,11 @@ pub struct AgentHello {
     /// full windows.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub open_window: bool,
+    /// The agent serves `StreamRequest::Udp`; superproxies send UDP
+    /// associations only to agents that say so (older agents and v1 links
+    /// never get one).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub udp: bool,
 }
 
 impl AgentHello {
@@ -354,6 +370,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(hello.offered_versions(), vec![LINK_V1_HTTP2]);
+        assert!(!hello.udp, "a v1 agent serves no UDP associations");
         let reply: HelloReply = serde_json::from_str(r#"{"ok":true}"#).unwrap();
         assert_eq!(reply.link_version, None);
         // A v1 reply is exactly what we send when v1 is chosen.
@@ -363,6 +380,24 @@ mod tests {
             link_version: None,
         };
         assert_eq!(serde_json::to_string(&ours).unwrap(), r#"{"ok":true}"#);
+    }
+
+    #[test]
+    fn udp_requests_are_tagged_udp_and_their_window_is_optional() {
+        let request: StreamRequest = serde_json::from_str(
+            r#"{"kind":"udp","egress_ips":["192.0.2.1","2001:db8::1"],"budget_ms":900}"#,
+        )
+        .unwrap();
+        let expected = StreamRequest::Udp {
+            egress_ips: vec!["192.0.2.1".parse().unwrap(), "2001:db8::1".parse().unwrap()],
+            budget_ms: 900,
+            window: None,
+        };
+        assert_eq!(request, expected);
+        assert_eq!(
+            serde_json::to_string(&expected).unwrap(),
+            r#"{"kind":"udp","egress_ips":["192.0.2.1","2001:db8::1"],"budget_ms":900}"#
+        );
     }
 
     #[test]
@@ -382,6 +417,7 @@ mod tests {
             credential: Secret::new("c"),
             link_versions: LINK_VERSIONS.to_vec(),
             open_window: true,
+            udp: true,
         };
         write_frame(&mut a, &hello).await.unwrap();
         a.write_all(b"PRI * HTTP/2.0").await.unwrap();

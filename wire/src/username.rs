@@ -13,6 +13,7 @@
 //! | `asn` | 1–4294967295 | exits announced by that AS |
 //! | `type` | `dc`, `isp`, `res`, `mobile` | exits of that source type |
 //! | `exit` | an exit id, 32 hex digits without dashes | exactly that exit |
+//! | `ipversion` | `4` or `6` | exits with an egress address of that family; names leave from it |
 //!
 //! Anything else — unknown keys, duplicates, missing or bad values, more than
 //! 256 bytes — is an error with a precise reason, never silently ignored.
@@ -24,6 +25,7 @@
 
 use proxynet_store::{Channel, SourceType};
 use std::fmt;
+use std::net::IpAddr;
 use std::time::Duration;
 use uuid::Uuid;
 
@@ -48,6 +50,38 @@ pub struct Session {
     pub mode: SessionMode,
 }
 
+/// The IP family a client wants its tunnels to leave in (`ipversion-4|6`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IpVersion {
+    V4,
+    V6,
+}
+
+impl IpVersion {
+    /// Whether `ip` is of this family.
+    pub fn matches(self, ip: IpAddr) -> bool {
+        ip.is_ipv4() == (self == IpVersion::V4)
+    }
+
+    /// The value as the username spells it: `4` or `6`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            IpVersion::V4 => "4",
+            IpVersion::V6 => "6",
+        }
+    }
+}
+
+impl fmt::Display for IpVersion {
+    /// `IPv4` or `IPv6`, as an error message names the family.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            IpVersion::V4 => "IPv4",
+            IpVersion::V6 => "IPv6",
+        })
+    }
+}
+
 /// Constraints on which exits may serve a request.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Targeting {
@@ -58,6 +92,9 @@ pub struct Targeting {
     /// Acquisition channel of the exit's source (`channel-owned`, `channel-sdk`, ...).
     pub channel: Option<Channel>,
     pub exit: Option<Uuid>,
+    /// The family the tunnel leaves in: exits without an egress address of
+    /// it are not eligible, and names are dialled in it.
+    pub ip_version: Option<IpVersion>,
     /// Not from the username: the source types the account allows this user.
     pub allowed_types: Option<Vec<SourceType>>,
     /// Not from the username: the countries the account allows this user.
@@ -96,6 +133,9 @@ impl fmt::Display for Targeting {
         }
         if let Some(e) = self.exit {
             parts.push(format!("exit={e}"));
+        }
+        if let Some(v) = self.ip_version {
+            parts.push(format!("ipversion={}", v.as_str()));
         }
         if let Some(types) = &self.allowed_types {
             let names: Vec<&str> = types.iter().map(|t| t.as_str()).collect();
@@ -306,6 +346,16 @@ pub fn parse(raw: &str) -> Result<ParsedUsername, UsernameError> {
                         })
                 })?;
             }
+            "ipversion" => {
+                set_once(&mut targeting.ip_version, "ipversion", || match value {
+                    "4" => Ok(IpVersion::V4),
+                    "6" => Ok(IpVersion::V6),
+                    _ => Err(UsernameError::BadValue {
+                        key: "ipversion",
+                        reason: "4 or 6",
+                    }),
+                })?;
+            }
             other => return Err(UsernameError::UnknownKey(truncated(other))),
         }
     }
@@ -392,7 +442,7 @@ mod tests {
     #[test]
     fn full_grammar() {
         let id = Uuid::new_v4();
-        let p = parse(&format!("alice-session-abc123-sesstime-30-sessmode-hard-country-de-city-new_york-asn-7922-type-res-exit-{}", id.simple())).unwrap();
+        let p = parse(&format!("alice-session-abc123-sesstime-30-sessmode-hard-country-de-city-new_york-asn-7922-type-res-exit-{}-ipversion-6", id.simple())).unwrap();
         let s = p.session.unwrap();
         assert_eq!(
             (s.id.as_str(), s.ttl, s.mode),
@@ -403,6 +453,7 @@ mod tests {
         assert_eq!(p.targeting.asn, Some(7922));
         assert_eq!(p.targeting.source_type, Some(SourceType::Res));
         assert_eq!(p.targeting.exit, Some(id));
+        assert_eq!(p.targeting.ip_version, Some(IpVersion::V6));
         assert_eq!(
             parse("alice-session-x").unwrap().session.unwrap().ttl,
             Duration::from_secs(600)
@@ -487,6 +538,22 @@ mod tests {
                 },
             ),
             (
+                "alice-ipversion-5",
+                BadValue {
+                    key: "ipversion",
+                    reason: "4 or 6",
+                },
+            ),
+            (
+                "alice-ipversion-v6",
+                BadValue {
+                    key: "ipversion",
+                    reason: "4 or 6",
+                },
+            ),
+            ("alice-ipversion-4-ipversion-6", Duplicate("ipversion")),
+            ("alice-ipversion", MissingValue("ipversion".into())),
+            (
                 "alice-exit-123",
                 BadValue {
                     key: "exit",
@@ -498,6 +565,26 @@ mod tests {
             assert_eq!(parse(input).as_ref().err(), Some(expected), "{input}");
         }
         assert_eq!(parse(&"a".repeat(300)), Err(TooLong));
+    }
+
+    #[test]
+    fn ipversion_asks_for_a_family_and_is_named_in_the_targeting() {
+        let p = parse("alice-session-x1-ipversion-6").unwrap();
+        assert_eq!(p.targeting.ip_version, Some(IpVersion::V6));
+        assert_eq!(p.session.unwrap().id, "x1");
+        let v4 = parse("alice-ipversion-4").unwrap().targeting;
+        assert_eq!(v4.ip_version, Some(IpVersion::V4));
+        assert!(!v4.is_empty());
+        assert_eq!(v4.to_string(), "ipversion=4");
+        let both = parse("alice-country-de-ipversion-6").unwrap().targeting;
+        assert_eq!(both.to_string(), "country=DE ipversion=6");
+        assert!(IpVersion::V6.matches("2001:db8::1".parse().unwrap()));
+        assert!(!IpVersion::V6.matches("192.0.2.1".parse().unwrap()));
+        assert!(IpVersion::V4.matches("192.0.2.1".parse().unwrap()));
+        assert_eq!(IpVersion::V6.to_string(), "IPv6");
+        // Allow-listed users store the same grammar.
+        let stored = parse_options("alice", "ipversion-6").unwrap();
+        assert_eq!(stored.targeting.ip_version, Some(IpVersion::V6));
     }
 
     #[test]
@@ -526,7 +613,7 @@ mod properties {
         fn parser_never_panics_on_near_valid_input(
             parts in prop::collection::vec(prop::sample::select(vec![
                 "alice", "session", "sesstime", "sessmode", "country", "city", "asn", "type", "exit",
-                "abc", "10", "hard", "de", "res", "", "-", "0", "99999999999",
+                "ipversion", "abc", "10", "hard", "de", "res", "", "-", "0", "4", "6", "99999999999",
             ]), 0..12)
         ) {
             let _ = parse(&parts.join("-"));

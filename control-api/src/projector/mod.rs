@@ -103,6 +103,8 @@ pub struct ExitRow {
     pub owner: String,
     pub country: String,
     pub egress_ips: Vec<String>,
+    /// As enrolled: masked CIDRs (`2001:db8:1:2::/64`).
+    pub egress_prefixes: Vec<String>,
     pub credential_sha256: String,
     pub city: Option<String>,
     pub asn: Option<i64>,
@@ -182,6 +184,11 @@ impl ExitRow {
                 .iter()
                 .filter_map(|ip| ip.parse::<IpAddr>().ok())
                 .collect(),
+            egress_prefixes: self
+                .egress_prefixes
+                .iter()
+                .filter_map(|p| p.parse::<proxynet_common::egress::Cidr>().ok())
+                .collect(),
             source_type: SourceType::parse(&self.source_type).unwrap_or(SourceType::Dc),
             country: self.country.clone(),
             owner: self.owner.clone(),
@@ -205,6 +212,7 @@ impl ExitRow {
 /// `draining` is the operator's switch; the agent's own drain announcement
 /// reaches Redis with its heartbeat (`liveness.rs`).
 const EXIT_SELECT: &str = "SELECT e.id, e.name, e.source_type, e.owner, e.country, e.egress_ips, \
+     e.egress_prefixes, \
      e.credential_sha256, e.city, e.asn, e.admin_draining AS draining, e.disabled, e.version, \
      e.withdrawn_at IS NOT NULL AS withdrawn, s.channel, s.supplier, s.agreement_ref, \
      s.notice_description, s.opt_out AS source_opt_out, s.liable_party, s.abuse_contact, \

@@ -3,7 +3,7 @@
 //! An operator creates a one-time enrollment token that names the exit's
 //! source (its provenance: type, channel, supplier, ...) and fixes its
 //! country, city and ASN. The agent exchanges it once for its own credential,
-//! declaring its egress IPs. From then on the agent heartbeats with that
+//! declaring its egress IPs and egress prefixes. From then on the agent heartbeats with that
 //! credential and learns which superproxies to dial.
 
 use crate::extract::Json;
@@ -13,6 +13,7 @@ use axum::http::request::Parts;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use chrono::{DateTime, Utc};
+use proxynet_common::egress::{check_egress_prefix, Cidr};
 use proxynet_common::secret::{constant_time_eq, sha256_hex, Secret};
 use proxynet_store::SuperproxyRecord;
 use serde::{Deserialize, Serialize};
@@ -128,12 +129,20 @@ pub(super) async fn create_enrollment_token(
 #[serde(deny_unknown_fields)]
 pub(super) struct Enroll {
     token: Secret,
+    #[serde(default)]
     egress_ips: Vec<IpAddr>,
+    /// Prefixes the exit sends from any address of (`--egress-prefix`).
+    #[serde(default)]
+    egress_prefixes: Vec<Cidr>,
     #[serde(default)]
     hostname: String,
     #[serde(default)]
     agent_version: String,
 }
+
+/// Egress prefixes one exit may declare (each may hold 2^80 addresses: the
+/// bound is on rows and records, not on addresses).
+const MAX_EGRESS_PREFIXES: usize = 64;
 
 #[derive(Serialize)]
 pub(super) struct Enrolled {
@@ -160,11 +169,32 @@ pub(super) async fn enroll(
     State(state): State<AppState>,
     Json(body): Json<Enroll>,
 ) -> Result<(StatusCode, Json<Enrolled>), ApiError> {
-    if body.egress_ips.is_empty() || body.egress_ips.len() > 256 {
+    if body.egress_ips.len() > 256 {
         return Err(ApiError::BadRequest(
-            "egress_ips: 1 to 256 addresses".into(),
+            "egress_ips: at most 256 addresses".into(),
         ));
     }
+    if body.egress_prefixes.len() > MAX_EGRESS_PREFIXES {
+        return Err(ApiError::BadRequest(format!(
+            "egress_prefixes: at most {MAX_EGRESS_PREFIXES} prefixes"
+        )));
+    }
+    if body.egress_ips.is_empty() && body.egress_prefixes.is_empty() {
+        return Err(ApiError::BadRequest(
+            "egress_ips, egress_prefixes: an exit needs at least one egress IP or prefix".into(),
+        ));
+    }
+    // The agent's own rule (it refuses such flags); checked again here
+    // because the body is the agent's word, not the operator's.
+    let prefixes: Vec<String> = body
+        .egress_prefixes
+        .iter()
+        .map(|p| {
+            check_egress_prefix(p)
+                .map(|p| p.to_string())
+                .map_err(|e| ApiError::BadRequest(format!("egress_prefixes: {e}")))
+        })
+        .collect::<Result<_, _>>()?;
     let mut tx = state.db.begin().await?;
     // Lock the token row so two agents racing with one token cannot both win.
     let token: Option<TokenRow> = sqlx::query_as(
@@ -191,8 +221,8 @@ pub(super) async fn enroll(
     let credential = new_secret("pnexit");
     let ips: Vec<String> = body.egress_ips.iter().map(ToString::to_string).collect();
     sqlx::query(
-        "INSERT INTO exits (id, name, source_type, owner, country, egress_ips, credential_sha256, hostname, agent_version, city, asn, source_id)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+        "INSERT INTO exits (id, name, source_type, owner, country, egress_ips, credential_sha256, hostname, agent_version, city, asn, source_id, egress_prefixes)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
     )
     .bind(exit_id)
     .bind(&token.name)
@@ -206,6 +236,7 @@ pub(super) async fn enroll(
     .bind(&token.city)
     .bind(token.asn)
     .bind(token.source_id)
+    .bind(&prefixes)
     .execute(&mut *tx)
     .await?;
     sqlx::query("UPDATE enrollment_tokens SET used_at = now(), exit_id = $2 WHERE id = $1")
@@ -218,7 +249,7 @@ pub(super) async fn enroll(
         "agent",
         "exit.enroll",
         &exit_id.to_string(),
-        serde_json::json!({"token_id": token.id, "egress_ips": ips, "hostname": body.hostname}),
+        serde_json::json!({"token_id": token.id, "egress_ips": ips, "egress_prefixes": prefixes, "hostname": body.hostname}),
     )
     .await?;
     tx.commit().await?;
@@ -271,11 +302,12 @@ pub(super) async fn heartbeat(
     Json(body): Json<Heartbeat>,
 ) -> Result<axum::response::Response, ApiError> {
     let presented = bearer(&parts).ok_or(ApiError::Unauthorized)?;
-    let mut egress_ips: Vec<std::net::IpAddr> = Vec::new();
+    let mut egress = None;
     let stored = match state.projector.exit_record(exit_id).await {
         Ok(Some(record)) => {
-            egress_ips = record.egress_ips;
-            record.credential_sha256
+            let credential = record.credential_sha256.clone();
+            egress = Some(record);
+            credential
         }
         // Liveness lives in Redis: without it there is nothing to record.
         Err(e) => {
@@ -326,15 +358,14 @@ pub(super) async fn heartbeat(
         .heartbeats
         .beat(exit_id, body.draining, body.active_tunnels);
     // An agent's admin listener is on its own host: loopback or a private
-    // address, or one of the exit's egress IPs. Anything else would let one
-    // exit put a third party's address on every exit's deny list.
+    // address, or one of the exit's egress addresses. Anything else would
+    // let one exit put a third party's address on every exit's deny list.
+    let own_address = |ip: IpAddr| egress.as_ref().is_some_and(|r| r.can_egress_from(ip));
     let admin_addrs: Vec<std::net::SocketAddr> = body
         .admin_addrs
         .iter()
         .copied()
-        .filter(|a| {
-            proxynet_common::egress::in_special_range(a.ip()) || egress_ips.contains(&a.ip())
-        })
+        .filter(|a| proxynet_common::egress::in_special_range(a.ip()) || own_address(a.ip()))
         .take(MAX_ADMIN_ADDRS)
         .collect();
     if state.heartbeats.admin_addrs_due(exit_id, &admin_addrs) {
@@ -351,9 +382,12 @@ pub(super) async fn heartbeat(
     // reaches internal ranges *and* whose exit egresses from one (a local
     // or private deployment): a public exit cannot ask for them.
     let internal = body.internal_targets
-        && egress_ips
-            .iter()
-            .any(|ip| proxynet_common::egress::in_special_range(*ip));
+        && egress.as_ref().is_some_and(|r| {
+            r.egress_ips
+                .iter()
+                .any(|ip| proxynet_common::egress::in_special_range(*ip))
+                || r.egress_prefixes.iter().any(|p| p.touches_special_range())
+        });
     let reply = state
         .projector
         .heartbeat_reply(internal, |inputs| {

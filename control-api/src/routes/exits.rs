@@ -1,4 +1,5 @@
-//! Exits as the operator sees them: provenance, egress IPs, liveness.
+//! Exits as the operator sees them: provenance, egress IPs and prefixes,
+//! liveness.
 
 use crate::extract::Json;
 use crate::extract::{Path, Query};
@@ -22,6 +23,8 @@ pub(super) struct ExitRow {
     owner: String,
     country: String,
     egress_ips: Vec<String>,
+    /// Prefixes the exit sends from any address of.
+    egress_prefixes: Vec<String>,
     city: Option<String>,
     asn: Option<i64>,
     hostname: String,
@@ -46,7 +49,7 @@ pub(super) struct ExitView {
 }
 
 const COLUMNS: &str =
-    "id, name, source_type, owner, country, egress_ips, city, asn, hostname, agent_version, \
+    "id, name, source_type, owner, country, egress_ips, egress_prefixes, city, asn, hostname, agent_version, \
      draining, admin_draining, disabled, enrolled_at, last_heartbeat_at";
 
 /// `GET /v1/exits?limit=&after=EXIT_ID`, by exit id.

@@ -1,6 +1,6 @@
 //! Link v2, the mux, from the agent's side: accept streams until told to
 //! stop, then GOAWAY and let the open tunnels finish; each stream's OPEN is a
-//! probe or a tunnel request.
+//! probe, a tunnel request or a UDP association (`udp.rs`).
 
 use bytes::Bytes;
 use proxynet_common::splice::splice_until;
@@ -47,7 +47,7 @@ pub(super) async fn serve(
     }
 }
 
-/// Serves one v2 (mux) stream: probe or tunnel.
+/// Serves one v2 (mux) stream: probe, tunnel or UDP association.
 async fn serve_stream(ctx: Arc<TunnelContext>, incoming: Incoming) {
     let request = serde_json::from_slice::<StreamRequest>(&incoming.request);
     let (guard, tcp) = match request {
@@ -57,6 +57,14 @@ async fn serve_stream(ctx: Arc<TunnelContext>, incoming: Incoming) {
         }
         Err(_) => {
             reply(incoming, Outcome::BadRequest);
+            return;
+        }
+        Ok(StreamRequest::Udp {
+            egress_ips,
+            budget_ms: _,
+            window,
+        }) => {
+            crate::udp::serve(ctx, incoming, egress_ips, window).await;
             return;
         }
         Ok(StreamRequest::Tunnel {

@@ -7,6 +7,7 @@
 
 pub mod http;
 pub mod socks5;
+pub mod socks5_udp;
 pub mod tls;
 
 use proxynet_common::splice::TunnelLimits;
@@ -62,7 +63,15 @@ impl ConnectionHandler for Ingresses {
         stream: tokio_rustls::server::TlsStream<TcpStream>,
         ticket: ConnectionTicket,
     ) -> impl Future<Output = ()> + Send + 'static {
-        http::serve_connection(self.pipeline.clone(), self.limits, stream, ticket)
+        let pipeline = self.pipeline.clone();
+        let limits = self.limits;
+        async move {
+            if stream.get_ref().1.alpn_protocol() == Some(b"h2") {
+                http::h2::serve_connection(pipeline, limits, stream, ticket).await
+            } else {
+                http::serve_connection(pipeline, limits, stream, ticket).await
+            }
+        }
     }
 }
 

@@ -5,7 +5,8 @@
 //! replaced without touching the data path. Names are never resolved here
 //! (socks5h semantics): a domain target goes to the exit unresolved. The whole
 //! handshake runs under the header-read timeout, which fast-socks5 lacks.
-//! Only CONNECT is served; BIND and UDP ASSOCIATE get reply 7.
+//! CONNECT and UDP ASSOCIATE ([`super::socks5_udp`]) are served; BIND gets
+//! reply 7.
 
 use fast_socks5::server::{PasswordAuthentication, Socks5ServerProtocol};
 use fast_socks5::util::target_addr::TargetAddr;
@@ -25,6 +26,16 @@ use crate::target::Target;
 
 type CommandRead = Socks5ServerProtocol<TcpStream, fast_socks5::server::states::CommandRead>;
 
+/// What the client asked for after logging in.
+enum Request {
+    Connect(Target),
+    /// UDP ASSOCIATE, with the port the client says it will send from
+    /// (`None`: it did not say).
+    Associate {
+        port: Option<u16>,
+    },
+}
+
 pub async fn serve_connection(
     pipeline: Arc<Pipeline>,
     limits: IngressLimits,
@@ -33,6 +44,8 @@ pub async fn serve_connection(
 ) {
     let started = Instant::now();
     let peer = ticket.peer();
+    // The UDP relay listens where the client reached us.
+    let local = stream.local_addr();
     let handshake = tokio::select! {
         done = tokio::time::timeout(
             limits.header_read_timeout,
@@ -44,7 +57,7 @@ pub async fn serve_connection(
             return;
         }
     };
-    let (proto, target, client) = match handshake {
+    let (proto, request, client) = match handshake {
         Err(_) => {
             tracing::debug!(%peer, "SOCKS handshake timed out");
             return;
@@ -55,6 +68,16 @@ pub async fn serve_connection(
         }
         Ok(Ok(None)) => return,
         Ok(Ok(Some(request))) => request,
+    };
+    let target = match request {
+        Request::Connect(target) => target,
+        Request::Associate { port } => {
+            associate(
+                pipeline, limits, proto, port, local, client, ticket, started,
+            )
+            .await;
+            return;
+        }
     };
     let tunnel = match pipeline
         .open_as(
@@ -89,6 +112,55 @@ pub async fn serve_connection(
     tracing::debug!(up = outcome.up, down = outcome.down, end = ?outcome.end, "SOCKS tunnel closed");
 }
 
+/// Serves a UDP ASSOCIATE: binds the relay beside the control connection,
+/// opens the association through the pipeline, tells the client the relay's
+/// address and relays until the association ends.
+#[allow(clippy::too_many_arguments)]
+async fn associate(
+    pipeline: Arc<Pipeline>,
+    limits: IngressLimits,
+    proto: CommandRead,
+    port: Option<u16>,
+    local: std::io::Result<SocketAddr>,
+    client: Client,
+    ticket: ConnectionTicket,
+    started: Instant,
+) {
+    let peer = ticket.peer();
+    let udp = match local {
+        Ok(local) => tokio::net::UdpSocket::bind(SocketAddr::new(local.ip(), 0)).await,
+        Err(e) => Err(e),
+    };
+    let (udp, relay_addr) = match udp.and_then(|u| u.local_addr().map(|a| (u, a))) {
+        Ok(bound) => bound,
+        Err(e) => {
+            tracing::warn!(%peer, error = %e, "cannot bind a UDP relay socket");
+            let _ = proto.reply_error(&ReplyError::GeneralFailure).await;
+            return;
+        }
+    };
+    let tunnel = match pipeline.open_association(client, &ticket, started).await {
+        Ok(tunnel) => tunnel,
+        Err(e) => {
+            tracing::debug!(%peer, error = %e, "SOCKS UDP association refused");
+            let _ = proto.reply_error(&reply_for(e.kind)).await;
+            return;
+        }
+    };
+    let control = match proto.reply_success(relay_addr).await {
+        Ok(control) => control,
+        Err(e) => {
+            tracing::debug!(%peer, error = %e, "client went away before the association started");
+            return;
+        }
+    };
+    let source = super::socks5_udp::SourceFilter {
+        ip: peer.ip(),
+        port,
+    };
+    super::socks5_udp::relay(pipeline, control, udp, source, tunnel, limits.tunnel).await;
+}
+
 /// Authenticates (answering the RFC 1929 sub-negotiation) and reads the
 /// command. `Ok(None)`: the client was answered (auth failure, unsupported
 /// command or address) and the connection is done.
@@ -96,7 +168,7 @@ async fn handshake(
     pipeline: &Pipeline,
     stream: TcpStream,
     ticket: &ConnectionTicket,
-) -> Result<Option<(CommandRead, Target, Client)>, String> {
+) -> Result<Option<(CommandRead, Request, Client)>, String> {
     let peer = ticket.peer();
     let auth = Socks5ServerProtocol::start(stream)
         .negotiate_auth(&[PasswordAuthentication])
@@ -120,16 +192,30 @@ async fn handshake(
     };
     let proto = Socks5ServerProtocol::finish_auth(accepted);
     let (proto, command, target) = proto.read_command().await.map_err(|e| e.to_string())?;
-    if !matches!(command, Socks5Command::TCPConnect) {
-        let _ = proto.reply_error(&ReplyError::CommandNotSupported).await;
-        return Ok(None);
+    match command {
+        Socks5Command::TCPConnect => {}
+        Socks5Command::UDPAssociate => {
+            // The address the client will send from; we accept datagrams
+            // from its control connection's address only, on the port it
+            // names (if it names one).
+            let port = match target {
+                TargetAddr::Ip(addr) => Some(addr.port()),
+                TargetAddr::Domain(_, port) => Some(port),
+            }
+            .filter(|p| *p != 0);
+            return Ok(Some((proto, Request::Associate { port }, client)));
+        }
+        _ => {
+            let _ = proto.reply_error(&ReplyError::CommandNotSupported).await;
+            return Ok(None);
+        }
     }
     let parsed = match target {
         TargetAddr::Ip(addr) => Target::new(&addr.ip().to_string(), addr.port()),
         TargetAddr::Domain(name, port) => Target::new(&name, port),
     };
     match parsed {
-        Ok(target) => Ok(Some((proto, target, client))),
+        Ok(target) => Ok(Some((proto, Request::Connect(target), client))),
         Err(e) => {
             let error = ProxyError::new(ErrorKind::BadRequest, format!("bad target: {e}"));
             let _ = proto.reply_error(&reply_for(error.kind)).await;

@@ -2,7 +2,8 @@
 //! proxy credentials never cross the network in clear text (curl
 //! `--proxy https://…`, Chromium `--proxy-server=https://…`).
 //!
-//! TLS 1.2 and 1.3 only, ALPN `http/1.1`, the certificate chain and key read
+//! TLS 1.2 and 1.3 only, ALPN `h2` preferred and `http/1.1` still offered
+//! (an `h2` connection is served by [`super::http::h2`]), the certificate chain and key read
 //! from PEM files. SIGHUP re-reads them: new handshakes get the new
 //! certificate, connections and tunnels already open keep theirs (the
 //! resolver is consulted per handshake). A certificate that fails to load is
@@ -79,7 +80,9 @@ impl ReloadableCert {
                 .map_err(|e| e.to_string())?
                 .with_no_client_auth()
                 .with_cert_resolver(self.clone());
-        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        // Our preference wins (rustls picks the first of ours the client
+        // offers): multiplexed tunnels for clients that speak HTTP/2.
+        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
         Ok(Arc::new(config))
     }
 

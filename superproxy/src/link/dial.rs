@@ -32,6 +32,28 @@ pub async fn open_tunnel(
     }
 }
 
+/// Asks `link`'s agent for a UDP association from `egress_ips` (at most one
+/// per family). v1 links and agents that did not offer UDP refuse before
+/// anything is sent (retry-safe).
+pub async fn open_association(
+    link: &Link,
+    egress_ips: &[IpAddr],
+    budget: Duration,
+) -> Result<ExitStream, ProxyError> {
+    match &link.sender {
+        LinkSender::Http2(_) => Err(ProxyError::new(
+            crate::error::ErrorKind::ExitUnavailable,
+            "the exit's link version does not carry UDP",
+        )),
+        LinkSender::Mux(link) => v2_mux::open_association(link, egress_ips, budget).await,
+    }
+}
+
+/// Whether `link` can carry a UDP association.
+pub fn carries_udp(link: &Link) -> bool {
+    matches!(&link.sender, LinkSender::Mux(mux) if mux.udp)
+}
+
 /// Sends one health probe on `link`; its round trip if the agent answered
 /// it healthy in time.
 pub async fn probe(link: &Link, timeout: Duration) -> Option<Duration> {

@@ -91,7 +91,7 @@ impl LinkListener {
         let version = verdict?;
         let exit_id = hello.exit_id;
         let (sender, driver) = if version == LINK_V2_MUX {
-            v2_mux::start(tls, self.recv_budget.clone(), hello.open_window)
+            v2_mux::start(tls, self.recv_budget.clone(), hello.open_window, hello.udp)
         } else {
             v1_http2::start(tls).await?
         };

@@ -26,6 +26,8 @@ pub struct MuxLink {
     /// The agent starts tunnel streams with the window their OPEN names, so
     /// this superproxy can grant less under memory pressure.
     pub open_window: bool,
+    /// The agent serves UDP associations (it said so in its hello).
+    pub udp: bool,
 }
 
 /// Starts the mux on an admitted link: we open every stream (an agent that
@@ -35,6 +37,7 @@ pub(super) fn start(
     mut tls: AgentTls,
     recv_budget: Arc<RecvBudget>,
     open_window: bool,
+    udp: bool,
 ) -> (LinkSender, LinkDriver) {
     tls.get_mut().1.set_buffer_limit(Some(TLS_SEND_BUFFER));
     let (handle, connection) = mux::start(
@@ -51,6 +54,7 @@ pub(super) fn start(
         LinkSender::Mux(MuxLink {
             handle,
             open_window,
+            udp,
         }),
         driver,
     )
@@ -71,13 +75,44 @@ pub(super) async fn open(
         budget_ms: budget.as_millis() as u64,
         window,
     };
-    let request = serde_json::to_vec(&request).map_err(|e| {
+    open_stream(link, &request, window, budget).await
+}
+
+/// Opens a UDP association from `egress_ips` (one per family); the stream
+/// then carries datagram capsules. Only for agents that said `udp`.
+pub(super) async fn open_association(
+    link: &MuxLink,
+    egress_ips: &[IpAddr],
+    budget: Duration,
+) -> Result<ExitStream, ProxyError> {
+    if !link.udp {
+        return Err(ProxyError::new(
+            ErrorKind::ExitUnavailable,
+            "the exit's agent does not carry UDP",
+        ));
+    }
+    let window = link.open_window.then(|| link.handle.next_window());
+    let request = StreamRequest::Udp {
+        egress_ips: egress_ips.to_vec(),
+        budget_ms: budget.as_millis() as u64,
+        window,
+    };
+    open_stream(link, &request, window, budget).await
+}
+
+/// Sends one OPEN and reads the agent's outcome.
+async fn open_stream(
+    link: &MuxLink,
+    request: &StreamRequest,
+    window: Option<u32>,
+    budget: Duration,
+) -> Result<ExitStream, ProxyError> {
+    let request = serde_json::to_vec(request).map_err(|e| {
         ProxyError::new(ErrorKind::Internal, "could not encode the link request").caused_by(e)
     })?;
-    let opening = match window {
-        Some(w) => link.handle.open_with_window(request.into(), w),
-        None => link.handle.open_with_window(request.into(), STREAM_WINDOW),
-    };
+    let opening = link
+        .handle
+        .open_with_window(request.into(), window.unwrap_or(STREAM_WINDOW));
     let (reply, stream) = match tokio::time::timeout(budget, opening).await {
         Err(_) => {
             return Err(ProxyError::new(

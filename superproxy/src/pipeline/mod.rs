@@ -20,9 +20,10 @@ mod tunnel;
 
 pub use admit::Admit;
 pub use authenticate::Login;
-pub use open::TunnelOpener;
+pub use open::{Purpose, TunnelOpener};
 pub use tunnel::{Holds, Tunnel};
 
+use proxynet_wire::datagram::DatagramAddr;
 use std::sync::Arc;
 use std::time::Instant;
 use uuid::Uuid;
@@ -98,7 +99,7 @@ impl Pipeline {
             // Literal addresses the policy forbids never cost an exit a stream.
             self.opener.check_literal(&target)?;
             let (lease, quotas) = self.admit.admit(&client).await?;
-            let opened = self.opener.open(&target, &client).await?;
+            let opened = self.opener.open(Purpose::Tunnel(&target), &client).await?;
             Ok::<_, ProxyError>((target, lease, quotas, opened))
         }
         .await;
@@ -110,14 +111,6 @@ impl Pipeline {
                 return Err(e);
             }
         };
-        self.stats.tunnel_opened(ingress, started.elapsed());
-        let meter = self.usage.meter(
-            client.account_id,
-            client.user_id,
-            opened.exit_id,
-            opened.source_type,
-            &quotas,
-        );
         self.usage.record_target(
             client.account_id,
             client.user_id,
@@ -125,6 +118,106 @@ impl Pipeline {
             opened.egress_ip,
             target.host_string(),
             target.port,
+        );
+        Ok(self.hold(
+            client,
+            ingress,
+            target.to_string(),
+            lease,
+            quotas,
+            opened,
+            ticket,
+            started,
+        ))
+    }
+
+    /// The stages after authentication for a SOCKS5 UDP association: it is
+    /// admitted like a tunnel (one concurrent-tunnel lease, the quotas, the
+    /// targeting and session pin) and opened on an exit that carries UDP.
+    /// Its destinations are per datagram: the relay records them
+    /// ([`Pipeline::record_datagram_target`]) and asks
+    /// [`Pipeline::datagram_allowed`] of each.
+    pub async fn open_association(
+        &self,
+        client: Client,
+        ticket: &ConnectionTicket,
+        started: Instant,
+    ) -> Result<Tunnel, ProxyError> {
+        let ingress = Ingress::Socks5Udp;
+        let opened = async {
+            let (lease, quotas) = self.admit.admit(&client).await?;
+            let opened = self.opener.open(Purpose::Association, &client).await?;
+            Ok::<_, ProxyError>((lease, quotas, opened))
+        }
+        .await;
+        match opened {
+            Ok((lease, quotas, opened)) => Ok(self.hold(
+                client,
+                ingress,
+                "udp".to_owned(),
+                lease,
+                quotas,
+                opened,
+                ticket,
+                started,
+            )),
+            Err(e) => {
+                self.stats.tunnel_failed(ingress, e.kind);
+                access_log::refused(ingress, ticket.peer(), started, Some(&client), &e);
+                Err(e)
+            }
+        }
+    }
+
+    /// Whether a datagram may leave for `destination`: literal addresses are
+    /// checked against the egress policy here, names at the exit (which
+    /// resolves them), as for tunnels.
+    pub fn datagram_allowed(&self, destination: &DatagramAddr) -> bool {
+        match destination {
+            DatagramAddr::Ip(addr) => self.opener.policy.check(*addr).is_ok(),
+            DatagramAddr::Name(..) => true,
+        }
+    }
+
+    /// Records one destination of an association in the target log (the
+    /// abuse desk's record), as a tunnel's target is recorded.
+    pub fn record_datagram_target(&self, holds: &Holds, destination: &DatagramAddr) {
+        let (host, port) = match destination {
+            DatagramAddr::Ip(addr) => (addr.ip().to_string(), addr.port()),
+            DatagramAddr::Name(name, port) => (name.clone(), *port),
+        };
+        let log = &holds.log;
+        self.usage.record_target(
+            log.account_id,
+            log.user_id,
+            log.exit_id,
+            log.egress_ip,
+            host,
+            port,
+        );
+    }
+
+    /// The last stage for every opened stream: the meter, the revocation
+    /// registration and the holds that keep them as long as the bytes flow.
+    #[allow(clippy::too_many_arguments)]
+    fn hold(
+        &self,
+        client: Client,
+        ingress: Ingress,
+        target: String,
+        lease: crate::admission::Leases,
+        quotas: Vec<crate::usage::QuotaSpec>,
+        opened: open::Opened,
+        ticket: &ConnectionTicket,
+        started: Instant,
+    ) -> Tunnel {
+        self.stats.tunnel_opened(ingress, started.elapsed());
+        let meter = self.usage.meter(
+            client.account_id,
+            client.user_id,
+            opened.exit_id,
+            opened.source_type,
+            &quotas,
         );
         let meter_view = meter.0.clone();
         let registration = self.open_tunnels.register(
@@ -135,7 +228,7 @@ impl Pipeline {
             client.network,
             ticket.cut().clone(),
         );
-        Ok(Tunnel {
+        Tunnel {
             io: Metered::new(opened.io, meter),
             exit_id: opened.exit_id,
             pin: opened.pin,
@@ -150,7 +243,7 @@ impl Pipeline {
                     username: client.username,
                     exit_id: opened.exit_id,
                     egress_ip: opened.egress_ip,
-                    target: target.to_string(),
+                    target,
                     peer: ticket.peer(),
                     started,
                     setup_ms: started.elapsed().as_secs_f64() * 1000.0,
@@ -162,7 +255,7 @@ impl Pipeline {
                 _registration: registration,
                 ticket: ticket.clone(),
             },
-        })
+        }
     }
 
     /// Registers the client connection itself under `holds`' user, for as

@@ -29,6 +29,33 @@ use crate::username::Targeting;
 /// Exits tried for one tunnel before giving up.
 pub const MAX_ATTEMPTS: usize = 3;
 
+/// What a stream through an exit is opened for.
+#[derive(Clone, Copy)]
+pub enum Purpose<'a> {
+    /// A TCP tunnel to one target.
+    Tunnel(&'a Target),
+    /// A UDP association: each datagram names its own destination, so the
+    /// exit gets an egress address of each family it has.
+    Association,
+}
+
+impl<'a> Purpose<'a> {
+    fn target(self) -> Option<&'a Target> {
+        match self {
+            Purpose::Tunnel(target) => Some(target),
+            Purpose::Association => None,
+        }
+    }
+}
+
+/// The egress addresses a stream asks for: one, or for an association one
+/// per family.
+#[derive(Clone, Copy)]
+struct EgressChoice {
+    first: IpAddr,
+    other_family: Option<IpAddr>,
+}
+
 /// A tunnel stream the exit answered `connected` on.
 pub struct Opened {
     pub io: ExitStream,
@@ -100,10 +127,10 @@ impl TunnelOpener {
         }
     }
 
-    /// Opens a stream to `target` through the first candidate that takes
+    /// Opens a stream for `purpose` through the first candidate that takes
     /// it: take the next candidate, check the budget, dial, record the
     /// outcome, then retry or stop by `retry_safe`.
-    pub async fn open(&self, target: &Target, client: &Client) -> Result<Opened, ProxyError> {
+    pub async fn open(&self, purpose: Purpose<'_>, client: &Client) -> Result<Opened, ProxyError> {
         let deadline = Instant::now() + self.connect_budget;
         let targeting = &client.request.targeting;
         let mut candidates = Candidates::new(&self.pool, targeting, MAX_ATTEMPTS);
@@ -113,6 +140,7 @@ impl TunnelOpener {
         };
         let mut last_error = None;
         let mut no_family = false;
+        let mut no_udp = false;
         self.retry_budget.deposit();
         while !candidates.exhausted() {
             if last_error.is_some() && !self.retry_budget.withdraw() {
@@ -120,7 +148,7 @@ impl TunnelOpener {
                 break;
             }
             let exit = match &mut sticky {
-                Some(sticky) => sticky.choose(&mut candidates, target).await?,
+                Some(sticky) => sticky.choose(&mut candidates, purpose.target()).await?,
                 None => candidates.draw(),
             };
             let Some(exit) = exit else { break };
@@ -131,21 +159,35 @@ impl TunnelOpener {
                     "connect budget exhausted",
                 ));
             }
+            if matches!(purpose, Purpose::Association) && !dial::carries_udp(&exit.link) {
+                no_udp = true;
+                continue;
+            }
             let preferred = sticky.as_ref().and_then(|s| s.egress_ip_on(exit.record.id));
-            let Some(egress_ip) = egress_ip_for(&exit, target, preferred) else {
+            let ip_version = targeting.ip_version;
+            let egress = match purpose {
+                Purpose::Tunnel(target) => {
+                    egress_ip_for(&exit, target, preferred, ip_version).map(|first| EgressChoice {
+                        first,
+                        other_family: None,
+                    })
+                }
+                Purpose::Association => association_egress(&exit, preferred, ip_version),
+            };
+            let Some(egress) = egress else {
                 no_family = true;
                 continue;
             };
             if let Some(sticky) = &mut sticky {
-                sticky.keep_ip(exit.record.id, egress_ip).await?;
+                sticky.keep_ip(exit.record.id, egress.first).await?;
             }
-            match self.dial(&exit, target, egress_ip, remaining).await {
+            match self.dial(&exit, purpose, egress, remaining).await {
                 Ok(io) => {
                     return Ok(Opened {
                         io,
                         exit_id: exit.record.id,
                         source_type: Some(exit.record.source_type),
-                        egress_ip,
+                        egress_ip: egress.first,
                         pin: sticky.as_ref().and_then(Sticky::pin),
                         in_flight: self.pool.health().start_tunnel(exit.record.id),
                     });
@@ -157,7 +199,15 @@ impl TunnelOpener {
                 Err(e) => return Err(e),
             }
         }
-        Err(last_error.unwrap_or_else(|| self.no_exit(targeting, no_family)))
+        Err(last_error.unwrap_or_else(|| {
+            if no_udp && !no_family {
+                return ProxyError::new(
+                    ErrorKind::NoExit,
+                    "no eligible exit carries UDP right now",
+                );
+            }
+            self.no_exit(targeting, no_family)
+        }))
     }
 
     /// One attempt on one exit, its outcome recorded for the exit's health
@@ -165,12 +215,22 @@ impl TunnelOpener {
     async fn dial(
         &self,
         exit: &Candidate,
-        target: &Target,
-        egress_ip: IpAddr,
+        purpose: Purpose<'_>,
+        egress: EgressChoice,
         budget: Duration,
     ) -> Result<ExitStream, ProxyError> {
         let started = std::time::Instant::now();
-        let result = dial::open_tunnel(&exit.link, target, egress_ip, budget).await;
+        let result = match purpose {
+            Purpose::Tunnel(target) => {
+                dial::open_tunnel(&exit.link, target, egress.first, budget).await
+            }
+            Purpose::Association => {
+                let ips: Vec<IpAddr> = std::iter::once(egress.first)
+                    .chain(egress.other_family)
+                    .collect();
+                dial::open_association(&exit.link, &ips, budget).await
+            }
+        };
         let linked = self.pool.view().eligible.len();
         let health = self.pool.health();
         match &result {
@@ -204,6 +264,19 @@ impl TunnelOpener {
                 ),
             );
         }
+        // The asked-for IP family is what keeps the matching exits out.
+        if let Some(version) = targeting.ip_version {
+            let any_family = Targeting {
+                ip_version: None,
+                ..targeting.clone()
+            };
+            if self.pool.pick(&[], &any_family).is_some() {
+                return ProxyError::new(
+                    ErrorKind::NoExit,
+                    format!("no eligible exit has an {version} egress address"),
+                );
+            }
+        }
         // The account's plan is what keeps the matching exits out: say so
         // (403), not "none available" (503).
         if let Some(priced) = &targeting.plan_types {
@@ -228,6 +301,40 @@ impl TunnelOpener {
             format!("no eligible exit matches {targeting}")
         };
         ProxyError::new(ErrorKind::NoExit, detail)
+    }
+}
+
+/// An association's egress addresses: one per family the exit has (and
+/// the username allows), the session's pinned address first when it still
+/// fits. `None`: the exit has no address the association may use.
+fn association_egress(
+    exit: &Candidate,
+    preferred: Option<IpAddr>,
+    ip_version: Option<crate::username::IpVersion>,
+) -> Option<EgressChoice> {
+    let of_family = |literal: &str| {
+        let family = Target::new(literal, 9).ok()?;
+        egress_ip_for(exit, &family, preferred, ip_version)
+    };
+    // Documentation addresses stand for "a destination of this family".
+    let v4 = of_family("192.0.2.1");
+    let v6 = of_family("2001:db8::1");
+    // The pinned address's family goes first: it is the one the session keeps.
+    let (first, second) = if preferred.is_some_and(|p| p.is_ipv6()) {
+        (v6, v4)
+    } else {
+        (v4, v6)
+    };
+    match (first, second) {
+        (Some(first), other_family) => Some(EgressChoice {
+            first,
+            other_family,
+        }),
+        (None, Some(first)) => Some(EgressChoice {
+            first,
+            other_family: None,
+        }),
+        (None, None) => None,
     }
 }
 

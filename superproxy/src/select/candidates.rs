@@ -26,6 +26,12 @@ impl<'a> Candidates<'a> {
         }
     }
 
+    /// What this tunnel's exits must match (the username's asks and the
+    /// account's bounds).
+    pub fn targeting(&self) -> &Targeting {
+        self.targeting
+    }
+
     /// No attempt is left.
     pub fn exhausted(&self) -> bool {
         self.tried.len() >= self.cap

@@ -1,34 +1,139 @@
-//! Which of an exit's egress IPs carries a tunnel.
+//! Which of an exit's egress addresses carries a tunnel.
+//!
+//! An exit offers its egress IPs and, for each egress prefix, one address
+//! drawn uniformly from the prefix for this tunnel: a /64 holds 2^64
+//! addresses, so consecutive tunnels leave from different ones. A sticky
+//! session pins the address it got ([`super::Sticky::keep_ip`]) and is
+//! handed it back as `preferred` while the exit still owns it.
 
+use proxynet_common::egress::Cidr;
 use rand::Rng;
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use super::Candidate;
 use crate::target::{Host, Target};
+use crate::username::IpVersion;
 
-/// An egress IP of `candidate` that can reach `target`: of the target's
-/// family for IP literals, IPv4 first for names (the agent resolves them and
-/// dials the family of the egress IP). `preferred` (a session's pinned IP)
-/// wins when it still fits.
+/// An egress address of `candidate` that can reach `target`: of the
+/// target's family for IP literals; for names, of `ip_version` when the
+/// username asked for one, else IPv4 first (the agent resolves names and
+/// dials the family of the egress address). `preferred` (a session's pinned
+/// address) wins while the exit still owns it and it fits. `None`: the exit
+/// has no address that fits.
 pub fn egress_ip_for(
     candidate: &Candidate,
     target: &Target,
     preferred: Option<IpAddr>,
+    ip_version: Option<IpVersion>,
 ) -> Option<IpAddr> {
-    let ips = &candidate.record.egress_ips;
-    let fits = |ip: &IpAddr| match &target.host {
-        Host::Ip(t) => t.is_ipv4() == ip.is_ipv4(),
-        Host::Name(_) => true,
+    let record = &candidate.record;
+    let fits = |ip: &IpAddr| {
+        let family = match &target.host {
+            Host::Ip(t) => t.is_ipv4() == ip.is_ipv4(),
+            Host::Name(_) => true,
+        };
+        family && ip_version.is_none_or(|v| v.matches(*ip))
     };
-    if let Some(p) = preferred.filter(|p| ips.contains(p) && fits(p)) {
+    if let Some(p) = preferred.filter(|p| record.can_egress_from(*p) && fits(p)) {
         return Some(p);
     }
-    let mut usable: Vec<IpAddr> = ips.iter().copied().filter(fits).collect();
+    let mut rng = rand::thread_rng();
+    let mut usable: Vec<IpAddr> = record
+        .egress_ips
+        .iter()
+        .copied()
+        .chain(
+            record
+                .egress_prefixes
+                .iter()
+                .map(|prefix| random_address_in(prefix, &mut rng)),
+        )
+        .filter(fits)
+        .collect();
     if matches!(target.host, Host::Name(_)) && usable.iter().any(IpAddr::is_ipv4) {
         usable.retain(IpAddr::is_ipv4);
     }
     if usable.is_empty() {
         return None;
     }
-    Some(usable[rand::thread_rng().gen_range(0..usable.len())])
+    Some(usable[rng.gen_range(0..usable.len())])
+}
+
+/// A uniformly random address of `prefix`. Never the all-zero host part of
+/// a prefix that has host bits (IPv6's subnet-router anycast address, an
+/// IPv4 network's own address), nor an IPv4 subnet's broadcast address
+/// (both only where a subnet has them: /31 and /32 have neither).
+fn random_address_in(prefix: &Cidr, rng: &mut impl Rng) -> IpAddr {
+    let bits = prefix.host_bits();
+    match prefix.masked().network() {
+        IpAddr::V6(network) => {
+            let network = u128::from(network);
+            if bits == 0 {
+                return IpAddr::V6(Ipv6Addr::from(network));
+            }
+            let max = u128::MAX.checked_shr(128 - bits).unwrap_or(0);
+            IpAddr::V6(Ipv6Addr::from(network | rng.gen_range(1..=max)))
+        }
+        IpAddr::V4(network) => {
+            let network = u32::from(network);
+            let max = u32::MAX.checked_shr(32 - bits).unwrap_or(0);
+            let host = if bits >= 2 {
+                rng.gen_range(1..max)
+            } else if bits == 1 {
+                rng.gen_range(0..=1)
+            } else {
+                0
+            };
+            IpAddr::V4(Ipv4Addr::from(network | host))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_random_address_is_inside_its_prefix_and_never_the_subnet_router() {
+        let mut rng = rand::thread_rng();
+        let v6: Cidr = "2001:db8:1:2::/64".parse().unwrap();
+        let mut seen = std::collections::HashSet::new();
+        for _ in 0..200 {
+            let ip = random_address_in(&v6, &mut rng);
+            assert!(v6.contains(ip), "{ip}");
+            assert_ne!(ip, v6.network());
+            seen.insert(ip);
+        }
+        assert!(seen.len() > 190, "a /64 barely repeats: {}", seen.len());
+        // A /127 has one non-zero host; a /128 is its one address.
+        let pair: Cidr = "2001:db8::/127".parse().unwrap();
+        for _ in 0..20 {
+            assert_eq!(
+                random_address_in(&pair, &mut rng),
+                "2001:db8::1".parse::<IpAddr>().unwrap()
+            );
+        }
+        let single: Cidr = "2001:db8::7/128".parse().unwrap();
+        assert_eq!(random_address_in(&single, &mut rng), single.network());
+        // Host bits written into the prefix do not leak into the draw.
+        let sloppy: Cidr = "192.0.2.77/30".parse().unwrap();
+        for _ in 0..50 {
+            let ip = random_address_in(&sloppy, &mut rng).to_string();
+            assert!(ip == "192.0.2.77" || ip == "192.0.2.78", "{ip}");
+        }
+        let v4: Cidr = "198.51.100.0/24".parse().unwrap();
+        for _ in 0..200 {
+            let ip = random_address_in(&v4, &mut rng);
+            assert!(v4.contains(ip));
+            assert!(!matches!(
+                ip.to_string().as_str(),
+                "198.51.100.0" | "198.51.100.255"
+            ));
+        }
+        let slash31: Cidr = "198.51.100.4/31".parse().unwrap();
+        let both: std::collections::HashSet<IpAddr> = (0..100)
+            .map(|_| random_address_in(&slash31, &mut rng))
+            .collect();
+        assert_eq!(both.len(), 2);
+    }
 }

@@ -5,7 +5,8 @@
 //! the immutable snapshot, the power-of-two choice and the targeting match;
 //! [`sync`] the Redis reads; [`candidates`] one tunnel's ordered candidates;
 //! [`sticky`] the session policy (pin first, re-pin, keep the IP);
-//! [`sessions`] the pins in Redis; [`egress_ip`] the egress IP for a target.
+//! [`sessions`] the pins in Redis; [`egress_ip`] the egress address for a
+//! target (an egress IP, or an address drawn from an egress prefix).
 //!
 //! An exit is eligible when its agent heartbeats (Redis live set), it is neither
 //! draining (its agent said so, or an operator) nor disabled, and it has a
@@ -472,7 +473,7 @@ impl Pool {
                     if record.draining
                         || known.agent_draining.contains(id)
                         || record.disabled
-                        || record.egress_ips.is_empty()
+                        || !record.has_egress()
                     {
                         continue;
                     }

@@ -45,7 +45,7 @@ impl<'a> Sticky<'a> {
     pub async fn choose(
         &mut self,
         candidates: &mut Candidates<'_>,
-        target: &Target,
+        target: Option<&Target>,
     ) -> Result<Option<Candidate>, ProxyError> {
         if let Some(current) = self.pin {
             if let Some(pinned) = candidates.exactly(current.exit) {
@@ -61,7 +61,9 @@ impl<'a> Sticky<'a> {
         let Some(drawn) = candidates.draw() else {
             return Ok(None);
         };
-        let ip = egress_ip_for(&drawn, target, None);
+        // An association's address is kept once chosen (`keep_ip`).
+        let ip =
+            target.and_then(|t| egress_ip_for(&drawn, t, None, candidates.targeting().ip_version));
         let pinned = self.repin(drawn.record.id, ip).await?;
         // Another superproxy may have re-pinned first: follow it.
         Ok(Some(candidates.follow(pinned.exit, drawn)))

@@ -2,6 +2,7 @@
 //! exits, the power-of-two choice among them, and the targeting match.
 
 use super::*;
+use crate::username::IpVersion;
 
 /// One exit we could send a tunnel through.
 #[derive(Clone)]
@@ -127,6 +128,9 @@ pub fn matches(record: &ExitRecord, targeting: &Targeting) -> bool {
             .plan_types
             .as_ref()
             .is_none_or(|types| types.contains(&record.source_type))
+        && targeting
+            .ip_version
+            .is_none_or(|v| record.has_egress_family(v == IpVersion::V4))
 }
 
 #[cfg(test)]
@@ -153,6 +157,7 @@ mod tests {
             sender: LinkSender::Mux(MuxLink {
                 handle,
                 open_window: true,
+                udp: true,
             }),
         }
     }
@@ -162,6 +167,7 @@ mod tests {
             id: Uuid::new_v4(),
             name: format!("{country}-{}", source_type.as_str()),
             egress_ips: vec!["203.0.113.1".parse().unwrap()],
+            egress_prefixes: Vec::new(),
             source_type,
             country: country.into(),
             owner: "test".into(),
@@ -308,7 +314,7 @@ mod tests {
         let (dual, v4_only) = (&pool.eligible[0], &pool.eligible[1]);
         let v6_target = crate::target::Target::parse_authority("[2001:db8::99]:443").unwrap();
         let named = crate::target::Target::parse_authority("example.com:443").unwrap();
-        let ip = |c, t, p| crate::select::egress_ip_for(c, t, p);
+        let ip = |c, t, p| crate::select::egress_ip_for(c, t, p, None);
         assert_eq!(
             ip(dual, &v6_target, None),
             Some("2001:db8::1".parse().unwrap())
@@ -327,5 +333,64 @@ mod tests {
             Some("2001:db8::1".parse().unwrap())
         );
         assert_eq!(ip(v4_only, &v6_target, None), None);
+    }
+
+    #[tokio::test]
+    async fn a_prefix_gives_each_tunnel_its_own_address_and_a_session_keeps_one() {
+        let mut prefixed = exit("DE", SourceType::Dc, None);
+        prefixed.egress_prefixes = vec!["2001:db8:5:6::/64".parse().unwrap()];
+        let prefix = prefixed.egress_prefixes[0];
+        let pool = view(vec![prefixed]);
+        let candidate = &pool.eligible[0];
+        let v6_target = crate::target::Target::parse_authority("[2001:db8::99]:443").unwrap();
+        let named = crate::target::Target::parse_authority("example.com:443").unwrap();
+        let ip = |t, p, v| crate::select::egress_ip_for(candidate, t, p, v);
+        let drawn: std::collections::HashSet<std::net::IpAddr> = (0..50)
+            .map(|_| ip(&v6_target, None, None).unwrap())
+            .collect();
+        assert!(drawn.iter().all(|a| prefix.contains(*a)), "{drawn:?}");
+        assert!(drawn.len() >= 45, "a /64 rarely repeats: {drawn:?}");
+        // A session's pinned address inside the prefix is kept.
+        let pinned = *drawn.iter().next().unwrap();
+        for _ in 0..20 {
+            assert_eq!(ip(&v6_target, Some(pinned), None), Some(pinned));
+        }
+        // One outside every prefix and IP gives way.
+        let foreign: std::net::IpAddr = "2001:db8:5:7::1".parse().unwrap();
+        assert_ne!(ip(&v6_target, Some(foreign), None), Some(foreign));
+        // Names leave from IPv4 (the exit's 203.0.113.1) unless IPv6 is asked for.
+        for _ in 0..20 {
+            assert!(ip(&named, None, None).unwrap().is_ipv4());
+            let v6 = ip(&named, None, Some(IpVersion::V6)).unwrap();
+            assert!(prefix.contains(v6), "{v6}");
+        }
+        // A pinned IPv4 address gives way to the asked-for family.
+        let v4: std::net::IpAddr = "203.0.113.1".parse().unwrap();
+        assert!(prefix.contains(ip(&named, Some(v4), Some(IpVersion::V6)).unwrap()));
+        assert_eq!(ip(&named, Some(v4), Some(IpVersion::V4)), Some(v4));
+        // An asked-for family the literal target does not have: nothing fits.
+        assert_eq!(ip(&v6_target, None, Some(IpVersion::V4)), None);
+    }
+
+    #[tokio::test]
+    async fn ipversion_keeps_out_exits_without_an_address_of_that_family() {
+        let v4_only = exit("DE", SourceType::Dc, None);
+        let mut prefix_only = exit("DE", SourceType::Dc, None);
+        prefix_only.egress_ips = Vec::new();
+        prefix_only.egress_prefixes = vec!["2001:db8:9::/48".parse().unwrap()];
+        let pool = view(vec![v4_only, prefix_only]);
+        let (v4_id, v6_id) = (pool.eligible[0].record.id, pool.eligible[1].record.id);
+        let health = health();
+        let want = |v| Targeting {
+            ip_version: Some(v),
+            ..Targeting::default()
+        };
+        for _ in 0..30 {
+            let six = choose(&pool, &health, &[], &want(IpVersion::V6)).unwrap();
+            assert_eq!(six.record.id, v6_id);
+            let four = choose(&pool, &health, &[], &want(IpVersion::V4)).unwrap();
+            assert_eq!(four.record.id, v4_id);
+        }
+        assert!(choose(&pool, &health, &[v6_id], &want(IpVersion::V6)).is_none());
     }
 }

@@ -195,6 +195,24 @@ impl Meter {
         take
     }
 
+    /// Counts one datagram's payload, `up` (client to target) or down: a UDP
+    /// association bills payload, not its framing on the link. Reserved
+    /// from every quota first; `false` — and the meter cut — when a quota
+    /// cannot cover the whole datagram (a datagram is not sent in part).
+    pub fn charge_datagram(&self, up: bool, n: usize) -> bool {
+        if !self.quotas.is_empty() {
+            let granted = self.reserve(n);
+            if granted < n {
+                self.release(granted);
+                self.cut();
+                return false;
+            }
+        }
+        let counter = if up { &self.up } else { &self.down };
+        counter.fetch_add(n as u64, Ordering::Relaxed);
+        true
+    }
+
     fn release(&self, n: usize) {
         if n > 0 {
             for q in &self.quotas {
@@ -223,6 +241,12 @@ pub struct Metered<IO> {
 impl<IO> Metered<IO> {
     pub fn new(io: IO, meter: MeterHandle) -> Self {
         Self { io, meter }
+    }
+
+    /// The stream and its meter apart, for a carrier that counts what it
+    /// carries itself (a UDP association counts payload per datagram).
+    pub fn into_parts(self) -> (IO, MeterHandle) {
+        (self.io, self.meter)
     }
 
     /// The counters, for readers that outlive the stream's handover.

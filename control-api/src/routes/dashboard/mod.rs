@@ -195,6 +195,7 @@ pub(crate) async fn overview(State(state): State<AppState>, headers: HeaderMap) 
         ("country", "country"),
         ("owner", "owner"),
         ("egress_ips", "egress IPs"),
+        ("egress_prefixes", "egress prefixes"),
         ("state", "state"),
         ("score", "score"),
         ("probe_rtt_ms", "probe RTT"),
@@ -309,13 +310,21 @@ pub(crate) async fn exit_page(
     .await
     .unwrap_or_default();
     let mut body = format!(
-        "<p>State <b class=\"state {s}\" id=\"state\">{s}</b>{why} · type {t} · country {c} · owner {o} · egress {ips}</p>",
+        "<p>State <b class=\"state {s}\" id=\"state\">{s}</b>{why} · type {t} · country {c} · owner {o} · egress {ips}{prefixes}</p>",
         s = now.state.as_str(),
         why = now.blocked.map(|b| format!(" ({b})")).unwrap_or_default(),
         t = esc(&now.source_type),
         c = esc(&now.country),
         o = esc(&now.owner),
         ips = esc(&now.egress_ips.join(", ")),
+        prefixes = if now.egress_prefixes.is_empty() {
+            String::new()
+        } else {
+            format!(
+                " · egress prefixes <span id=\"egress-prefixes\">{}</span>",
+                esc(&now.egress_prefixes.join(", "))
+            )
+        },
     );
     let _ = write!(
         body,

@@ -3,7 +3,9 @@
 //! The tunnel is fully open before `200` is sent, so every failure still has a
 //! status and a `Proxy-Status`. From the `200` on, the client connection
 //! carries tunnel bytes; bytes the client pipelined behind its request head
-//! were held by the head guard and reach the tunnel first.
+//! were held by the head guard and reach the tunnel first. On HTTP/2 the
+//! same code serves one stream (RFC 9113 §8.5): there is no head guard, and
+//! the stream's DATA frames are the tunnel bytes.
 
 use http::{Request, Response};
 use hyper::body::Incoming;
@@ -22,10 +24,15 @@ use proxynet_common::splice::TunnelLimits;
 pub async fn connect(
     pipeline: Arc<Pipeline>,
     limits: TunnelLimits,
-    switch: TunnelSwitch,
+    switch: Option<TunnelSwitch>,
     ticket: ConnectionTicket,
     req: Request<Incoming>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
+    let ingress = if switch.is_some() {
+        Ingress::Connect
+    } else {
+        Ingress::H2Connect
+    };
     let authority = req
         .uri()
         .authority()
@@ -34,7 +41,7 @@ pub async fn connect(
         .to_owned();
     let tunnel = pipeline
         .open(
-            Ingress::Connect,
+            ingress,
             super::credentials(&req),
             TargetSpec::Authority(&authority),
             &ticket,
@@ -42,7 +49,9 @@ pub async fn connect(
         .await?;
     let response = connect_established(&tunnel).map(|()| empty_body());
 
-    switch.engage();
+    if let Some(switch) = switch {
+        switch.engage();
+    }
     let on_client_upgrade = hyper::upgrade::on(req);
     tokio::spawn(async move {
         match on_client_upgrade.await {

@@ -10,6 +10,12 @@
 //! The origin's response head may be as large as a client's request head
 //! ([`super::MAX_HEAD_BYTES`], [`super::MAX_HEADERS`]); beyond, a 502 names
 //! the limit.
+//!
+//! WebSocket (RFC 6455) is the one upgrade forwarded: a `GET` with
+//! `Upgrade: websocket` keeps its `Upgrade` and `Connection: upgrade` (RFC
+//! 9110 §7.8 lets an intermediary forward an upgrade it supports), and after
+//! the origin's `101` the two connections are spliced like a tunnel, under
+//! the same holds. An origin that refuses answers as it likes, relayed as is.
 
 use http::{header, HeaderValue, Method, Request, Response, Uri, Version};
 use http_body_util::BodyExt;
@@ -23,6 +29,7 @@ use crate::accept::ConnectionTicket;
 use crate::error::{ErrorKind, ProxyError};
 use crate::pipeline::Pipeline;
 use crate::request::{Ingress, TargetSpec};
+use proxynet_common::splice::{splice_until, Plain, TunnelLimits};
 
 /// Methods this proxy answers itself when `Max-Forwards` reaches zero.
 const ALLOW: &str = "GET, HEAD, POST, PUT, DELETE, OPTIONS, PATCH, CONNECT";
@@ -33,9 +40,11 @@ pub type ConnectionIdentity = Arc<std::sync::Mutex<Option<crate::open_tunnels::R
 
 pub async fn forward(
     pipeline: Arc<Pipeline>,
+    limits: TunnelLimits,
+    h2: bool,
     ticket: ConnectionTicket,
     identity: ConnectionIdentity,
-    req: Request<Incoming>,
+    mut req: Request<Incoming>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     if req.method() == Method::TRACE {
         // TRACE would echo our customers' credentials and cookies back through a cache.
@@ -61,7 +70,16 @@ pub async fn forward(
         ));
     }
 
+    // An HTTP/2 stream cannot switch protocols (RFC 9113 §8.6).
+    let websocket = !h2 && is_websocket_upgrade(&req);
     let mut headers = end_to_end(req.headers());
+    let client_upgrade = if websocket {
+        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        headers.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+        Some(hyper::upgrade::on(&mut req))
+    } else {
+        None
+    };
     if req.method() == Method::OPTIONS {
         if let Some(max) = max_forwards(&headers)? {
             if max == 0 {
@@ -114,7 +132,11 @@ pub async fn forward(
 
     let tunnel = pipeline
         .open(
-            Ingress::Forward,
+            if h2 {
+                Ingress::H2Forward
+            } else {
+                Ingress::Forward
+            },
             credentials,
             TargetSpec::UrlAuthority(&authority),
             &ticket,
@@ -136,11 +158,13 @@ pub async fn forward(
         .map_err(|e| {
             ProxyError::new(ErrorKind::ExitLinkLost, "the exit stream failed").caused_by(e)
         })?;
+    // After a `101` the spliced connections take the holds over.
+    let (upgraded_tx, upgraded_rx) = tokio::sync::oneshot::channel();
     tokio::spawn(async move {
         // The upstream connection outlives the response head: it holds the
         // tunnel's lease, meter and ticket until it ends or is cut.
         let cut = tokio::select! {
-            result = connection => {
+            result = connection.with_upgrades() => {
                 if let Err(e) = result {
                     tracing::debug!(error = %e, "upstream connection ended with an error");
                 }
@@ -150,6 +174,9 @@ pub async fn forward(
         };
         if cut {
             holds.ended(proxynet_common::splice::End::Cut);
+        } else if let Err(holds) = upgraded_tx.send(holds) {
+            // Not upgraded: the tunnel ends with its connection.
+            drop(holds);
         }
     });
     let response = sender.send_request(upstream).await.map_err(|e| {
@@ -178,6 +205,28 @@ pub async fn forward(
         // A final answer before any 100: the body stays back for good.
         gate.answered();
     }
+    let mut response = response;
+    if let Some(client_upgrade) =
+        client_upgrade.filter(|_| response.status() == http::StatusCode::SWITCHING_PROTOCOLS)
+    {
+        let origin_upgrade = hyper::upgrade::on(&mut response);
+        tokio::spawn(splice_upgraded(
+            client_upgrade,
+            origin_upgrade,
+            upgraded_rx,
+            limits,
+        ));
+        let (mut parts, _) = response.into_parts();
+        parts.headers = end_to_end(&parts.headers);
+        parts
+            .headers
+            .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        parts
+            .headers
+            .insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+        parts.headers.extend(tunnel_info);
+        return Ok(Response::from_parts(parts, empty_body()));
+    }
     let (mut parts, body) = response.into_parts();
     parts.headers = end_to_end(&parts.headers);
     parts.headers.extend(tunnel_info);
@@ -190,6 +239,45 @@ pub async fn forward(
         None => body.map_err(Box::from).boxed_unsync(),
     };
     Ok(Response::from_parts(parts, body))
+}
+
+/// `GET` asking to switch to WebSocket (`Upgrade: websocket` named by
+/// `Connection`).
+fn is_websocket_upgrade<B>(req: &Request<B>) -> bool {
+    let has_token = |name: header::HeaderName, token: &str| {
+        req.headers().get_all(name).iter().any(|v| {
+            v.to_str()
+                .is_ok_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
+        })
+    };
+    req.method() == Method::GET
+        && has_token(header::UPGRADE, "websocket")
+        && has_token(header::CONNECTION, "upgrade")
+}
+
+/// Splices a WebSocket client and origin after the origin's `101`, under
+/// the tunnel's holds (lease, meter, ticket, access-log line) until either
+/// side closes, the tunnel idles out or it is cut.
+async fn splice_upgraded(
+    client: hyper::upgrade::OnUpgrade,
+    origin: hyper::upgrade::OnUpgrade,
+    holds: tokio::sync::oneshot::Receiver<crate::pipeline::Holds>,
+    limits: TunnelLimits,
+) {
+    let (client, origin, holds) = tokio::join!(client, origin, holds);
+    let (Ok(client), Ok(origin), Ok(mut holds)) = (client, origin, holds) else {
+        tracing::debug!("a side went away before the WebSocket splice started");
+        return;
+    };
+    let outcome = splice_until(
+        Plain(TokioIo::new(client)),
+        Plain(TokioIo::new(origin)),
+        limits,
+        holds.cut(),
+    )
+    .await;
+    holds.ended(outcome.end);
+    tracing::debug!(up = outcome.up, down = outcome.down, end = ?outcome.end, "WebSocket closed");
 }
 
 /// The request body sent upstream: the client's own, or held back until the

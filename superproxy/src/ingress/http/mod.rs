@@ -13,6 +13,7 @@ pub mod connect;
 pub mod expect;
 pub mod first_connect;
 pub mod forward;
+pub mod h2;
 pub mod head_guard;
 pub mod hygiene;
 pub mod response;
@@ -71,7 +72,7 @@ pub async fn serve_connection<IO>(
             handle(
                 pipeline.clone(),
                 limits.tunnel,
-                switch.clone(),
+                Some(switch.clone()),
                 ticket.clone(),
                 identity.clone(),
                 req,
@@ -103,15 +104,20 @@ pub async fn serve_connection<IO>(
     }
 }
 
-async fn handle(
+/// Answers one request; `switch` is the HTTP/1.1 connection's head guard
+/// (`None` on HTTP/2, where a request is one stream).
+pub(super) async fn handle(
     pipeline: Arc<Pipeline>,
     limits: TunnelLimits,
-    switch: TunnelSwitch,
+    switch: Option<TunnelSwitch>,
     ticket: ConnectionTicket,
     identity: forward::ConnectionIdentity,
     req: Request<Incoming>,
 ) -> Result<Response<ProxyBody>, Infallible> {
     let is_connect = req.method() == Method::CONNECT;
+    // What the head guard holds the following bytes for (its own test is
+    // narrower: no body, HTTP/1.1), so every head it waits on is decided.
+    let may_switch = is_connect || req.headers().contains_key(header::UPGRADE);
     let response = match route(pipeline, limits, switch.clone(), ticket, identity, req).await {
         Ok(response) => response,
         Err(e) => {
@@ -119,9 +125,16 @@ async fn handle(
             error_response(&e)
         }
     };
-    if is_connect && !response.status().is_success() {
-        // The guard held the bytes after the CONNECT head: they are the next request.
-        switch.refuse();
+    if let Some(switch) = switch.filter(|_| may_switch) {
+        // The answer decides what the guard does with the bytes behind the
+        // head: a CONNECT's 2xx or an upgrade's 101 turns them into the
+        // tunnel's; anything else means they are the next request.
+        let status = response.status();
+        if (is_connect && status.is_success()) || status == http::StatusCode::SWITCHING_PROTOCOLS {
+            switch.engage();
+        } else {
+            switch.refuse();
+        }
     }
     Ok(response)
 }
@@ -129,11 +142,12 @@ async fn handle(
 async fn route(
     pipeline: Arc<Pipeline>,
     limits: TunnelLimits,
-    switch: TunnelSwitch,
+    switch: Option<TunnelSwitch>,
     ticket: ConnectionTicket,
     identity: forward::ConnectionIdentity,
     req: Request<Incoming>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
+    let h2 = switch.is_none();
     if req.method() == Method::CONNECT {
         return connect::connect(pipeline, limits, switch, ticket, req).await;
     }
@@ -143,7 +157,7 @@ async fn route(
             "this is a forward proxy: send CONNECT or an absolute-form request",
         ));
     }
-    forward::forward(pipeline, ticket, identity, req).await
+    forward::forward(pipeline, limits, h2, ticket, identity, req).await
 }
 
 /// The `Proxy-Authorization: Basic` credentials, if the client sent any. A

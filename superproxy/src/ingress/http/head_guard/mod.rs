@@ -219,7 +219,7 @@ impl<IO> HeadGuard<IO> {
             Framing::NoBody => Phase::Head,
             Framing::ContentLength(n) => Phase::Body { remaining: n },
             Framing::Chunked => Phase::ChunkedBody(Chunked::START),
-            Framing::Connect => {
+            Framing::Connect | Framing::Upgrade => {
                 self.switch.reset();
                 Phase::AwaitingAnswer
             }

@@ -22,6 +22,9 @@ pub enum Framing {
     /// CONNECT: what follows is either the next head (if the tunnel was
     /// refused) or tunnel bytes (if it was established).
     Connect,
+    /// A bodiless HTTP/1.1 request with an `Upgrade` field: after a `101`
+    /// what follows is the new protocol's, otherwise the next head.
+    Upgrade,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -89,6 +92,7 @@ pub fn validate_head(head: &[u8], max_fields: usize) -> Result<Framing, HeadErro
     let mut fields = 0usize;
     let mut content_length: Option<u64> = None;
     let mut transfer_encoding: Option<Vec<u8>> = None;
+    let mut upgrade = false;
     loop {
         let line = lines
             .next_line()?
@@ -138,6 +142,8 @@ pub fn validate_head(head: &[u8], max_fields: usize) -> Result<Framing, HeadErro
                     _ => content_length = Some(n),
                 }
             }
+        } else if name.eq_ignore_ascii_case(b"upgrade") {
+            upgrade = true;
         } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
             let te = transfer_encoding.get_or_insert_with(Vec::new);
             if !te.is_empty() {
@@ -162,6 +168,11 @@ pub fn validate_head(head: &[u8], max_fields: usize) -> Result<Framing, HeadErro
             return Err(HeadError::Malformed("CONNECT must not carry a body"));
         }
         return Ok(Framing::Connect);
+    }
+    // Any request that may switch protocols waits for its answer (the
+    // handler decides for every request, so a wider net only waits).
+    if upgrade && !http10 && transfer_encoding.is_none() && content_length.unwrap_or(0) == 0 {
+        return Ok(Framing::Upgrade);
     }
     match (transfer_encoding, content_length) {
         (Some(_), Some(_)) => Err(HeadError::Malformed(
@@ -259,6 +270,18 @@ mod tests {
 
     fn v(head: &str) -> Result<Framing, HeadError> {
         validate_head(head.as_bytes(), MAX)
+    }
+
+    #[test]
+    fn a_bodiless_upgrade_request_waits_for_its_answer() {
+        assert_eq!(
+            v("GET http://a/ws HTTP/1.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n"),
+            Ok(Framing::Upgrade)
+        );
+        assert_eq!(
+            v("POST http://a/ HTTP/1.1\r\nUpgrade: h2c\r\nContent-Length: 3\r\n\r\n"),
+            Ok(Framing::ContentLength(3))
+        );
     }
 
     #[test]

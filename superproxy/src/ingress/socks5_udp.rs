@@ -1,0 +1,266 @@
+//! SOCKS5 UDP ASSOCIATE (RFC 1928 §7): the relay between the client's UDP
+//! socket and its association's stream through an exit.
+//!
+//! The association was authenticated and admitted like a tunnel (it holds
+//! one concurrent-tunnel lease, a meter, a revocation registration and an
+//! access-log line) before the client learnt the relay's port. Each
+//! datagram the client sends carries the SOCKS UDP header (RSV, FRAG, the
+//! destination); the relay checks it and forwards it to the exit as one
+//! capsule ([`proxynet_wire::datagram`]) on the association's stream; the
+//! exit sends it from its egress address and returns replies the same way.
+//!
+//! What keeps the relay from being turned on third parties:
+//! - datagrams are accepted only from the control connection's source
+//!   address (and the port the client declared, when it declared one), and
+//!   the first such datagram fixes the client's UDP address: replies go
+//!   only there, never to an address a datagram names;
+//! - fragments (FRAG ≠ 0) are dropped, as the RFC allows;
+//! - per association: a datagram-rate bound, a bounded queue towards the
+//!   exit (full: dropped — UDP may drop, the relay must not buffer without
+//!   end), literal destinations the egress policy denies never leave;
+//! - payload bytes are charged to the meter per datagram, so quotas bind
+//!   exactly as on TCP.
+//!
+//! The association ends when its TCP control connection closes (RFC 1928),
+//! when nothing crosses it for the tunnel idle timeout, at the tunnel
+//! lifetime, when it is cut (revocation, drain), or when a quota is spent.
+
+use bytes::{Bytes, BytesMut};
+use governor::{DefaultDirectRateLimiter, Quota};
+use proxynet_common::splice::{End, TunnelLimits};
+use proxynet_wire::datagram::{self, Datagram, DatagramAddr};
+use std::net::{IpAddr, SocketAddr};
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpStream, UdpSocket};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use crate::pipeline::{Pipeline, Tunnel};
+
+/// Datagrams per second one association may send (and its burst).
+const DATAGRAMS_PER_SECOND: u32 = 2000;
+const DATAGRAM_BURST: u32 = 500;
+/// Capsules waiting for the exit stream; beyond, datagrams are dropped.
+const QUEUE_CAPSULES: usize = 256;
+/// Distinct destinations of one association written to the target log
+/// (the abuse desk's record); a scan past them is in the access log's
+/// byte counts, not one row per address.
+const RECORDED_DESTINATIONS: usize = 64;
+/// Room for the SOCKS header in front of the largest payload.
+const RECV_BUFFER: usize = datagram::MAX_PAYLOAD + 3 + 1 + 1 + 255 + 2 + 1;
+
+/// Where the client's datagrams may come from.
+#[derive(Debug, Clone, Copy)]
+pub struct SourceFilter {
+    /// The control connection's source address.
+    pub ip: IpAddr,
+    /// The port the client declared in its request, if it declared one.
+    pub port: Option<u16>,
+}
+
+impl SourceFilter {
+    fn admits(&self, from: SocketAddr) -> bool {
+        from.ip().to_canonical() == self.ip.to_canonical()
+            && self.port.is_none_or(|p| p == from.port())
+    }
+}
+
+/// Runs the association until it ends; the tunnel's holds (lease, meter,
+/// registration, access-log line) are released when this returns.
+pub async fn relay(
+    pipeline: Arc<Pipeline>,
+    mut control: TcpStream,
+    udp: UdpSocket,
+    source: SourceFilter,
+    tunnel: Tunnel,
+    limits: TunnelLimits,
+) -> End {
+    let Tunnel { io, mut holds, .. } = tunnel;
+    let (io, meter_handle) = io.into_parts();
+    let meter = meter_handle.0.clone();
+    let (mut exit_read, mut exit_write) = tokio::io::split(io);
+    let (queue, mut queued) = mpsc::channel::<Bytes>(QUEUE_CAPSULES);
+    let rate = DefaultDirectRateLimiter::direct(
+        Quota::per_second(NonZeroU32::new(DATAGRAMS_PER_SECOND).unwrap_or(NonZeroU32::MIN))
+            .allow_burst(NonZeroU32::new(DATAGRAM_BURST).unwrap_or(NonZeroU32::MIN)),
+    );
+    let lifetime_ends = Instant::now() + limits.max_lifetime;
+
+    let writer = async {
+        while let Some(capsule) = queued.recv().await {
+            if let Err(e) = exit_write.write_all(&capsule).await {
+                return End::Error(e.kind());
+            }
+        }
+        let _ = exit_write.shutdown().await;
+        End::Closed
+    };
+    let relay = async {
+        let mut client_addr: Option<SocketAddr> = None;
+        let mut recorded: Vec<DatagramAddr> = Vec::new();
+        let mut from_client = vec![0u8; RECV_BUFFER];
+        let mut from_exit = BytesMut::with_capacity(64 * 1024);
+        let mut control_byte = [0u8; 64];
+        let mut last_activity = Instant::now();
+        let cut = holds.cut();
+        tokio::pin!(cut);
+        loop {
+            let idle_ends = last_activity + limits.idle_timeout;
+            tokio::select! {
+                read = control.read(&mut control_byte) => match read {
+                    // Nothing is expected on the control connection; it
+                    // closing ends the association.
+                    Ok(0) | Err(_) => return End::Closed,
+                    Ok(_) => {}
+                },
+                received = udp.recv_from(&mut from_client) => {
+                    let Ok((n, from)) = received else { continue };
+                    last_activity = Instant::now();
+                    match client_datagram(&pipeline, &from_client[..n], from, source, &mut client_addr, &rate) {
+                        Err(drop_reason) => crate::metrics::udp_datagram("up", drop_reason),
+                        Ok(datagram) => {
+                            if recorded.len() < RECORDED_DESTINATIONS && !recorded.contains(&datagram.addr) {
+                                pipeline.record_datagram_target(&holds, &datagram.addr);
+                                recorded.push(datagram.addr.clone());
+                            }
+                            if !meter.charge_datagram(true, datagram.payload.len()) {
+                                return End::Error(std::io::ErrorKind::ConnectionAborted);
+                            }
+                            let mut capsule = BytesMut::with_capacity(datagram.payload.len() + 16);
+                            if datagram.encode(&mut capsule).is_err() {
+                                crate::metrics::udp_datagram("up", "bad_request");
+                                continue;
+                            }
+                            match queue.try_send(capsule.freeze()) {
+                                Ok(()) => crate::metrics::udp_datagram("up", "relayed"),
+                                Err(_) => crate::metrics::udp_datagram("up", "queue_full"),
+                            }
+                        }
+                    }
+                },
+                read = exit_read.read_buf(&mut from_exit) => {
+                    match read {
+                        Ok(0) => return End::Closed,
+                        Err(e) => return End::Error(e.kind()),
+                        Ok(_) => {}
+                    }
+                    last_activity = Instant::now();
+                    loop {
+                        match Datagram::decode(&mut from_exit) {
+                            Ok(Some(reply)) => {
+                                if !meter.charge_datagram(false, reply.payload.len()) {
+                                    return End::Error(std::io::ErrorKind::ConnectionAborted);
+                                }
+                                crate::metrics::udp_datagram("down", send_to_client(&udp, client_addr, &reply));
+                            }
+                            Ok(None) => break,
+                            // The exit broke the framing: nothing after it can be trusted.
+                            Err(_) => return End::Error(std::io::ErrorKind::InvalidData),
+                        }
+                    }
+                },
+                () = tokio::time::sleep_until(idle_ends) => return End::Idle,
+                () = tokio::time::sleep_until(lifetime_ends) => return End::Lifetime,
+                () = &mut cut => return End::Cut,
+            }
+        }
+    };
+    let end = tokio::select! {
+        end = writer => end,
+        end = relay => end,
+    };
+    holds.ended(end);
+    tracing::debug!(
+        up = meter.up(),
+        down = meter.down(),
+        ?end,
+        "UDP association closed"
+    );
+    drop(meter_handle);
+    end
+}
+
+/// Checks one datagram from the client's side; why it is dropped otherwise.
+fn client_datagram(
+    pipeline: &Pipeline,
+    bytes: &[u8],
+    from: SocketAddr,
+    source: SourceFilter,
+    client_addr: &mut Option<SocketAddr>,
+    rate: &DefaultDirectRateLimiter,
+) -> Result<Datagram, &'static str> {
+    if !source.admits(from) {
+        return Err("foreign_source");
+    }
+    match client_addr {
+        // One client address per association: replies go there only.
+        Some(known) if *known != from => return Err("foreign_source"),
+        Some(_) => {}
+        None => *client_addr = Some(from),
+    }
+    if rate.check().is_err() {
+        return Err("rate_limited");
+    }
+    // RSV (2 bytes), FRAG, then the destination.
+    let [_, _, frag, rest @ ..] = bytes else {
+        return Err("bad_request");
+    };
+    if *frag != 0 {
+        return Err("fragment");
+    }
+    let (addr, used) = datagram::decode_addr(rest).map_err(|_| "bad_request")?;
+    let payload = &rest[used..];
+    if payload.len() > datagram::MAX_PAYLOAD {
+        return Err("too_large");
+    }
+    if !pipeline.datagram_allowed(&addr) {
+        return Err("denied");
+    }
+    Ok(Datagram {
+        addr,
+        payload: Bytes::copy_from_slice(payload),
+    })
+}
+
+/// Sends a reply to the client's UDP address with its SOCKS header; the
+/// outcome for the metric.
+fn send_to_client(udp: &UdpSocket, client: Option<SocketAddr>, reply: &Datagram) -> &'static str {
+    let Some(client) = client else {
+        return "no_client";
+    };
+    let mut packet = BytesMut::with_capacity(reply.payload.len() + 24);
+    packet.extend_from_slice(&[0, 0, 0]);
+    if datagram::encode_addr(&reply.addr, &mut packet).is_err() {
+        return "bad_request";
+    }
+    packet.extend_from_slice(&reply.payload);
+    match udp.try_send_to(&packet, client) {
+        Ok(_) => "relayed",
+        // The client's socket is full: UDP drops, the relay does not queue.
+        Err(_) => "dropped",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_control_connections_address_is_admitted() {
+        let any_port = SourceFilter {
+            ip: "127.0.0.1".parse().unwrap(),
+            port: None,
+        };
+        assert!(any_port.admits("127.0.0.1:4000".parse().unwrap()));
+        assert!(any_port.admits("[::ffff:127.0.0.1]:4000".parse().unwrap()));
+        assert!(!any_port.admits("127.0.0.2:4000".parse().unwrap()));
+        let declared = SourceFilter {
+            port: Some(5000),
+            ..any_port
+        };
+        assert!(declared.admits("127.0.0.1:5000".parse().unwrap()));
+        assert!(!declared.admits("127.0.0.1:5001".parse().unwrap()));
+    }
+}

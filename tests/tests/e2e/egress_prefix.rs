@@ -1,0 +1,152 @@
+//! Egress prefixes: an exit on a host of its own (network namespaces) sends
+//! each tunnel from an address of its prefix that the superproxy drew, a
+//! session keeps its address, and `ipversion-6` finds only exits with an
+//! IPv6 egress address.
+
+use proxynet_tests::client::curl;
+use proxynet_tests::netns::ExitHost;
+use proxynet_tests::stack::{Stack, StackOptions, PASSWORD, USERNAME};
+use proxynet_tests::whoami::Seen;
+use std::collections::HashSet;
+use std::net::{IpAddr, SocketAddr};
+
+fn proxy_as(username: &str, proxy: SocketAddr) -> String {
+    format!("http://{username}:{}@{proxy}", PASSWORD.replace(' ', "%20"))
+}
+
+/// The address the whoami target saw a CONNECT tunnel to `url` come from.
+async fn egress_of(proxy: &str, url: &str) -> IpAddr {
+    let r = curl(&["-p", "-x", proxy, url]).await;
+    assert_eq!(r.status, 200, "{}{}", r.headers, r.body);
+    serde_json::from_str::<Seen>(&r.body).unwrap().peer.ip()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tunnels_leave_from_drawn_prefix_addresses_and_a_session_keeps_one() {
+    let host = ExitHost::create();
+    let mut stack = Stack::start_with(host.stack_options(StackOptions {
+        egress_ips: Vec::new(),
+        ..Default::default()
+    }))
+    .await;
+    stack
+        .add_agent_in(&host, &[], &[host.prefix_v6, host.prefix_v4], &[])
+        .await;
+    stack.wait_eligible(1).await;
+    let whoami = host.start_whoami();
+    let proxy = stack.proxy_addrs.proxy;
+
+    let rotating = proxy_as(&format!("{USERNAME}-ipversion-6"), proxy);
+    let mut v6 = HashSet::new();
+    for _ in 0..10 {
+        let ip = egress_of(&rotating, &whoami.url(true)).await;
+        assert!(
+            host.prefix_v6.contains(ip),
+            "{ip} outside {}",
+            host.prefix_v6
+        );
+        v6.insert(ip);
+    }
+    assert!(
+        v6.len() >= 8,
+        "a /64 draws a new address per tunnel: {v6:?}"
+    );
+
+    // The IPv4 prefix works the same way (14 usable addresses in a /28).
+    let plain = proxy_as(USERNAME, proxy);
+    let mut v4 = HashSet::new();
+    for _ in 0..10 {
+        let ip = egress_of(&plain, &whoami.url(false)).await;
+        assert!(
+            host.prefix_v4.contains(ip),
+            "{ip} outside {}",
+            host.prefix_v4
+        );
+        v4.insert(ip);
+    }
+    assert!(v4.len() >= 3, "{v4:?}");
+
+    let session = proxy_as(&format!("{USERNAME}-session-x1-ipversion-6"), proxy);
+    let mut kept = HashSet::new();
+    for _ in 0..4 {
+        let ip = egress_of(&session, &whoami.url(true)).await;
+        assert!(host.prefix_v6.contains(ip), "{ip}");
+        kept.insert(ip);
+    }
+    assert_eq!(kept.len(), 1, "one session, one address: {kept:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ipversion_6_without_an_ipv6_exit_is_503_naming_the_family() {
+    // The default stack: two exits on loopback, IPv4 only.
+    let stack = Stack::start().await;
+    let v6_user = proxy_as(&format!("{USERNAME}-ipversion-6"), stack.proxy_addrs.proxy);
+    let connect = curl(&["-p", "-x", &v6_user, &stack.whoami_url()]).await;
+    let h = connect.headers.to_ascii_lowercase();
+    assert!(h.contains(" 503"), "{h}");
+    assert!(
+        h.contains("error=destination_unavailable")
+            && h.contains("no eligible exit has an ipv6 egress address"),
+        "{h}"
+    );
+    let absolute = curl(&["-x", &v6_user, &stack.whoami_url()]).await;
+    assert_eq!(absolute.status, 503, "{}", absolute.headers);
+    assert!(
+        absolute
+            .headers
+            .contains("no eligible exit has an IPv6 egress address"),
+        "{}",
+        absolute.headers
+    );
+    // The same exits serve IPv4 when asked for it.
+    let v4_user = proxy_as(&format!("{USERNAME}-ipversion-4"), stack.proxy_addrs.proxy);
+    let ok = curl(&["-p", "-x", &v4_user, &stack.whoami_url()]).await;
+    assert_eq!(ok.status, 200, "{}", ok.headers);
+}
+
+/// The harness itself: sockets made inside a namespace serve from the
+/// test's runtime, the UDP echo records its sources, and a panicking test
+/// leaves no namespace or veth behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exit_hosts_echo_udp_and_vanish_even_when_a_test_panics() {
+    let host = ExitHost::create();
+    let echo = host.start_udp_echo();
+    let from = std::net::SocketAddr::new(IpAddr::V6(host.exit_wan_v6), 0);
+    let socket = tokio::net::UdpSocket::from_std(host.exit.bind_udp(from)).unwrap();
+    socket.send_to(b"ping", echo.v6).await.unwrap();
+    let mut buf = [0u8; 16];
+    let (n, _) = tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        socket.recv_from(&mut buf),
+    )
+    .await
+    .expect("the echo answers")
+    .unwrap();
+    assert_eq!(&buf[..n], b"ping");
+    assert_eq!(
+        echo.source_ips(),
+        HashSet::from([IpAddr::V6(host.exit_wan_v6)])
+    );
+    let names = [host.exit.name().to_owned(), host.target.name().to_owned()];
+    drop((socket, echo));
+
+    let panicked = std::thread::spawn(move || {
+        let _host = host;
+        panic!("a test failing with an exit host in scope");
+    })
+    .join();
+    assert!(panicked.is_err());
+    let listed = std::process::Command::new("ip")
+        .args(["netns", "list"])
+        .output()
+        .unwrap();
+    let listed = String::from_utf8_lossy(&listed.stdout);
+    for name in &names {
+        assert!(
+            !listed
+                .lines()
+                .any(|l| l.split_whitespace().next() == Some(name)),
+            "{name} left behind: {listed}"
+        );
+    }
+}
