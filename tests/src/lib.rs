@@ -15,6 +15,7 @@ pub mod faults;
 pub mod metrics;
 pub mod netns;
 pub mod process;
+pub mod protocol_bench;
 pub mod stack;
 pub mod stores;
 pub mod targets;

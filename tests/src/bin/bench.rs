@@ -3,7 +3,8 @@
 //!
 //! `bench target` runs the far end: an echo service (setup latency, idle
 //! tunnels) and a bulk service (throughput). `bench run` drives one proxy and
-//! prints one JSON line of results. `scripts/bench` starts everything, pins the
+//! prints one JSON line of results; `bench protocols` measures HTTP/2 CONNECT
+//! and SOCKS5 UDP ([`proxynet_tests::protocol_bench`]). `scripts/bench` starts everything, pins the
 //! proxies to one core and this tool to the other, and writes the report.
 //!
 //! Every loop is bounded by a count and a time limit.
@@ -33,6 +34,35 @@ enum Command {
     Target,
     /// Benchmark one proxy; prints one JSON line.
     Run(Box<RunArgs>),
+    /// Write a local CA (`ca.pem`) and a certificate for 127.0.0.1
+    /// (`cert.pem`, `key.pem`) into `--dir`, for the HTTPS proxy listener.
+    Certs {
+        #[arg(long)]
+        dir: std::path::PathBuf,
+    },
+    /// HTTP/2 CONNECT beside HTTP/1.1 CONNECT over TLS, and UDP through a
+    /// SOCKS5 association beside direct UDP; prints one JSON line.
+    Protocols(Box<ProtocolArgs>),
+}
+
+#[derive(Parser, Clone)]
+struct ProtocolArgs {
+    #[arg(long)]
+    tls_proxy: SocketAddr,
+    #[arg(long)]
+    ca: std::path::PathBuf,
+    #[arg(long)]
+    socks: SocketAddr,
+    #[arg(long)]
+    user: String,
+    #[arg(long)]
+    password: String,
+    #[arg(long)]
+    echo: SocketAddr,
+    #[arg(long)]
+    udp_echo: SocketAddr,
+    #[arg(long, default_value_t = 1000)]
+    count: usize,
 }
 
 #[derive(Parser, Clone)]
@@ -109,6 +139,28 @@ fn main() {
             let report = runtime.block_on(run_all(*run));
             println!("{}", serde_json::to_string(&report).unwrap());
         }
+        Command::Certs { dir } => {
+            let ca = proxynet_tests::certs::LocalCa::create(&dir);
+            ca.issue(
+                "proxynet bench",
+                &dir.join("cert.pem"),
+                &dir.join("key.pem"),
+            );
+        }
+        Command::Protocols(p) => {
+            let targets = proxynet_tests::protocol_bench::ProtocolTargets {
+                tls_proxy: p.tls_proxy,
+                ca: p.ca,
+                socks: p.socks,
+                user: p.user,
+                password: p.password,
+                echo: p.echo,
+                udp_echo: p.udp_echo,
+                count: p.count,
+            };
+            let report = runtime.block_on(proxynet_tests::protocol_bench::measure(&targets));
+            println!("{}", serde_json::to_string(&report).unwrap());
+        }
     }
 }
 
@@ -117,11 +169,19 @@ fn main() {
 async fn serve_targets() {
     let echo = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let bulk = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let udp_echo = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
     proxynet_common::ready::announce(&serde_json::json!({
         "echo": echo.local_addr().unwrap(),
         "bulk": bulk.local_addr().unwrap(),
+        "udp_echo": udp_echo.local_addr().unwrap(),
     }))
     .unwrap();
+    tokio::spawn(async move {
+        let mut buf = vec![0u8; 65_536];
+        while let Ok((n, from)) = udp_echo.recv_from(&mut buf).await {
+            let _ = udp_echo.send_to(&buf[..n], from).await;
+        }
+    });
     let echo_task = tokio::spawn(async move {
         loop {
             let Ok((mut s, _)) = echo.accept().await else {

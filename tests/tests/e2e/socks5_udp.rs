@@ -7,6 +7,7 @@
 use proxynet_tests::client::socks5;
 use proxynet_tests::dns::TestDns;
 use proxynet_tests::metrics::{sample, scrape};
+use proxynet_tests::netns::ExitHost;
 use proxynet_tests::process::eventually;
 use proxynet_tests::stack::{Stack, StackOptions};
 use proxynet_tests::targets::udp_echo;
@@ -37,12 +38,16 @@ async fn associate(control: &mut TcpStream) -> (u8, SocketAddr) {
     )
 }
 
-/// A SOCKS UDP request header for `host:port` (an IPv4 literal or a name).
+/// A SOCKS UDP request header for `host:port` (an IP literal or a name).
 fn header(host: &str, port: u16) -> Vec<u8> {
     let mut h = vec![0, 0, 0];
-    match host.parse::<std::net::Ipv4Addr>() {
-        Ok(ip) => {
+    match host.parse::<std::net::IpAddr>() {
+        Ok(std::net::IpAddr::V4(ip)) => {
             h.push(1);
+            h.extend_from_slice(&ip.octets());
+        }
+        Ok(std::net::IpAddr::V6(ip)) => {
+            h.push(4);
             h.extend_from_slice(&ip.octets());
         }
         Err(_) => {
@@ -73,12 +78,20 @@ async fn round_trip(
         .unwrap();
     assert_eq!(from, relay, "replies come from the relay");
     let reply = &buf[..n];
-    assert_eq!(&reply[..4], &[0, 0, 0, 1], "an IPv4 source: {reply:?}");
-    let source = SocketAddr::from((
-        std::net::Ipv4Addr::new(reply[4], reply[5], reply[6], reply[7]),
-        u16::from_be_bytes([reply[8], reply[9]]),
-    ));
-    Some((source, reply[10..].to_vec()))
+    assert_eq!(&reply[..3], &[0, 0, 0], "RSV and FRAG: {reply:?}");
+    let (ip, rest): (std::net::IpAddr, &[u8]) = match reply[3] {
+        1 => (
+            <[u8; 4]>::try_from(&reply[4..8]).unwrap().into(),
+            &reply[8..],
+        ),
+        4 => (
+            <[u8; 16]>::try_from(&reply[4..20]).unwrap().into(),
+            &reply[20..],
+        ),
+        other => panic!("a reply names its source by address, not {other}"),
+    };
+    let source = SocketAddr::new(ip, u16::from_be_bytes([rest[0], rest[1]]));
+    Some((source, rest[2..].to_vec()))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -194,6 +207,20 @@ async fn udp_associate_relays_datagrams_through_an_exit_and_bills_them() {
         "nothing dropped reached the echo"
     );
 
+    // The HTTP port recognises SOCKS5 by its first byte, UDP ASSOCIATE too.
+    let mut sniffed = socks5::login(stack.proxy_addrs.proxy, "udpuser", PASS)
+        .await
+        .unwrap();
+    let (reply, sniffed_relay) = associate(&mut sniffed).await;
+    assert_eq!(reply, 0, "UDP ASSOCIATE on the HTTP port");
+    let other = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let (source, echoed) = round_trip(&other, sniffed_relay, "127.0.0.1", echo.port(), b"sniffed")
+        .await
+        .expect("a datagram through the HTTP port's association");
+    assert_eq!((source, echoed.as_slice()), (echo, &b"sniffed"[..]));
+    billed += b"sniffed".len() as u64;
+    drop(sniffed);
+
     // Closing the control connection ends the association and its lease.
     drop(control);
     eventually(
@@ -206,4 +233,57 @@ async fn udp_associate_relays_datagrams_through_an_exit_and_bills_them() {
     )
     .await;
     stack.wait_for_usage(account, user, billed, billed).await;
+}
+
+/// An exit on a host of its own: datagrams cross real interfaces to a
+/// target in another namespace and leave from the exit's prefixes, one
+/// address per family for the whole association.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn udp_datagrams_leave_from_the_exits_prefix_addresses_in_its_own_namespace() {
+    let host = ExitHost::create();
+    let mut stack = Stack::start_with(host.stack_options(StackOptions {
+        egress_ips: Vec::new(),
+        ..Default::default()
+    }))
+    .await;
+    stack
+        .add_agent_in(&host, &[], &[host.prefix_v6, host.prefix_v4], &[])
+        .await;
+    stack.wait_eligible(1).await;
+    let echo = host.start_udp_echo();
+    let account = stack.create_account("udp-ns").await;
+    stack.create_user(account, "udpns", PASS).await;
+
+    let mut control = socks5::login(stack.proxy_addrs.socks, "udpns", PASS)
+        .await
+        .unwrap();
+    let (reply, relay) = associate(&mut control).await;
+    assert_eq!(reply, 0);
+    let client = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    for target in [echo.v6, echo.v4] {
+        for i in 0..5 {
+            let payload = format!("ns-{target}-{i}");
+            let (source, echoed) = round_trip(
+                &client,
+                relay,
+                &target.ip().to_string(),
+                target.port(),
+                payload.as_bytes(),
+            )
+            .await
+            .unwrap_or_else(|| panic!("datagram to {target} came back"));
+            assert_eq!(source, target);
+            assert_eq!(echoed, payload.as_bytes());
+        }
+    }
+    let sources = echo.source_ips();
+    let v6: Vec<_> = sources.iter().filter(|ip| ip.is_ipv6()).collect();
+    let v4: Vec<_> = sources.iter().filter(|ip| ip.is_ipv4()).collect();
+    assert_eq!(
+        (v6.len(), v4.len()),
+        (1, 1),
+        "one address per family: {sources:?}"
+    );
+    assert!(host.prefix_v6.contains(*v6[0]), "{sources:?}");
+    assert!(host.prefix_v4.contains(*v4[0]), "{sources:?}");
 }
