@@ -3,7 +3,9 @@
 //! Runs on an exit host: enrolls once ([`control`], [`state`]), heartbeats and
 //! learns which superproxies exist, keeps a link to each ([`link`]), and serves
 //! their tunnel streams from its egress IPs under the egress policy
-//! ([`tunnel`]). It never sees a customer's username, password or address.
+//! ([`tunnel`]). It tells the control plane which public address each egress
+//! leaves from, as a reflector sees it ([`public_egress`]). It never sees a
+//! customer's username, password or address.
 //!
 //! [`ExitAgent::bind`] enrolls if needed and binds the admin listener (port 0 is
 //! fine); [`ExitAgent::serve`] runs until its shutdown future resolves, then
@@ -18,6 +20,7 @@ pub mod egress;
 pub mod link;
 pub mod optout;
 pub mod policy;
+pub mod public_egress;
 pub mod state;
 pub mod tunnel;
 mod udp;
@@ -94,7 +97,12 @@ impl ExitAgent {
                     StartError::NotEnrolled(config.state_file.display().to_string())
                 })?;
                 let state = control
-                    .enroll(token, &config.egress_ips, &config.egress_prefixes)
+                    .enroll(
+                        token,
+                        &config.egress_ips,
+                        &config.egress_prefixes,
+                        config.behind_nat,
+                    )
                     .await?;
                 state.save(&config.state_file)?;
                 tracing::info!(exit = %state.exit_id, "enrolled");
@@ -119,7 +127,8 @@ impl ExitAgent {
         })?;
         let mut own = vec![admin_addr];
         own.extend(control_api_addr(&config.control_api));
-        let policy = policy::LivePolicy::new(config.egress.policy(&own));
+        let policy =
+            policy::LivePolicy::new(policy::deny_own_egress(config.egress.policy(&own), &config));
         let dns = dns::Dns::new(
             config.dns_max_in_flight,
             config.dns_timeout(),
@@ -151,6 +160,7 @@ impl ExitAgent {
             admin_token,
             opt_out,
             metrics: proxynet_common::metrics::install(),
+            egress_watch: Default::default(),
             config,
         });
         Ok(Self {
@@ -179,6 +189,12 @@ impl ExitAgent {
         {
             let (control, ctx) = (self.control.clone(), ctx.clone());
             tasks.spawn("heartbeats", |stop| heartbeat_loop(control, ctx, stop));
+        }
+        {
+            let (control, ctx) = (self.control.clone(), ctx.clone());
+            tasks.spawn("public egress observation", |stop| {
+                public_egress::run(ctx, control, stop)
+            });
         }
         {
             let (control, ctx) = (self.control.clone(), ctx.clone());
@@ -257,6 +273,7 @@ async fn heartbeat_loop(control: ControlClient, ctx: Arc<TunnelContext>, stop: S
                         std::iter::once(s.link_addr).chain(s.service_addrs.iter().copied())
                     }),
                 ));
+                ctx.egress_watch.learn(&reply);
                 reconcile(&mut links, reply.superproxies, &ctx);
             }
             Err(e) => {

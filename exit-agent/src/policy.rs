@@ -4,7 +4,7 @@
 //! denied when a tunnel names them by hostname (`localhost`, a name that
 //! resolves to them) just as when it names them literally.
 
-use proxynet_common::egress::{EgressPolicy, EgressPolicyConfig};
+use proxynet_common::egress::{Cidr, EgressPolicy, EgressPolicyConfig};
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::sync::{Arc, RwLock};
@@ -58,8 +58,53 @@ impl LivePolicy {
     }
 }
 
+/// Denies the exit's own egress addresses as destinations. A prefix is
+/// routed to this host itself (`ip -6 route add local PREFIX dev lo`), so
+/// every address in it reaches this host's services listening on `[::]` —
+/// and those addresses are on no interface, so the check for services on
+/// the host's own addresses would not see them.
+pub(crate) fn deny_own_egress(
+    mut policy: EgressPolicyConfig,
+    config: &crate::config::Config,
+) -> EgressPolicyConfig {
+    let own_ips = config.egress_ips.iter().filter_map(|ip| {
+        let bits = if ip.is_ipv4() { 32 } else { 128 };
+        format!("{ip}/{bits}").parse::<Cidr>().ok()
+    });
+    policy.deny.extend(own_ips);
+    policy.deny.extend(config.egress_prefixes.iter().copied());
+    policy
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_exits_own_egress_addresses_and_prefixes_are_never_destinations() {
+        use clap::Parser;
+        let config = crate::config::Config::try_parse_from([
+            "exit-agent",
+            "--control-api",
+            "https://control.example",
+            "--egress-ip",
+            "1.2.3.4",
+            "--egress-prefix",
+            "2a00:1450:7::/64",
+        ])
+        .unwrap();
+        let policy = EgressPolicy::new(deny_own_egress(EgressPolicyConfig::default(), &config));
+        for denied in [
+            "198.51.100.7:22",
+            "[2001:db8:7::1]:22",
+            "[2001:db8:7::ffff]:53",
+        ] {
+            assert!(policy.check(denied.parse().unwrap()).is_err(), "{denied}");
+        }
+        assert!(policy.check("1.2.3.5:443".parse().unwrap()).is_ok());
+        assert!(policy
+            .check("[2a00:1450:8::1]:443".parse().unwrap())
+            .is_ok());
+    }
+
     use super::*;
     use proxynet_common::egress::{Cidr, Denial};
 

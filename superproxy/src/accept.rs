@@ -17,6 +17,7 @@
 use proxynet_common::tasks::Stop;
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::AsyncWriteExt;
@@ -57,6 +58,8 @@ pub struct ConnectionTicket(Arc<TicketInner>);
 struct TicketInner {
     peer: SocketAddr,
     cut: CancellationToken,
+    /// Stream tickets of this connection alive now (HTTP/2).
+    streams: AtomicUsize,
     holds: TicketHolds,
 }
 
@@ -70,9 +73,18 @@ enum TicketHolds {
         _permit: OwnedSemaphorePermit,
         _alive: mpsc::Sender<()>,
     },
-    Stream {
-        connection: ConnectionTicket,
-    },
+    Stream(StreamPlace),
+}
+
+/// One stream's place on its connection: counted while it lives.
+struct StreamPlace {
+    connection: ConnectionTicket,
+}
+
+impl Drop for StreamPlace {
+    fn drop(&mut self) {
+        self.connection.0.streams.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl ConnectionTicket {
@@ -89,7 +101,7 @@ impl ConnectionTicket {
                     slot.take();
                 }
             }
-            TicketHolds::Stream { connection } => connection.authenticated(),
+            TicketHolds::Stream(place) => place.connection.authenticated(),
         }
     }
 
@@ -99,13 +111,21 @@ impl ConnectionTicket {
     /// stream and leaves the connection's other users' streams alone, while
     /// cutting the connection still cuts every stream.
     pub fn stream(&self) -> ConnectionTicket {
+        self.0.streams.fetch_add(1, Ordering::Relaxed);
         ConnectionTicket(Arc::new(TicketInner {
             peer: self.0.peer,
             cut: self.0.cut.child_token(),
-            holds: TicketHolds::Stream {
+            streams: AtomicUsize::new(0),
+            holds: TicketHolds::Stream(StreamPlace {
                 connection: self.clone(),
-            },
+            }),
         }))
+    }
+
+    /// Stream tickets of this connection alive now: requests in flight and
+    /// the tunnels they opened.
+    pub fn open_streams(&self) -> usize {
+        self.0.streams.load(Ordering::Relaxed)
     }
 
     /// Cancelled when the connection must end now (revocation, drain deadline).
@@ -315,6 +335,7 @@ impl Gate {
         Ok(ConnectionTicket(Arc::new(TicketInner {
             peer,
             cut,
+            streams: AtomicUsize::new(0),
             holds: TicketHolds::Connection {
                 _counted: OpenConnection::new(),
                 pre_auth: std::sync::Mutex::new(Some(slot)),

@@ -139,14 +139,16 @@ async fn associate(
             return;
         }
     };
-    let tunnel = match pipeline.open_association(client, &ticket, started).await {
-        Ok(tunnel) => tunnel,
+    let (tunnel, other_family) = match pipeline.open_association(client, &ticket, started).await {
+        Ok(opened) => opened,
         Err(e) => {
             tracing::debug!(%peer, error = %e, "SOCKS UDP association refused");
             let _ = proto.reply_error(&reply_for(e.kind)).await;
             return;
         }
     };
+    // An IPv4 client on a dual-stack listener is told a plain IPv4 address.
+    let relay_addr = SocketAddr::new(relay_addr.ip().to_canonical(), relay_addr.port());
     let control = match proto.reply_success(relay_addr).await {
         Ok(control) => control,
         Err(e) => {
@@ -158,7 +160,15 @@ async fn associate(
         ip: peer.ip(),
         port,
     };
-    super::socks5_udp::relay(pipeline, control, udp, source, tunnel, limits.tunnel).await;
+    super::socks5_udp::relay(
+        pipeline,
+        control,
+        udp,
+        source,
+        (tunnel, other_family),
+        limits.tunnel,
+    )
+    .await;
 }
 
 /// Authenticates (answering the RFC 1929 sub-negotiation) and reads the

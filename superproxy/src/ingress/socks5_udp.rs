@@ -18,8 +18,10 @@
 //! - per association: a datagram-rate bound, a bounded queue towards the
 //!   exit (full: dropped — UDP may drop, the relay must not buffer without
 //!   end), literal destinations the egress policy denies never leave;
-//! - payload bytes are charged to the meter per datagram, so quotas bind
-//!   exactly as on TCP.
+//! - payload bytes are charged to the meter per datagram, once queued
+//!   towards the exit (a dropped datagram is not billed), so quotas bind as
+//!   on TCP; a datagram to a destination the exit then denies is billed
+//!   (the exit counts it, the superproxy cannot know).
 //!
 //! The association ends when its TCP control connection closes (RFC 1928),
 //! when nothing crosses it for the tunnel idle timeout, at the tunnel
@@ -74,7 +76,7 @@ pub async fn relay(
     mut control: TcpStream,
     udp: UdpSocket,
     source: SourceFilter,
-    tunnel: Tunnel,
+    (tunnel, other_family): (Tunnel, Option<IpAddr>),
     limits: TunnelLimits,
 ) -> End {
     let Tunnel { io, mut holds, .. } = tunnel;
@@ -117,15 +119,17 @@ pub async fn relay(
                 },
                 received = udp.recv_from(&mut from_client) => {
                     let Ok((n, from)) = received else { continue };
-                    last_activity = Instant::now();
                     match client_datagram(&pipeline, &from_client[..n], from, source, &mut client_addr, &rate) {
+                        // Only the client's own datagrams keep it alive: a
+                        // stranger spraying the port does not.
                         Err(drop_reason) => crate::metrics::udp_datagram("up", drop_reason),
                         Ok(datagram) => {
+                            last_activity = Instant::now();
                             if recorded.len() < RECORDED_DESTINATIONS && !recorded.contains(&datagram.addr) {
-                                pipeline.record_datagram_target(&holds, &datagram.addr);
+                                pipeline.record_datagram_target(&holds, other_family, &datagram.addr);
                                 recorded.push(datagram.addr.clone());
                             }
-                            if !meter.charge_datagram(true, datagram.payload.len()) {
+                            if meter.is_cut() {
                                 return End::Error(std::io::ErrorKind::ConnectionAborted);
                             }
                             let mut capsule = BytesMut::with_capacity(datagram.payload.len() + 16);
@@ -133,9 +137,18 @@ pub async fn relay(
                                 crate::metrics::udp_datagram("up", "bad_request");
                                 continue;
                             }
+                            // Charged once queued: a datagram dropped here
+                            // is not billed (at most this one datagram can
+                            // pass the quota's edge).
                             match queue.try_send(capsule.freeze()) {
                                 Ok(()) => crate::metrics::udp_datagram("up", "relayed"),
-                                Err(_) => crate::metrics::udp_datagram("up", "queue_full"),
+                                Err(_) => {
+                                    crate::metrics::udp_datagram("up", "queue_full");
+                                    continue;
+                                }
+                            }
+                            if !meter.charge_datagram(true, datagram.payload.len()) {
+                                return End::Error(std::io::ErrorKind::ConnectionAborted);
                             }
                         }
                     }
@@ -146,6 +159,8 @@ pub async fn relay(
                         Err(e) => return End::Error(e.kind()),
                         Ok(_) => {}
                     }
+                    // Replies keep it alive (the exit accepts them only
+                    // from peers the client sent to).
                     last_activity = Instant::now();
                     loop {
                         match Datagram::decode(&mut from_exit) {

@@ -24,6 +24,7 @@ pub use open::{Purpose, TunnelOpener};
 pub use tunnel::{Holds, Tunnel};
 
 use proxynet_wire::datagram::DatagramAddr;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Instant;
 use uuid::Uuid;
@@ -136,13 +137,14 @@ impl Pipeline {
     /// targeting and session pin) and opened on an exit that carries UDP.
     /// Its destinations are per datagram: the relay records them
     /// ([`Pipeline::record_datagram_target`]) and asks
-    /// [`Pipeline::datagram_allowed`] of each.
+    /// [`Pipeline::datagram_allowed`] of each. Besides the tunnel: the
+    /// association's egress address of the other family, if it has one.
     pub async fn open_association(
         &self,
         client: Client,
         ticket: &ConnectionTicket,
         started: Instant,
-    ) -> Result<Tunnel, ProxyError> {
+    ) -> Result<(Tunnel, Option<IpAddr>), ProxyError> {
         let ingress = Ingress::Socks5Udp;
         let opened = async {
             let (lease, quotas) = self.admit.admit(&client).await?;
@@ -151,16 +153,20 @@ impl Pipeline {
         }
         .await;
         match opened {
-            Ok((lease, quotas, opened)) => Ok(self.hold(
-                client,
-                ingress,
-                "udp".to_owned(),
-                lease,
-                quotas,
-                opened,
-                ticket,
-                started,
-            )),
+            Ok((lease, quotas, opened)) => {
+                let other_family = opened.other_egress_ip;
+                let tunnel = self.hold(
+                    client,
+                    ingress,
+                    "udp".to_owned(),
+                    lease,
+                    quotas,
+                    opened,
+                    ticket,
+                    started,
+                );
+                Ok((tunnel, other_family))
+            }
             Err(e) => {
                 self.stats.tunnel_failed(ingress, e.kind);
                 access_log::refused(ingress, ticket.peer(), started, Some(&client), &e);
@@ -180,21 +186,39 @@ impl Pipeline {
     }
 
     /// Records one destination of an association in the target log (the
-    /// abuse desk's record), as a tunnel's target is recorded.
-    pub fn record_datagram_target(&self, holds: &Holds, destination: &DatagramAddr) {
-        let (host, port) = match destination {
-            DatagramAddr::Ip(addr) => (addr.ip().to_string(), addr.port()),
-            DatagramAddr::Name(name, port) => (name.clone(), *port),
-        };
+    /// abuse desk's record), as a tunnel's target is recorded, under the
+    /// egress address it leaves from: the one of its family; for a name
+    /// (resolved at the exit, family unknown here) each of the two.
+    pub fn record_datagram_target(
+        &self,
+        holds: &Holds,
+        other_family: Option<IpAddr>,
+        destination: &DatagramAddr,
+    ) {
         let log = &holds.log;
-        self.usage.record_target(
-            log.account_id,
-            log.user_id,
-            log.exit_id,
-            log.egress_ip,
-            host,
-            port,
-        );
+        let (host, port, sources) = match destination {
+            DatagramAddr::Ip(addr) => {
+                let v4 = addr.ip().to_canonical().is_ipv4();
+                let source = match other_family {
+                    Some(other) if log.egress_ip.is_ipv4() != v4 => other,
+                    _ => log.egress_ip,
+                };
+                (addr.ip().to_string(), addr.port(), [Some(source), None])
+            }
+            DatagramAddr::Name(name, port) => {
+                (name.clone(), *port, [Some(log.egress_ip), other_family])
+            }
+        };
+        for source in sources.into_iter().flatten() {
+            self.usage.record_target(
+                log.account_id,
+                log.user_id,
+                log.exit_id,
+                source,
+                host.clone(),
+                port,
+            );
+        }
     }
 
     /// The last stage for every opened stream: the meter, the revocation

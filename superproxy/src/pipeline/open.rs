@@ -63,6 +63,8 @@ pub struct Opened {
     /// The exit's source type as its record says now (what the bytes bill as).
     pub source_type: Option<proxynet_store::SourceType>,
     pub egress_ip: IpAddr,
+    /// An association's egress address of the other family, if it has one.
+    pub other_egress_ip: Option<IpAddr>,
     /// Set for sticky sessions.
     pub pin: Option<Pin>,
     /// Counts this tunnel against its exit's load until dropped: keep it for
@@ -188,6 +190,7 @@ impl TunnelOpener {
                         exit_id: exit.record.id,
                         source_type: Some(exit.record.source_type),
                         egress_ip: egress.first,
+                        other_egress_ip: egress.other_family,
                         pin: sticky.as_ref().and_then(Sticky::pin),
                         in_flight: self.pool.health().start_tunnel(exit.record.id),
                     });

@@ -200,6 +200,9 @@ impl Meter {
     /// from every quota first; `false` — and the meter cut — when a quota
     /// cannot cover the whole datagram (a datagram is not sent in part).
     pub fn charge_datagram(&self, up: bool, n: usize) -> bool {
+        if self.is_cut() {
+            return false;
+        }
         if !self.quotas.is_empty() {
             let granted = self.reserve(n);
             if granted < n {

@@ -74,6 +74,20 @@ async fn tunnels_leave_from_drawn_prefix_addresses_and_a_session_keeps_one() {
         kept.insert(ip);
     }
     assert_eq!(kept.len(), 1, "one session, one address: {kept:?}");
+
+    // The prefix is routed to the exit host itself: its addresses are the
+    // exit's own, never a destination (they would reach its services). A
+    // unique-local prefix is already refused at the superproxy; the agent's
+    // own rule is checked in its unit tests (`policy::deny_own_egress`).
+    let own = host.prefix_v6.host_address(1);
+    let r = curl(&[
+        "-p",
+        "-x",
+        &rotating,
+        &format!("http://[{own}]:{}/", whoami.v6.port()),
+    ])
+    .await;
+    assert!(r.headers.contains(" 403 "), "{}{}", r.headers, r.body);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -251,6 +251,7 @@ fn is_websocket_upgrade<B>(req: &Request<B>) -> bool {
         })
     };
     req.method() == Method::GET
+        && super::may_upgrade(req)
         && has_token(header::UPGRADE, "websocket")
         && has_token(header::CONNECTION, "upgrade")
 }

@@ -38,8 +38,11 @@ use crate::pipeline::Pipeline;
 pub const MAX_STREAMS: u32 = 100;
 /// Largest request header list (HPACK-decoded size, RFC 9113 §6.5.2).
 pub const MAX_HEADER_LIST: u32 = 64 * 1024;
-/// What each stream may have in flight towards us before we read it.
-pub const STREAM_WINDOW: u32 = 256 * 1024;
+/// What each stream may have in flight towards us before we read it, and
+/// what we buffer for it towards the client: a stalled stream holds at most
+/// both (a connection of [`MAX_STREAMS`] stalled streams: 25 MiB).
+pub const STREAM_WINDOW: u32 = 128 * 1024;
+const STREAM_SEND_BUFFER: usize = 128 * 1024;
 /// Streams cancelled before their answer that a connection may spend at once…
 const RESET_BURST: u32 = 128;
 /// …and how many more it earns back per second.
@@ -86,23 +89,55 @@ pub async fn serve_connection<IO>(
         .initial_stream_window_size(STREAM_WINDOW)
         .initial_connection_window_size(STREAM_WINDOW.saturating_mul(MAX_STREAMS))
         .max_pending_accept_reset_streams(MAX_PENDING_ACCEPT_RESETS)
+        .max_send_buf_size(STREAM_SEND_BUFFER)
         // A client that stops answering PINGs is gone; its tunnels with it.
         .keep_alive_interval(Duration::from_secs(30))
         .keep_alive_timeout(Duration::from_secs(20))
         .auto_date_header(false);
     let connection = builder.serve_connection(TokioIo::new(stream), service);
-    tokio::select! {
-        result = connection => {
-            if let Err(e) = result {
-                tracing::debug!(peer = %ticket.peer(), error = %e, "HTTP/2 client connection ended with an error");
+    tokio::pin!(connection);
+    let mut closing = false;
+    loop {
+        tokio::select! {
+            result = connection.as_mut() => {
+                if let Err(e) = result {
+                    tracing::debug!(peer = %ticket.peer(), error = %e, "HTTP/2 client connection ended with an error");
+                }
+                return;
+            }
+            () = ticket.cut().cancelled() => {
+                tracing::debug!(peer = %ticket.peer(), "HTTP/2 client connection cut");
+                return;
+            }
+            () = resets.spent.cancelled() => {
+                crate::metrics::h2_connection_closed("rapid_reset");
+                tracing::info!(peer = %ticket.peer(), "HTTP/2 client cancelled too many streams before their answer; connection closed");
+                return;
+            }
+            // Like an HTTP/1.1 connection between requests: one with no
+            // stream for the header-read timeout gives its slot back
+            // (GOAWAY; PINGs alone do not keep it).
+            () = idle(&ticket, limits.header_read_timeout), if !closing => {
+                closing = true;
+                connection.as_mut().graceful_shutdown();
             }
         }
-        () = ticket.cut().cancelled() => {
-            tracing::debug!(peer = %ticket.peer(), "HTTP/2 client connection cut");
-        }
-        () = resets.spent.cancelled() => {
-            crate::metrics::h2_connection_closed("rapid_reset");
-            tracing::info!(peer = %ticket.peer(), "HTTP/2 client cancelled too many streams before their answer; connection closed");
+    }
+}
+
+/// Resolves once the connection has had no stream for at least `timeout`
+/// (checked every `timeout`, so within two).
+async fn idle(ticket: &ConnectionTicket, timeout: Duration) {
+    let mut quiet_checks = 0;
+    loop {
+        tokio::time::sleep(timeout).await;
+        if ticket.open_streams() == 0 {
+            quiet_checks += 1;
+            if quiet_checks >= 2 {
+                return;
+            }
+        } else {
+            quiet_checks = 0;
         }
     }
 }

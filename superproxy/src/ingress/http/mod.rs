@@ -115,9 +115,8 @@ pub(super) async fn handle(
     req: Request<Incoming>,
 ) -> Result<Response<ProxyBody>, Infallible> {
     let is_connect = req.method() == Method::CONNECT;
-    // What the head guard holds the following bytes for (its own test is
-    // narrower: no body, HTTP/1.1), so every head it waits on is decided.
-    let may_switch = is_connect || req.headers().contains_key(header::UPGRADE);
+    // Exactly the heads the guard holds the following bytes for.
+    let may_switch = is_connect || may_upgrade(&req);
     let response = match route(pipeline, limits, switch.clone(), ticket, identity, req).await {
         Ok(response) => response,
         Err(e) => {
@@ -158,6 +157,20 @@ async fn route(
         ));
     }
     forward::forward(pipeline, limits, h2, ticket, identity, req).await
+}
+
+/// A bodiless HTTP/1.1 request with an `Upgrade` field: the one test for
+/// both the head guard's wait (`Framing::Upgrade`) and the answer that ends
+/// it, so no decision is ever left over for a later head.
+pub(super) fn may_upgrade<B>(req: &Request<B>) -> bool {
+    let headers = req.headers();
+    req.version() == http::Version::HTTP_11
+        && headers.contains_key(header::UPGRADE)
+        && !headers.contains_key(header::TRANSFER_ENCODING)
+        && headers.get_all(header::CONTENT_LENGTH).iter().all(|v| {
+            v.to_str()
+                .is_ok_and(|v| v.split(',').all(|n| n.trim() == "0"))
+        })
 }
 
 /// The `Proxy-Authorization: Basic` credentials, if the client sent any. A
