@@ -135,14 +135,14 @@ impl TunnelOpener {
     pub async fn open(&self, purpose: Purpose<'_>, client: &Client) -> Result<Opened, ProxyError> {
         let deadline = Instant::now() + self.connect_budget;
         let targeting = &client.request.targeting;
-        let mut candidates = Candidates::new(&self.pool, targeting, MAX_ATTEMPTS);
+        let mut candidates = Candidates::new(&self.pool, targeting, MAX_ATTEMPTS)
+            .needing_udp(matches!(purpose, Purpose::Association));
         let mut sticky = match &client.request.session {
             Some(session) => Some(Sticky::load(&self.sessions, client.user_id, session).await),
             None => None,
         };
         let mut last_error = None;
         let mut no_family = false;
-        let mut no_udp = false;
         self.retry_budget.deposit();
         while !candidates.exhausted() {
             if last_error.is_some() && !self.retry_budget.withdraw() {
@@ -160,10 +160,6 @@ impl TunnelOpener {
                     ErrorKind::ConnectionTimeout,
                     "connect budget exhausted",
                 ));
-            }
-            if matches!(purpose, Purpose::Association) && !dial::carries_udp(&exit.link) {
-                no_udp = true;
-                continue;
             }
             let preferred = sticky.as_ref().and_then(|s| s.egress_ip_on(exit.record.id));
             let ip_version = targeting.ip_version;
@@ -203,7 +199,7 @@ impl TunnelOpener {
             }
         }
         Err(last_error.unwrap_or_else(|| {
-            if no_udp && !no_family {
+            if candidates.passed_over_for_udp() && !no_family {
                 return ProxyError::new(
                     ErrorKind::NoExit,
                     "no eligible exit carries UDP right now",

@@ -1,11 +1,14 @@
 //! One tunnel's candidates, in the order the opener tries them (pingora's
 //! `BackendIter` idea): the session's pin first when it is usable, then
 //! power-of-two draws from the pool snapshot, never an exit already tried,
-//! at most `cap` in all.
+//! at most `cap` in all. A UDP association's candidates are only exits
+//! whose link carries UDP: the others are passed over without costing an
+//! attempt.
 
 use uuid::Uuid;
 
 use super::{matches, Candidate, Pool};
+use crate::link::dial::carries_udp;
 use crate::username::Targeting;
 
 /// The exits one tunnel may still try.
@@ -14,7 +17,15 @@ pub struct Candidates<'a> {
     targeting: &'a Targeting,
     tried: Vec<Uuid>,
     cap: usize,
+    /// Only exits whose link carries UDP.
+    needs_udp: bool,
+    /// Exits passed over for not carrying UDP (in `tried`, but no attempt).
+    passed_over: usize,
 }
+
+/// How many exits a UDP association passes over before it gives up: a
+/// bound on the draws in a pool of mostly older agents.
+const MAX_PASSED_OVER: usize = 64;
 
 impl<'a> Candidates<'a> {
     pub fn new(pool: &'a Pool, targeting: &'a Targeting, cap: usize) -> Self {
@@ -23,7 +34,30 @@ impl<'a> Candidates<'a> {
             targeting,
             tried: Vec::with_capacity(cap),
             cap,
+            needs_udp: false,
+            passed_over: 0,
         }
+    }
+
+    /// Only exits whose link carries UDP (a SOCKS5 UDP association).
+    pub fn needing_udp(mut self, needs_udp: bool) -> Self {
+        self.needs_udp = needs_udp;
+        self
+    }
+
+    /// Whether a matching exit was passed over for not carrying UDP.
+    pub fn passed_over_for_udp(&self) -> bool {
+        self.passed_over > 0
+    }
+
+    /// Whether `exit`, eligible and matching, cannot carry what is asked
+    /// (a session pinned to an exit without UDP asks for an association).
+    pub fn lacks_udp(&self, exit: Uuid) -> bool {
+        self.needs_udp
+            && self
+                .pool
+                .eligible(&exit)
+                .is_some_and(|c| matches(&c.record, self.targeting) && !carries_udp(&c.link))
     }
 
     /// What this tunnel's exits must match (the username's asks and the
@@ -34,7 +68,7 @@ impl<'a> Candidates<'a> {
 
     /// No attempt is left.
     pub fn exhausted(&self) -> bool {
-        self.tried.len() >= self.cap
+        self.tried.len() - self.passed_over >= self.cap
     }
 
     /// The next exit drawn from the pool (power of two choices among the
@@ -43,9 +77,17 @@ impl<'a> Candidates<'a> {
         if self.exhausted() {
             return None;
         }
-        let picked = self.pool.pick(&self.tried, self.targeting)?;
-        self.tried.push(picked.record.id);
-        Some(picked)
+        loop {
+            let picked = self.pool.pick(&self.tried, self.targeting)?;
+            self.tried.push(picked.record.id);
+            if !self.needs_udp || carries_udp(&picked.link) {
+                return Some(picked);
+            }
+            self.passed_over += 1;
+            if self.passed_over >= MAX_PASSED_OVER {
+                return None;
+            }
+        }
     }
 
     /// Exactly `exit` (a session's pin), if it is eligible, matches the
@@ -57,7 +99,8 @@ impl<'a> Candidates<'a> {
         let usable = self
             .pool
             .eligible(&exit)
-            .filter(|c| matches(&c.record, self.targeting))?;
+            .filter(|c| matches(&c.record, self.targeting))
+            .filter(|c| !self.needs_udp || carries_udp(&c.link))?;
         self.tried.push(exit);
         Some(usable)
     }
@@ -72,7 +115,8 @@ impl<'a> Candidates<'a> {
         let usable = self
             .pool
             .eligible(&exit)
-            .filter(|c| matches(&c.record, self.targeting) && !self.tried.contains(&exit));
+            .filter(|c| matches(&c.record, self.targeting) && !self.tried.contains(&exit))
+            .filter(|c| !self.needs_udp || carries_udp(&c.link));
         match usable {
             Some(pinned) => {
                 if let Some(last) = self.tried.last_mut() {

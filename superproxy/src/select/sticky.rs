@@ -51,6 +51,14 @@ impl<'a> Sticky<'a> {
             if let Some(pinned) = candidates.exactly(current.exit) {
                 return Ok(Some(pinned));
             }
+            // The pin is fine for the session's tunnels; only this
+            // association cannot use it: moving the session would move them.
+            if candidates.lacks_udp(current.exit) {
+                return Err(ProxyError::new(
+                    ErrorKind::NoExit,
+                    "the session's exit does not carry UDP",
+                ));
+            }
             if self.session.mode == SessionMode::Hard {
                 return Err(ProxyError::new(
                     ErrorKind::SessionExitLost,
