@@ -16,7 +16,7 @@
 //! take more output drops the datagram (counted) rather than stall the
 //! association.
 
-use bytes::{BufMut, BytesMut};
+use bytes::BytesMut;
 use metrics::Counter;
 use proxynet_common::egress::{parse_ip_literal, EgressPolicy};
 use proxynet_wire::datagram::{self, Datagram, DatagramAddr, DatagramError, MAX_CAPSULE};
@@ -458,20 +458,7 @@ fn pick(
 /// Appends a capsule for a received datagram without first copying the
 /// payload into a `Datagram` of its own.
 fn put_capsule(out: &mut BytesMut, from: SocketAddr, payload: &[u8]) -> Result<(), DatagramError> {
-    let start = out.len();
-    out.put_u32(0);
-    if let Err(e) = datagram::encode_addr(&DatagramAddr::Ip(from), out) {
-        out.truncate(start);
-        return Err(e);
-    }
-    out.put_slice(payload);
-    let len = out.len() - start - 4;
-    let Ok(len) = u32::try_from(len) else {
-        out.truncate(start);
-        return Err(DatagramError::TooLarge(len));
-    };
-    out[start..start + 4].copy_from_slice(&len.to_be_bytes());
-    Ok(())
+    datagram::encode_capsule(&DatagramAddr::Ip(from), payload, out)
 }
 
 async fn readable(socket: Option<&UdpSocket>) -> io::Result<()> {

@@ -173,6 +173,19 @@ async fn h1_tls_tunnel(
         .as_bytes(),
     )
     .await?;
+    read_connect_answer(&mut s).await?;
+    s.write_all(b"x").await?;
+    let mut byte = [0u8; 1];
+    s.read_exact(&mut byte).await?;
+    Ok(())
+}
+
+/// Reads a CONNECT answer's head byte by byte (nothing after it is
+/// consumed); an error unless it is a 200.
+pub async fn read_connect_answer<S>(s: &mut S) -> std::io::Result<()>
+where
+    S: tokio::io::AsyncRead + Unpin,
+{
     let mut head = Vec::with_capacity(256);
     let mut byte = [0u8; 1];
     while !head.ends_with(b"\r\n\r\n") {
@@ -181,11 +194,15 @@ async fn h1_tls_tunnel(
         }
         head.push(byte[0]);
     }
-    if !head.starts_with(b"HTTP/1.1 200") {
-        return Err(std::io::Error::other("CONNECT refused"));
+    if !head.starts_with(b"HTTP/1.1 200") && !head.starts_with(b"HTTP/1.0 200") {
+        return Err(std::io::Error::other(
+            String::from_utf8_lossy(&head)
+                .lines()
+                .next()
+                .unwrap_or("")
+                .to_owned(),
+        ));
     }
-    s.write_all(b"x").await?;
-    s.read_exact(&mut byte).await?;
     Ok(())
 }
 

@@ -143,29 +143,40 @@ pub fn decode_addr(buf: &[u8]) -> Result<(DatagramAddr, usize), DatagramError> {
     }
 }
 
+/// Appends one capsule carrying `payload` for `addr`, from borrowed parts
+/// (an agent encodes straight from its receive buffer). payload >
+/// MAX_PAYLOAD -> TooLarge. Writes nothing when it fails.
+pub fn encode_capsule(
+    addr: &DatagramAddr,
+    payload: &[u8],
+    out: &mut BytesMut,
+) -> Result<(), DatagramError> {
+    if payload.len() > MAX_PAYLOAD {
+        return Err(DatagramError::TooLarge(payload.len()));
+    }
+    let start = out.len();
+    out.put_u32(0);
+    if let Err(e) = encode_addr(addr, out) {
+        out.truncate(start);
+        return Err(e);
+    }
+    out.put_slice(payload);
+    // The length is known only once the address is written; both are
+    // bounded, so it always fits (checked anyway rather than cast).
+    let len = out.len() - start - 4;
+    let Ok(len) = u32::try_from(len) else {
+        out.truncate(start);
+        return Err(DatagramError::TooLarge(len));
+    };
+    out[start..start + 4].copy_from_slice(&len.to_be_bytes());
+    Ok(())
+}
+
 impl Datagram {
     /// Appends one capsule. payload > MAX_PAYLOAD -> TooLarge. Writes
     /// nothing when it fails.
     pub fn encode(&self, out: &mut BytesMut) -> Result<(), DatagramError> {
-        if self.payload.len() > MAX_PAYLOAD {
-            return Err(DatagramError::TooLarge(self.payload.len()));
-        }
-        let start = out.len();
-        out.put_u32(0);
-        if let Err(e) = encode_addr(&self.addr, out) {
-            out.truncate(start);
-            return Err(e);
-        }
-        out.put_slice(&self.payload);
-        // The length is known only once the address is written; both are
-        // bounded, so it always fits (checked anyway rather than cast).
-        let len = out.len() - start - 4;
-        let Ok(len) = u32::try_from(len) else {
-            out.truncate(start);
-            return Err(DatagramError::TooLarge(len));
-        };
-        out[start..start + 4].copy_from_slice(&len.to_be_bytes());
-        Ok(())
+        encode_capsule(&self.addr, &self.payload, out)
     }
 
     /// Takes one whole capsule off the front of `buf` if one is there

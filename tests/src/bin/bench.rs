@@ -266,23 +266,7 @@ async fn open(args: &RunArgs, target: SocketAddr) -> std::io::Result<TcpStream> 
         "CONNECT {target} HTTP/1.1\r\nHost: {target}\r\nProxy-Authorization: Basic {auth}\r\n\r\n"
     );
     s.write_all(request.as_bytes()).await?;
-    let mut head = Vec::with_capacity(256);
-    let mut byte = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        if head.len() > 8192 || s.read(&mut byte).await? == 0 {
-            return Err(std::io::Error::other("proxy closed during CONNECT"));
-        }
-        head.push(byte[0]);
-    }
-    if !head.starts_with(b"HTTP/1.1 200") && !head.starts_with(b"HTTP/1.0 200") {
-        return Err(std::io::Error::other(
-            String::from_utf8_lossy(&head)
-                .lines()
-                .next()
-                .unwrap_or("")
-                .to_owned(),
-        ));
-    }
+    proxynet_tests::protocol_bench::read_connect_answer(&mut s).await?;
     Ok(s)
 }
 
