@@ -87,6 +87,40 @@ impl Cidr {
         }
     }
 
+    /// The host numbers worth drawing an address from: never the all-zero
+    /// host part of a prefix that has host bits (IPv6's subnet-router
+    /// anycast address, an IPv4 network's own address), nor an IPv4
+    /// subnet's broadcast address (both only where a subnet has them: /31
+    /// and /32 have neither, a /128 is its one address). A caller draws a
+    /// number from it and takes [`Self::host_address`]: this crate has no
+    /// random source of its own.
+    pub fn usable_hosts(&self) -> std::ops::RangeInclusive<u128> {
+        let bits = self.host_bits();
+        let max = u128::MAX.checked_shr(128 - bits).unwrap_or(0);
+        match (self.addr.is_ipv4(), bits) {
+            (_, 0) => 0..=0,
+            (true, 1) => 0..=1,
+            (true, _) => 1..=max - 1,
+            (false, _) => 1..=max,
+        }
+    }
+
+    /// The address with host part `host` (its low bits; higher ones are
+    /// dropped) in this network.
+    pub fn host_address(&self, host: u128) -> IpAddr {
+        let bits = self.host_bits();
+        let host_mask = u128::MAX.checked_shr(128 - bits).unwrap_or(0);
+        match self.masked().addr {
+            IpAddr::V6(network) => {
+                IpAddr::V6(Ipv6Addr::from(u128::from(network) | (host & host_mask)))
+            }
+            IpAddr::V4(network) => {
+                let host = u32::try_from(host & host_mask).unwrap_or(0);
+                IpAddr::V4(Ipv4Addr::from(u32::from(network) | host))
+            }
+        }
+    }
+
     /// Whether the two networks share any address.
     pub fn overlaps(&self, other: &Cidr) -> bool {
         self.contains(other.addr) || other.contains(self.addr)

@@ -81,7 +81,8 @@ pub struct Config {
     pub instance_name: String,
 
     /// How long the abuse-lookup record (who used which egress IP for which
-    /// target, per minute) is kept, in days.
+    /// target, per minute) is kept, in days; egress observations older than
+    /// it go too, except each egress's latest.
     #[arg(long, env = "PROXYNET_ABUSE_RETENTION_DAYS", default_value_t = 30)]
     pub abuse_retention_days: u64,
 
@@ -93,6 +94,25 @@ pub struct Config {
     )]
     pub abuse_prune_interval_secs: u64,
 
+    /// Egress reflectors agents should ask besides the superproxies' own
+    /// (`--reflector-listen` there, announced automatically): `http://HOST:PORT/whoami`
+    /// of a superproxy on another address, repeat or comma-separate. Handed
+    /// to agents in heartbeat replies; never a third party's service.
+    #[arg(
+        long = "reflector-url",
+        env = "PROXYNET_REFLECTOR_URLS",
+        value_delimiter = ',',
+        value_parser = parse_reflector_url
+    )]
+    pub reflector_urls: Vec<String>,
+
+    /// Keep exits out of routing whose declared egress IP is not what the
+    /// reflector sees their traffic leave from (and that declared no NAT):
+    /// they are projected blocked (`egress_unverified`) until an
+    /// observation agrees. Off: such exits are flagged only.
+    #[arg(long, env = "PROXYNET_STRICT_EGRESS_VERIFICATION")]
+    pub strict_egress_verification: bool,
+
     /// Log line format: `text` for people, `json` (one object per line,
     /// the access log included) for log pipelines.
     #[arg(long, env = "PROXYNET_LOG_FORMAT", value_enum, default_value = "text")]
@@ -101,6 +121,23 @@ pub struct Config {
     /// Lifetime of a new enrollment token unless the request says otherwise, in seconds.
     #[arg(long, env = "PROXYNET_ENROLLMENT_TTL_SECS", default_value_t = 3_600)]
     pub enrollment_ttl_secs: u64,
+}
+
+/// A reflector URL: plain `http://` (the answer is signed, and TLS in
+/// front of it would be a proxy hiding the caller's address), a host and
+/// an explicit port.
+fn parse_reflector_url(s: &str) -> Result<String, String> {
+    let rest = s
+        .strip_prefix("http://")
+        .ok_or_else(|| format!("{s:?}: a reflector URL is http://HOST:PORT/whoami"))?;
+    let authority = rest.split('/').next().unwrap_or_default();
+    let port = authority
+        .rsplit_once(':')
+        .and_then(|(host, port)| (!host.is_empty()).then_some(port));
+    match port.map(str::parse::<u16>) {
+        Some(Ok(p)) if p > 0 => Ok(s.to_owned()),
+        _ => Err(format!("{s:?}: a reflector URL names its host and port")),
+    }
 }
 
 impl Config {
@@ -162,6 +199,24 @@ mod tests {
             config.log_format,
             proxynet_common::telemetry::LogFormat::Text
         );
+    }
+
+    #[test]
+    fn reflector_urls_are_plain_http_with_a_port() {
+        let config = parse(&[
+            "--reflector-url",
+            "http://203.0.113.5:8099/whoami,http://[2001:db8::5]:8099/whoami",
+        ])
+        .unwrap();
+        assert_eq!(config.reflector_urls.len(), 2);
+        assert!(!config.strict_egress_verification);
+        for bad in [
+            "https://r.example:443/whoami",
+            "http://r.example/whoami",
+            "r.example:80",
+        ] {
+            assert!(parse(&["--reflector-url", bad]).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -111,7 +111,8 @@ impl ControlApi {
             keys: keys.clone(),
             consumer: config.instance_name.clone(),
         };
-        let projector = Projector::new(db.clone(), redis.clone(), keys);
+        let projector = Projector::new(db.clone(), redis.clone(), keys)
+            .with_strict_egress(config.strict_egress_verification);
         let listener =
             TcpListener::bind(config.listen)
                 .await

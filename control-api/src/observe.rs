@@ -67,6 +67,10 @@ pub struct ExitNow {
     pub owner: String,
     pub egress_ips: Vec<String>,
     pub egress_prefixes: Vec<String>,
+    /// The public addresses the reflector last saw its egress leave from.
+    pub observed_egress: Vec<String>,
+    /// `verified`, `behind_nat`, `unobserved` or `mismatch`.
+    pub egress_verification: String,
     pub state: ExitState,
     /// Why, when blocked by provenance.
     pub blocked: Option<&'static str>,
@@ -212,7 +216,7 @@ impl Observer {
         let mut exits = Vec::with_capacity(rows.len());
         let mut counts: BTreeMap<(String, String), u64> = BTreeMap::new();
         for (row, fleet) in rows.iter().zip(health) {
-            let blocked = row.provenance_block();
+            let blocked = row.provenance_block(projector.strict_egress());
             let state = state_of(
                 row.disabled,
                 blocked.is_some(),
@@ -267,6 +271,14 @@ impl Observer {
                 owner: row.owner.clone(),
                 egress_ips: row.egress_ips.clone(),
                 egress_prefixes: row.egress_prefixes.clone(),
+                observed_egress: {
+                    // Several egress behind one NAT share one public address.
+                    let mut seen = row.observed_egress.clone();
+                    seen.sort_unstable();
+                    seen.dedup();
+                    seen
+                },
+                egress_verification: row.egress_verification.clone(),
                 state,
                 blocked: blocked.map(|b| b.as_str()),
                 score: fleet.score,

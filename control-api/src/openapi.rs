@@ -97,6 +97,20 @@ fn schemas() -> Value {
             "allowed_channels": {"type": ["array", "null"], "items": {"enum": ["owned", "leased", "isp", "sdk", "extension", "sharing", "reseller"]}}
         }
     });
+    // Its own value: one more nested object in the document below would
+    // pass the `json!` macro's recursion limit.
+    let egress_report = json!({"type": "object", "additionalProperties": false,
+            "properties": {
+                "observed": {"type": "array", "maxItems": 320, "items": {"type": "object", "additionalProperties": false,
+                    "required": ["egress", "bound", "reflection"],
+                    "properties": {"egress": {"type": "string"}, "bound": {"type": "string"},
+                        "reflection": {"type": "object", "required": ["address", "at"],
+                            "description": "the reflector's GET /whoami answer, unchanged",
+                            "properties": {"address": {"type": "string"}, "at": {"type": "integer"},
+                                "exit": {"type": "string", "format": "uuid"}, "proof": {"type": "string"}}}}}},
+                "unobserved": {"type": "array", "maxItems": 320, "items": {"type": "object", "additionalProperties": false,
+                    "required": ["egress", "bound", "reason"],
+                    "properties": {"egress": {"type": "string"}, "bound": {"type": "string"}, "reason": {"type": "string"}}}}}});
     json!({
         "Problem": {"type": "object", "description": "RFC 9457 problem details",
             "properties": {"type": {"type": "string"}, "title": {"type": "string"}, "status": {"type": "integer"}, "detail": {"type": "string"}}},
@@ -151,7 +165,9 @@ fn schemas() -> Value {
             "description": "An exit needs at least one egress IP or egress prefix.",
             "properties": {"token": {"type": "string"}, "egress_ips": {"type": "array", "items": {"type": "string"}, "maxItems": 256},
                 "egress_prefixes": {"type": "array", "items": {"type": "string", "description": "CIDR: IPv6 /48 to /128, IPv4 /24 to /32"}, "maxItems": 64},
-                "hostname": {"type": "string"}, "agent_version": {"type": "string"}}},
+                "hostname": {"type": "string"}, "agent_version": {"type": "string"},
+                "behind_nat": {"type": "boolean", "description": "the host sits behind NAT: the public address the reflector sees may differ from the declared egress"}}},
+        "EgressReport": egress_report,
         "Heartbeat": {"type": "object", "additionalProperties": false,
             "properties": {"draining": {"type": "boolean"}, "active_tunnels": {"type": "integer", "minimum": 0},
                 "admin_addrs": {"type": "array", "items": {"type": "string"}, "maxItems": 16},

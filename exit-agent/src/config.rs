@@ -60,6 +60,34 @@ pub struct Config {
     )]
     pub egress_prefixes: Vec<Cidr>,
 
+    /// This host sits behind NAT (a residential line, a mobile network, an
+    /// SDK host): the public address the reflector sees its traffic leave
+    /// from may differ from its egress IPs, and that is expected. Declared
+    /// at enrollment; without it such a difference flags the exit.
+    #[arg(long, env = "PROXYNET_BEHIND_NAT")]
+    pub behind_nat: bool,
+
+    /// Egress reflectors to ask (`http://HOST:PORT/whoami`, repeat or
+    /// comma-separate) instead of the ones the control-api names (every
+    /// superproxy's `--reflector-listen`, its `--reflector-url`s). Only ever
+    /// proxynet's own reflectors: the answer must carry their signature.
+    #[arg(
+        long = "reflector-url",
+        env = "PROXYNET_REFLECTOR_URLS",
+        value_delimiter = ','
+    )]
+    pub reflector_urls: Vec<String>,
+
+    /// How often the public address of each egress IP and prefix is
+    /// observed through a reflector and reported, s (also at start and
+    /// after a link reconnects); 0: never.
+    #[arg(
+        long,
+        env = "PROXYNET_EGRESS_OBSERVE_INTERVAL_SECS",
+        default_value_t = 600
+    )]
+    pub egress_observe_interval_secs: u64,
+
     /// Link versions this agent offers its superproxies (the newest one both
     /// speak is used): 1 = HTTP/2, 2 = the lean mux. `1` alone makes the agent
     /// talk exactly like a v1 release (for staged upgrades).
@@ -209,6 +237,11 @@ impl Config {
     }
     pub fn dns_timeout(&self) -> Duration {
         Duration::from_millis(self.dns_timeout_ms)
+    }
+    /// `None`: egress observation is off.
+    pub fn egress_observe_interval(&self) -> Option<Duration> {
+        (self.egress_observe_interval_secs > 0)
+            .then(|| Duration::from_secs(self.egress_observe_interval_secs))
     }
 }
 

@@ -33,6 +33,10 @@ struct EnrollRequest<'a> {
     egress_prefixes: &'a [Cidr],
     hostname: String,
     agent_version: &'static str,
+    /// Left out unless set, like the prefixes: an older control-api refuses
+    /// the field it does not know.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    behind_nat: bool,
 }
 
 #[derive(Deserialize)]
@@ -77,6 +81,7 @@ impl ControlClient {
         token: &Secret,
         egress_ips: &[IpAddr],
         egress_prefixes: &[Cidr],
+        behind_nat: bool,
     ) -> Result<AgentState, ControlError> {
         let hostname = std::fs::read_to_string("/etc/hostname")
             .map(|h| h.trim().to_owned())
@@ -87,6 +92,7 @@ impl ControlClient {
             egress_prefixes,
             hostname,
             agent_version: env!("CARGO_PKG_VERSION"),
+            behind_nat,
         };
         let body: EnrollResponse = self
             .post("/v1/agent/enroll", None, &request, "enrollment")
@@ -113,6 +119,18 @@ impl ControlClient {
             internal_targets: info.internal_targets,
         };
         self.post(&path, Some(&state.credential), &request, "heartbeat")
+            .await
+    }
+
+    /// Reports what the reflectors saw from this exit's egress addresses;
+    /// the control-api's verdict on its declared egress comes back.
+    pub async fn report_egress(
+        &self,
+        state: &AgentState,
+        report: &proxynet_wire::reflector::EgressReport,
+    ) -> Result<serde_json::Value, ControlError> {
+        let path = format!("/v1/agent/exits/{}/egress", state.exit_id);
+        self.post(&path, Some(&state.credential), report, "egress report")
             .await
     }
 
@@ -187,6 +205,7 @@ mod tests {
             egress_prefixes: &[],
             hostname: "exit-1".into(),
             agent_version: "0.1.0",
+            behind_nat: false,
         })
         .unwrap();
         assert_eq!(
@@ -201,6 +220,25 @@ mod tests {
     }
 
     #[test]
+    fn an_enrollment_request_declares_nat_only_when_behind_it() {
+        let token = Secret::new("pn_enroll_abc");
+        let egress_ips: [IpAddr; 1] = ["10.0.0.7".parse().unwrap()];
+        let request = |behind_nat| {
+            serde_json::to_value(EnrollRequest {
+                token: &token,
+                egress_ips: &egress_ips,
+                egress_prefixes: &[],
+                hostname: "home-router".into(),
+                agent_version: "0.1.0",
+                behind_nat,
+            })
+            .unwrap()
+        };
+        assert_eq!(request(true)["behind_nat"], true);
+        assert!(request(false).get("behind_nat").is_none());
+    }
+
+    #[test]
     fn an_enrollment_request_declares_the_egress_prefixes_it_has() {
         let token = Secret::new("pn_enroll_abc");
         let prefixes: [Cidr; 1] = ["2001:db8:1:2::/64".parse().unwrap()];
@@ -210,6 +248,7 @@ mod tests {
             egress_prefixes: &prefixes,
             hostname: "exit-1".into(),
             agent_version: "0.1.0",
+            behind_nat: false,
         })
         .unwrap();
         assert_eq!(body["egress_ips"], serde_json::json!([]));

@@ -51,6 +51,8 @@ pub struct TunnelContext {
     pub opt_out: std::sync::Mutex<Option<crate::state::OptOutState>>,
     /// `/metrics` on the admin listener.
     pub metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
+    /// Reflectors learned and link reconnects, for the public-egress observer.
+    pub egress_watch: crate::public_egress::EgressWatch,
 }
 
 impl TunnelContext {
@@ -333,6 +335,7 @@ pub(crate) mod tests {
             admin_token: proxynet_common::secret::Secret::new("admin-token"),
             opt_out: std::sync::Mutex::new(None),
             metrics: None,
+            egress_watch: Default::default(),
         })
     }
 

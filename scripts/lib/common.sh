@@ -40,12 +40,17 @@ install_deps() {
   command -v openssl >/dev/null 2>&1 || missing+=(openssl)
   if [ "${PROXYNET_INSTALL_TEST_TOOLS:-0}" = 1 ]; then
     # Only the test suite needs these: a real Prometheus (and promtool),
-    # headless Chromium, Node for the browser and client tests.
+    # headless Chromium, Node for the browser and client tests, and what
+    # the network-namespace harness runs.
     command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
     command -v chromium >/dev/null 2>&1 || missing+=(chromium)
     command -v node >/dev/null 2>&1 || missing+=(nodejs)
     command -v npm >/dev/null 2>&1 || missing+=(npm)
     python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || missing+=(python3-venv)
+    # The network-namespace harness builds exit hosts with iproute2 and puts
+    # some behind NAT with nftables (tests/src/netns.rs).
+    command -v ip >/dev/null 2>&1 || missing+=(iproute2)
+    command -v nft >/dev/null 2>&1 || missing+=(nftables)
   fi
   if [ "${#missing[@]}" -gt 0 ]; then
     say "installing: ${missing[*]}"

@@ -212,6 +212,13 @@ impl Keys {
         format!("{}stats:{{{superproxy}}}", self.prefix)
     }
 
+    /// The secret superproxies sign their egress reflections with and the
+    /// control-api checks them by (hex): made by whichever needs it first
+    /// ([`reflector_key`]), so agents cannot forge what a reflector saw.
+    pub fn reflector_key(&self) -> String {
+        format!("{}reflector-key", self.prefix)
+    }
+
     /// Pub/sub channel announcing changed users and exits (`user:NAME`, `exit:ID`).
     pub fn events(&self) -> String {
         format!("{}events", self.prefix)
@@ -542,6 +549,10 @@ pub enum ProvenanceBlock {
     ConsentExpired,
     /// The person behind the exit withdrew it (`exit-agent opt-out`).
     Withdrawn,
+    /// A declared egress address is not what the reflector saw the exit's
+    /// traffic leave from, and the exit declared no NAT (only with the
+    /// control-api's `--strict-egress-verification`).
+    EgressUnverified,
 }
 
 impl ProvenanceBlock {
@@ -552,6 +563,7 @@ impl ProvenanceBlock {
             ProvenanceBlock::ConsentRevoked => "consent_revoked",
             ProvenanceBlock::ConsentExpired => "consent_expired",
             ProvenanceBlock::Withdrawn => "withdrawn",
+            ProvenanceBlock::EgressUnverified => "egress_unverified",
         }
     }
 }
@@ -652,6 +664,10 @@ pub struct SuperproxyRecord {
     /// agents deny them as tunnel targets, however the target is spelled.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub service_addrs: Vec<SocketAddr>,
+    /// Where this superproxy's egress reflector answers (`GET /whoami`):
+    /// agents learn the public address their traffic leaves from there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reflector: Option<SocketAddr>,
 }
 
 /// Bytes one user moved through one exit in one minute (a ledger row).
@@ -845,6 +861,27 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 return redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf')
 ";
+
+/// The reflector key ([`Keys::reflector_key`]): the one in Redis, or a new
+/// random one stored there first if there is none (`SET NX`, so of two
+/// processes racing to make it, both end up with the same key).
+pub async fn reflector_key(
+    redis: &mut redis_target::RedisConnection,
+    keys: &Keys,
+) -> redis::RedisResult<Vec<u8>> {
+    use redis::AsyncCommands;
+    let key = keys.reflector_key();
+    // Two v4 UUIDs: 244 random bits from the OS's generator.
+    let fresh = format!("{}{}", Uuid::new_v4().simple(), Uuid::new_v4().simple());
+    let _: Option<String> = redis::cmd("SET")
+        .arg(&key)
+        .arg(&fresh)
+        .arg("NX")
+        .query_async(redis)
+        .await?;
+    let stored: Option<String> = redis.get(&key).await?;
+    Ok(stored.unwrap_or(fresh).into_bytes())
+}
 
 /// A backing store could not be reached at start-up.
 #[derive(Debug, thiserror::Error)]

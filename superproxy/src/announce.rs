@@ -69,6 +69,7 @@ pub fn service_addresses(bound: &crate::Addresses, advertised: SocketAddr) -> Ve
     for addr in [bound.proxy, bound.socks, bound.admin, bound.link]
         .into_iter()
         .chain(bound.tls)
+        .chain(bound.reflector)
     {
         if addr.ip().is_unspecified() {
             out.extend(host.iter().map(|ip| SocketAddr::new(*ip, addr.port())));

@@ -109,6 +109,22 @@ pub struct Config {
     #[arg(long, env = "PROXYNET_LINK_ADVERTISE")]
     pub link_advertise: Option<SocketAddr>,
 
+    /// Egress reflector listener (`GET /whoami` answers the caller's address,
+    /// signed): agents learn the public address their traffic leaves from
+    /// here. Off unless set; it must face the exits directly (no proxy or
+    /// load balancer rewriting the source address in between).
+    #[arg(long, env = "PROXYNET_REFLECTOR_LISTEN")]
+    pub reflector_listen: Option<SocketAddr>,
+
+    /// Address announced to agents for the reflector; defaults to the bound
+    /// reflector address (an unspecified bind is then not announced).
+    #[arg(
+        long,
+        env = "PROXYNET_REFLECTOR_ADVERTISE",
+        requires = "reflector_listen"
+    )]
+    pub reflector_advertise: Option<SocketAddr>,
+
     /// PEM certificate chain for the link listener. Without one, a self-signed
     /// certificate is generated at start; agents pin whichever is announced.
     #[arg(long, env = "PROXYNET_LINK_CERT", requires = "link_key")]

@@ -15,7 +15,8 @@
 //! no longer allows), [`announce`] (tell agents where to dial), [`events`]
 //! (change events), [`health`] and [`probe`] (exit health), [`admin`]
 //! (health and pool endpoints), [`error`] (the one error type every ingress
-//! answers with). Background loops share one shape
+//! answers with), [`reflector`] (tells agents the public address their
+//! traffic leaves from). Background loops share one shape
 //! (`proxynet_common::tasks`): built with their parts, `run(stop)`.
 //!
 //! [`Superproxy::bind`] binds every listener (port 0 is fine) and reports the
@@ -41,6 +42,7 @@ pub mod metrics;
 pub mod open_tunnels;
 pub mod pipeline;
 pub mod probe;
+pub mod reflector;
 pub mod request;
 pub mod revocation;
 pub mod select;
@@ -85,6 +87,9 @@ pub struct Addresses {
     pub socks: SocketAddr,
     pub admin: SocketAddr,
     pub link: SocketAddr,
+    /// The egress reflector, when configured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reflector: Option<SocketAddr>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -114,6 +119,7 @@ pub struct Superproxy {
     listeners: Listeners,
     admin: TcpListener,
     link: TcpListener,
+    reflector: Option<TcpListener>,
     identity: LinkIdentity,
     redis_target: RedisTarget,
     redis: RedisConnection,
@@ -162,6 +168,13 @@ impl Superproxy {
         proxynet_common::sockets::prepare_client_listener(&socks);
         let (admin, admin_addr) = listen("admin", config.admin_listen).await?;
         let (link, link_addr) = listen("link", config.link_listen).await?;
+        let (reflector, reflector_addr) = match config.reflector_listen {
+            Some(addr) => {
+                let (listener, bound) = listen("reflector", addr).await?;
+                (Some(listener), Some(bound))
+            }
+            None => (None, None),
+        };
         let (tls, tls_addr, tls_cert) =
             match (&config.tls_listen, &config.tls_cert, &config.tls_key) {
                 (Some(addr), Some(cert), Some(key)) => {
@@ -186,6 +199,7 @@ impl Superproxy {
             socks: socks_addr,
             admin: admin_addr,
             link: link_addr,
+            reflector: reflector_addr,
         };
 
         let registry = Arc::new(LinkRegistry::default());
@@ -211,6 +225,7 @@ impl Superproxy {
                 &[proxy_addr, socks_addr, admin_addr, link_addr]
                     .into_iter()
                     .chain(tls_addr)
+                    .chain(reflector_addr)
                     .collect::<Vec<_>>(),
             ),
         );
@@ -285,6 +300,7 @@ impl Superproxy {
             tls_cert,
             admin,
             link,
+            reflector,
             identity,
             redis_target,
             redis,
@@ -307,6 +323,15 @@ impl Superproxy {
         } = self;
         let pool = admin_state.pool.clone();
         let advertise = config.link_advertise.unwrap_or(self.addresses.link);
+        // Agents cannot dial an unspecified address: such a bind needs
+        // `--reflector-advertise` to be announced.
+        let reflector_advertise = config
+            .reflector_advertise
+            .or(self.addresses.reflector)
+            .filter(|a| !a.ip().is_unspecified());
+        if self.addresses.reflector.is_some() && reflector_advertise.is_none() {
+            tracing::warn!("the reflector listens on an unspecified address and --reflector-advertise is not set: agents are not told about it");
+        }
         let announcer = announce::Announcer {
             redis: self.redis.clone(),
             keys: self.keys.clone(),
@@ -315,6 +340,7 @@ impl Superproxy {
                 link_addr: advertise,
                 cert_sha256: self.identity.cert_sha256.clone(),
                 service_addrs: announce::service_addresses(&self.addresses, advertise),
+                reflector: reflector_advertise,
             },
             interval: config.announce_interval(),
         };
@@ -392,6 +418,19 @@ impl Superproxy {
         {
             let pre_auth = pre_auth.clone();
             background.spawn("pre-auth deadlines", |stop| pre_auth.run_deadlines(stop));
+        }
+        if let Some(listener) = self.reflector {
+            let key = Arc::new(reflector::ReflectorKey::new(
+                self.redis.clone(),
+                self.keys.clone(),
+            ));
+            key.refresh().await;
+            {
+                let key = key.clone();
+                background.spawn("reflector key refresh", |stop| key.run(stop));
+            }
+            let reflector = reflector::Reflector { listener, key };
+            background.spawn("egress reflector", |stop| reflector.run(stop));
         }
         if let Some(cert) = self.tls_cert {
             background.spawn("TLS certificate reload", |stop| cert.reload_on_sighup(stop));

@@ -22,6 +22,12 @@
 //! The stack's services listen on the root side of the uplink
 //! ([`ExitHost::stack_options`]) so the agent reaches them.
 //!
+//! Opt-in NAT ([`ExitHost::masquerade_uplink`], nftables): EXIT then
+//! masquerades whatever leaves through the uplink, so the root namespace
+//! sees every connection from the uplink address, whatever address the
+//! agent bound: a home router's view, where the bound address is private
+//! and the world sees the ISP's one. Traffic to TARGET is not translated.
+//!
 //! Names are unique per test process and instance (`pn<pid>x<n>e`/`…t`),
 //! the uplink's /30 is taken from 10.200.0.0/16 by creating its root-side
 //! veth (`pnr<i>`: the kernel refuses a second one, so two test processes
@@ -280,6 +286,36 @@ impl ExitHost {
             prefix_v4,
             root_veth,
         }
+    }
+
+    /// Opt-in NAT: EXIT masquerades traffic leaving through the uplink
+    /// (towards the root namespace and the stack), so it arrives from
+    /// [`Self::uplink_addr`] whichever address was bound, e.g.
+    /// [`Self::exit_wan_v4`]. Needs nftables' `nft`; panics with the reason.
+    pub fn masquerade_uplink(&self) {
+        let ruleset = "table ip pn_nat {\n\
+                       chain postrouting {\n\
+                       type nat hook postrouting priority srcnat; policy accept;\n\
+                       oifname \"uplink\" masquerade\n\
+                       }\n\
+                       }\n";
+        let mut nft = Command::new("ip")
+            .args(["netns", "exec", self.exit.name(), "nft", "-f", "-"])
+            .stdin(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("run nft (nftables) in {}: {e}", self.exit.name()));
+        if let Some(mut stdin) = nft.stdin.take() {
+            use std::io::Write;
+            stdin.write_all(ruleset.as_bytes()).unwrap();
+        }
+        let out = nft.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "nft masquerade in {}: {} (the NAT harness needs nftables' nft)",
+            self.exit.name(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
     }
 
     /// TARGET's networks: what the agent's and the superproxy's egress

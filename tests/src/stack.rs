@@ -97,6 +97,9 @@ pub struct ProxyAddrs {
     pub socks: SocketAddr,
     pub admin: SocketAddr,
     pub link: SocketAddr,
+    /// The egress reflector (`--reflector-listen`), when started with one.
+    #[serde(default)]
+    pub reflector: Option<SocketAddr>,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize)]

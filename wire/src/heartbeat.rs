@@ -43,6 +43,11 @@ pub struct HeartbeatReply {
     /// only the public ones: an exit learns what it must deny, nothing more.
     #[serde(default)]
     pub protected: Vec<SocketAddr>,
+    /// Egress reflectors the operator runs besides the superproxies' own
+    /// (`http://HOST:PORT/whoami`, the control-api's `--reflector-url`):
+    /// where the agent learns the public address its traffic leaves from.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reflectors: Vec<String>,
 }
 
 #[cfg(test)]

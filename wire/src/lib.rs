@@ -2,11 +2,13 @@
 //! ([`link`]: hello, link versions, stream requests and outcomes; [`mux`]:
 //! the v2 framing; [`datagram`]: UDP datagrams on a link stream), the
 //! agent's heartbeat to the control-api
-//! ([`heartbeat`]), and the proxy username grammar clients send
+//! ([`heartbeat`]), the egress reflector's signed answer and the agent's
+//! report of it ([`reflector`]), and the proxy username grammar clients send
 //! ([`username`]).
 
 pub mod datagram;
 pub mod heartbeat;
 pub mod link;
 pub mod mux;
+pub mod reflector;
 pub mod username;

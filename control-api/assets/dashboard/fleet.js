@@ -1,5 +1,5 @@
 
-const cols = ["name","source_type","country","owner","egress_ips","egress_prefixes","state","score","probe_rtt_ms","success","in_flight","bytes_per_sec","last_heartbeat_at"];
+const cols = ["name","source_type","country","owner","egress_ips","egress_prefixes","observed_egress","egress_verification","state","score","probe_rtt_ms","success","in_flight","bytes_per_sec","last_heartbeat_at"];
 let rows = [], sortBy = "state", desc = false;
 function fmt(k, v) {
   if (v === null || v === undefined) return "–";

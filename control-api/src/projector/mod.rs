@@ -49,6 +49,9 @@ pub struct Projector {
     replies: std::sync::Arc<std::sync::Mutex<[Option<CachedReply>; 2]>>,
     /// The agents' admin addresses as last read.
     agent_admin: std::sync::Arc<std::sync::Mutex<Option<CachedAddrs>>>,
+    /// `--strict-egress-verification`: a contradicted declared egress blocks
+    /// the exit.
+    strict_egress: bool,
 }
 
 /// Addresses as read from Redis, and when.
@@ -128,6 +131,11 @@ pub struct ExitRow {
     pub consent_expires_at: Option<chrono::DateTime<chrono::Utc>>,
     /// As persisted (batched, see `liveness.rs`).
     pub last_heartbeat_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// The verdict on its declared egress (`routes/egress.rs`).
+    pub egress_verification: String,
+    pub behind_nat: bool,
+    /// The public address the reflector last saw, per declared egress.
+    pub observed_egress: Vec<String>,
 }
 
 impl ExitRow {
@@ -135,8 +143,10 @@ impl ExitRow {
     /// address comes from and through which channel, how its owner was
     /// informed, how they opt out, who is liable) and, where consent is
     /// required, whether it is granted and unrevoked. Expiry is judged here
-    /// and, at the instant itself, by every superproxy.
-    pub fn provenance_block(&self) -> Option<ProvenanceBlock> {
+    /// and, at the instant itself, by every superproxy. With `strict_egress`
+    /// (`--strict-egress-verification`) an exit whose declared egress the
+    /// reflector contradicts is blocked too, after the provenance reasons.
+    pub fn provenance_block(&self, strict_egress: bool) -> Option<ProvenanceBlock> {
         if self.withdrawn {
             return Some(ProvenanceBlock::Withdrawn);
         }
@@ -159,23 +169,28 @@ impl ExitRow {
         if !complete {
             return Some(ProvenanceBlock::IncompleteProvenance);
         }
-        if self.consent_required != Some(true) {
-            return None;
-        }
-        match self.consent_state.as_deref() {
-            None => Some(ProvenanceBlock::NoConsent),
-            Some("revoked") => Some(ProvenanceBlock::ConsentRevoked),
-            _ if self
-                .consent_expires_at
-                .is_some_and(|t| t <= chrono::Utc::now()) =>
-            {
-                Some(ProvenanceBlock::ConsentExpired)
+        let consent = if self.consent_required != Some(true) {
+            None
+        } else {
+            match self.consent_state.as_deref() {
+                None => Some(ProvenanceBlock::NoConsent),
+                Some("revoked") => Some(ProvenanceBlock::ConsentRevoked),
+                _ if self
+                    .consent_expires_at
+                    .is_some_and(|t| t <= chrono::Utc::now()) =>
+                {
+                    Some(ProvenanceBlock::ConsentExpired)
+                }
+                _ => None,
             }
-            _ => None,
-        }
+        };
+        consent.or_else(|| {
+            (strict_egress && self.egress_verification == "mismatch")
+                .then_some(ProvenanceBlock::EgressUnverified)
+        })
     }
 
-    pub fn to_record(&self) -> ExitRecord {
+    pub fn to_record(&self, strict_egress: bool) -> ExitRecord {
         ExitRecord {
             id: self.id,
             name: self.name.clone(),
@@ -199,7 +214,7 @@ impl ExitRow {
             credential_sha256: self.credential_sha256.clone(),
             version: self.version,
             channel: self.channel.as_deref().and_then(Channel::parse),
-            blocked: self.provenance_block(),
+            blocked: self.provenance_block(strict_egress),
             consent_expires_at_ms: self
                 .consent_expires_at
                 .filter(|_| self.consent_required == Some(true))
@@ -217,7 +232,9 @@ const EXIT_SELECT: &str = "SELECT e.id, e.name, e.source_type, e.owner, e.countr
      e.withdrawn_at IS NOT NULL AS withdrawn, s.channel, s.supplier, s.agreement_ref, \
      s.notice_description, s.opt_out AS source_opt_out, s.liable_party, s.abuse_contact, \
      s.countries, s.consent_required, c.state AS consent_state, c.expires_at AS consent_expires_at, \
-     e.last_heartbeat_at \
+     e.last_heartbeat_at, e.egress_verification, e.behind_nat, \
+     ARRAY(SELECT DISTINCT ON (o.egress) host(o.observed_ip) FROM exit_egress_observations o \
+            WHERE o.exit_id = e.id ORDER BY o.egress, o.first_seen DESC) AS observed_egress \
      FROM exits e LEFT JOIN sources s ON s.id = e.source_id \
      LEFT JOIN LATERAL (SELECT state, expires_at FROM consent_records \
                          WHERE exit_id = e.id ORDER BY version DESC LIMIT 1) c ON true";
@@ -242,7 +259,19 @@ impl Projector {
             keys,
             replies: Default::default(),
             agent_admin: Default::default(),
+            strict_egress: false,
         }
+    }
+
+    /// With `strict`, exits whose declared egress the reflector contradicts
+    /// are projected blocked (`egress_unverified`).
+    pub fn with_strict_egress(mut self, strict: bool) -> Self {
+        self.strict_egress = strict;
+        self
+    }
+
+    pub fn strict_egress(&self) -> bool {
+        self.strict_egress
     }
 
     pub fn keys(&self) -> &Keys {
@@ -435,7 +464,7 @@ impl Projector {
         let mut redis = self.redis.clone();
         match row {
             Some(row) => {
-                let json = serde_json::to_string(&row.to_record())?;
+                let json = serde_json::to_string(&row.to_record(self.strict_egress))?;
                 let _: i64 = redis::Script::new(PUT_EXIT_SCRIPT)
                     .key(self.keys.exit(id))
                     .key(self.keys.exit_changes())

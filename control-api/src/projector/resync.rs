@@ -103,7 +103,7 @@ impl Projector {
                     .arg(2)
                     .arg(self.keys.exit(row.id))
                     .arg(self.keys.exit_changes())
-                    .arg(serde_json::to_string(&row.to_record())?)
+                    .arg(serde_json::to_string(&row.to_record(self.strict_egress))?)
                     .arg(row.version)
                     .arg(row.id.to_string())
                     .arg(EXIT_CHANGES_KEPT)

@@ -3,8 +3,10 @@
 //! An operator creates a one-time enrollment token that names the exit's
 //! source (its provenance: type, channel, supplier, ...) and fixes its
 //! country, city and ASN. The agent exchanges it once for its own credential,
-//! declaring its egress IPs and egress prefixes. From then on the agent heartbeats with that
-//! credential and learns which superproxies to dial.
+//! declaring its egress IPs and egress prefixes, and whether its host sits
+//! behind NAT. From then on the agent heartbeats with that credential and
+//! learns which superproxies to dial and which egress reflectors to ask
+//! (`egress.rs` takes what they saw).
 
 use crate::extract::Json;
 use crate::extract::Path;
@@ -138,6 +140,10 @@ pub(super) struct Enroll {
     hostname: String,
     #[serde(default)]
     agent_version: String,
+    /// The host sits behind NAT (`--behind-nat`): the reflector seeing a
+    /// public address other than the declared egress is expected.
+    #[serde(default)]
+    behind_nat: bool,
 }
 
 /// Egress prefixes one exit may declare (each may hold 2^80 addresses: the
@@ -221,8 +227,8 @@ pub(super) async fn enroll(
     let credential = new_secret("pnexit");
     let ips: Vec<String> = body.egress_ips.iter().map(ToString::to_string).collect();
     sqlx::query(
-        "INSERT INTO exits (id, name, source_type, owner, country, egress_ips, credential_sha256, hostname, agent_version, city, asn, source_id, egress_prefixes)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
+        "INSERT INTO exits (id, name, source_type, owner, country, egress_ips, credential_sha256, hostname, agent_version, city, asn, source_id, egress_prefixes, behind_nat)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
     )
     .bind(exit_id)
     .bind(&token.name)
@@ -237,6 +243,7 @@ pub(super) async fn enroll(
     .bind(token.asn)
     .bind(token.source_id)
     .bind(&prefixes)
+    .bind(body.behind_nat)
     .execute(&mut *tx)
     .await?;
     sqlx::query("UPDATE enrollment_tokens SET used_at = now(), exit_id = $2 WHERE id = $1")
@@ -249,7 +256,7 @@ pub(super) async fn enroll(
         "agent",
         "exit.enroll",
         &exit_id.to_string(),
-        serde_json::json!({"token_id": token.id, "egress_ips": ips, "egress_prefixes": prefixes, "hostname": body.hostname}),
+        serde_json::json!({"token_id": token.id, "egress_ips": ips, "egress_prefixes": prefixes, "hostname": body.hostname, "behind_nat": body.behind_nat}),
     )
     .await?;
     tx.commit().await?;
@@ -397,6 +404,7 @@ pub(super) async fn heartbeat(
                 heartbeat_ttl_ms: state.config.heartbeat_ttl_ms,
                 superproxies,
                 protected,
+                reflectors: state.config.reflector_urls.clone(),
             }
         })
         .await
@@ -425,6 +433,7 @@ mod tests {
                 link_addr: a("203.0.113.10:7000"),
                 cert_sha256: "ab".into(),
                 service_addrs: vec![a("203.0.113.10:8080"), a("10.0.0.5:8080")],
+                reflector: None,
             }],
             agent_admin: vec![a("127.0.0.1:9091"), a("198.51.100.7:9091")],
         };

@@ -1,5 +1,6 @@
-//! Exits as the operator sees them: provenance, egress IPs and prefixes,
-//! liveness.
+//! Exits as the operator sees them: provenance, egress IPs and prefixes
+//! (declared), the public addresses the reflector saw them leave from
+//! (observed, `egress.rs`), liveness.
 
 use crate::extract::Json;
 use crate::extract::{Path, Query};
@@ -12,6 +13,7 @@ use uuid::Uuid;
 use crate::auth::Operator;
 use crate::error::ApiError;
 use crate::projector::FleetHealth;
+use crate::routes::egress::ObservedEgress;
 use crate::routes::page::{finish, PageQuery};
 use crate::{audit, AppState};
 
@@ -36,6 +38,14 @@ pub(super) struct ExitRow {
     disabled: bool,
     enrolled_at: DateTime<Utc>,
     last_heartbeat_at: Option<DateTime<Utc>>,
+    /// Declared at enrollment (`--behind-nat`).
+    behind_nat: bool,
+    #[serde(skip)]
+    egress_verification: String,
+    #[serde(skip)]
+    egress_reported_at: Option<DateTime<Utc>>,
+    #[serde(skip)]
+    egress_unobserved: sqlx::types::Json<serde_json::Value>,
 }
 
 #[derive(Serialize)]
@@ -46,11 +56,37 @@ pub(super) struct ExitView {
     live: bool,
     /// How the superproxies see it (active probes, passive outcomes, load).
     health: Option<FleetHealth>,
+    /// Declared against observed: what the reflector saw the exit's traffic
+    /// leave from.
+    egress: EgressView,
 }
+
+#[derive(Serialize)]
+pub(super) struct EgressView {
+    /// `verified`, `behind_nat`, `unobserved` or `mismatch` (see `egress.rs`).
+    verification: String,
+    /// With `--strict-egress-verification`, a `mismatch` keeps it out of routing.
+    routable: bool,
+    /// When the agent last reported.
+    reported_at: Option<DateTime<Utc>>,
+    /// The latest observation of each declared egress: the address bound
+    /// and the public one the reflector saw.
+    observed: Vec<ObservedEgress>,
+    /// What the last report could not observe, and why.
+    unobserved: serde_json::Value,
+    /// Every observation, newest first (`GET /v1/exits/{id}` only, at most
+    /// [`HISTORY_SHOWN`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    history: Option<Vec<serde_json::Value>>,
+}
+
+/// Observation rows shown on one exit.
+const HISTORY_SHOWN: i64 = 50;
 
 const COLUMNS: &str =
     "id, name, source_type, owner, country, egress_ips, egress_prefixes, city, asn, hostname, agent_version, \
-     draining, admin_draining, disabled, enrolled_at, last_heartbeat_at";
+     draining, admin_draining, disabled, enrolled_at, last_heartbeat_at, behind_nat, \
+     egress_verification, egress_reported_at, egress_unobserved";
 
 /// `GET /v1/exits?limit=&after=EXIT_ID`, by exit id.
 pub(super) async fn list(
@@ -88,7 +124,9 @@ pub(super) async fn get_one(
         .await?
         .ok_or(ApiError::NotFound("exit"))?;
     let mut views = views(&state, vec![row]).await?;
-    views.pop().map(Json).ok_or(ApiError::NotFound("exit"))
+    let mut view = views.pop().ok_or(ApiError::NotFound("exit"))?;
+    view.egress.history = Some(super::egress::history(&state.db, id, HISTORY_SHOWN).await?);
+    Ok(Json(view))
 }
 
 /// Rows joined with liveness (required) and the fleet's health view (best effort).
@@ -100,13 +138,30 @@ async fn views(state: &AppState, rows: Vec<ExitRow>) -> Result<Vec<ExitView>, Ap
         .map_err(|e| ApiError::Unavailable(format!("liveness unknown: {e}")))?;
     let ids: Vec<Uuid> = rows.iter().map(|r| r.id).collect();
     let health = state.projector.fleet_health(&ids).await.ok();
+    let nat: Vec<(Uuid, bool)> = rows.iter().map(|r| (r.id, r.behind_nat)).collect();
+    let mut observed: std::collections::HashMap<Uuid, Vec<ObservedEgress>> = Default::default();
+    for (id, o) in super::egress::latest_observations(&state.db, &nat).await? {
+        observed.entry(id).or_default().push(o);
+    }
+    let strict = state.projector.strict_egress();
     Ok(rows
         .into_iter()
         .enumerate()
-        .map(|(i, row)| ExitView {
-            live: live.contains(&row.id),
-            health: health.as_ref().and_then(|h| h.get(i).cloned()),
-            row,
+        .map(|(i, row)| {
+            let mine = observed.remove(&row.id).unwrap_or_default();
+            ExitView {
+                live: live.contains(&row.id),
+                health: health.as_ref().and_then(|h| h.get(i).cloned()),
+                egress: EgressView {
+                    routable: !(strict && row.egress_verification == "mismatch"),
+                    verification: row.egress_verification.clone(),
+                    reported_at: row.egress_reported_at,
+                    observed: mine,
+                    unobserved: row.egress_unobserved.0.clone(),
+                    history: None,
+                },
+                row,
+            }
         })
         .collect())
 }

@@ -14,6 +14,7 @@ mod agent;
 mod api_keys;
 mod billing;
 pub(crate) mod dashboard;
+mod egress;
 mod exits;
 mod health;
 pub(crate) mod page;
@@ -57,8 +58,9 @@ pub(crate) fn operations() -> Vec<Op> {
         Op::post("/v1/enrollment-tokens", agent::create_enrollment_token, "Create a one-time exit enrollment token", Auth::Operator).body("CreateEnrollmentToken").status(201),
         Op::post("/v1/agent/enroll", agent::enroll, "Exchange an enrollment token for an exit credential", Auth::None).body("Enroll").status(201),
         Op::post("/v1/agent/exits/{id}/heartbeat", agent::heartbeat, "Agent heartbeat; lists superproxies", Auth::Agent).body("Heartbeat"),
+        Op::post("/v1/agent/exits/{id}/egress", egress::report, "Agent report: the public address the reflector saw from each egress (signed answers only)", Auth::Agent).body("EgressReport"),
         Op::get("/v1/exits", exits::list, "Exits with provenance, liveness and fleet health (?limit=&after=, Link rel=next)", Auth::Operator),
-        Op::get("/v1/exits/{id}", exits::get_one, "One exit", Auth::Operator),
+        Op::get("/v1/exits/{id}", exits::get_one, "One exit, with its declared, bound and observed egress", Auth::Operator),
         Op::post("/v1/exits/{id}/drain", exits::drain, "No new tunnels; open ones finish", Auth::Operator),
         Op::post("/v1/exits/{id}/undrain", exits::undrain, "Back into rotation", Auth::Operator),
         Op::post("/v1/exits/{id}/disable", exits::disable, "Out of rotation", Auth::Operator),
@@ -75,7 +77,8 @@ pub(crate) fn operations() -> Vec<Op> {
         Op::post("/v1/exits/{id}/reinstate", provenance::reinstate, "Bring back an exit its owner withdrew, with a fresh consent record (the owner must also run exit-agent opt-in)", Auth::Operator).body("GrantConsent").status(201),
         Op::get("/v1/exits/{id}/provenance", provenance::exit_provenance, "Provenance: full for operators, the customer view for accounts whose traffic the exit carried", Auth::Account),
         Op::post("/v1/agent/exits/{id}/opt-out", provenance::agent_opt_out, "The exit's owner withdraws it (idempotent)", Auth::Agent).body("OptOut"),
-        Op::get("/v1/abuse/lookup", abuse::lookup, "Who used an egress IP for a target around a time (?egress_ip=&at=&target=&window_minutes=)", Auth::Operator),
+        Op::get("/v1/abuse/lookup", abuse::lookup, "Who used an egress address (bound, or the public one observed) for a target around a time (?egress_ip=IP|CIDR&at=&target=&window_minutes=); audited", Auth::Operator),
+        Op::get("/v1/abuse/export", abuse::export, "The abuse record of a time range, at most 31 days, streamed (?from=&to=&format=json|csv&egress_ip=&target=); audited", Auth::Operator),
         Op::get("/v1/audit", abuse::audit_log, "The audit log, newest first (?action=&subject=&actor=&from=&to=&limit=&after=)", Auth::Operator),
         Op::get("/dashboard", dashboard::overview, "Dashboard: fleet overview (HTML; session cookie from /dashboard/login)", Auth::None),
         Op::get("/dashboard/login", dashboard::login_form, "Dashboard login form (HTML)", Auth::None),

@@ -23,6 +23,11 @@ fn env(name: &str) -> String {
 
 /// The control-api's router on a fresh database and key prefix.
 async fn app() -> Router {
+    app_and_state().await.0
+}
+
+/// [`app`], and the state behind it (its stores).
+async fn app_and_state() -> (Router, crate::AppState) {
     let server = env("PROXYNET_TEST_DATABASE_URL");
     let name = format!("u_{}", Uuid::new_v4().simple());
     let mut admin = sqlx::PgConnection::connect(&server).await.unwrap();
@@ -48,7 +53,7 @@ async fn app() -> Router {
     }
     let config = <Config as clap::Parser>::try_parse_from(args).unwrap();
     let api = ControlApi::bind(config).await.unwrap();
-    crate::routes::router(api.state.clone())
+    (crate::routes::router(api.state.clone()), api.state.clone())
 }
 
 /// One request; the status, the content type and the JSON body (or Null).
@@ -263,4 +268,234 @@ async fn every_protected_operation_refuses_a_caller_without_credentials_and_oper
         checked += 1;
     }
     assert!(checked > 40, "only {checked} protected operations");
+}
+
+/// An exit enrolled from `egress_ip` under a complete datacenter source:
+/// (exit id, its credential).
+async fn enrolled_exit(app: &Router, egress_ip: &str) -> (Uuid, String) {
+    let source = json!({
+        "name": "dc", "source_type": "dc", "channel": "owned", "supplier": "s",
+        "agreement_ref": "a", "notice_description": "n", "opt_out": "o",
+        "liable_party": "l", "abuse_contact": "abuse@example.test", "countries": ["DE"],
+    });
+    let (status, _, source) = call(
+        app,
+        Method::POST,
+        "/v1/sources",
+        Some(ADMIN),
+        Some(&source.to_string()),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{source}");
+    let token = json!({"name": "e", "source_id": source["id"], "country": "DE"});
+    let (status, _, token) = call(
+        app,
+        Method::POST,
+        "/v1/enrollment-tokens",
+        Some(ADMIN),
+        Some(&token.to_string()),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{token}");
+    let enroll = json!({"token": token["token"], "egress_ips": [egress_ip]});
+    let (status, _, enrolled) = call(
+        app,
+        Method::POST,
+        "/v1/agent/enroll",
+        None,
+        Some(&enroll.to_string()),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{enrolled}");
+    (
+        enrolled["exit_id"].as_str().unwrap().parse().unwrap(),
+        enrolled["credential"].as_str().unwrap().to_owned(),
+    )
+}
+
+#[tokio::test]
+async fn an_egress_report_counts_only_signed_fresh_reflections_and_keeps_history() {
+    use proxynet_wire::reflector::Reflection;
+    let (app, state) = app_and_state().await;
+    let (exit, credential) = enrolled_exit(&app, "198.51.100.7").await;
+    let key = proxynet_store::reflector_key(&mut state.redis.clone(), state.projector.keys())
+        .await
+        .unwrap();
+    let now = chrono::Utc::now().timestamp();
+    let report = |reflection: Reflection| {
+        json!({"observed": [{"egress": "198.51.100.7", "bound": "198.51.100.7", "reflection": reflection}]})
+            .to_string()
+    };
+    let path = format!("/v1/agent/exits/{exit}/egress");
+    let seen =
+        |address: &str, at: i64| Reflection::signed(&key, address.parse().unwrap(), at, Some(exit));
+
+    // Not the agent's: refused before anything is read.
+    let (status, _, _) = call(
+        &app,
+        Method::POST,
+        &path,
+        Some("pnexit_wrong"),
+        Some(&report(seen("198.51.100.7", now))),
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    // An agent inventing what the reflector saw: not recorded.
+    let forged = Reflection::signed(
+        b"a key of its own",
+        "198.51.100.7".parse().unwrap(),
+        now,
+        Some(exit),
+    );
+    let (status, _, answer) = call(
+        &app,
+        Method::POST,
+        &path,
+        Some(&credential),
+        Some(&report(forged)),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(answer["accepted"], 0);
+    assert!(
+        answer["ignored"][0]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("proof"),
+        "{answer}"
+    );
+    assert_eq!(answer["verification"], "unobserved");
+
+    let (_, _, answer) = call(
+        &app,
+        Method::POST,
+        &path,
+        Some(&credential),
+        Some(&report(seen("198.51.100.7", now - 60))),
+    )
+    .await;
+    assert_eq!(
+        (answer["accepted"].as_i64(), answer["verification"].as_str()),
+        (Some(1), Some("verified")),
+        "{answer}"
+    );
+    // The world now sees another address: a new row, and a mismatch.
+    let (_, _, answer) = call(
+        &app,
+        Method::POST,
+        &path,
+        Some(&credential),
+        Some(&report(seen("203.0.113.9", now - 30))),
+    )
+    .await;
+    assert_eq!(answer["verification"], "mismatch", "{answer}");
+    // The same address again extends the row; an older report is ignored.
+    call(
+        &app,
+        Method::POST,
+        &path,
+        Some(&credential),
+        Some(&report(seen("203.0.113.9", now))),
+    )
+    .await;
+    let (_, _, late) = call(
+        &app,
+        Method::POST,
+        &path,
+        Some(&credential),
+        Some(&report(seen("198.51.100.7", now - 120))),
+    )
+    .await;
+    assert_eq!(late["accepted"], 0, "{late}");
+
+    let (_, _, view) = call(
+        &app,
+        Method::GET,
+        &format!("/v1/exits/{exit}"),
+        Some(ADMIN),
+        None,
+    )
+    .await;
+    let egress = &view["egress"];
+    assert_eq!(egress["verification"], "mismatch", "{view}");
+    assert_eq!(
+        egress["routable"], true,
+        "flagged only: the strict policy is off"
+    );
+    assert_eq!(egress["observed"][0]["observed"], "203.0.113.9");
+    assert_eq!(egress["observed"][0]["status"], "mismatch");
+    let history = egress["history"].as_array().unwrap();
+    assert_eq!(history.len(), 2, "{view}");
+    assert_eq!(history[0]["observed"], "203.0.113.9");
+    assert_eq!(
+        history[0]["first_seen"],
+        json!(chrono::DateTime::from_timestamp(now - 30, 0).unwrap())
+    );
+    assert_eq!(
+        history[0]["last_seen"],
+        json!(chrono::DateTime::from_timestamp(now, 0).unwrap())
+    );
+    assert_eq!(history[1]["observed"], "198.51.100.7");
+
+    let (_, _, audit) = call(
+        &app,
+        Method::GET,
+        &format!("/v1/audit?action=exit.egress_verification&subject={exit}"),
+        Some(ADMIN),
+        None,
+    )
+    .await;
+    let changes: Vec<&str> = audit
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["detail"]["to"].as_str().unwrap())
+        .collect();
+    assert_eq!(changes, ["mismatch", "verified"], "newest first");
+}
+
+#[tokio::test]
+async fn the_desk_takes_networks_of_bounded_width_and_exports_bounded_ranges() {
+    let app = app().await;
+    let lookup = |q: &str| format!("/v1/abuse/lookup?at=2026-11-30T10:00:00Z&egress_ip={q}");
+    for ok in ["198.51.100.7", "2001:db8:1:2::/64", "198.51.0.0/16"] {
+        let (status, _, rows) = call(&app, Method::GET, &lookup(ok), Some(ADMIN), None).await;
+        assert_eq!((status, rows), (StatusCode::OK, json!([])), "{ok}");
+    }
+    for bad in ["198.0.0.0/8", "2001:db8::/16", "shop.example"] {
+        let (status, _, _) = call(&app, Method::GET, &lookup(bad), Some(ADMIN), None).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}");
+    }
+    let export = |q: &str| format!("/v1/abuse/export?{q}");
+    let (status, content_type, rows) = call(
+        &app,
+        Method::GET,
+        &export("from=2026-11-01T00:00:00Z&to=2026-11-30T00:00:00Z"),
+        Some(ADMIN),
+        None,
+    )
+    .await;
+    assert_eq!((status, rows), (StatusCode::OK, json!([])));
+    assert_eq!(content_type, "application/json");
+    for bad in [
+        "from=2026-10-01T00:00:00Z&to=2026-11-30T00:00:00Z",
+        "from=2026-11-30T00:00:00Z&to=2026-11-01T00:00:00Z",
+        "from=2026-11-01T00:00:00Z&to=2026-11-02T00:00:00Z&format=xml",
+    ] {
+        let (status, _, _) = call(&app, Method::GET, &export(bad), Some(ADMIN), None).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}");
+    }
+    let (_, _, audit) = call(
+        &app,
+        Method::GET,
+        "/v1/audit?action=abuse.lookup",
+        Some(ADMIN),
+        None,
+    )
+    .await;
+    assert_eq!(
+        audit.as_array().unwrap().len(),
+        3,
+        "every lookup answered is audited"
+    );
 }

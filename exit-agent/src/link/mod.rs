@@ -42,6 +42,7 @@ pub async fn supervise(
     stop: CancellationToken,
 ) {
     let mut backoff = MIN_BACKOFF;
+    let mut connected_before = false;
     while !stop.is_cancelled() {
         let connected = tokio::select! {
             connected = connect(&superproxy, &ctx) => connected,
@@ -53,6 +54,11 @@ pub async fn supervise(
                 ctx.links_up.fetch_add(1, Ordering::Relaxed);
                 metrics::counter!("proxynet_agent_link_connects_total").increment(1);
                 tracing::info!(superproxy = %superproxy.id, addr = %superproxy.link_addr, link_version = version, "link up");
+                // A link that came back may have come back over a re-dialled
+                // line with another public address: look again.
+                if std::mem::replace(&mut connected_before, true) {
+                    ctx.egress_watch.link_reconnected();
+                }
                 let result = match version {
                     LINK_V2_MUX => v2_mux::serve(tls, ctx.clone(), &stop).await,
                     _ => v1_http2::serve(tls, ctx.clone(), &stop)

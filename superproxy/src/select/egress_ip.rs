@@ -8,7 +8,7 @@
 
 use proxynet_common::egress::Cidr;
 use rand::Rng;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::IpAddr;
 
 use super::Candidate;
 use crate::target::{Host, Target};
@@ -59,34 +59,10 @@ pub fn egress_ip_for(
     Some(usable[rng.gen_range(0..usable.len())])
 }
 
-/// A uniformly random address of `prefix`. Never the all-zero host part of
-/// a prefix that has host bits (IPv6's subnet-router anycast address, an
-/// IPv4 network's own address), nor an IPv4 subnet's broadcast address
-/// (both only where a subnet has them: /31 and /32 have neither).
+/// A uniformly random address of `prefix`, among its usable hosts
+/// ([`Cidr::usable_hosts`]: never a subnet's own or broadcast address).
 fn random_address_in(prefix: &Cidr, rng: &mut impl Rng) -> IpAddr {
-    let bits = prefix.host_bits();
-    match prefix.masked().network() {
-        IpAddr::V6(network) => {
-            let network = u128::from(network);
-            if bits == 0 {
-                return IpAddr::V6(Ipv6Addr::from(network));
-            }
-            let max = u128::MAX.checked_shr(128 - bits).unwrap_or(0);
-            IpAddr::V6(Ipv6Addr::from(network | rng.gen_range(1..=max)))
-        }
-        IpAddr::V4(network) => {
-            let network = u32::from(network);
-            let max = u32::MAX.checked_shr(32 - bits).unwrap_or(0);
-            let host = if bits >= 2 {
-                rng.gen_range(1..max)
-            } else if bits == 1 {
-                rng.gen_range(0..=1)
-            } else {
-                0
-            };
-            IpAddr::V4(Ipv4Addr::from(network | host))
-        }
-    }
+    prefix.host_address(rng.gen_range(prefix.usable_hosts()))
 }
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod abuse_desk;
 mod agent_admin;
 mod allowlist;
 mod api_contract;

@@ -196,6 +196,8 @@ pub(crate) async fn overview(State(state): State<AppState>, headers: HeaderMap) 
         ("owner", "owner"),
         ("egress_ips", "egress IPs"),
         ("egress_prefixes", "egress prefixes"),
+        ("observed_egress", "observed egress"),
+        ("egress_verification", "egress check"),
         ("state", "state"),
         ("score", "score"),
         ("probe_rtt_ms", "probe RTT"),
@@ -310,7 +312,8 @@ pub(crate) async fn exit_page(
     .await
     .unwrap_or_default();
     let mut body = format!(
-        "<p>State <b class=\"state {s}\" id=\"state\">{s}</b>{why} · type {t} · country {c} · owner {o} · egress {ips}{prefixes}</p>",
+        "<p>State <b class=\"state {s}\" id=\"state\">{s}</b>{why} · type {t} · country {c} · owner {o} · egress {ips}{prefixes}</p>\
+<p>Observed public egress <span id=\"observed-egress\">{observed}</span> · check <b id=\"egress-verification\">{check}</b></p>",
         s = now.state.as_str(),
         why = now.blocked.map(|b| format!(" ({b})")).unwrap_or_default(),
         t = esc(&now.source_type),
@@ -325,6 +328,12 @@ pub(crate) async fn exit_page(
                 esc(&now.egress_prefixes.join(", "))
             )
         },
+        observed = if now.observed_egress.is_empty() {
+            "–".to_owned()
+        } else {
+            esc(&now.observed_egress.join(", "))
+        },
+        check = esc(&now.egress_verification),
     );
     let _ = write!(
         body,

@@ -27,6 +27,10 @@ pub(super) struct ProvenanceRow {
     consent_method: Option<String>,
     consent_opt_out: Option<String>,
     evidence_ref: Option<String>,
+    egress_verification: String,
+    behind_nat: bool,
+    /// The public addresses the reflector last saw, one per declared egress.
+    observed_egress: Vec<String>,
 }
 
 /// `GET /v1/exits/{id}/provenance`: operators see everything; an account
@@ -54,7 +58,10 @@ pub(crate) async fn exit_provenance(
                 s.supplier, s.agreement_ref, s.notice_description, s.opt_out AS source_opt_out,
                 s.liable_party, s.abuse_contact, s.consent_required,
                 c.state AS consent_state, c.granted_at, c.expires_at, c.revoked_at, c.notice_version,
-                c.notice_sha256, c.method AS consent_method, c.opt_out AS consent_opt_out, c.evidence_ref
+                c.notice_sha256, c.method AS consent_method, c.opt_out AS consent_opt_out, c.evidence_ref,
+                e.egress_verification, e.behind_nat,
+                ARRAY(SELECT DISTINCT ON (o.egress) host(o.observed_ip) FROM exit_egress_observations o
+                       WHERE o.exit_id = e.id ORDER BY o.egress, o.first_seen DESC) AS observed_egress
            FROM exits e LEFT JOIN sources s ON s.id = e.source_id
            LEFT JOIN LATERAL (SELECT * FROM consent_records WHERE exit_id = e.id ORDER BY version DESC LIMIT 1) c ON true
           WHERE e.id = $1",
@@ -73,6 +80,9 @@ pub(crate) async fn exit_provenance(
         (Some(true), Some(_)) if row.expires_at.is_some_and(|e| e <= Utc::now()) => "expired",
         (Some(true), Some(_)) => "granted",
     };
+    let mut observed = row.observed_egress.clone();
+    observed.sort_unstable();
+    observed.dedup();
     let mut view = serde_json::json!({
         "exit_id": exit,
         "source_type": row.source_type,
@@ -82,6 +92,15 @@ pub(crate) async fn exit_provenance(
         "routable": blocked.is_none() && record.is_some(),
         "blocked": blocked.map(|b| b.as_str()),
         "withdrawn_at": row.withdrawn_at,
+        // The public address(es) the world sees this exit's traffic come
+        // from, as our reflector observed them, and whether they agree with
+        // what the exit declared (`verified`, `behind_nat`, `unobserved`,
+        // `mismatch`).
+        "egress": {
+            "verification": row.egress_verification,
+            "behind_nat": row.behind_nat,
+            "observed": observed,
+        },
         "consent": {
             "status": consent_status,
             "granted_at": row.granted_at,

@@ -1,0 +1,401 @@
+//! Learning the public address each egress leaves from.
+//!
+//! Behind NAT (a residential line, a mobile network, an SDK host) the
+//! address an exit binds is not the one the world sees, and an abuse
+//! complaint names the one the world saw. So at start, every
+//! `--egress-observe-interval-secs` and after a link reconnects (a re-dial
+//! often moves the public address), the agent asks one of proxynet's own
+//! egress reflectors (`GET /whoami` on a superproxy's `--reflector-listen`,
+//! never a third party) from each egress IP, and from one random address of
+//! each egress prefix (bound with IP_FREEBIND, as tunnels are), and reports
+//! the signed answers to the control-api (`POST /v1/agent/exits/{id}/egress`).
+//! An egress it cannot observe (no reflector of its family, a timeout) is
+//! reported as unobserved, never an error.
+//!
+//! Reflectors come from the heartbeat replies (every superproxy's, plus the
+//! control-api's `--reflector-url`s) unless `--reflector-url` names them.
+
+use proxynet_common::egress::Cidr;
+use proxynet_common::tasks::Stop;
+use proxynet_wire::heartbeat::HeartbeatReply;
+use proxynet_wire::reflector::{
+    EgressObservation, EgressReport, EgressUnobserved, Reflection, WHOAMI_PATH,
+};
+use rand::Rng;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpSocket;
+use tokio::time::Instant;
+
+use crate::control::ControlClient;
+use crate::tunnel::TunnelContext;
+
+/// Connect, ask and read the answer within this, per egress.
+const ASK_TIMEOUT: Duration = Duration::from_secs(5);
+/// Largest reflector answer read (it is a few hundred bytes).
+const MAX_ANSWER: u64 = 8 * 1024;
+/// Egress observed at once (an exit may declare 320).
+const IN_FLIGHT: usize = 16;
+/// A report the control-api did not take is sent again this soon.
+const RETRY: Duration = Duration::from_secs(30);
+/// Link reconnects re-observe, but not more often than this: a flapping
+/// link must not turn into a stream of reports.
+const MIN_RECHECK_GAP: Duration = Duration::from_secs(30);
+
+/// What the rest of the agent tells the observer: the reflectors the
+/// heartbeats name, and that a link came back (a reason to look again).
+pub struct EgressWatch {
+    learned: tokio::sync::watch::Sender<Vec<String>>,
+    recheck: tokio::sync::Notify,
+}
+
+impl Default for EgressWatch {
+    fn default() -> Self {
+        Self {
+            learned: tokio::sync::watch::Sender::new(Vec::new()),
+            recheck: tokio::sync::Notify::new(),
+        }
+    }
+}
+
+impl EgressWatch {
+    /// Takes the reflectors `reply` names (a change only if they differ).
+    pub fn learn(&self, reply: &HeartbeatReply) {
+        let mut urls: Vec<String> = reply
+            .superproxies
+            .iter()
+            .filter_map(|s| s.reflector)
+            .map(|addr| format!("http://{addr}{WHOAMI_PATH}"))
+            .chain(reply.reflectors.iter().cloned())
+            .collect();
+        urls.sort_unstable();
+        urls.dedup();
+        self.learned.send_if_modified(|known| {
+            let changed = *known != urls;
+            if changed {
+                *known = urls;
+            }
+            changed
+        });
+    }
+
+    /// A link came back: observe again soon.
+    pub fn link_reconnected(&self) {
+        self.recheck.notify_one();
+    }
+}
+
+/// Observes and reports until `stop`: first as soon as a reflector is
+/// known, then every interval or after a reconnect.
+pub async fn run(ctx: Arc<TunnelContext>, control: ControlClient, stop: Stop) {
+    let Some(every) = ctx.config.egress_observe_interval() else {
+        return;
+    };
+    let mut learned = ctx.egress_watch.learned.subscribe();
+    loop {
+        let urls = if ctx.config.reflector_urls.is_empty() {
+            learned.borrow_and_update().clone()
+        } else {
+            ctx.config.reflector_urls.clone()
+        };
+        if urls.is_empty() {
+            // Nothing to ask yet: the first heartbeat reply names them.
+            tokio::select! {
+                () = stop.cancelled() => return,
+                changed = learned.changed() => if changed.is_err() { return },
+            }
+            continue;
+        }
+        let started = Instant::now();
+        let report = observe(&ctx, &urls).await;
+        let wait = match control.report_egress(&ctx.identity, &report).await {
+            Ok(answer) => {
+                tracing::info!(
+                    observed = report.observed.len(),
+                    unobserved = report.unobserved.len(),
+                    verification = %answer["verification"].as_str().unwrap_or("?"),
+                    "egress observed and reported"
+                );
+                every
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "egress report failed; retrying");
+                every.min(RETRY)
+            }
+        };
+        let recheck = async {
+            ctx.egress_watch.recheck.notified().await;
+            tokio::time::sleep_until(started + MIN_RECHECK_GAP).await;
+        };
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(wait) => {}
+            () = recheck => {}
+        }
+    }
+}
+
+/// One reflector: its URL's parts and the addresses its host has now.
+struct Reflector {
+    /// `Host:` header value (`host:port`, an IPv6 literal bracketed).
+    authority: String,
+    /// Path and query to ask.
+    path: String,
+    addrs: Vec<SocketAddr>,
+}
+
+/// Resolves `urls` (skipping, with a warning, what does not parse or
+/// resolve).
+async fn reflectors(urls: &[String]) -> Vec<Reflector> {
+    let mut out = Vec::new();
+    for url in urls {
+        let parsed = match reqwest::Url::parse(url) {
+            Ok(u) if u.scheme() == "http" => u,
+            _ => {
+                tracing::warn!(%url, "not a reflector URL (http://HOST:PORT/whoami); skipped");
+                continue;
+            }
+        };
+        let (Some(host), Some(port)) = (parsed.host_str(), parsed.port_or_known_default()) else {
+            continue;
+        };
+        let bare = host.trim_start_matches('[').trim_end_matches(']');
+        let addrs: Vec<SocketAddr> = match bare.parse::<IpAddr>() {
+            Ok(ip) => vec![SocketAddr::new(ip, port)],
+            Err(_) => match tokio::net::lookup_host((bare, port)).await {
+                Ok(found) => found.collect(),
+                Err(e) => {
+                    tracing::warn!(%url, error = %e, "cannot resolve a reflector; skipped");
+                    continue;
+                }
+            },
+        };
+        let mut path = parsed.path().to_owned();
+        if let Some(query) = parsed.query() {
+            path = format!("{path}?{query}");
+        }
+        out.push(Reflector {
+            authority: format!("{host}:{port}"),
+            path,
+            addrs,
+        });
+    }
+    out
+}
+
+/// Every egress this exit declares, as (egress, address to bind, freebind):
+/// the egress IPs as themselves, each prefix by one random address of it.
+fn egress_to_observe(ctx: &TunnelContext) -> Vec<(Cidr, IpAddr, bool)> {
+    let mut rng = rand::thread_rng();
+    let ips = ctx.config.egress_ips.iter().filter_map(|ip| {
+        let egress: Cidr = ip.to_string().parse().ok()?;
+        Some((egress, *ip, false))
+    });
+    let prefixes = ctx.config.egress_prefixes.iter().map(|prefix| {
+        let bound = prefix.host_address(rng.gen_range(prefix.usable_hosts()));
+        (
+            prefix.masked(),
+            bound,
+            ctx.config.egress_needs_freebind(bound),
+        )
+    });
+    ips.chain(prefixes).collect()
+}
+
+/// Asks a reflector from every egress, [`IN_FLIGHT`] at a time.
+async fn observe(ctx: &Arc<TunnelContext>, urls: &[String]) -> EgressReport {
+    let reflectors = Arc::new(reflectors(urls).await);
+    let exit = ctx.identity.exit_id;
+    let slots = Arc::new(tokio::sync::Semaphore::new(IN_FLIGHT));
+    let mut asking = tokio::task::JoinSet::new();
+    for (egress, bound, freebind) in egress_to_observe(ctx) {
+        let (reflectors, slots) = (reflectors.clone(), slots.clone());
+        asking.spawn(async move {
+            let _slot = slots.acquire_owned().await;
+            let answer = ask_any(&reflectors, bound, freebind, exit).await;
+            (egress, bound, answer)
+        });
+    }
+    let mut report = EgressReport::default();
+    while let Some(done) = asking.join_next().await {
+        let Ok((egress, bound, answer)) = done else {
+            continue;
+        };
+        let result = if answer.is_ok() {
+            "observed"
+        } else {
+            "unobserved"
+        };
+        metrics::counter!("proxynet_agent_egress_observations_total", "result" => result)
+            .increment(1);
+        match answer {
+            Ok(reflection) => report.observed.push(EgressObservation {
+                egress,
+                bound,
+                reflection,
+            }),
+            Err(reason) => report.unobserved.push(EgressUnobserved {
+                egress,
+                bound,
+                reason,
+            }),
+        }
+    }
+    report
+}
+
+/// The first answer a reflector of `bound`'s family gives.
+async fn ask_any(
+    reflectors: &[Reflector],
+    bound: IpAddr,
+    freebind: bool,
+    exit: uuid::Uuid,
+) -> Result<Reflection, String> {
+    let mut last = format!(
+        "no reflector has an {} address",
+        if bound.is_ipv4() { "IPv4" } else { "IPv6" }
+    );
+    for reflector in reflectors {
+        for addr in reflector
+            .addrs
+            .iter()
+            .filter(|a| a.is_ipv4() == bound.is_ipv4())
+        {
+            let asked =
+                tokio::time::timeout(ASK_TIMEOUT, ask(reflector, *addr, bound, freebind, exit))
+                    .await;
+            match asked {
+                Ok(Ok(reflection)) => return Ok(reflection),
+                Ok(Err(e)) => last = format!("{addr}: {e}"),
+                Err(_) => last = format!("{addr}: timed out"),
+            }
+        }
+    }
+    Err(last)
+}
+
+/// One `GET /whoami` to `addr`, sent from `bound`.
+async fn ask(
+    reflector: &Reflector,
+    addr: SocketAddr,
+    bound: IpAddr,
+    freebind: bool,
+    exit: uuid::Uuid,
+) -> Result<Reflection, String> {
+    let socket = if bound.is_ipv4() {
+        TcpSocket::new_v4()
+    } else {
+        TcpSocket::new_v6()
+    }
+    .map_err(|e| format!("socket: {e}"))?;
+    if freebind {
+        crate::egress::allow_nonlocal_bind(&socket, bound).map_err(|e| format!("freebind: {e}"))?;
+    }
+    socket
+        .bind(SocketAddr::new(bound, 0))
+        .map_err(|e| format!("bind {bound}: {e}"))?;
+    let mut stream = socket
+        .connect(addr)
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    let separator = if reflector.path.contains('?') {
+        '&'
+    } else {
+        '?'
+    };
+    let request = format!(
+        "GET {}{separator}exit={exit} HTTP/1.1\r\nHost: {}\r\nUser-Agent: proxynet-exit-agent/{}\r\nConnection: close\r\n\r\n",
+        reflector.path,
+        reflector.authority,
+        env!("CARGO_PKG_VERSION"),
+    );
+    stream
+        .write_all(request.as_bytes())
+        .await
+        .map_err(|e| format!("send: {e}"))?;
+    let mut answer = Vec::new();
+    (&mut stream)
+        .take(MAX_ANSWER)
+        .read_to_end(&mut answer)
+        .await
+        .map_err(|e| format!("read: {e}"))?;
+    parse_answer(&answer)
+}
+
+/// The reflection in a reflector's HTTP answer (a `200` with a JSON body).
+fn parse_answer(answer: &[u8]) -> Result<Reflection, String> {
+    let text = std::str::from_utf8(answer).map_err(|_| "the answer is not text".to_owned())?;
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| "the answer has no complete head".to_owned())?;
+    let status = head.lines().next().unwrap_or_default();
+    if status.split_whitespace().nth(1) != Some("200") {
+        return Err(format!("the reflector answered {status:?}"));
+    }
+    serde_json::from_str(body).map_err(|e| format!("the answer is not a reflection: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reflector_answer_parses_only_when_it_is_a_200_reflection() {
+        let ok = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\r\n{\"address\":\"203.0.113.4\",\"at\":7,\"proof\":\"ab\"}";
+        let seen = parse_answer(ok).unwrap();
+        assert_eq!(seen.address.to_string(), "203.0.113.4");
+        assert_eq!(seen.proof.as_deref(), Some("ab"));
+        let not_found = b"HTTP/1.1 404 Not Found\r\n\r\nnot found\n";
+        assert!(parse_answer(not_found).unwrap_err().contains("404"));
+        assert!(parse_answer(b"HTTP/1.1 200 OK\r\n\r\n{}").is_err());
+        assert!(parse_answer(b"HTTP/1.1 200 OK\r\n").is_err());
+    }
+
+    #[test]
+    fn reflectors_are_learned_from_the_superproxies_and_the_control_api() {
+        let watch = EgressWatch::default();
+        let mut updates = watch.learned.subscribe();
+        let record = |reflector: Option<&str>| proxynet_store::SuperproxyRecord {
+            id: uuid::Uuid::new_v4(),
+            link_addr: "192.0.2.1:7443".parse().unwrap(),
+            cert_sha256: String::new(),
+            service_addrs: Vec::new(),
+            reflector: reflector.map(|r| r.parse().unwrap()),
+        };
+        let reply = HeartbeatReply {
+            heartbeat_interval_ms: 1_000,
+            heartbeat_ttl_ms: 3_000,
+            superproxies: vec![record(Some("[2001:db8::1]:8099")), record(None)],
+            protected: Vec::new(),
+            reflectors: vec!["http://192.0.2.9:8099/whoami".into()],
+        };
+        watch.learn(&reply);
+        assert!(updates.has_changed().unwrap());
+        assert_eq!(
+            *updates.borrow_and_update(),
+            [
+                "http://192.0.2.9:8099/whoami",
+                "http://[2001:db8::1]:8099/whoami"
+            ]
+        );
+        // The same list again is no change.
+        watch.learn(&reply);
+        assert!(!updates.has_changed().unwrap());
+    }
+
+    #[tokio::test]
+    async fn reflector_urls_resolve_to_where_and_what_to_ask() {
+        let found = reflectors(&[
+            "http://[2001:db8::1]:8099/whoami".into(),
+            "http://127.0.0.1:81/whoami?v=1".into(),
+            "https://192.0.2.1/whoami".into(),
+        ])
+        .await;
+        assert_eq!(found.len(), 2, "https is no reflector");
+        assert_eq!(found[0].authority, "[2001:db8::1]:8099");
+        assert_eq!(found[0].addrs, ["[2001:db8::1]:8099".parse().unwrap()]);
+        assert_eq!(found[1].path, "/whoami?v=1");
+    }
+}

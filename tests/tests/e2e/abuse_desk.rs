@@ -1,0 +1,290 @@
+//! The abuse desk answers by the address the victim saw. An exit host of its
+//! own (network namespaces) sits behind NAT: its agent binds a "private"
+//! address, and everything leaving towards the stack is masqueraded to the
+//! uplink's "public" one, which the superproxy's egress reflector reports.
+//! A tunnel through it is found by the public address and by the bound one;
+//! an exit that declares an address the reflector does not see, without
+//! declaring NAT, is flagged and, under the strict policy, not routable.
+
+use chrono::{SecondsFormat, Utc};
+use proxynet_tests::client::curl;
+use proxynet_tests::netns::ExitHost;
+use proxynet_tests::process::eventually;
+use proxynet_tests::stack::{Stack, StackOptions, ADMIN_TOKEN, USERNAME};
+use proxynet_tests::whoami::Seen;
+use serde_json::Value;
+use std::net::IpAddr;
+use std::time::Duration;
+use uuid::Uuid;
+
+/// A stack on `host` whose superproxy runs the egress reflector on the root
+/// side of the uplink, where the agent in EXIT reaches it.
+async fn stack_behind_nat(host: &ExitHost, api_env: Vec<(String, String)>) -> Stack {
+    host.masquerade_uplink();
+    Stack::start_with(host.stack_options(StackOptions {
+        egress_ips: Vec::new(),
+        superproxy_args: vec!["--reflector-listen".into(), format!("{}:0", host.root_addr)],
+        api_env,
+        ..Default::default()
+    }))
+    .await
+}
+
+/// `GET /v1/exits/{id}` once its agent has reported an observation.
+async fn observed_exit(stack: &Stack, exit: Uuid) -> Value {
+    eventually(
+        "the exit's egress to be observed",
+        Duration::from_secs(20),
+        || async {
+            let view = stack.admin_get_json(&format!("/v1/exits/{exit}")).await;
+            (view["egress"]["observed"].as_array()?.len() == 1).then_some(view)
+        },
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tunnel_behind_nat_is_found_by_the_public_address_and_the_bound_one() {
+    let host = ExitHost::create();
+    let mut stack = stack_behind_nat(&host, Vec::new()).await;
+    let private = IpAddr::V4(host.exit_wan_v4);
+    let public = IpAddr::V4(host.uplink_addr);
+    let i = stack
+        .add_agent_in(&host, &[private], &[], &["--behind-nat"])
+        .await;
+    let exit = stack.agents[i].addrs.exit_id;
+    stack.wait_eligible(1).await;
+
+    let view = observed_exit(&stack, exit).await;
+    assert_eq!(view["behind_nat"], true, "{view}");
+    assert_eq!(view["egress_ips"], serde_json::json!([private]), "declared");
+    let observed = &view["egress"]["observed"][0];
+    assert_eq!(observed["egress"], private.to_string(), "{view}");
+    assert_eq!(observed["bound"], private.to_string());
+    assert_eq!(observed["observed"], public.to_string());
+    assert_eq!(observed["status"], "behind_nat");
+    assert_eq!(view["egress"]["verification"], "behind_nat");
+    assert_eq!(view["egress"]["routable"], true);
+    assert_eq!(view["egress"]["history"].as_array().unwrap().len(), 1);
+
+    // A tunnel: the target (not behind the NAT) sees the bound address.
+    let whoami = host.start_whoami();
+    let r = curl(&["-p", "-x", &stack.proxy_url(), &whoami.url(false)]).await;
+    assert_eq!(r.status, 200, "{}{}", r.headers, r.body);
+    assert_eq!(
+        serde_json::from_str::<Seen>(&r.body).unwrap().peer.ip(),
+        private
+    );
+    let at = Utc::now().to_rfc3339_opts(SecondsFormat::Secs, true);
+    let target = whoami.v4.to_string();
+
+    // The victim names the public address and the time.
+    let lookup =
+        |egress: IpAddr| format!("/v1/abuse/lookup?egress_ip={egress}&at={at}&target={target}");
+    let rows = eventually(
+        "the target log to have the tunnel",
+        Duration::from_secs(20),
+        || async {
+            let rows = stack.admin_get_json(&lookup(public)).await;
+            (!rows.as_array()?.is_empty()).then_some(rows)
+        },
+    )
+    .await;
+    let row = &rows[0];
+    assert_eq!(row["account_name"], "acme", "{rows}");
+    assert_eq!(row["username"], USERNAME);
+    assert_eq!(row["user_id"], stack.user_id.to_string());
+    assert_eq!(row["exit_id"], exit.to_string());
+    assert_eq!(row["egress_ip"], private.to_string());
+    assert_eq!(row["observed_ip"], public.to_string());
+    assert_eq!(row["matched"], "observed");
+    assert_eq!(row["source_name"], "proxynet-tests-dc");
+    assert_eq!(row["target_port"], whoami.v4.port());
+
+    // By the bound address too; and nothing an hour later.
+    let rows = stack.admin_get_json(&lookup(private)).await;
+    assert_eq!(rows[0]["matched"], "bound", "{rows}");
+    assert_eq!(rows[0]["username"], USERNAME);
+    let later =
+        (Utc::now() + chrono::Duration::hours(1)).to_rfc3339_opts(SecondsFormat::Secs, true);
+    let none = stack
+        .admin_get_json(&format!("/v1/abuse/lookup?egress_ip={public}&at={later}"))
+        .await;
+    assert_eq!(none, serde_json::json!([]));
+
+    // The operator's export of the range, both formats, filtered the same way.
+    let (from, to) = (
+        (Utc::now() - chrono::Duration::hours(1)).to_rfc3339_opts(SecondsFormat::Secs, true),
+        (Utc::now() + chrono::Duration::minutes(5)).to_rfc3339_opts(SecondsFormat::Secs, true),
+    );
+    let export = |format: &str| {
+        stack
+            .http
+            .get(stack.api(&format!(
+                "/v1/abuse/export?from={from}&to={to}&format={format}&egress_ip={public}"
+            )))
+            .bearer_auth(ADMIN_TOKEN)
+            .send()
+    };
+    let json: Value = export("json").await.unwrap().json().await.unwrap();
+    assert_eq!(json[0]["observed_ip"], public.to_string(), "{json}");
+    let csv = export("csv").await.unwrap().text().await.unwrap();
+    let mut lines = csv.lines();
+    assert!(lines
+        .next()
+        .unwrap()
+        .starts_with("minute,egress_ip,observed_ip,matched,"));
+    let line = lines.next().unwrap();
+    assert!(
+        line.contains(&format!(",{private},{public},observed,{exit},")),
+        "{line}"
+    );
+    assert!(line.contains(",alice,"), "{line}");
+    let too_long = stack
+        .http
+        .get(stack.api("/v1/abuse/export?from=2026-01-01T00:00:00Z&to=2026-03-01T00:00:00Z"))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(too_long.status(), 400);
+
+    // Every use of the desk is in the audit log.
+    for action in ["abuse.lookup", "abuse.export"] {
+        let audit = stack
+            .admin_get_json(&format!("/v1/audit?action={action}"))
+            .await;
+        assert!(!audit.as_array().unwrap().is_empty(), "{action}: {audit}");
+    }
+    // Named by the address asked about, with what it answered.
+    let audit = stack
+        .admin_get_json(&format!("/v1/audit?action=abuse.lookup&subject={public}"))
+        .await;
+    assert!(
+        audit
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|a| a["detail"]["rows"] == 1 && a["detail"]["at"] == at.as_str()),
+        "{audit}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_egress_ip_the_reflector_does_not_see_is_flagged_and_strictly_not_routable() {
+    let host = ExitHost::create();
+    let mut stack = stack_behind_nat(
+        &host,
+        vec![("PROXYNET_STRICT_EGRESS_VERIFICATION".into(), "true".into())],
+    )
+    .await;
+    // Declares the address it binds, but says nothing of the NAT that the
+    // world sees its traffic through.
+    let declared = IpAddr::V4(host.exit_wan_v4);
+    let i = stack.add_agent_in(&host, &[declared], &[], &[]).await;
+    let exit = stack.agents[i].addrs.exit_id;
+
+    let view = observed_exit(&stack, exit).await;
+    assert_eq!(view["egress_ips"], serde_json::json!([declared]), "{view}");
+    assert_eq!(view["behind_nat"], false);
+    let observed = &view["egress"]["observed"][0];
+    assert_eq!(observed["bound"], declared.to_string(), "{view}");
+    assert_eq!(observed["observed"], host.uplink_addr.to_string());
+    assert_eq!(observed["status"], "mismatch");
+    assert_eq!(view["egress"]["verification"], "mismatch");
+    assert_eq!(view["egress"]["routable"], false);
+
+    // Blocked in every superproxy, with the reason the client is told.
+    eventually(
+        "the superproxy to block the exit",
+        Duration::from_secs(10),
+        || async {
+            let pool = stack.pool().await;
+            let blocked = pool["blocked"].as_array()?;
+            (pool["eligible"].as_array()?.is_empty()
+                && blocked.iter().any(|b| b["reason"] == "egress_unverified"))
+            .then_some(())
+        },
+    )
+    .await;
+    let whoami = host.start_whoami();
+    let r = curl(&["-p", "-x", &stack.proxy_url(), &whoami.url(false)]).await;
+    let h = r.headers.to_ascii_lowercase();
+    assert!(h.contains(" 503"), "{h}");
+    assert!(
+        h.contains("no exit with valid provenance is available (egress_unverified)"),
+        "{h}"
+    );
+
+    // The verdict change is audited; the customer and dashboard views say it.
+    let audit = stack
+        .admin_get_json(&format!(
+            "/v1/audit?action=exit.egress_verification&subject={exit}"
+        ))
+        .await;
+    assert_eq!(audit[0]["detail"]["to"], "mismatch", "{audit}");
+    let provenance = stack
+        .admin_get_json(&format!("/v1/exits/{exit}/provenance"))
+        .await;
+    assert_eq!(provenance["blocked"], "egress_unverified", "{provenance}");
+    assert_eq!(
+        provenance["egress"]["observed"],
+        serde_json::json!([host.uplink_addr.to_string()])
+    );
+    let client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let login = client
+        .post(stack.api("/dashboard/login"))
+        .form(&[("key", ADMIN_TOKEN)])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(login.status(), 303);
+    let cookie = login.headers()["set-cookie"].to_str().unwrap();
+    let cookie = cookie.split(';').next().unwrap().to_owned();
+    let exits = eventually(
+        "the dashboard to sample the exit's egress",
+        Duration::from_secs(10),
+        || async {
+            let data: Value = client
+                .get(stack.api("/dashboard/data.json"))
+                .header("cookie", &cookie)
+                .send()
+                .await
+                .ok()?
+                .json()
+                .await
+                .ok()?;
+            let row = data["exits"]
+                .as_array()?
+                .iter()
+                .find(|e| e["id"] == exit.to_string())?
+                .clone();
+            (row["egress_verification"] == "mismatch").then_some(row)
+        },
+    )
+    .await;
+    assert_eq!(
+        exits["observed_egress"],
+        serde_json::json!([host.uplink_addr.to_string()])
+    );
+    assert_eq!(exits["egress_ips"], serde_json::json!([declared]));
+    let page = client
+        .get(stack.api(&format!("/dashboard/exits/{exit}")))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        page.contains(&format!(
+            "<span id=\"observed-egress\">{}</span>",
+            host.uplink_addr
+        )),
+        "{page}"
+    );
+}
