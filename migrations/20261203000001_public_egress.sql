@@ -2,8 +2,11 @@
 -- reflector saw it (docs/provenance.md, abuse desk): behind NAT it is not
 -- the address the exit binds, and a complaint names the one the world saw.
 
--- The agent says at enrollment that its host sits behind NAT: a public
--- address other than the declared one is then expected, not a mismatch.
+-- The operator says, on the enrollment token, that the exit's host sits
+-- behind NAT: a public address other than the declared one is then
+-- expected, not a mismatch. (An agent's own word is not enough: it would
+-- let a partner dodge the mismatch flag.)
+ALTER TABLE enrollment_tokens ADD COLUMN behind_nat boolean NOT NULL DEFAULT false;
 ALTER TABLE exits ADD COLUMN behind_nat boolean NOT NULL DEFAULT false;
 -- The verdict on the declared egress against the latest observations.
 ALTER TABLE exits ADD COLUMN egress_verification text NOT NULL DEFAULT 'unobserved'

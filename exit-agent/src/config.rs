@@ -62,8 +62,9 @@ pub struct Config {
 
     /// This host sits behind NAT (a residential line, a mobile network, an
     /// SDK host): the public address the reflector sees its traffic leave
-    /// from may differ from its egress IPs, and that is expected. Declared
-    /// at enrollment; without it such a difference flags the exit.
+    /// from may differ from its egress IPs. Said at enrollment and recorded;
+    /// whether the difference is expected is the operator's word, on the
+    /// enrollment token (`behind_nat`), else it flags the exit.
     #[arg(long, env = "PROXYNET_BEHIND_NAT")]
     pub behind_nat: bool,
 

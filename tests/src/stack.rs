@@ -397,11 +397,23 @@ impl Stack {
     }
 
     pub async fn enrollment_token_for(&self, name: &str, source: Uuid, country: &str) -> String {
+        self.enrollment_token_granting(name, source, country, false)
+            .await
+    }
+
+    /// A token whose exit the operator declares behind NAT (or not).
+    pub async fn enrollment_token_granting(
+        &self,
+        name: &str,
+        source: Uuid,
+        country: &str,
+        behind_nat: bool,
+    ) -> String {
         let r = self
             .http
             .post(self.api("/v1/enrollment-tokens"))
             .bearer_auth(ADMIN_TOKEN)
-            .json(&json!({ "name": name, "source_id": source, "country": country }))
+            .json(&json!({ "name": name, "source_id": source, "country": country, "behind_nat": behind_nat }))
             .send()
             .await
             .unwrap();
@@ -539,7 +551,12 @@ impl Stack {
             "an agent needs an egress IP or prefix"
         );
         let name = host.exit.name().to_owned();
-        let token = self.enrollment_token(&format!("exit-{name}")).await;
+        // The operator grants NAT on the token; the agent's flag alone does not.
+        let behind_nat = extra.contains(&"--behind-nat");
+        let source = self.complete_dc_source().await;
+        let token = self
+            .enrollment_token_granting(&format!("exit-{name}"), source, "DE", behind_nat)
+            .await;
         let state = self.dir.path().join(format!("agent-{name}.json"));
         let api_url = self.api_url.clone();
         let mut args = self.agent_args_without_egress(&api_url, &state);

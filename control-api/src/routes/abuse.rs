@@ -86,7 +86,9 @@ WITH t AS (
 ), o AS MATERIALIZED (
     SELECT x.exit_id, x.egress, x.observed_ip, x.first_seen,
            COALESCE(LAG(x.last_seen) OVER w, x.first_seen) AS valid_from,
-           LEAD(x.first_seen) OVER w AS valid_to
+           -- The latest observation holds until a while after it was last
+           -- seen (an agent that stops reporting does not keep it forever).
+           COALESCE(LEAD(x.first_seen) OVER w, x.last_seen + interval '30 minutes') AS valid_to
       FROM exit_egress_observations x
      WHERE $5::inet IS NULL
         OR x.exit_id IN (SELECT exit_id FROM exit_egress_observations WHERE observed_ip <<= $5::inet)
@@ -98,8 +100,11 @@ WITH t AS (
            t.*, o.observed_ip
       FROM t LEFT JOIN o
         ON o.exit_id = t.exit_id AND t.egress_ip <<= o.egress
+       -- An egress the reflector saw as itself (a prefix from one of its
+       -- addresses) is no translation: each bound address is its own.
+       AND NOT (o.observed_ip <<= o.egress)
        AND t.minute + interval '1 minute' > o.valid_from - make_interval(mins => $6)
-       AND (o.valid_to IS NULL OR t.minute <= o.valid_to + make_interval(mins => $6))
+       AND t.minute <= o.valid_to + make_interval(mins => $6)
      ORDER BY t.minute, t.egress_ip, t.exit_id, t.user_id, t.target_host, t.target_port,
               (o.observed_ip <<= $5::inet) DESC NULLS LAST, o.first_seen DESC NULLS LAST
 )

@@ -39,6 +39,11 @@ pub(super) struct CreateEnrollmentToken {
     asn: Option<u32>,
     /// Defaults to the server's `enrollment_ttl_secs`.
     ttl_seconds: Option<u64>,
+    /// The operator's word that the exit sits behind NAT (the world sees
+    /// another public address than the one it binds). Only the token can
+    /// say so: an agent's claim would dodge the egress mismatch flag.
+    #[serde(default)]
+    behind_nat: bool,
 }
 
 #[derive(Serialize)]
@@ -98,8 +103,8 @@ pub(super) async fn create_enrollment_token(
     let id = Uuid::new_v4();
     let mut tx = state.db.begin().await?;
     let (expires_at,): (DateTime<Utc>,) = sqlx::query_as(
-        "INSERT INTO enrollment_tokens (id, token_sha256, name, source_type, owner, country, expires_at, city, asn, source_id)
-         VALUES ($1, $2, $3, $4, $5, $6, now() + make_interval(secs => $7), $8, $9, $10)
+        "INSERT INTO enrollment_tokens (id, token_sha256, name, source_type, owner, country, expires_at, city, asn, source_id, behind_nat)
+         VALUES ($1, $2, $3, $4, $5, $6, now() + make_interval(secs => $7), $8, $9, $10, $11)
          RETURNING expires_at",
     )
     .bind(id)
@@ -112,10 +117,11 @@ pub(super) async fn create_enrollment_token(
     .bind(&body.city)
     .bind(body.asn.map(i64::from))
     .bind(body.source_id)
+    .bind(body.behind_nat)
     .fetch_one(&mut *tx)
     .await?;
     audit::record(&mut tx, "operator", "enrollment_token.create", &id.to_string(),
-        serde_json::json!({"name": body.name, "source_id": body.source_id, "country": body.country})).await?;
+        serde_json::json!({"name": body.name, "source_id": body.source_id, "country": body.country, "behind_nat": body.behind_nat})).await?;
     tx.commit().await?;
     Ok((
         StatusCode::CREATED,
@@ -140,8 +146,9 @@ pub(super) struct Enroll {
     hostname: String,
     #[serde(default)]
     agent_version: String,
-    /// The host sits behind NAT (`--behind-nat`): the reflector seeing a
-    /// public address other than the declared egress is expected.
+    /// The agent says its host sits behind NAT (`--behind-nat`). Recorded
+    /// in the audit line only: whether a public address other than the
+    /// declared egress is expected is the operator's word, on the token.
     #[serde(default)]
     behind_nat: bool,
 }
@@ -167,6 +174,7 @@ struct TokenRow {
     country: String,
     city: Option<String>,
     asn: Option<i64>,
+    behind_nat: bool,
     expired: bool,
     used: bool,
 }
@@ -204,7 +212,7 @@ pub(super) async fn enroll(
     let mut tx = state.db.begin().await?;
     // Lock the token row so two agents racing with one token cannot both win.
     let token: Option<TokenRow> = sqlx::query_as(
-        "SELECT id, source_id, name, source_type, owner, country, city, asn,
+        "SELECT id, source_id, name, source_type, owner, country, city, asn, behind_nat,
                 expires_at <= now() AS expired, used_at IS NOT NULL AS used
            FROM enrollment_tokens WHERE token_sha256 = $1 FOR UPDATE",
     )
@@ -243,7 +251,7 @@ pub(super) async fn enroll(
     .bind(token.asn)
     .bind(token.source_id)
     .bind(&prefixes)
-    .bind(body.behind_nat)
+    .bind(token.behind_nat)
     .execute(&mut *tx)
     .await?;
     sqlx::query("UPDATE enrollment_tokens SET used_at = now(), exit_id = $2 WHERE id = $1")
@@ -256,7 +264,7 @@ pub(super) async fn enroll(
         "agent",
         "exit.enroll",
         &exit_id.to_string(),
-        serde_json::json!({"token_id": token.id, "egress_ips": ips, "egress_prefixes": prefixes, "hostname": body.hostname, "behind_nat": body.behind_nat}),
+        serde_json::json!({"token_id": token.id, "egress_ips": ips, "egress_prefixes": prefixes, "hostname": body.hostname, "behind_nat": token.behind_nat, "agent_says_behind_nat": body.behind_nat}),
     )
     .await?;
     tx.commit().await?;

@@ -193,7 +193,17 @@ pub(crate) async fn report(
     let now = Utc::now();
     let mut ignored = Vec::new();
     let mut accepted = 0;
+    let mut seen_egress: Vec<Cidr> = Vec::with_capacity(body.observed.len());
     for observation in &body.observed {
+        // One per egress per report: a report cannot write a burst of rows.
+        if seen_egress.contains(&observation.egress) {
+            ignored.push(Ignored {
+                egress: egress_text(&observation.egress),
+                reason: "one observation per egress per report",
+            });
+            continue;
+        }
+        seen_egress.push(observation.egress);
         if let Some(reason) = refuse(observation, exit, &declared, &key, now.timestamp()) {
             ignored.push(Ignored {
                 egress: egress_text(&observation.egress),
