@@ -52,7 +52,7 @@ pub struct TunnelContext {
     /// `/metrics` on the admin listener.
     pub metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
     /// Reflectors learned and link reconnects, for the public-egress observer.
-    pub egress_watch: crate::public_egress::EgressWatch,
+    pub egress_watch: crate::public_egress::watch::EgressWatch,
 }
 
 impl TunnelContext {

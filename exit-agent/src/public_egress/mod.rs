@@ -17,10 +17,7 @@
 
 use proxynet_common::egress::Cidr;
 use proxynet_common::tasks::Stop;
-use proxynet_wire::heartbeat::HeartbeatReply;
-use proxynet_wire::reflector::{
-    EgressObservation, EgressReport, EgressUnobserved, Reflection, WHOAMI_PATH,
-};
+use proxynet_wire::reflector::{EgressObservation, EgressReport, EgressUnobserved, Reflection};
 use rand::Rng;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -31,6 +28,8 @@ use tokio::time::Instant;
 
 use crate::control::ControlClient;
 use crate::tunnel::TunnelContext;
+
+pub mod watch;
 
 /// Connect, ask and read the answer within this, per egress.
 const ASK_TIMEOUT: Duration = Duration::from_secs(5);
@@ -43,49 +42,6 @@ const RETRY: Duration = Duration::from_secs(30);
 /// Link reconnects re-observe, but not more often than this: a flapping
 /// link must not turn into a stream of reports.
 const MIN_RECHECK_GAP: Duration = Duration::from_secs(30);
-
-/// What the rest of the agent tells the observer: the reflectors the
-/// heartbeats name, and that a link came back (a reason to look again).
-pub struct EgressWatch {
-    learned: tokio::sync::watch::Sender<Vec<String>>,
-    recheck: tokio::sync::Notify,
-}
-
-impl Default for EgressWatch {
-    fn default() -> Self {
-        Self {
-            learned: tokio::sync::watch::Sender::new(Vec::new()),
-            recheck: tokio::sync::Notify::new(),
-        }
-    }
-}
-
-impl EgressWatch {
-    /// Takes the reflectors `reply` names (a change only if they differ).
-    pub fn learn(&self, reply: &HeartbeatReply) {
-        let mut urls: Vec<String> = reply
-            .superproxies
-            .iter()
-            .filter_map(|s| s.reflector)
-            .map(|addr| format!("http://{addr}{WHOAMI_PATH}"))
-            .chain(reply.reflectors.iter().cloned())
-            .collect();
-        urls.sort_unstable();
-        urls.dedup();
-        self.learned.send_if_modified(|known| {
-            let changed = *known != urls;
-            if changed {
-                *known = urls;
-            }
-            changed
-        });
-    }
-
-    /// A link came back: observe again soon.
-    pub fn link_reconnected(&self) {
-        self.recheck.notify_one();
-    }
-}
 
 /// Observes and reports until `stop`: first as soon as a reflector is
 /// known, then every interval or after a reconnect.
@@ -339,7 +295,9 @@ fn parse_answer(answer: &[u8]) -> Result<Reflection, String> {
 
 #[cfg(test)]
 mod tests {
+    use super::watch::EgressWatch;
     use super::*;
+    use proxynet_wire::heartbeat::HeartbeatReply;
 
     #[test]
     fn a_reflector_answer_parses_only_when_it_is_a_200_reflection() {
