@@ -22,7 +22,7 @@ use crate::link::dial;
 use crate::link::stream::ExitStream;
 use crate::request::Client;
 use crate::select::sessions::{Pin, Sessions};
-use crate::select::{egress_ip_for, Candidate, Candidates, Pool, Sticky};
+use crate::select::{egress_ip_for, egress_ip_of_family, Candidate, Candidates, Pool, Sticky};
 use crate::target::Target;
 use crate::username::Targeting;
 
@@ -311,29 +311,23 @@ fn association_egress(
     preferred: Option<IpAddr>,
     ip_version: Option<crate::username::IpVersion>,
 ) -> Option<EgressChoice> {
-    let of_family = |literal: &str| {
-        let family = Target::new(literal, 9).ok()?;
-        egress_ip_for(exit, &family, preferred, ip_version)
-    };
-    // Documentation addresses stand for "a destination of this family".
-    let v4 = of_family("192.0.2.1");
-    let v6 = of_family("2001:db8::1");
+    let v4 = egress_ip_of_family(exit, Some(true), preferred, ip_version);
+    let v6 = egress_ip_of_family(exit, Some(false), preferred, ip_version);
     // The pinned address's family goes first: it is the one the session keeps.
     let (first, second) = if preferred.is_some_and(|p| p.is_ipv6()) {
         (v6, v4)
     } else {
         (v4, v6)
     };
-    match (first, second) {
-        (Some(first), other_family) => Some(EgressChoice {
+    match first {
+        Some(first) => Some(EgressChoice {
             first,
-            other_family,
+            other_family: second,
         }),
-        (None, Some(first)) => Some(EgressChoice {
+        None => second.map(|first| EgressChoice {
             first,
             other_family: None,
         }),
-        (None, None) => None,
     }
 }
 

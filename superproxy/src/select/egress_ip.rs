@@ -26,13 +26,25 @@ pub fn egress_ip_for(
     preferred: Option<IpAddr>,
     ip_version: Option<IpVersion>,
 ) -> Option<IpAddr> {
+    let family = match &target.host {
+        Host::Ip(t) => Some(t.is_ipv4()),
+        Host::Name(_) => None,
+    };
+    egress_ip_of_family(candidate, family, preferred, ip_version)
+}
+
+/// An egress address of `candidate` of the family `v4` says (`None`: any,
+/// IPv4 first), within `ip_version`; `preferred` as in [`egress_ip_for`].
+/// A UDP association asks for one of each family.
+pub fn egress_ip_of_family(
+    candidate: &Candidate,
+    v4: Option<bool>,
+    preferred: Option<IpAddr>,
+    ip_version: Option<IpVersion>,
+) -> Option<IpAddr> {
     let record = &candidate.record;
     let fits = |ip: &IpAddr| {
-        let family = match &target.host {
-            Host::Ip(t) => t.is_ipv4() == ip.is_ipv4(),
-            Host::Name(_) => true,
-        };
-        family && ip_version.is_none_or(|v| v.matches(*ip))
+        v4.is_none_or(|v4| v4 == ip.is_ipv4()) && ip_version.is_none_or(|v| v.matches(*ip))
     };
     if let Some(p) = preferred.filter(|p| record.can_egress_from(*p) && fits(p)) {
         return Some(p);
@@ -50,7 +62,7 @@ pub fn egress_ip_for(
         )
         .filter(fits)
         .collect();
-    if matches!(target.host, Host::Name(_)) && usable.iter().any(IpAddr::is_ipv4) {
+    if v4.is_none() && usable.iter().any(IpAddr::is_ipv4) {
         usable.retain(IpAddr::is_ipv4);
     }
     if usable.is_empty() {

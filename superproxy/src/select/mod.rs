@@ -49,7 +49,7 @@ mod sync;
 mod view;
 
 pub use candidates::Candidates;
-pub use egress_ip::egress_ip_for;
+pub use egress_ip::{egress_ip_for, egress_ip_of_family};
 pub use sticky::Sticky;
 use sync::*;
 pub use view::*;

@@ -158,8 +158,12 @@ pub async fn forward(
         .map_err(|e| {
             ProxyError::new(ErrorKind::ExitLinkLost, "the exit stream failed").caused_by(e)
         })?;
-    // After a `101` the spliced connections take the holds over.
-    let (upgraded_tx, upgraded_rx) = tokio::sync::oneshot::channel();
+    // After a `101` the spliced connections take the holds over (only an
+    // upgrade request needs the hand-over).
+    let (upgraded_tx, upgraded_rx) = client_upgrade
+        .is_some()
+        .then(tokio::sync::oneshot::channel)
+        .unzip();
     tokio::spawn(async move {
         // The upstream connection outlives the response head: it holds the
         // tunnel's lease, meter and ticket until it ends or is cut.
@@ -174,9 +178,9 @@ pub async fn forward(
         };
         if cut {
             holds.ended(proxynet_common::splice::End::Cut);
-        } else if let Err(holds) = upgraded_tx.send(holds) {
-            // Not upgraded: the tunnel ends with its connection.
-            drop(holds);
+        } else if let Some(upgraded) = upgraded_tx {
+            // Not upgraded (nobody waits): the tunnel ends with its connection.
+            drop(upgraded.send(holds));
         }
     });
     let response = sender.send_request(upstream).await.map_err(|e| {
@@ -206,9 +210,10 @@ pub async fn forward(
         gate.answered();
     }
     let mut response = response;
-    if let Some(client_upgrade) =
-        client_upgrade.filter(|_| response.status() == http::StatusCode::SWITCHING_PROTOCOLS)
-    {
+    if let (Some(client_upgrade), Some(upgraded_rx)) = (
+        client_upgrade.filter(|_| response.status() == http::StatusCode::SWITCHING_PROTOCOLS),
+        upgraded_rx,
+    ) {
         let origin_upgrade = hyper::upgrade::on(&mut response);
         tokio::spawn(splice_upgraded(
             client_upgrade,
