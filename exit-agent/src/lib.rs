@@ -161,6 +161,7 @@ impl ExitAgent {
             opt_out,
             metrics: proxynet_common::metrics::install(),
             egress_watch: Default::default(),
+            beat_now: Default::default(),
             config,
         });
         Ok(Self {
@@ -288,11 +289,15 @@ async fn heartbeat_loop(control: ControlClient, ctx: Arc<TunnelContext>, stop: S
         } else {
             interval.min(Duration::from_millis(500 * u64::from(failures.min(10))))
         };
-        if stop
-            .run_until_cancelled(tokio::time::sleep(wait))
-            .await
-            .is_none()
-        {
+        // A withdrawal (or its undoing) beats at once: superproxies stop
+        // choosing the exit before the control plane hears of the opt-out.
+        let next = async {
+            tokio::select! {
+                () = tokio::time::sleep(wait) => {}
+                () = ctx.beat_now.notified() => {}
+            }
+        };
+        if stop.run_until_cancelled(next).await.is_none() {
             return;
         }
     }

@@ -30,6 +30,7 @@ pub fn status(ctx: &TunnelContext) -> Option<OptOutState> {
 /// Withdraws the exit: refuse new tunnels, end open ones, persist. Idempotent.
 pub fn withdraw(ctx: &TunnelContext) -> Result<OptOutState, StateError> {
     ctx.withdrawn.store(true, Ordering::Relaxed);
+    ctx.beat_now.notify_one();
     ctx.cut_token().cancel();
     let mut current = ctx.opt_out.lock().map_err(|_| StateError::Poisoned)?;
     if let Some(existing) = current.as_ref() {
@@ -59,6 +60,7 @@ pub fn undo(ctx: &TunnelContext) -> Result<(), StateError> {
         *cut = tokio_util::sync::CancellationToken::new();
     }
     ctx.withdrawn.store(false, Ordering::Relaxed);
+    ctx.beat_now.notify_one();
     tracing::warn!(exit = %ctx.identity.exit_id, "the owner undid the withdrawal: tunnels resume once the operator reinstates the exit");
     Ok(())
 }

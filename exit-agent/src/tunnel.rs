@@ -53,6 +53,9 @@ pub struct TunnelContext {
     pub metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
     /// Reflectors learned and link reconnects, for the public-egress observer.
     pub egress_watch: crate::public_egress::watch::EgressWatch,
+    /// Wakes the heartbeat loop at once: a withdrawal or its undoing is
+    /// announced now, not at the next interval.
+    pub beat_now: tokio::sync::Notify,
 }
 
 impl TunnelContext {
@@ -336,6 +339,7 @@ pub(crate) mod tests {
             opt_out: std::sync::Mutex::new(None),
             metrics: None,
             egress_watch: Default::default(),
+            beat_now: Default::default(),
         })
     }
 

@@ -75,6 +75,16 @@ pub(crate) async fn agent_opt_out(
     )
     .await?;
     tx.commit().await?;
+    // The agent announces the withdrawal in its heartbeats too, but one may
+    // be in flight from before: liveness says "draining" now, so an operator's
+    // reinstatement cannot route the exit before its owner opts in again.
+    if let Err(e) = state
+        .projector
+        .heartbeat(exit, true, state.config.heartbeat_ttl())
+        .await
+    {
+        tracing::warn!(exit = %exit, error = %e, "cannot mark the withdrawn exit draining; its next heartbeat does");
+    }
     state.projector.exit(exit).await;
     tracing::info!(exit = %exit, "exit withdrawn by its owner");
     Ok(Json(OptedOut { withdrawn_at: at }))
