@@ -121,6 +121,13 @@ pub struct Config {
     /// Lifetime of a new enrollment token unless the request says otherwise, in seconds.
     #[arg(long, env = "PROXYNET_ENROLLMENT_TTL_SECS", default_value_t = 3_600)]
     pub enrollment_ttl_secs: u64,
+
+    /// Let webhook URLs point at internal and special-purpose addresses
+    /// (loopback, private, link-local, CGNAT, ...), refused by default like
+    /// tunnel targets. For tests and single-host demos; this control plane's
+    /// own services and the SMTP ports stay refused.
+    #[arg(long, env = "PROXYNET_WEBHOOK_ALLOW_INTERNAL")]
+    pub webhook_allow_internal: bool,
 }
 
 /// A reflector URL: plain `http://` (the answer is signed, and TLS in

@@ -195,14 +195,19 @@ impl LedgerConsumer {
         // type now, the nearest record there is) and the account's plan and
         // price at this moment, so nothing later can re-price it.
         let exits: Vec<Uuid> = batch.rows.iter().map(|r| r.exit_id).collect();
-        let types: std::collections::HashMap<Uuid, String> = sqlx::query_as::<_, (Uuid, String)>(
-            "SELECT id, source_type FROM exits WHERE id = ANY($1)",
+        let mut types: std::collections::HashMap<Uuid, String> = Default::default();
+        let mut countries: std::collections::HashMap<Uuid, String> = Default::default();
+        for (id, source_type, country) in sqlx::query_as::<_, (Uuid, String, String)>(
+            "SELECT id, source_type, country FROM exits WHERE id = ANY($1)",
         )
         .bind(&exits)
         .fetch_all(&mut *tx)
         .await?
-        .into_iter()
-        .collect();
+        {
+            types.insert(id, source_type);
+            countries.insert(id, country);
+        }
+        let domains = crate::usage_domains::bounded(&mut tx, &batch.rows).await?;
         // Each account's plan history: a row is priced by the plan in force
         // at its minute, however late it is recorded.
         let accounts: Vec<Uuid> = batch.rows.iter().map(|r| r.account_id).collect();
@@ -254,8 +259,8 @@ impl LedgerConsumer {
             };
             sqlx::query(
                 "INSERT INTO usage_ledger (batch_id, account_id, user_id, exit_id, minute, bytes_up, bytes_down,
-                                           source_type, plan_id, cents_per_gb)
-                 VALUES ($1, $2, $3, $4, to_timestamp($5), $6, $7, $8, $9, $10)",
+                                           source_type, plan_id, cents_per_gb, domain, country)
+                 VALUES ($1, $2, $3, $4, to_timestamp($5), $6, $7, $8, $9, $10, $11, $12)",
             )
             .bind(batch.batch_id)
             .bind(row.account_id)
@@ -267,6 +272,8 @@ impl LedgerConsumer {
             .bind(&source_type)
             .bind(plan)
             .bind(cents)
+            .bind(domains.name(row))
+            .bind(countries.get(&row.exit_id))
             .execute(&mut *tx)
             .await?;
         }
@@ -288,7 +295,12 @@ impl LedgerConsumer {
             .execute(&mut *tx)
             .await?;
         }
+        // Quota webhooks: a crossing is emitted with the batch that made it.
+        let emitted = crate::webhooks::quota::after_batch(&mut tx, &batch.rows).await?;
         tx.commit().await?;
+        if emitted {
+            crate::webhooks::wake();
+        }
         metrics::counter!("proxynet_usage_batches_recorded_total").increment(1);
         for row in &batch.rows {
             let source_type = row

@@ -21,6 +21,8 @@ pub mod openapi;
 pub mod passwords;
 pub mod projector;
 mod routes;
+pub mod usage_domains;
+pub mod webhooks;
 
 use proxynet_common::secret::Secret;
 use proxynet_common::tasks::{Stop, Tasks};
@@ -192,6 +194,11 @@ impl ControlApi {
         }
         let ledger = self.ledger;
         tasks.spawn("usage ledger", |stop| ledger.run(stop));
+        {
+            let policy = webhooks::target::policy(config.webhook_allow_internal, &state.protected);
+            let deliverer = webhooks::Deliverer::new(state.db.clone(), policy);
+            tasks.spawn("webhook delivery", |stop| deliverer.run(stop));
+        }
         {
             let (book, db) = (state.heartbeats.clone(), state.db.clone());
             let every = Duration::from_millis(config.heartbeat_persist_ms.max(100));

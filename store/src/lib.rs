@@ -15,6 +15,7 @@
 //! Liveness uses sorted sets scored by expiry time taken from Redis' own clock
 //! (`TIME` inside a script), so hosts with skewed clocks agree on who is alive.
 
+pub mod policy;
 pub mod redis_target;
 
 use serde::{Deserialize, Serialize};
@@ -219,10 +220,40 @@ impl Keys {
         format!("{}reflector-key", self.prefix)
     }
 
+    /// The operator's [`policy::OperatorPolicy`] JSON (announced as `policy`).
+    pub fn operator_policy(&self) -> String {
+        format!("{}operator-policy", self.prefix)
+    }
+
+    /// Per-domain rate state: `scope` is `op`, `a:ACCOUNT` or `u:USER`. The
+    /// domain is hashed so any name makes a bounded key.
+    pub fn domain_rate(&self, scope: &str, domain: &str) -> String {
+        format!(
+            "{}domain-rate:{scope}:{}",
+            self.prefix,
+            short_digest(domain)
+        )
+    }
+
+    /// Per-domain lease set (see [`Keys::domain_rate`]).
+    pub fn domain_leases(&self, scope: &str, domain: &str) -> String {
+        format!(
+            "{}domain-leases:{scope}:{}",
+            self.prefix,
+            short_digest(domain)
+        )
+    }
+
     /// Pub/sub channel announcing changed users and exits (`user:NAME`, `exit:ID`).
     pub fn events(&self) -> String {
         format!("{}events", self.prefix)
     }
+}
+
+/// 16 hex digits of SHA-256: a fixed-size key part for untrusted text.
+fn short_digest(text: &str) -> String {
+    use sha2::Digest;
+    hex::encode(&sha2::Sha256::digest(text.as_bytes())[..8])
 }
 
 /// How many hash tags user records are spread over: enough to spread users
@@ -283,6 +314,13 @@ pub struct UserRecord {
     /// through (`None`: the account has no plan, any type).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub plan_source_types: Option<Vec<SourceType>>,
+    /// The user's own traffic policy (narrows the account's).
+    #[serde(default, skip_serializing_if = "policy::TrafficPolicy::is_empty")]
+    pub policy: policy::TrafficPolicy,
+    /// The account's traffic policy, bounding all of its users; its domain
+    /// limits count the account's tunnels together.
+    #[serde(default, skip_serializing_if = "policy::TrafficPolicy::is_empty")]
+    pub account_policy: policy::TrafficPolicy,
 }
 
 /// An account's totals over all of its users, from its entitlements.
@@ -582,6 +620,10 @@ pub struct ExitRecord {
     /// ISO 3166-1 alpha-2, upper case.
     pub country: String,
     pub owner: String,
+    /// ISO 3166-2 subdivision the operator declared on the enrollment
+    /// token, upper case (`DE-BY`; its country part is `country`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region: Option<String>,
     /// Lower-case city name, when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub city: Option<String>,
@@ -685,6 +727,10 @@ pub struct UsageRow {
     /// The exit's source type when the bytes moved (what they are billed as).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source_type: Option<SourceType>,
+    /// The target's registrable domain ([`policy::registrable_domain`]);
+    /// absent for a UDP association and from older superproxies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub domain: Option<String>,
 }
 
 /// Something a data-plane process saw that belongs in the control plane's
@@ -960,6 +1006,17 @@ mod tests {
         assert!(back.can_egress_from("192.0.2.1".parse().unwrap()));
         assert!(!back.can_egress_from("2001:db8:8::1".parse().unwrap()));
         assert!(back.has_egress_family(false) && back.has_egress_family(true));
+        // A record without a region (written before exits declared one) has none.
+        assert_eq!(back.region, None);
+        assert!(!json_has(&back, "region"));
+        record.region = Some("DE-BY".into());
+        let json = serde_json::to_value(&record).unwrap();
+        assert_eq!(json["region"], "DE-BY");
+        assert_eq!(serde_json::from_value::<ExitRecord>(json).unwrap(), record);
+    }
+
+    fn json_has(record: &ExitRecord, field: &str) -> bool {
+        serde_json::to_value(record).unwrap().get(field).is_some()
     }
 
     #[test]

@@ -57,6 +57,7 @@ fn view(n: usize, link: &Link) -> PoolView {
                     "US".into()
                 },
                 owner: "bench".into(),
+                region: None,
                 city: None,
                 asn: None,
                 draining: false,

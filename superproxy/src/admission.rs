@@ -135,6 +135,16 @@ pub struct Leases {
     _user: Option<Lease>,
     _local: Option<LocalSlot>,
     _account: Option<Lease>,
+    /// Per-domain leases (the target policy's), held alongside.
+    _domain: Vec<Lease>,
+}
+
+impl Leases {
+    /// These leases and the target policy's, held as one.
+    pub fn with_domain(mut self, domain: Vec<Lease>) -> Self {
+        self._domain = domain;
+        self
+    }
 }
 
 impl Admission {
@@ -249,6 +259,37 @@ impl Admission {
             );
         }
         Ok(leases)
+    }
+
+    /// One per-domain limit (`scope`: `op` for the operator's aggregate,
+    /// `a:ACCOUNT`, `u:USER`): its rate, then a lease in its concurrency
+    /// set, shared by every superproxy like the user limits.
+    pub async fn admit_domain(
+        self: &Arc<Self>,
+        scope: &str,
+        domain: &str,
+        limit: proxynet_store::policy::Limit,
+        whose: &str,
+    ) -> Result<Option<Lease>, ProxyError> {
+        if let Some(rate) = limit.new_tunnels_per_second {
+            self.rate(
+                self.keys.domain_rate(scope, domain),
+                rate,
+                &format!("{whose} per-domain ({domain})"),
+            )
+            .await?;
+        }
+        match limit.max_concurrent_tunnels {
+            Some(max) => Ok(Some(
+                self.lease(
+                    self.keys.domain_leases(scope, domain),
+                    max,
+                    &format!("{whose} per-domain ({domain})"),
+                )
+                .await?,
+            )),
+            None => Ok(None),
+        }
     }
 
     /// A slot of the default per-user cap, counted on this instance only (no

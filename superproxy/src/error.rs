@@ -45,6 +45,9 @@ pub enum ErrorKind {
     MethodNotAllowed,
     /// The egress policy forbids the target.
     DestinationProhibited,
+    /// A traffic policy (the user's, the account's or the operator's)
+    /// refuses the target's domain or port.
+    TargetDenied,
     /// No live exit matches the request.
     NoExit,
     /// The exit link failed before the target was contacted (retry-safe).
@@ -70,7 +73,7 @@ pub enum ErrorKind {
 }
 
 impl ErrorKind {
-    pub const ALL: [ErrorKind; 20] = [
+    pub const ALL: [ErrorKind; 21] = [
         ErrorKind::AuthRequired,
         ErrorKind::BadRequest,
         ErrorKind::HeaderTooLarge,
@@ -80,6 +83,7 @@ impl ErrorKind {
         ErrorKind::ConnectionLimit,
         ErrorKind::MethodNotAllowed,
         ErrorKind::DestinationProhibited,
+        ErrorKind::TargetDenied,
         ErrorKind::NoExit,
         ErrorKind::ExitUnavailable,
         ErrorKind::ExitLinkLost,
@@ -102,7 +106,7 @@ impl ErrorKind {
             ErrorKind::QuotaExhausted | ErrorKind::TargetingNotAllowed => StatusCode::FORBIDDEN,
             ErrorKind::ConnectionLimit => StatusCode::SERVICE_UNAVAILABLE,
             ErrorKind::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
-            ErrorKind::DestinationProhibited => StatusCode::FORBIDDEN,
+            ErrorKind::DestinationProhibited | ErrorKind::TargetDenied => StatusCode::FORBIDDEN,
             ErrorKind::NoExit | ErrorKind::ExitUnavailable | ErrorKind::StoreUnavailable => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
@@ -124,7 +128,8 @@ impl ErrorKind {
             | ErrorKind::MethodNotAllowed
             | ErrorKind::TooManyRequests
             | ErrorKind::QuotaExhausted
-            | ErrorKind::TargetingNotAllowed => "http_request_denied",
+            | ErrorKind::TargetingNotAllowed
+            | ErrorKind::TargetDenied => "http_request_denied",
             ErrorKind::BadRequest | ErrorKind::HeaderTooLarge => "http_request_error",
             ErrorKind::ConnectionLimit => "connection_limit_reached",
             ErrorKind::BadResponse => "http_protocol_error",
@@ -145,6 +150,7 @@ impl ErrorKind {
     pub fn socks_reply(self) -> u8 {
         match self {
             ErrorKind::DestinationProhibited
+            | ErrorKind::TargetDenied
             | ErrorKind::AuthRequired
             | ErrorKind::TooManyRequests
             | ErrorKind::QuotaExhausted
@@ -175,7 +181,7 @@ impl ErrorKind {
             | ErrorKind::QuotaExhausted
             | ErrorKind::TargetingNotAllowed
             | ErrorKind::MethodNotAllowed => Source::Client,
-            ErrorKind::DestinationProhibited => Source::Policy,
+            ErrorKind::DestinationProhibited | ErrorKind::TargetDenied => Source::Policy,
             ErrorKind::ExitUnavailable | ErrorKind::ExitLinkLost | ErrorKind::SessionExitLost => {
                 Source::ExitLink
             }

@@ -1,4 +1,5 @@
-//! Listens for change events from the control plane so caches drop stale
+//! Listens for change events from the control plane (`user:NAME`,
+//! `exit:ID`, `allowlist`, `policy`) so caches drop stale
 //! entries at once instead of when their TTL runs out. Losing events only
 //! delays a change to the cache TTL; the subscription reconnects on its own
 //! (on a cluster, to the next seed node: pub/sub is cluster-wide).
@@ -18,27 +19,22 @@ use crate::select::Pool;
 const PING_EVERY: Duration = Duration::from_secs(5);
 const PING_TIMEOUT: Duration = Duration::from_secs(3);
 
-pub async fn run(
-    mut redis: RedisTarget,
-    channel: String,
-    revoker: Arc<Revoker>,
-    pool: Arc<Pool>,
-    allowlist: Arc<crate::allowlist::Allowlist>,
-    stop: Stop,
-) {
-    stop.run_until_cancelled(follow(&mut redis, &channel, &revoker, &pool, &allowlist))
+/// What each kind of event refreshes.
+pub struct Listeners {
+    pub revoker: Arc<Revoker>,
+    pub pool: Arc<Pool>,
+    pub allowlist: Arc<crate::allowlist::Allowlist>,
+    pub operator_policy: Arc<crate::operator_policy::OperatorRules>,
+}
+
+pub async fn run(mut redis: RedisTarget, channel: String, listeners: Listeners, stop: Stop) {
+    stop.run_until_cancelled(follow(&mut redis, &channel, &listeners))
         .await;
 }
 
 /// Follows the change events for ever, resubscribing when the subscription
 /// is lost.
-async fn follow(
-    redis: &mut RedisTarget,
-    channel: &str,
-    revoker: &Revoker,
-    pool: &Pool,
-    allowlist: &crate::allowlist::Allowlist,
-) {
+async fn follow(redis: &mut RedisTarget, channel: &str, listeners: &Listeners) {
     let mut backoff = Duration::from_millis(100);
     loop {
         match redis.subscribe(channel).await {
@@ -59,11 +55,13 @@ async fn follow(
                                 continue;
                             };
                             if let Some(username) = payload.strip_prefix("user:") {
-                                revoker.user_changed(username).await;
+                                listeners.revoker.user_changed(username).await;
                             } else if payload.starts_with("exit:") {
-                                pool.refresh().await;
+                                listeners.pool.refresh().await;
                             } else if payload == "allowlist" {
-                                allowlist.refresh().await;
+                                listeners.allowlist.refresh().await;
+                            } else if payload == "policy" {
+                                listeners.operator_policy.refresh().await;
                             }
                         }
                         _ = ping.tick() => {

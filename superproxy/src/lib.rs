@@ -40,6 +40,7 @@ pub mod limits;
 pub mod link;
 pub mod metrics;
 pub mod open_tunnels;
+pub mod operator_policy;
 pub mod pipeline;
 pub mod probe;
 pub mod reflector;
@@ -134,6 +135,7 @@ struct Parts {
     usage: Arc<usage::UsageRecorder>,
     open_tunnels: Arc<open_tunnels::OpenTunnels>,
     allowlist: Arc<allowlist::Allowlist>,
+    operator_policy: Arc<operator_policy::OperatorRules>,
     stats: Arc<metrics::Stats>,
 }
 
@@ -267,6 +269,11 @@ impl Superproxy {
                 keys.clone(),
                 open_tunnels.clone(),
             )),
+            operator_policy: Arc::new(operator_policy::OperatorRules::new(
+                redis.clone(),
+                keys.clone(),
+                open_tunnels.clone(),
+            )),
             open_tunnels,
             stats,
         };
@@ -276,6 +283,7 @@ impl Superproxy {
                 parts.auth_limiter.clone(),
                 parts.allowlist.clone(),
             ),
+            pipeline::TargetPolicy::new(parts.operator_policy.clone(), parts.admission.clone()),
             Admit::new(parts.admission.clone(), parts.usage.clone()),
             opener,
             parts.usage.clone(),
@@ -350,6 +358,7 @@ impl Superproxy {
         });
         pool.refresh().await;
         parts.allowlist.refresh().await;
+        parts.operator_policy.refresh().await;
         // Stopped last, after every tunnel has ended.
         let mut flusher = Tasks::new();
         let usage = parts.usage.clone();
@@ -380,16 +389,26 @@ impl Superproxy {
         };
         background.spawn("link listener", |stop| link_listener.run(stop));
         {
-            let (revoker, pool, allowlist) =
-                (revoker.clone(), pool.clone(), parts.allowlist.clone());
+            let listeners = events::Listeners {
+                revoker: revoker.clone(),
+                pool: pool.clone(),
+                allowlist: parts.allowlist.clone(),
+                operator_policy: parts.operator_policy.clone(),
+            };
             let (target, channel) = (self.redis_target, self.keys.events());
             background.spawn("change events", |stop| {
-                events::run(target, channel, revoker, pool, allowlist, stop)
+                events::run(target, channel, listeners, stop)
             });
         }
         {
             let (allowlist, every) = (parts.allowlist.clone(), config.allowlist_refresh());
             background.spawn("allow-list refresh", |stop| allowlist.run(every, stop));
+        }
+        {
+            // The change event carries a policy change within a second; the
+            // poll (at the allow-list's interval) covers a lost event.
+            let (rules, every) = (parts.operator_policy.clone(), config.allowlist_refresh());
+            background.spawn("operator policy refresh", |stop| rules.run(every, stop));
         }
         {
             let (admin, state) = (self.admin, admin_state.clone());

@@ -24,6 +24,9 @@ pub struct Entry {
     pub exit_id: Uuid,
     /// The allow-listed network that let the tunnel in (no credentials).
     pub network: Option<proxynet_common::egress::Cidr>,
+    /// The target's normalised host and port, for traffic-policy changes
+    /// (`None` for a client connection or a UDP association).
+    pub target: Option<(String, u16)>,
     cut: CancellationToken,
 }
 
@@ -56,6 +59,7 @@ impl OpenTunnels {
         credential_digest: [u8; 32],
         exit_id: Uuid,
         network: Option<proxynet_common::egress::Cidr>,
+        target: Option<(String, u16)>,
         cut: CancellationToken,
     ) -> Registration {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
@@ -68,6 +72,7 @@ impl OpenTunnels {
                     credential_digest,
                     exit_id,
                     network,
+                    target,
                     cut,
                 },
             );
@@ -112,6 +117,19 @@ impl OpenTunnels {
         self.cut_where(|e| e.network.as_ref().is_some_and(|n| gone(n, &e.username)))
     }
 
+    /// Cuts the tunnels whose target `refused(host, port)` says a changed
+    /// policy no longer permits; returns how many.
+    pub fn cut_where_target(&self, refused: impl Fn(&str, u16) -> bool) -> usize {
+        self.cut_where(|e| e.target.as_ref().is_some_and(|(h, p)| refused(h, *p)))
+    }
+
+    /// Cuts the tunnels of `username` whose target `refused` says so.
+    pub fn cut_user_target_if(&self, username: &str, refused: impl Fn(&str, u16) -> bool) -> usize {
+        self.cut_where(|e| {
+            e.username == username && e.target.as_ref().is_some_and(|(h, p)| refused(h, *p))
+        })
+    }
+
     /// Cuts every tunnel through `exit_id`; returns how many.
     pub fn cut_exit(&self, exit_id: Uuid) -> usize {
         self.cut_where(|e| e.exit_id == exit_id)
@@ -142,9 +160,17 @@ mod tests {
         let registry = Arc::new(OpenTunnels::default());
         let (alice, bob, exit) = (Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4());
         let (a, b) = (CancellationToken::new(), CancellationToken::new());
-        let ra = registry.register(alice, "alice", [1; 32], exit, None, a.clone());
+        let ra = registry.register(alice, "alice", [1; 32], exit, None, None, a.clone());
         let net: proxynet_common::egress::Cidr = "192.0.2.0/24".parse().unwrap();
-        let _rb = registry.register(bob, "bob", [2; 32], Uuid::new_v4(), Some(net), b.clone());
+        let _rb = registry.register(
+            bob,
+            "bob",
+            [2; 32],
+            Uuid::new_v4(),
+            Some(net),
+            None,
+            b.clone(),
+        );
         assert_eq!(registry.cut_where_network(|_, user| user != "bob"), 0);
         assert_eq!(registry.usernames(), vec!["alice", "bob"]);
         assert_eq!(

@@ -82,6 +82,9 @@ pub struct Client {
     pub request: ParsedUsername,
     /// The allow-listed network it logged in by (no credentials).
     pub network: Option<Cidr>,
+    /// The record it was authorized by: its and its account's traffic
+    /// policies are read from it by the target-policy stage.
+    pub record: std::sync::Arc<proxynet_store::UserRecord>,
 }
 
 /// The limits of one user, from their record.

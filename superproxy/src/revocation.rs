@@ -44,8 +44,12 @@ impl Revoker {
         let cut = match entry {
             UserEntry::Present(r) if r.enabled => {
                 let current: [u8; 32] = Sha256::digest(r.password_hash.as_bytes()).into();
+                // A changed traffic policy cuts the tunnels it now refuses.
                 self.open_tunnels
                     .cut_user_if(username, |e| e.credential_digest != current)
+                    + self.open_tunnels.cut_user_target_if(username, |host, _| {
+                        crate::pipeline::customer_refusal(&r, host).is_some()
+                    })
             }
             UserEntry::Present(_) | UserEntry::Deleted => {
                 self.open_tunnels.cut_user_if(username, |_| true)

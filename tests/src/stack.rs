@@ -795,6 +795,8 @@ pub async fn spawn_control_api_at(
         ),
         ("PROXYNET_API_ADMIN_LISTEN", "127.0.0.1:0".to_owned()),
         ("PROXYNET_OBSERVE_INTERVAL_SECS", "1".to_owned()),
+        // Webhook receivers in tests listen on 127.0.0.1.
+        ("PROXYNET_WEBHOOK_ALLOW_INTERNAL", "true".to_owned()),
     ];
     let mut envs = envs.to_vec();
     envs.extend(stores.redis_env());

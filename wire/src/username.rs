@@ -7,13 +7,25 @@
 //! |---|---|---|
 //! | `session` | 1–64 letters/digits | sticky: same exit for (user, session) on every superproxy |
 //! | `sesstime` | minutes, 1–1440 (default 10) | how long the pin lives; needs `session` |
-//! | `sessmode` | `soft` (default) or `hard` | when the pinned exit is lost: re-pin, or fail with 502 |
+//! | `sessmode` | `soft` (default) or `hard` | when the pinned exit is lost: re-pin (preferring an exit like the lost one), or fail with 502 |
+//! | `sessidle` | minutes, 1–1440 | the pin also ends once no tunnel was opened through it for that long; needs `session` |
 //! | `country` | ISO 3166-1 alpha-2 | exits in that country |
+//! | `continent` | `af`, `an`, `as`, `eu`, `na`, `oc`, `sa` | exits whose country is on that continent ([`crate::continent`]) |
+//! | `state` (or its synonym `region`) | ISO 3166-2 subdivision, `cc-xxx` (`de-by`, `us-ca`) | exits that declare that subdivision |
 //! | `city` | 1–64 of `a-z 0-9 _` | exits in that city |
 //! | `asn` | 1–4294967295 | exits announced by that AS |
 //! | `type` | `dc`, `isp`, `res`, `mobile` | exits of that source type |
+//! | `channel` | `owned`, `leased`, `isp`, `sdk`, `extension`, `sharing`, `reseller` | exits whose source acquired its addresses that way |
 //! | `exit` | an exit id, 32 hex digits without dashes | exactly that exit |
+//! | `notexit` | an exit id, as for `exit` | any exit but that one |
 //! | `ipversion` | `4` or `6` | exits with an egress address of that family; names leave from it |
+//! | `rotate` | `request` (default) or `tunnel` | without a session: `request` picks a fresh exit for every tunnel and every absolute-form request; `tunnel` keeps the exit a kept-alive client connection's last absolute-form request used for its next ones (while it stays eligible, healthy and matching) |
+//!
+//! The `state` value is the one that spans two `-`-separated parts
+//! (`alice-state-de-by`): the country, then the subdivision (1–3 letters
+//! or digits). Contradictions are errors too: `state` and `region` together,
+//! `exit` and `notexit` naming the same exit, a `state` or `continent`
+//! outside the `country` asked for, `rotate` with `session`.
 //!
 //! Anything else — unknown keys, duplicates, missing or bad values, more than
 //! 256 bytes — is an error with a precise reason, never silently ignored.
@@ -23,6 +35,7 @@
 //! the control-api checks stored allow-list options with [`parse_options`]
 //! and new base usernames with [`is_base_username`].
 
+pub use crate::continent::Continent;
 use proxynet_store::{Channel, SourceType};
 use std::fmt;
 use std::net::IpAddr;
@@ -48,6 +61,32 @@ pub struct Session {
     pub id: String,
     pub ttl: Duration,
     pub mode: SessionMode,
+    /// `sessidle`: the pin ends once no tunnel was opened through it for
+    /// this long (on top of `ttl`).
+    pub idle: Option<Duration>,
+}
+
+/// Without a session, how often the exit may change (`rotate-request|tunnel`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Rotate {
+    /// A fresh exit for every tunnel, and for every absolute-form request
+    /// even on one kept-alive client connection: v1's behaviour, kept as the
+    /// default so v1 usernames mean what they meant.
+    #[default]
+    Request,
+    /// A kept-alive client connection's absolute-form requests keep the
+    /// exit its last request used while that exit stays eligible, healthy
+    /// and matching; CONNECT and SOCKS5 tunnels each still pick afresh.
+    Tunnel,
+}
+
+impl Rotate {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Rotate::Request => "request",
+            Rotate::Tunnel => "tunnel",
+        }
+    }
 }
 
 /// The IP family a client wants its tunnels to leave in (`ipversion-4|6`).
@@ -86,12 +125,18 @@ impl fmt::Display for IpVersion {
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Targeting {
     pub country: Option<String>,
+    /// Exits whose country is on this continent.
+    pub continent: Option<Continent>,
+    /// ISO 3166-2 subdivision, upper case (`DE-BY`): exits declaring it.
+    pub region: Option<String>,
     pub city: Option<String>,
     pub asn: Option<u32>,
     pub source_type: Option<SourceType>,
     /// Acquisition channel of the exit's source (`channel-owned`, `channel-sdk`, ...).
     pub channel: Option<Channel>,
     pub exit: Option<Uuid>,
+    /// Any exit but this one.
+    pub not_exit: Option<Uuid>,
     /// The family the tunnel leaves in: exits without an egress address of
     /// it are not eligible, and names are dialled in it.
     pub ip_version: Option<IpVersion>,
@@ -104,11 +149,19 @@ pub struct Targeting {
     /// Not from the username: the source types the account's plan prices
     /// (`None`: no plan, any type).
     pub plan_types: Option<Vec<SourceType>>,
+    /// Not from the username, and no constraint: the exit this client
+    /// connection's last absolute-form request used (`rotate-tunnel`),
+    /// drawn first while it is usable.
+    pub prefer: Option<Uuid>,
 }
 
 impl Targeting {
+    /// No constraint at all (a preference is none).
     pub fn is_empty(&self) -> bool {
-        *self == Targeting::default()
+        Targeting {
+            prefer: None,
+            ..self.clone()
+        } == Targeting::default()
     }
 }
 
@@ -118,6 +171,12 @@ impl fmt::Display for Targeting {
         let mut parts = Vec::new();
         if let Some(c) = &self.country {
             parts.push(format!("country={c}"));
+        }
+        if let Some(c) = self.continent {
+            parts.push(format!("continent={c}"));
+        }
+        if let Some(r) = &self.region {
+            parts.push(format!("region={r}"));
         }
         if let Some(c) = &self.city {
             parts.push(format!("city={c}"));
@@ -133,6 +192,9 @@ impl fmt::Display for Targeting {
         }
         if let Some(e) = self.exit {
             parts.push(format!("exit={e}"));
+        }
+        if let Some(e) = self.not_exit {
+            parts.push(format!("notexit={e}"));
         }
         if let Some(v) = self.ip_version {
             parts.push(format!("ipversion={}", v.as_str()));
@@ -158,6 +220,8 @@ pub struct ParsedUsername {
     pub user: String,
     pub session: Option<Session>,
     pub targeting: Targeting,
+    /// Without a session: per request (default) or per kept-alive connection.
+    pub rotate: Rotate,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -181,6 +245,11 @@ pub enum UsernameError {
     },
     #[error("{0} needs a session key")]
     NeedsSession(&'static str),
+    #[error("{0} and {1} are the same key; give one of them")]
+    Synonyms(&'static str, &'static str),
+    /// Keys that each parse but cannot hold together.
+    #[error("{0}")]
+    Contradiction(&'static str),
 }
 
 /// ISO 3166-1 alpha-2 codes currently assigned.
@@ -239,6 +308,10 @@ pub fn parse(raw: &str) -> Result<ParsedUsername, UsernameError> {
     let mut session_id: Option<String> = None;
     let mut sesstime: Option<u32> = None;
     let mut sessmode: Option<SessionMode> = None;
+    let mut sessidle: Option<u32> = None;
+    let mut rotate: Option<Rotate> = None;
+    // Which of the synonyms `state` / `region` set the subdivision.
+    let mut region_key: Option<&'static str> = None;
     let mut targeting = Targeting::default();
 
     while let Some(key) = tokens.next() {
@@ -258,19 +331,45 @@ pub fn parse(raw: &str) -> Result<ParsedUsername, UsernameError> {
                 })?;
             }
             "sesstime" => {
-                set_once(&mut sesstime, "sesstime", || {
-                    value
-                        .parse::<u32>()
-                        .ok()
-                        .filter(|m| {
-                            (1..=MAX_SESSION_MINUTES).contains(m)
-                                && value.bytes().all(|b| b.is_ascii_digit())
-                        })
-                        .ok_or(UsernameError::BadValue {
-                            key: "sesstime",
-                            reason: "minutes from 1 to 1440",
-                        })
+                set_once(&mut sesstime, "sesstime", || minutes("sesstime", value))?;
+            }
+            "sessidle" => {
+                set_once(&mut sessidle, "sessidle", || minutes("sessidle", value))?;
+            }
+            "rotate" => {
+                set_once(&mut rotate, "rotate", || match value {
+                    "request" => Ok(Rotate::Request),
+                    "tunnel" => Ok(Rotate::Tunnel),
+                    _ => Err(UsernameError::BadValue {
+                        key: "rotate",
+                        reason: "request or tunnel",
+                    }),
                 })?;
+            }
+            "continent" => {
+                set_once(&mut targeting.continent, "continent", || {
+                    Continent::parse(value).ok_or(UsernameError::BadValue {
+                        key: "continent",
+                        reason: "af, an, as, eu, na, oc or sa",
+                    })
+                })?;
+            }
+            key @ ("state" | "region") => {
+                let key = if key == "state" { "state" } else { "region" };
+                match region_key {
+                    Some(earlier) if earlier == key => return Err(UsernameError::Duplicate(key)),
+                    Some(_) => return Err(UsernameError::Synonyms("state", "region")),
+                    None => {}
+                }
+                // The code's own `-` splits it into two of our parts.
+                let subdivision = tokens.next().unwrap_or_default();
+                targeting.region = Some(subdivision_code(value, subdivision).ok_or(
+                    UsernameError::BadValue {
+                        key,
+                        reason: "an ISO 3166-2 subdivision code: country-subdivision, e.g. de-by or us-ca",
+                    },
+                )?);
+                region_key = Some(key);
             }
             "sessmode" => {
                 set_once(&mut sessmode, "sessmode", || match value {
@@ -335,15 +434,11 @@ pub fn parse(raw: &str) -> Result<ParsedUsername, UsernameError> {
                 })?;
             }
             "exit" => {
-                set_once(&mut targeting.exit, "exit", || {
-                    value
-                        .parse::<Uuid>()
-                        .ok()
-                        .filter(|_| value.len() == 32)
-                        .ok_or(UsernameError::BadValue {
-                            key: "exit",
-                            reason: "an exit id: 32 hex digits, no dashes",
-                        })
+                set_once(&mut targeting.exit, "exit", || exit_id("exit", value))?;
+            }
+            "notexit" => {
+                set_once(&mut targeting.not_exit, "notexit", || {
+                    exit_id("notexit", value)
                 })?;
             }
             "ipversion" => {
@@ -361,20 +456,105 @@ pub fn parse(raw: &str) -> Result<ParsedUsername, UsernameError> {
     }
 
     let session = match session_id {
+        Some(_) if rotate.is_some() => {
+            return Err(UsernameError::Contradiction(
+                "rotate is for logins without a session: a session keeps its exit",
+            ))
+        }
         Some(id) => Some(Session {
             id,
             ttl: Duration::from_secs(u64::from(sesstime.unwrap_or(DEFAULT_SESSION_MINUTES)) * 60),
             mode: sessmode.unwrap_or_default(),
+            idle: sessidle.map(|m| Duration::from_secs(u64::from(m) * 60)),
         }),
         None if sesstime.is_some() => return Err(UsernameError::NeedsSession("sesstime")),
         None if sessmode.is_some() => return Err(UsernameError::NeedsSession("sessmode")),
+        None if sessidle.is_some() => return Err(UsernameError::NeedsSession("sessidle")),
         None => None,
     };
+    contradictions(&targeting)?;
     Ok(ParsedUsername {
         user: user.to_owned(),
         session,
         targeting,
+        rotate: rotate.unwrap_or_default(),
     })
+}
+
+/// Asks that each parse but can never be met together: refused with the
+/// reason rather than answered with a 503 that hides it.
+fn contradictions(targeting: &Targeting) -> Result<(), UsernameError> {
+    if targeting.exit.is_some() && targeting.exit == targeting.not_exit {
+        return Err(UsernameError::Contradiction(
+            "exit and notexit name the same exit",
+        ));
+    }
+    // The region's own country part is an assigned code (checked when parsed).
+    let region_country = targeting.region.as_deref().and_then(|r| r.get(..2));
+    if let (Some(country), Some(region_country)) = (targeting.country.as_deref(), region_country) {
+        if country != region_country {
+            return Err(UsernameError::Contradiction(
+                "the state/region is not in the country asked for",
+            ));
+        }
+    }
+    if let Some(continent) = targeting.continent {
+        let off = |country: &str| Continent::of_country(country) != Some(continent);
+        if targeting.country.as_deref().is_some_and(off) {
+            return Err(UsernameError::Contradiction(
+                "the country asked for is not on the continent asked for",
+            ));
+        }
+        if region_country.is_some_and(off) {
+            return Err(UsernameError::Contradiction(
+                "the state/region asked for is not on the continent asked for",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `sesstime` / `sessidle`: whole minutes from 1 to 1440, digits only.
+fn minutes(key: &'static str, value: &str) -> Result<u32, UsernameError> {
+    value
+        .parse::<u32>()
+        .ok()
+        .filter(|m| {
+            (1..=MAX_SESSION_MINUTES).contains(m) && value.bytes().all(|b| b.is_ascii_digit())
+        })
+        .ok_or(UsernameError::BadValue {
+            key,
+            reason: "minutes from 1 to 1440",
+        })
+}
+
+/// `exit` / `notexit`: an exit id as 32 hex digits without dashes.
+fn exit_id(key: &'static str, value: &str) -> Result<Uuid, UsernameError> {
+    value
+        .parse::<Uuid>()
+        .ok()
+        .filter(|_| value.len() == 32)
+        .ok_or(UsernameError::BadValue {
+            key,
+            reason: "an exit id: 32 hex digits, no dashes",
+        })
+}
+
+/// An ISO 3166-2 code from its two parts (`de`, `by`), upper case
+/// (`DE-BY`): an assigned country, then 1–3 letters or digits.
+pub fn subdivision_code(country: &str, subdivision: &str) -> Option<String> {
+    let country = country.to_ascii_uppercase();
+    (is_country_code(&country)
+        && (1..=3).contains(&subdivision.len())
+        && subdivision.bytes().all(|b| b.is_ascii_alphanumeric()))
+    .then(|| format!("{country}-{}", subdivision.to_ascii_uppercase()))
+}
+
+/// A whole ISO 3166-2 code (`de-by`, `US-CA`) in upper case, as exits
+/// declare theirs; `None` when it is not one.
+pub fn parse_subdivision(code: &str) -> Option<String> {
+    let (country, subdivision) = code.split_once('-')?;
+    subdivision_code(country, subdivision)
 }
 
 fn set_once<T>(
@@ -588,6 +768,235 @@ mod tests {
     }
 
     #[test]
+    fn finer_targeting_parses_and_is_named_in_the_targeting() {
+        let (id, other) = (Uuid::new_v4(), Uuid::new_v4());
+        let p = parse(&format!(
+            "alice-continent-eu-state-de-by-notexit-{}-country-de",
+            id.simple()
+        ))
+        .unwrap();
+        let t = &p.targeting;
+        assert_eq!(t.continent, Some(Continent::Eu));
+        assert_eq!(t.region.as_deref(), Some("DE-BY"));
+        assert_eq!(t.not_exit, Some(id));
+        assert_eq!(
+            t.to_string(),
+            format!("country=DE continent=eu region=DE-BY notexit={id}")
+        );
+        // `region` is `state`'s synonym; any case; a subdivision of up to 3.
+        let r = parse("alice-region-US-ca").unwrap().targeting;
+        assert_eq!(r.region.as_deref(), Some("US-CA"));
+        assert_eq!(
+            parse("alice-state-gb-eng-type-dc")
+                .unwrap()
+                .targeting
+                .region
+                .as_deref(),
+            Some("GB-ENG")
+        );
+        assert_eq!(
+            parse("alice-continent-AS").unwrap().targeting.continent,
+            Some(Continent::As)
+        );
+        // exit and notexit may name different exits.
+        let both = parse(&format!(
+            "alice-exit-{}-notexit-{}",
+            id.simple(),
+            other.simple()
+        ))
+        .unwrap();
+        assert_eq!(both.targeting.exit, Some(id));
+        assert_eq!(both.targeting.not_exit, Some(other));
+        assert_eq!(parse_subdivision("de-by").as_deref(), Some("DE-BY"));
+        assert_eq!(parse_subdivision("xx-by"), None);
+        assert_eq!(parse_subdivision("de-bayern"), None);
+        assert_eq!(parse_subdivision("deby"), None);
+    }
+
+    #[test]
+    fn rotate_and_sessidle() {
+        assert_eq!(
+            parse("alice").unwrap().rotate,
+            Rotate::Request,
+            "v1 default"
+        );
+        assert_eq!(parse("alice-rotate-tunnel").unwrap().rotate, Rotate::Tunnel);
+        assert_eq!(
+            parse("alice-rotate-request").unwrap().rotate,
+            Rotate::Request
+        );
+        assert!(parse("alice-rotate-tunnel").unwrap().targeting.is_empty());
+        let s = parse("alice-session-s1-sessidle-1-sesstime-60")
+            .unwrap()
+            .session
+            .unwrap();
+        assert_eq!(s.idle, Some(Duration::from_secs(60)));
+        assert_eq!(s.ttl, Duration::from_secs(3600));
+        assert_eq!(
+            parse("alice-session-s1").unwrap().session.unwrap().idle,
+            None
+        );
+        // A preference is not a constraint.
+        let preferring = Targeting {
+            prefer: Some(Uuid::new_v4()),
+            ..Targeting::default()
+        };
+        assert!(preferring.is_empty());
+        assert_eq!(preferring.to_string(), "");
+    }
+
+    #[test]
+    fn finer_targeting_errors_are_precise() {
+        use UsernameError::*;
+        let id = Uuid::new_v4().simple().to_string();
+        let cases: Vec<(String, UsernameError)> = vec![
+            (
+                "alice-continent-europe".into(),
+                BadValue {
+                    key: "continent",
+                    reason: "af, an, as, eu, na, oc or sa",
+                },
+            ),
+            (
+                "alice-continent-eu-continent-as".into(),
+                Duplicate("continent"),
+            ),
+            ("alice-continent".into(), MissingValue("continent".into())),
+            ("alice-state".into(), MissingValue("state".into())),
+            (
+                "alice-state-de".into(),
+                BadValue {
+                    key: "state",
+                    reason:
+                        "an ISO 3166-2 subdivision code: country-subdivision, e.g. de-by or us-ca",
+                },
+            ),
+            (
+                "alice-state-de-".into(),
+                BadValue {
+                    key: "state",
+                    reason:
+                        "an ISO 3166-2 subdivision code: country-subdivision, e.g. de-by or us-ca",
+                },
+            ),
+            (
+                // Without the subdivision the next key is taken for it.
+                "alice-region-us-session-x".into(),
+                BadValue {
+                    key: "region",
+                    reason:
+                        "an ISO 3166-2 subdivision code: country-subdivision, e.g. de-by or us-ca",
+                },
+            ),
+            (
+                "alice-state-xx-by".into(),
+                BadValue {
+                    key: "state",
+                    reason:
+                        "an ISO 3166-2 subdivision code: country-subdivision, e.g. de-by or us-ca",
+                },
+            ),
+            ("alice-state-de-by-state-de-be".into(), Duplicate("state")),
+            (
+                "alice-region-de-by-region-de-be".into(),
+                Duplicate("region"),
+            ),
+            (
+                "alice-state-de-by-region-de-by".into(),
+                Synonyms("state", "region"),
+            ),
+            (
+                "alice-region-de-by-state-de-by".into(),
+                Synonyms("state", "region"),
+            ),
+            (
+                "alice-notexit-123".into(),
+                BadValue {
+                    key: "notexit",
+                    reason: "an exit id: 32 hex digits, no dashes",
+                },
+            ),
+            (
+                format!("alice-notexit-{id}-notexit-{id}"),
+                Duplicate("notexit"),
+            ),
+            (
+                format!("alice-exit-{id}-notexit-{id}"),
+                Contradiction("exit and notexit name the same exit"),
+            ),
+            (
+                "alice-rotate-connection".into(),
+                BadValue {
+                    key: "rotate",
+                    reason: "request or tunnel",
+                },
+            ),
+            (
+                "alice-rotate-tunnel-rotate-request".into(),
+                Duplicate("rotate"),
+            ),
+            (
+                "alice-session-a-rotate-tunnel".into(),
+                Contradiction("rotate is for logins without a session: a session keeps its exit"),
+            ),
+            ("alice-sessidle-5".into(), NeedsSession("sessidle")),
+            (
+                "alice-session-a-sessidle-0".into(),
+                BadValue {
+                    key: "sessidle",
+                    reason: "minutes from 1 to 1440",
+                },
+            ),
+            (
+                "alice-session-a-sessidle-1441".into(),
+                BadValue {
+                    key: "sessidle",
+                    reason: "minutes from 1 to 1440",
+                },
+            ),
+            (
+                "alice-session-a-sessidle-1-sessidle-2".into(),
+                Duplicate("sessidle"),
+            ),
+            (
+                "alice-country-fr-state-de-by".into(),
+                Contradiction("the state/region is not in the country asked for"),
+            ),
+            (
+                "alice-continent-as-country-de".into(),
+                Contradiction("the country asked for is not on the continent asked for"),
+            ),
+            (
+                "alice-continent-na-state-de-by".into(),
+                Contradiction("the state/region asked for is not on the continent asked for"),
+            ),
+        ];
+        for (input, expected) in &cases {
+            assert_eq!(parse(input).as_ref().err(), Some(expected), "{input}");
+        }
+        // Each error says what to fix, as the client sees it.
+        assert_eq!(
+            Synonyms("state", "region").to_string(),
+            "state and region are the same key; give one of them"
+        );
+        assert_eq!(
+            parse(&format!("alice-exit-{id}-notexit-{id}"))
+                .unwrap_err()
+                .to_string(),
+            "exit and notexit name the same exit"
+        );
+        // Allow-listed users store the same grammar.
+        assert_eq!(
+            parse_options("alice", "continent-eu-state-de-by")
+                .unwrap()
+                .targeting
+                .region
+                .as_deref(),
+            Some("DE-BY")
+        );
+    }
+
+    #[test]
     fn country_list_is_complete_and_well_formed() {
         let codes: Vec<&str> = COUNTRIES.split(' ').collect();
         assert_eq!(codes.len(), 249);
@@ -614,6 +1023,8 @@ mod properties {
             parts in prop::collection::vec(prop::sample::select(vec![
                 "alice", "session", "sesstime", "sessmode", "country", "city", "asn", "type", "exit",
                 "ipversion", "abc", "10", "hard", "de", "res", "", "-", "0", "4", "6", "99999999999",
+                "continent", "state", "region", "notexit", "rotate", "sessidle", "eu", "by",
+                "tunnel", "request", "0123456789abcdef0123456789abcdef",
             ]), 0..12)
         ) {
             let _ = parse(&parts.join("-"));

@@ -94,6 +94,8 @@ struct UserRow {
     deleted: bool,
     ceilings: sqlx::types::Json<crate::ceilings::Limits>,
     entitlements: sqlx::types::Json<crate::ceilings::Entitlements>,
+    policy: sqlx::types::Json<proxynet_store::policy::TrafficPolicy>,
+    account_policy: sqlx::types::Json<proxynet_store::policy::TrafficPolicy>,
     /// Source types the account's plan prices; `None` without a plan.
     plan_types: Option<Vec<String>>,
 }
@@ -105,6 +107,8 @@ pub struct ExitRow {
     pub source_type: String,
     pub owner: String,
     pub country: String,
+    /// ISO 3166-2 subdivision, as declared on the enrollment token.
+    pub region: Option<String>,
     pub egress_ips: Vec<String>,
     /// As enrolled: masked CIDRs (`2001:db8:1:2::/64`).
     pub egress_prefixes: Vec<String>,
@@ -207,6 +211,7 @@ impl ExitRow {
             source_type: SourceType::parse(&self.source_type).unwrap_or(SourceType::Dc),
             country: self.country.clone(),
             owner: self.owner.clone(),
+            region: self.region.clone(),
             city: self.city.clone(),
             asn: self.asn.and_then(|a| u32::try_from(a).ok()),
             draining: self.draining,
@@ -226,7 +231,7 @@ impl ExitRow {
 /// An exit with its source and its latest consent record. The projected
 /// `draining` is the operator's switch; the agent's own drain announcement
 /// reaches Redis with its heartbeat (`liveness.rs`).
-const EXIT_SELECT: &str = "SELECT e.id, e.name, e.source_type, e.owner, e.country, e.egress_ips, \
+const EXIT_SELECT: &str = "SELECT e.id, e.name, e.source_type, e.owner, e.country, e.region, e.egress_ips, \
      e.egress_prefixes, \
      e.credential_sha256, e.city, e.asn, e.admin_draining AS draining, e.disabled, e.version, \
      e.withdrawn_at IS NOT NULL AS withdrawn, s.channel, s.supplier, s.agreement_ref, \
@@ -245,6 +250,7 @@ const USER_COLUMNS: &str = "u.id, u.account_id, u.username, u.password_hash, \
      u.max_concurrent_tunnels, u.max_new_tunnels_per_second, u.bandwidth_bytes, u.quota_period, \
      u.allowed_source_types, u.allowed_countries, u.allowed_channels, u.allowlist_options, \
      u.deleted_at IS NOT NULL AS deleted, u.ceilings, a.entitlements, \
+     u.policy, a.policy AS account_policy, \
      CASE WHEN a.plan_id IS NULL THEN NULL ELSE \
        ARRAY(SELECT p.source_type FROM plan_prices p WHERE p.plan_id = a.plan_id ORDER BY 1) END \
        AS plan_types";
@@ -430,6 +436,28 @@ impl Projector {
         Ok(())
     }
 
+    /// Projects the operator's traffic policy and announces it (`policy`):
+    /// every superproxy re-reads it at once.
+    pub async fn operator_policy(&self) {
+        if let Err(e) = self.try_operator_policy().await {
+            tracing::warn!(error = %e, "operator policy projection failed; the next resync repairs it");
+        }
+    }
+
+    pub(crate) async fn try_operator_policy(&self) -> Result<(), ProjectionError> {
+        let body: Option<(sqlx::types::Json<proxynet_store::policy::OperatorPolicy>,)> =
+            sqlx::query_as("SELECT body FROM operator_policy")
+                .fetch_optional(&self.db)
+                .await?;
+        let policy = body.map(|(b,)| b.0).unwrap_or_default();
+        let mut redis = self.redis.clone();
+        let _: () = redis
+            .set(self.keys.operator_policy(), serde_json::to_string(&policy)?)
+            .await?;
+        let _: () = redis.publish(self.keys.events(), "policy").await?;
+        Ok(())
+    }
+
     /// Re-projects every exit of a source (after the source changed).
     pub async fn source_exits(&self, source: Uuid) {
         let ids: Result<Vec<(Uuid,)>, _> =
@@ -569,6 +597,8 @@ fn user_record(row: &UserRow) -> UserRecord {
             .plan_types
             .as_ref()
             .map(|types| types.iter().filter_map(|t| SourceType::parse(t)).collect()),
+        policy: row.policy.0.clone(),
+        account_policy: row.account_policy.0.clone(),
     }
 }
 

@@ -89,6 +89,7 @@ impl Projector {
 
         self.rebuild_quota_counters(&users).await?;
         self.try_allowlist().await?;
+        self.try_operator_policy().await?;
 
         let exits: Vec<ExitRow> = sqlx::query_as(EXIT_SELECT).fetch_all(&self.db).await?;
         // Unchanged records are not rewritten and make no change entry, so a

@@ -27,10 +27,19 @@ pub(crate) struct Account {
     name: String,
     plan_id: Option<Uuid>,
     entitlements: sqlx::types::Json<Entitlements>,
+    /// The account's own traffic policy, bounding all of its users.
+    policy: sqlx::types::Json<proxynet_store::policy::TrafficPolicy>,
     created_at: DateTime<Utc>,
 }
 
-const ACCOUNT_COLUMNS: &str = "id, name, plan_id, entitlements, created_at";
+const ACCOUNT_COLUMNS: &str = "id, name, plan_id, entitlements, policy, created_at";
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct UpdateAccount {
+    /// Replaces the account's traffic policy when present (`{}` clears it).
+    policy: Option<serde_json::Value>,
+}
 
 pub(crate) async fn create(
     _: Operator,
@@ -104,6 +113,44 @@ pub(crate) async fn get_one(
     .await?
     .map(Json)
     .ok_or(ApiError::NotFound("account"))
+}
+
+/// `PATCH /v1/accounts/{id}` (the account itself or operators): replaces
+/// its traffic policy; every user is re-projected at once and open tunnels
+/// the new rules refuse are cut.
+pub(crate) async fn update(
+    caller: Caller,
+    State(state): State<AppState>,
+    Path(id): Path<Uuid>,
+    Json(body): Json<UpdateAccount>,
+) -> Result<Json<Account>, ApiError> {
+    caller.check_account(id)?;
+    let Some(raw) = body.policy else {
+        return get_one(caller, State(state), Path(id)).await;
+    };
+    let policy = crate::routes::policy::customer_policy(raw)?;
+    let mut tx = state.db.begin().await?;
+    let account: Account = sqlx::query_as(&format!(
+        "UPDATE accounts SET policy = $2 WHERE id = $1 AND deleted_at IS NULL
+         RETURNING {ACCOUNT_COLUMNS}"
+    ))
+    .bind(id)
+    .bind(sqlx::types::Json(&policy))
+    .fetch_optional(&mut *tx)
+    .await?
+    .ok_or(ApiError::NotFound("account"))?;
+    touch_users(&mut tx, id).await?;
+    audit::record(
+        &mut tx,
+        &crate::routes::users::actor(caller),
+        "account.policy",
+        &id.to_string(),
+        serde_json::to_value(&policy).unwrap_or_default(),
+    )
+    .await?;
+    tx.commit().await?;
+    state.projector.account(id).await;
+    Ok(Json(account))
 }
 
 /// `PUT /v1/accounts/{id}/entitlements` (operators): replaces what the

@@ -2,7 +2,7 @@
 //!
 //! An operator creates a one-time enrollment token that names the exit's
 //! source (its provenance: type, channel, supplier, ...) and fixes its
-//! country, city and ASN. The agent exchanges it once for its own credential,
+//! country, subdivision (`region`, ISO 3166-2), city and ASN. The agent exchanges it once for its own credential,
 //! declaring its egress IPs and egress prefixes, and whether its host sits
 //! behind NAT. From then on the agent heartbeats with that credential and
 //! learns which superproxies to dial and which egress reflectors to ask
@@ -33,6 +33,9 @@ pub(super) struct CreateEnrollmentToken {
     /// The source (`POST /v1/sources`) the exit's address belongs to.
     source_id: Uuid,
     country: String,
+    /// ISO 3166-2 subdivision of `country` (`DE-BY`, any case), for the
+    /// `state` / `region` username key.
+    region: Option<String>,
     /// Lower-case city (`a-z 0-9 _`), for city targeting.
     city: Option<String>,
     /// Autonomous system number of the exit's egress IPs, for ASN targeting.
@@ -82,6 +85,20 @@ pub(super) async fn create_enrollment_token(
     if body.asn == Some(0) {
         return Err(ApiError::BadRequest("asn: 1 to 4294967295".into()));
     }
+    let region = match &body.region {
+        None => None,
+        Some(code) => Some(
+            proxynet_wire::username::parse_subdivision(code)
+                .filter(|r| r.starts_with(&format!("{}-", body.country)))
+                .ok_or_else(|| {
+                    ApiError::BadRequest(format!(
+                        "region: an ISO 3166-2 subdivision code of the exit's country, \
+                         {}-XXX (1 to 3 letters or digits after the dash), e.g. DE-BY",
+                        body.country
+                    ))
+                })?,
+        ),
+    };
     let ttl = body.ttl_seconds.unwrap_or(state.config.enrollment_ttl_secs);
     if ttl == 0 || ttl > 30 * 24 * 3600 {
         return Err(ApiError::BadRequest("ttl_seconds: 1 to 2592000".into()));
@@ -103,8 +120,8 @@ pub(super) async fn create_enrollment_token(
     let id = Uuid::new_v4();
     let mut tx = state.db.begin().await?;
     let (expires_at,): (DateTime<Utc>,) = sqlx::query_as(
-        "INSERT INTO enrollment_tokens (id, token_sha256, name, source_type, owner, country, expires_at, city, asn, source_id, behind_nat)
-         VALUES ($1, $2, $3, $4, $5, $6, now() + make_interval(secs => $7), $8, $9, $10, $11)
+        "INSERT INTO enrollment_tokens (id, token_sha256, name, source_type, owner, country, expires_at, city, asn, source_id, behind_nat, region)
+         VALUES ($1, $2, $3, $4, $5, $6, now() + make_interval(secs => $7), $8, $9, $10, $11, $12)
          RETURNING expires_at",
     )
     .bind(id)
@@ -118,10 +135,11 @@ pub(super) async fn create_enrollment_token(
     .bind(body.asn.map(i64::from))
     .bind(body.source_id)
     .bind(body.behind_nat)
+    .bind(&region)
     .fetch_one(&mut *tx)
     .await?;
     audit::record(&mut tx, "operator", "enrollment_token.create", &id.to_string(),
-        serde_json::json!({"name": body.name, "source_id": body.source_id, "country": body.country, "behind_nat": body.behind_nat})).await?;
+        serde_json::json!({"name": body.name, "source_id": body.source_id, "country": body.country, "region": region, "behind_nat": body.behind_nat})).await?;
     tx.commit().await?;
     Ok((
         StatusCode::CREATED,
@@ -172,6 +190,7 @@ struct TokenRow {
     source_type: String,
     owner: String,
     country: String,
+    region: Option<String>,
     city: Option<String>,
     asn: Option<i64>,
     behind_nat: bool,
@@ -212,7 +231,7 @@ pub(super) async fn enroll(
     let mut tx = state.db.begin().await?;
     // Lock the token row so two agents racing with one token cannot both win.
     let token: Option<TokenRow> = sqlx::query_as(
-        "SELECT id, source_id, name, source_type, owner, country, city, asn, behind_nat,
+        "SELECT id, source_id, name, source_type, owner, country, region, city, asn, behind_nat,
                 expires_at <= now() AS expired, used_at IS NOT NULL AS used
            FROM enrollment_tokens WHERE token_sha256 = $1 FOR UPDATE",
     )
@@ -235,8 +254,8 @@ pub(super) async fn enroll(
     let credential = new_secret("pnexit");
     let ips: Vec<String> = body.egress_ips.iter().map(ToString::to_string).collect();
     sqlx::query(
-        "INSERT INTO exits (id, name, source_type, owner, country, egress_ips, credential_sha256, hostname, agent_version, city, asn, source_id, egress_prefixes, behind_nat)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
+        "INSERT INTO exits (id, name, source_type, owner, country, egress_ips, credential_sha256, hostname, agent_version, city, asn, source_id, egress_prefixes, behind_nat, region)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)",
     )
     .bind(exit_id)
     .bind(&token.name)
@@ -252,6 +271,7 @@ pub(super) async fn enroll(
     .bind(token.source_id)
     .bind(&prefixes)
     .bind(token.behind_nat)
+    .bind(&token.region)
     .execute(&mut *tx)
     .await?;
     sqlx::query("UPDATE enrollment_tokens SET used_at = now(), exit_id = $2 WHERE id = $1")

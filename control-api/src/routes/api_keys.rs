@@ -245,7 +245,10 @@ pub(super) async fn revoke(
         serde_json::json!({"descendants_revoked": descendants}),
     )
     .await?;
+    let revoked_ids: Vec<Uuid> = revoked.iter().map(|(r,)| *r).collect();
+    crate::webhooks::keys_revoked(&mut tx, &revoked_ids, id, &actor(caller)).await?;
     tx.commit().await?;
+    crate::webhooks::wake();
     // Dashboard sessions of these keys end now on this instance (others
     // notice within their re-check interval).
     state

@@ -24,6 +24,8 @@ pub(super) struct ExitRow {
     source_type: String,
     owner: String,
     country: String,
+    /// ISO 3166-2 subdivision declared on the enrollment token (`DE-BY`).
+    region: Option<String>,
     egress_ips: Vec<String>,
     /// Prefixes the exit sends from any address of.
     egress_prefixes: Vec<String>,
@@ -84,7 +86,7 @@ pub(super) struct EgressView {
 const HISTORY_SHOWN: i64 = 50;
 
 const COLUMNS: &str =
-    "id, name, source_type, owner, country, egress_ips, egress_prefixes, city, asn, hostname, agent_version, \
+    "id, name, source_type, owner, country, region, egress_ips, egress_prefixes, city, asn, hostname, agent_version, \
      draining, admin_draining, disabled, enrolled_at, last_heartbeat_at, behind_nat, \
      egress_verification, egress_reported_at, egress_unobserved";
 

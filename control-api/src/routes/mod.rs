@@ -6,6 +6,7 @@
 use axum::Router;
 
 use crate::openapi::{Auth, Op};
+use crate::webhooks::routes as webhooks;
 use crate::AppState;
 
 pub(crate) mod abuse;
@@ -18,6 +19,7 @@ mod egress;
 mod exits;
 mod health;
 pub(crate) mod page;
+mod policy;
 mod provenance;
 mod sessions;
 mod usage;
@@ -35,6 +37,7 @@ pub(crate) fn operations() -> Vec<Op> {
         Op::get("/v1/accounts", accounts::list, "List accounts (?limit=&after=, Link rel=next)", Auth::Operator),
         Op::post("/v1/accounts", accounts::create, "Create an account", Auth::Operator).body("CreateAccount").status(201),
         Op::get("/v1/accounts/{id}", accounts::get_one, "Read an account (with its plan and entitlements)", Auth::Account),
+        Op::patch("/v1/accounts/{id}", accounts::update, "Change an account's traffic policy (`{\"policy\": {...}}`; docs/policy.md)", Auth::Account).body("UpdateAccount"),
         Op::delete("/v1/accounts/{id}", accounts::delete, "Delete an account: its users disabled and cut, its keys revoked, its ledger kept", Auth::Operator).status(204),
         Op::put("/v1/accounts/{id}/entitlements", accounts::set_entitlements, "Replace what the account is granted: totals, restrictions, allow-list bounds", Auth::Operator).body("Entitlements"),
         Op::get("/v1/accounts/{id}/users", users::list, "List an account's proxy users (?limit=&after=, Link rel=next)", Auth::Account),
@@ -54,6 +57,7 @@ pub(crate) fn operations() -> Vec<Op> {
         Op::delete("/v1/api-keys/{id}", api_keys::revoke, "Revoke an API key", Auth::Account).status(204),
         Op::get("/v1/users/{id}/sessions", sessions::list, "List sticky sessions", Auth::Account),
         Op::get("/v1/users/{id}/sessions/{session}", sessions::get_one, "Read a sticky session", Auth::Account),
+        Op::patch("/v1/users/{id}/sessions/{session}", sessions::set_time, "Set a sticky session's remaining life to sesstime_minutes from now (extend or shorten)", Auth::Account).body("SetSessionTime"),
         Op::delete("/v1/users/{id}/sessions/{session}", sessions::end, "End a sticky session", Auth::Account).status(204),
         Op::post("/v1/enrollment-tokens", agent::create_enrollment_token, "Create a one-time exit enrollment token", Auth::Operator).body("CreateEnrollmentToken").status(201),
         Op::post("/v1/agent/enroll", agent::enroll, "Exchange an enrollment token for an exit credential", Auth::None).body("Enroll").status(201),
@@ -79,7 +83,17 @@ pub(crate) fn operations() -> Vec<Op> {
         Op::post("/v1/agent/exits/{id}/opt-out", provenance::agent_opt_out, "The exit's owner withdraws it (idempotent)", Auth::Agent).body("OptOut"),
         Op::get("/v1/abuse/lookup", abuse::lookup, "Who used an egress address (bound, or the public one observed) for a target around a time (?egress_ip=IP|CIDR&at=&target=&window_minutes=); audited", Auth::Operator),
         Op::get("/v1/abuse/export", abuse::export, "The abuse record of a time range, at most 31 days, streamed (?from=&to=&format=json|csv&egress_ip=&target=); audited", Auth::Operator),
+        Op::get("/v1/policy", policy::get, "The operator's traffic policy for every account (docs/policy.md)", Auth::Operator),
+        Op::put("/v1/policy", policy::put, "Replace the operator's traffic policy: denied domains and ports, aggregate per-domain limits", Auth::Operator).body("OperatorPolicy"),
         Op::get("/v1/audit", abuse::audit_log, "The audit log, newest first (?action=&subject=&actor=&from=&to=&limit=&after=)", Auth::Operator),
+        Op::get("/v1/accounts/{id}/webhooks", webhooks::list_for_account, "List the account's webhooks (never their secrets)", Auth::Account),
+        Op::post("/v1/accounts/{id}/webhooks", webhooks::create_for_account, "Create a signed webhook for the account's events (the secret is shown once; docs/webhooks.md)", Auth::Account).body("CreateWebhook").status(201),
+        Op::delete("/v1/accounts/{id}/webhooks/{wid}", webhooks::delete_for_account, "Delete a webhook (its pending deliveries go with it)", Auth::Account).status(204),
+        Op::get("/v1/accounts/{id}/webhooks/{wid}/deliveries", webhooks::deliveries_for_account, "A webhook's delivery history, newest first (?limit=&after=, Link rel=next)", Auth::Account),
+        Op::get("/v1/webhooks", webhooks::list_operator, "List the operator's webhooks (every account's events, and exit.withdrawn)", Auth::Operator),
+        Op::post("/v1/webhooks", webhooks::create_operator, "Create an operator webhook (may subscribe to exit.withdrawn; the secret is shown once)", Auth::Operator).body("CreateWebhook").status(201),
+        Op::delete("/v1/webhooks/{wid}", webhooks::delete_operator, "Delete an operator webhook", Auth::Operator).status(204),
+        Op::get("/v1/webhooks/{wid}/deliveries", webhooks::deliveries_operator, "An operator webhook's delivery history, newest first (?limit=&after=, Link rel=next)", Auth::Operator),
         Op::get("/dashboard", dashboard::overview, "Dashboard: fleet overview (HTML; session cookie from /dashboard/login)", Auth::None),
         Op::get("/dashboard/login", dashboard::login_form, "Dashboard login form (HTML)", Auth::None),
         Op::post("/dashboard/login", dashboard::login, "Exchange an API key (form field `key`) for an HttpOnly session cookie", Auth::None).status(303),

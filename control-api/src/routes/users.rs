@@ -178,6 +178,9 @@ pub(crate) struct UpdateUser {
     allowlist_options: Option<String>,
     /// Replaces all limits when present.
     limits: Option<Limits>,
+    /// Replaces the user's traffic policy when present (`{}` clears it);
+    /// it may narrow the account's, never widen it.
+    policy: Option<serde_json::Value>,
 }
 
 #[derive(Serialize, sqlx::FromRow)]
@@ -201,6 +204,8 @@ pub(crate) struct User {
     ceilings: sqlx::types::Json<Limits>,
     /// Disabled by an operator: an account key cannot enable it again.
     disabled_by_operator: bool,
+    /// The user's own traffic policy (docs/policy.md).
+    policy: sqlx::types::Json<proxynet_store::policy::TrafficPolicy>,
     created_at: DateTime<Utc>,
     updated_at: DateTime<Utc>,
 }
@@ -209,7 +214,7 @@ const USER_COLUMNS: &str = "id, account_id, username, enabled, version, max_conc
      max_new_tunnels_per_second, bandwidth_bytes, quota_period, quota_warn_percent, \
      allowed_source_types, allowed_countries, allowed_channels, \
      ARRAY(SELECT c.cidr::text FROM user_source_cidrs c WHERE c.user_id = proxy_users.id ORDER BY c.cidr) \
-       AS allowed_source_cidrs, allowlist_options, ceilings, disabled_by_operator, created_at, updated_at";
+       AS allowed_source_cidrs, allowlist_options, ceilings, disabled_by_operator, policy, created_at, updated_at";
 
 /// The account's entitlements, 404 if the account is absent or deleted.
 pub(crate) async fn entitlements(
@@ -433,6 +438,15 @@ pub(crate) async fn update(
         Some(limits) => Some(limits_to_store(caller, limits, &ceilings, &entitled)?),
         None => None,
     };
+    let policy = match body.policy {
+        Some(raw) => {
+            let policy = crate::routes::policy::customer_policy(raw)?;
+            let bound = crate::routes::policy::account_policy(&state.db, account_id).await?;
+            crate::routes::policy::within_account(&policy, &bound)?;
+            Some(policy)
+        }
+        None => None,
+    };
     let new_hash = match body.password {
         Some(password) => {
             validate_password(password.expose())?;
@@ -458,6 +472,7 @@ pub(crate) async fn update(
                 ceilings = CASE WHEN $4 THEN $15 ELSE ceilings END,
                 disabled_by_operator = CASE WHEN $16 THEN COALESCE(NOT $2, disabled_by_operator)
                                             ELSE disabled_by_operator END,
+                policy = COALESCE($17, policy),
                 updated_at = now()
           WHERE id = $1 AND deleted_at IS NULL AND ($7::uuid IS NULL OR account_id = $7)
         RETURNING {USER_COLUMNS}"
@@ -480,6 +495,7 @@ pub(crate) async fn update(
         stored.as_ref().map(|(_, c)| c.clone()).unwrap_or_default(),
     ))
     .bind(caller == Caller::Operator)
+    .bind(policy.as_ref().map(sqlx::types::Json))
     .fetch_optional(&mut *tx)
     .await?
     .ok_or(ApiError::NotFound("user"))?;
@@ -501,6 +517,7 @@ pub(crate) async fn update(
         "password_rotated": new_hash.is_some(),
         "limits_changed": stored.is_some(),
         "allowed_source_cidrs": body.allowed_source_cidrs,
+        "policy": policy,
     });
     audit::record(
         &mut tx,

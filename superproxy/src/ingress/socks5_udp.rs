@@ -119,7 +119,7 @@ pub async fn relay(
                 },
                 received = udp.recv_from(&mut from_client) => {
                     let Ok((n, from)) = received else { continue };
-                    match client_datagram(&pipeline, &from_client[..n], from, source, &mut client_addr, &rate) {
+                    match client_datagram(&pipeline, &holds, &from_client[..n], from, source, &mut client_addr, &rate) {
                         // Only the client's own datagrams keep it alive: a
                         // stranger spraying the port does not.
                         Err(drop_reason) => crate::metrics::udp_datagram("up", drop_reason),
@@ -200,6 +200,7 @@ pub async fn relay(
 /// Checks one datagram from the client's side; why it is dropped otherwise.
 fn client_datagram(
     pipeline: &Pipeline,
+    holds: &crate::pipeline::Holds,
     bytes: &[u8],
     from: SocketAddr,
     source: SourceFilter,
@@ -230,7 +231,7 @@ fn client_datagram(
     if payload.len() > datagram::MAX_PAYLOAD {
         return Err("too_large");
     }
-    if !pipeline.datagram_allowed(&addr) {
+    if !pipeline.datagram_allowed(holds, &addr) {
         return Err("denied");
     }
     Ok(Datagram {

@@ -74,6 +74,7 @@ pub(super) fn authorize(logged_in: LoggedIn) -> Result<Client, ProxyError> {
         },
         request,
         network,
+        record: verified.record.clone(),
     })
 }
 

@@ -3,8 +3,10 @@
 //!
 //! [`authenticate`] (who is asking) → [`authorize`] (what the account lets
 //! them ask for) → parse the target and refuse literal addresses the egress
-//! policy forbids → [`admit`] (quotas, limits, leases) → [`open`] (choose an
-//! exit, dial, safe retry) → meter → [`Tunnel`] → [`access_log`] when it ends.
+//! policy forbids → [`target_policy`] (the traffic policies' denials and
+//! per-domain limits) → [`admit`] (quotas, limits, leases) → [`open`]
+//! (choose an exit, dial, safe retry) → meter → [`Tunnel`] → [`access_log`]
+//! when it ends.
 //!
 //! CONNECT, absolute-form HTTP and SOCKS5 differ only in how they read the
 //! credentials and the target off the wire and how they answer; they all call
@@ -16,11 +18,13 @@ mod admit;
 mod authenticate;
 mod authorize;
 pub mod open;
+mod target_policy;
 mod tunnel;
 
 pub use admit::Admit;
 pub use authenticate::Login;
 pub use open::{Purpose, TunnelOpener};
+pub use target_policy::{customer_refusal, TargetPolicy};
 pub use tunnel::{Holds, Tunnel};
 
 use proxynet_wire::datagram::DatagramAddr;
@@ -36,9 +40,19 @@ use crate::open_tunnels::OpenTunnels;
 use crate::request::{Client, Credentials, Ingress, TargetSpec};
 use crate::usage::{Metered, UsageRecorder};
 
+/// What the last stage keeps of the target: as logged, as policies match
+/// it (for cutting it on a policy change), and the registrable domain its
+/// usage is counted under (`None` for a UDP association: many targets).
+struct HeldTarget {
+    shown: String,
+    policy_host: Option<(String, u16)>,
+    domain: Option<std::sync::Arc<str>>,
+}
+
 /// The stages, built by the caller; [`Pipeline::open`] runs them in order.
 pub struct Pipeline {
     login: Login,
+    target_policy: TargetPolicy,
     admit: Admit,
     opener: TunnelOpener,
     usage: Arc<UsageRecorder>,
@@ -49,6 +63,7 @@ pub struct Pipeline {
 impl Pipeline {
     pub fn new(
         login: Login,
+        target_policy: TargetPolicy,
         admit: Admit,
         opener: TunnelOpener,
         usage: Arc<UsageRecorder>,
@@ -57,6 +72,7 @@ impl Pipeline {
     ) -> Self {
         Self {
             login,
+            target_policy,
             admit,
             opener,
             usage,
@@ -99,12 +115,19 @@ impl Pipeline {
             let target = target.parse()?;
             // Literal addresses the policy forbids never cost an exit a stream.
             self.opener.check_literal(&target)?;
+            let permitted = self.target_policy.check(&client, &target).await?;
             let (lease, quotas) = self.admit.admit(&client).await?;
+            let lease = lease.with_domain(permitted.leases);
             let opened = self.opener.open(Purpose::Tunnel(&target), &client).await?;
-            Ok::<_, ProxyError>((target, lease, quotas, opened))
+            let held = HeldTarget {
+                shown: target.to_string(),
+                policy_host: Some((permitted.host, target.port)),
+                domain: Some(permitted.domain),
+            };
+            Ok::<_, ProxyError>((target, held, lease, quotas, opened))
         }
         .await;
-        let (target, lease, quotas, opened) = match opened {
+        let (target, held, lease, quotas, opened) = match opened {
             Ok(done) => done,
             Err(e) => {
                 self.stats.tunnel_failed(ingress, e.kind);
@@ -121,14 +144,7 @@ impl Pipeline {
             target.port,
         );
         Ok(self.hold(
-            client,
-            ingress,
-            target.to_string(),
-            lease,
-            quotas,
-            opened,
-            ticket,
-            started,
+            client, ingress, held, lease, quotas, opened, ticket, started,
         ))
     }
 
@@ -158,7 +174,11 @@ impl Pipeline {
                 let tunnel = self.hold(
                     client,
                     ingress,
-                    "udp".to_owned(),
+                    HeldTarget {
+                        shown: "udp".to_owned(),
+                        policy_host: None,
+                        domain: None,
+                    },
                     lease,
                     quotas,
                     opened,
@@ -178,10 +198,20 @@ impl Pipeline {
     /// Whether a datagram may leave for `destination`: literal addresses are
     /// checked against the egress policy here, names at the exit (which
     /// resolves them), as for tunnels.
-    pub fn datagram_allowed(&self, destination: &DatagramAddr) -> bool {
+    pub fn datagram_allowed(&self, holds: &Holds, destination: &DatagramAddr) -> bool {
         match destination {
-            DatagramAddr::Ip(addr) => self.opener.policy.check(*addr).is_ok(),
-            DatagramAddr::Name(..) => true,
+            DatagramAddr::Ip(addr) => {
+                self.opener.policy.check(*addr).is_ok()
+                    && self.target_policy.permits_datagram(
+                        &holds.record,
+                        &addr.ip().to_string(),
+                        addr.port(),
+                    )
+            }
+            DatagramAddr::Name(name, port) => {
+                self.target_policy
+                    .permits_datagram(&holds.record, name, *port)
+            }
         }
     }
 
@@ -228,7 +258,7 @@ impl Pipeline {
         &self,
         client: Client,
         ingress: Ingress,
-        target: String,
+        target: HeldTarget,
         lease: crate::admission::Leases,
         quotas: Vec<crate::usage::QuotaSpec>,
         opened: open::Opened,
@@ -241,6 +271,7 @@ impl Pipeline {
             client.user_id,
             opened.exit_id,
             opened.source_type,
+            target.domain,
             &quotas,
         );
         let meter_view = meter.0.clone();
@@ -250,6 +281,7 @@ impl Pipeline {
             client.credential_digest,
             opened.exit_id,
             client.network,
+            target.policy_host,
             ticket.cut().clone(),
         );
         Tunnel {
@@ -267,7 +299,7 @@ impl Pipeline {
                     username: client.username,
                     exit_id: opened.exit_id,
                     egress_ip: opened.egress_ip,
-                    target,
+                    target: target.shown,
                     peer: ticket.peer(),
                     started,
                     setup_ms: started.elapsed().as_secs_f64() * 1000.0,
@@ -278,6 +310,7 @@ impl Pipeline {
                 _in_flight: opened.in_flight,
                 _registration: registration,
                 ticket: ticket.clone(),
+                record: client.record.clone(),
             },
         }
     }

@@ -40,6 +40,9 @@ pub struct Holds {
     pub(super) _in_flight: InFlight,
     pub(super) _registration: Registration,
     pub(super) ticket: ConnectionTicket,
+    /// The record the client was authorized by (its traffic policies, for
+    /// each datagram of an association).
+    pub(super) record: Arc<proxynet_store::UserRecord>,
 }
 
 impl Holds {
@@ -52,6 +55,7 @@ impl Holds {
             self.credential_digest,
             Uuid::nil(),
             self.network,
+            None,
             self.ticket.cut().clone(),
         )
     }

@@ -1,9 +1,11 @@
 //! One tunnel's candidates, in the order the opener tries them (pingora's
-//! `BackendIter` idea): the session's pin first when it is usable, then
+//! `BackendIter` idea): the session's pin first when it is usable (or, for
+//! a `rotate-tunnel` connection, the exit its last request used), then
 //! power-of-two draws from the pool snapshot, never an exit already tried,
-//! at most `cap` in all. A UDP association's candidates are only exits
-//! whose link carries UDP: the others are passed over without costing an
-//! attempt.
+//! at most `cap` in all. A soft session that lost its exit draws as like
+//! the lost one as it can ([`Candidates::draw_like`]). A UDP association's
+//! candidates are only exits whose link carries UDP: the others are passed
+//! over without costing an attempt.
 
 use uuid::Uuid;
 
@@ -72,13 +74,61 @@ impl<'a> Candidates<'a> {
     }
 
     /// The next exit drawn from the pool (power of two choices among the
-    /// eligible, matching, untried ones), counted as tried.
+    /// eligible, matching, untried ones), counted as tried. The first draw
+    /// of a tunnel whose targeting prefers an exit (`rotate-tunnel`: the one
+    /// the connection's last request used) takes that exit while it is
+    /// eligible, matching, healthy and below capacity.
     pub fn draw(&mut self) -> Option<Candidate> {
         if self.exhausted() {
             return None;
         }
+        if let Some(kept) = self.preferred() {
+            return Some(kept);
+        }
+        let targeting = self.targeting;
+        self.draw_with(|pool, tried| pool.pick(tried, targeting))
+    }
+
+    /// The next exit for a soft session that lost its pinned exit `lost`:
+    /// the most like it (same country, city and ASN; then country and city;
+    /// then country; then any matching exit), counted as tried.
+    pub fn draw_like(&mut self, lost: Uuid) -> Option<Candidate> {
+        if self.exhausted() {
+            return None;
+        }
+        let Some(lost) = self.pool.record(&lost) else {
+            // Nothing known of it (a record removed meanwhile): any will do.
+            return self.draw();
+        };
+        let targeting = self.targeting;
+        self.draw_with(|pool, tried| pool.pick_like(tried, targeting, &lost))
+    }
+
+    /// The preferred exit, on the first draw only.
+    fn preferred(&mut self) -> Option<Candidate> {
+        let kept = self.targeting.prefer.filter(|_| self.tried.is_empty())?;
+        if self.targeting.exit.is_some_and(|e| e != kept) {
+            return None;
+        }
+        let exactly = Targeting {
+            exit: Some(kept),
+            ..self.targeting.clone()
+        };
+        let picked = self
+            .pool
+            .pick(&self.tried, &exactly)
+            .filter(|c| !self.needs_udp || carries_udp(&c.link))?;
+        self.tried.push(kept);
+        Some(picked)
+    }
+
+    /// Draws with `pick` until an exit fits the purpose (UDP), or none is left.
+    fn draw_with(
+        &mut self,
+        pick: impl Fn(&Pool, &[Uuid]) -> Option<Candidate>,
+    ) -> Option<Candidate> {
         loop {
-            let picked = self.pool.pick(&self.tried, self.targeting)?;
+            let picked = pick(self.pool, &self.tried)?;
             self.tried.push(picked.record.id);
             if !self.needs_udp || carries_udp(&picked.link) {
                 return Some(picked);

@@ -188,6 +188,23 @@ impl Pool {
         choose(&self.view(), &self.health, tried, targeting)
     }
 
+    /// Picks an exit matching `targeting` and as like `lost` as the pool
+    /// allows, skipping `tried` (see [`choose_like`]).
+    pub fn pick_like(
+        &self,
+        tried: &[Uuid],
+        targeting: &Targeting,
+        lost: &ExitRecord,
+    ) -> Option<Candidate> {
+        choose_like(&self.view(), &self.health, tried, targeting, lost)
+    }
+
+    /// The last record read for exit `id`, eligible or not (a session's
+    /// lost exit is usually not).
+    pub fn record(&self, id: &Uuid) -> Option<Arc<ExitRecord>> {
+        self.known.read().ok()?.records.get(id).cloned()
+    }
+
     pub fn health(&self) -> &Arc<HealthBook> {
         &self.health
     }

@@ -1,8 +1,12 @@
 //! The session policy: a sticky session's pin is tried first while it is
-//! usable; when it is not, a `soft` session is re-pinned to the next
-//! candidate and a `hard` one fails with a coded 502; a session keeps its
-//! egress IP too. Every change of pin is one compare-and-set in Redis
-//! ([`Sticky::repin`]), so superproxies agree on it.
+//! usable; when it is not, a `soft` session is re-pinned to the candidate
+//! most like the exit it lost (same country, city and ASN; else same
+//! country and city; else same country; else any: [`Candidates::draw_like`])
+//! and a `hard` one fails with a coded 502; a session keeps its egress IP
+//! too. Every change of pin is one compare-and-set in Redis
+//! ([`Sticky::repin`]), so superproxies agree on it. A `sessidle` session's
+//! every tunnel through its pin moves the pin's idle deadline
+//! ([`Sessions::touch`]).
 
 use std::net::IpAddr;
 use uuid::Uuid;
@@ -47,8 +51,16 @@ impl<'a> Sticky<'a> {
         candidates: &mut Candidates<'_>,
         target: Option<&Target>,
     ) -> Result<Option<Candidate>, ProxyError> {
+        let mut lost = None;
         if let Some(current) = self.pin {
             if let Some(pinned) = candidates.exactly(current.exit) {
+                if let Some(idle) = self.session.idle {
+                    self.pin = Some(
+                        self.sessions
+                            .touch(self.user, &self.session.id, current, idle)
+                            .await,
+                    );
+                }
                 return Ok(Some(pinned));
             }
             // The pin is fine for the session's tunnels; only this
@@ -65,8 +77,14 @@ impl<'a> Sticky<'a> {
                     "the session's exit is no longer available (sessmode=hard)",
                 ));
             }
+            lost = Some(current.exit);
         }
-        let Some(drawn) = candidates.draw() else {
+        let drawn = match lost {
+            // A soft re-pin: as like the lost exit as the pool allows.
+            Some(lost) => candidates.draw_like(lost),
+            None => candidates.draw(),
+        };
+        let Some(drawn) = drawn else {
             return Ok(None);
         };
         // An association's address is kept once chosen (`keep_ip`).
@@ -106,6 +124,7 @@ impl<'a> Sticky<'a> {
                 exit,
                 ip,
                 self.session.ttl,
+                self.session.idle,
             )
             .await?;
         self.pin = Some(pin);

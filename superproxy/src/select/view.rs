@@ -2,7 +2,7 @@
 //! exits, the power-of-two choice among them, and the targeting match.
 
 use super::*;
-use crate::username::IpVersion;
+use crate::username::{Continent, IpVersion};
 
 /// One exit we could send a tunnel through.
 #[derive(Clone)]
@@ -84,6 +84,63 @@ pub fn choose(
     Some(chosen.clone())
 }
 
+/// [`choose`] for a soft session re-pinning after losing `lost`: the tiers
+/// of [`like_tiers`] in turn, the first that has a usable exit wins (power
+/// of two choices within it). Up to four choices, each a scan at worst when
+/// its exits are rare: a re-pin is the rare event, not the tunnel.
+pub fn choose_like(
+    view: &PoolView,
+    health: &HealthBook,
+    tried: &[Uuid],
+    targeting: &Targeting,
+    lost: &ExitRecord,
+) -> Option<Candidate> {
+    like_tiers(targeting, lost)
+        .iter()
+        .find_map(|tier| choose(view, health, tried, tier))
+}
+
+/// `targeting` narrowed to exits like `lost`, most alike first: its
+/// country, city and ASN; its country and city; its country; then
+/// `targeting` as it is. A tier only narrows: where the targeting asks for
+/// another value than `lost` has, the tier cannot hold and is left out;
+/// where `lost` has no city or ASN, that part asks nothing.
+pub fn like_tiers(targeting: &Targeting, lost: &ExitRecord) -> Vec<Targeting> {
+    fn narrow<T: PartialEq + Clone>(asked: &Option<T>, like: Option<&T>) -> Option<Option<T>> {
+        match (asked, like) {
+            (_, None) => Some(asked.clone()),
+            (None, Some(v)) => Some(Some(v.clone())),
+            (Some(a), Some(v)) => (a == v).then(|| Some(v.clone())),
+        }
+    }
+    let country = narrow(&targeting.country, Some(&lost.country));
+    let city = narrow(&targeting.city, lost.city.as_ref());
+    let asn = narrow(&targeting.asn, lost.asn.as_ref());
+    let tier = |city_too: bool, asn_too: bool| -> Option<Targeting> {
+        Some(Targeting {
+            country: country.clone()?,
+            city: if city_too {
+                city.clone()?
+            } else {
+                targeting.city.clone()
+            },
+            asn: if asn_too { asn? } else { targeting.asn },
+            ..targeting.clone()
+        })
+    };
+    let mut tiers: Vec<Targeting> = Vec::with_capacity(4);
+    for t in [tier(true, true), tier(true, false), tier(false, false)]
+        .into_iter()
+        .flatten()
+        .chain(std::iter::once(targeting.clone()))
+    {
+        if !tiers.contains(&t) {
+            tiers.push(t);
+        }
+    }
+    tiers
+}
+
 /// Fewer tunnels in flight wins; at equal load, only a clearly better score
 /// (25%) wins, so near-equal exits share traffic instead of all of it herding
 /// onto whichever measured a few microseconds faster.
@@ -102,6 +159,14 @@ pub fn matches(record: &ExitRecord, targeting: &Targeting) -> bool {
         .country
         .as_deref()
         .is_none_or(|c| record.country == c)
+        && targeting
+            .continent
+            .is_none_or(|c| Continent::of_country(&record.country) == Some(c))
+        && targeting
+            .region
+            .as_deref()
+            .is_none_or(|r| record.region.as_deref() == Some(r))
+        && targeting.not_exit.is_none_or(|e| record.id != e)
         && targeting
             .city
             .as_deref()
@@ -143,6 +208,7 @@ mod tests {
     use crate::link::registry::{Link, LinkSender, MuxLink};
     use proxynet_store::{Channel, SourceType};
     use proxynet_wire::mux;
+    use std::collections::HashSet;
     use std::time::Duration;
 
     fn link() -> Link {
@@ -171,6 +237,7 @@ mod tests {
             source_type,
             country: country.into(),
             owner: "test".into(),
+            region: None,
             city: None,
             asn: None,
             draining: false,
@@ -392,5 +459,149 @@ mod tests {
             assert_eq!(four.record.id, v4_id);
         }
         assert!(choose(&pool, &health, &[v6_id], &want(IpVersion::V6)).is_none());
+    }
+
+    #[tokio::test]
+    async fn continent_region_and_notexit_filter_within_the_accounts_bounds() {
+        let mut bavarian = exit("DE", SourceType::Dc, None);
+        bavarian.region = Some("DE-BY".into());
+        let pool = view(vec![
+            bavarian,
+            exit("FR", SourceType::Dc, None),
+            exit("US", SourceType::Dc, None),
+            exit("JP", SourceType::Dc, None),
+        ]);
+        let health = health();
+        let ids: Vec<Uuid> = pool.eligible.iter().map(|c| c.record.id).collect();
+        let europe = Targeting {
+            continent: Some(Continent::Eu),
+            ..Targeting::default()
+        };
+        let mut seen = HashSet::new();
+        for _ in 0..100 {
+            seen.insert(
+                choose(&pool, &health, &[], &europe)
+                    .unwrap()
+                    .record
+                    .country
+                    .clone(),
+            );
+        }
+        assert_eq!(seen, HashSet::from(["DE".to_owned(), "FR".to_owned()]));
+        // The account's allowed countries still bound a continent.
+        let bounded = Targeting {
+            allowed_countries: Some(vec!["FR".into(), "US".into()]),
+            ..europe.clone()
+        };
+        for _ in 0..30 {
+            assert_eq!(
+                choose(&pool, &health, &[], &bounded).unwrap().record.id,
+                ids[1]
+            );
+        }
+        let nowhere = Targeting {
+            continent: Some(Continent::Oc),
+            ..Targeting::default()
+        };
+        assert!(choose(&pool, &health, &[], &nowhere).is_none());
+        assert_eq!(nowhere.to_string(), "continent=oc");
+        // A region is matched against what the exit declares.
+        let bavaria = Targeting {
+            region: Some("DE-BY".into()),
+            ..Targeting::default()
+        };
+        for _ in 0..30 {
+            assert_eq!(
+                choose(&pool, &health, &[], &bavaria).unwrap().record.id,
+                ids[0]
+            );
+        }
+        let berlin = Targeting {
+            region: Some("DE-BE".into()),
+            ..Targeting::default()
+        };
+        assert!(choose(&pool, &health, &[], &berlin).is_none());
+        // notexit: never that one, however often.
+        let not_first = Targeting {
+            not_exit: Some(ids[0]),
+            ..europe.clone()
+        };
+        for _ in 0..100 {
+            assert_eq!(
+                choose(&pool, &health, &[], &not_first).unwrap().record.id,
+                ids[1]
+            );
+        }
+        let only_named_and_excluded = Targeting {
+            exit: Some(ids[2]),
+            not_exit: Some(ids[3]),
+            ..Targeting::default()
+        };
+        assert_eq!(
+            choose(&pool, &health, &[], &only_named_and_excluded)
+                .unwrap()
+                .record
+                .id,
+            ids[2]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_soft_repin_prefers_an_exit_like_the_lost_one() {
+        let placed = |country: &str, city: Option<&str>, asn: Option<u32>| {
+            let mut e = exit(country, SourceType::Dc, None);
+            e.city = city.map(str::to_owned);
+            e.asn = asn;
+            e
+        };
+        let lost = placed("DE", Some("munich"), Some(3320));
+        let pool = view(vec![
+            placed("FR", Some("munich"), Some(3320)),
+            placed("DE", Some("berlin"), Some(3320)),
+            placed("DE", Some("munich"), Some(8881)),
+            placed("DE", Some("munich"), Some(3320)),
+        ]);
+        let ids: Vec<Uuid> = pool.eligible.iter().map(|c| c.record.id).collect();
+        let (other_country, same_country, same_city, same_all) = (ids[0], ids[1], ids[2], ids[3]);
+        let health = health();
+        let any = Targeting::default();
+        let mut tried = Vec::new();
+        for expected in [same_all, same_city, same_country, other_country] {
+            for _ in 0..20 {
+                let picked = choose_like(&pool, &health, &tried, &any, &lost).unwrap();
+                assert_eq!(picked.record.id, expected, "after {tried:?}");
+            }
+            tried.push(expected);
+        }
+        assert!(choose_like(&pool, &health, &tried, &any, &lost).is_none());
+        // The tiers only narrow: a client asking for FR keeps FR.
+        let french = Targeting {
+            country: Some("FR".into()),
+            ..Targeting::default()
+        };
+        assert_eq!(
+            choose_like(&pool, &health, &[], &french, &lost)
+                .unwrap()
+                .record
+                .id,
+            other_country
+        );
+        assert_eq!(like_tiers(&french, &lost), vec![french.clone()]);
+        // A lost exit without city or ASN: its country, then any.
+        let bare = placed("DE", None, None);
+        let tiers = like_tiers(&any, &bare);
+        assert_eq!(tiers.len(), 2);
+        assert_eq!(tiers[0].country.as_deref(), Some("DE"));
+        assert_eq!(tiers[0].city, None);
+        assert_eq!(tiers[1], any);
+        // A busy best tier gives way to the next, like any full exit.
+        let _held = (health.start_tunnel(same_all), health.start_tunnel(same_all));
+        assert_eq!(
+            choose_like(&pool, &health, &[], &any, &lost)
+                .unwrap()
+                .record
+                .id,
+            same_city
+        );
     }
 }

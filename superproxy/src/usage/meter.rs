@@ -129,6 +129,9 @@ pub struct Meter {
     pub exit_id: Uuid,
     /// The exit's source type when the tunnel opened: what its bytes are billed as.
     pub source_type: Option<SourceType>,
+    /// The target's registrable domain (usage by domain); `None` for a UDP
+    /// association, whose datagrams go to many.
+    pub domain: Option<Arc<str>>,
     /// The quotas its bytes count against (the user's, the account's).
     pub quotas: Vec<QuotaBinding>,
     up: AtomicU64,
@@ -144,6 +147,7 @@ impl Meter {
         user_id: Uuid,
         exit_id: Uuid,
         source_type: Option<SourceType>,
+        domain: Option<Arc<str>>,
         quotas: Vec<QuotaBinding>,
     ) -> Self {
         Self {
@@ -151,6 +155,7 @@ impl Meter {
             user_id,
             exit_id,
             source_type,
+            domain,
             quotas,
             up: AtomicU64::new(0),
             down: AtomicU64::new(0),
@@ -416,6 +421,7 @@ mod tests {
             Uuid::nil(),
             Uuid::nil(),
             Uuid::nil(),
+            None,
             None,
             quotas,
         ))

@@ -138,7 +138,7 @@ pub struct UsageRecorder {
 type TargetKey = (Uuid, Uuid, Uuid, std::net::IpAddr, String, u16, i64);
 
 /// (account, user, exit, source type): one ledger row per minute.
-type RowKey = (Uuid, Uuid, Uuid, Option<SourceType>);
+type RowKey = (Uuid, Uuid, Uuid, Option<SourceType>, Option<Arc<str>>);
 
 impl UsageRecorder {
     pub fn new(
@@ -248,6 +248,7 @@ impl UsageRecorder {
         user_id: Uuid,
         exit_id: Uuid,
         source_type: Option<SourceType>,
+        domain: Option<Arc<str>>,
         quotas: &[QuotaSpec],
     ) -> MeterHandle {
         let bindings = quotas
@@ -264,6 +265,7 @@ impl UsageRecorder {
             user_id,
             exit_id,
             source_type,
+            domain,
             bindings,
         ));
         if let Ok(mut meters) = self.meters.lock() {
@@ -311,7 +313,13 @@ impl UsageRecorder {
             if delta != (0, 0) {
                 let m = &t.meter;
                 let entry = sums
-                    .entry((m.account_id, m.user_id, m.exit_id, m.source_type))
+                    .entry((
+                        m.account_id,
+                        m.user_id,
+                        m.exit_id,
+                        m.source_type,
+                        m.domain.clone(),
+                    ))
                     .or_default();
                 entry.0 += delta.0;
                 entry.1 += delta.1;
@@ -330,7 +338,7 @@ impl UsageRecorder {
             .values()
             .fold((0, 0), |(u, d), (du, dd)| (u + du, d + dd));
         if let Ok(mut exits) = self.exit_bytes.lock() {
-            for ((_, _, exit, _), (du, dd)) in &sums {
+            for ((_, _, exit, _, _), (du, dd)) in &sums {
                 let e = exits.entry(*exit).or_default();
                 e.0 += du;
                 e.1 += dd;
@@ -367,14 +375,17 @@ impl UsageRecorder {
         let rows = sums
             .into_iter()
             .map(
-                |((account_id, user_id, exit_id, source_type), (bytes_up, bytes_down))| UsageRow {
-                    account_id,
-                    user_id,
-                    exit_id,
-                    minute,
-                    bytes_up,
-                    bytes_down,
-                    source_type,
+                |((account_id, user_id, exit_id, source_type, domain), (bytes_up, bytes_down))| {
+                    UsageRow {
+                        account_id,
+                        user_id,
+                        exit_id,
+                        minute,
+                        bytes_up,
+                        bytes_down,
+                        source_type,
+                        domain: domain.map(|d| d.to_string()),
+                    }
                 },
             )
             .collect();

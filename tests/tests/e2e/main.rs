@@ -45,6 +45,8 @@ mod socks5_udp;
 mod spine;
 mod startup;
 mod tenancy;
+mod traffic_policy;
 mod usage;
 mod usage_durability;
 mod user_limits;
+mod webhooks;

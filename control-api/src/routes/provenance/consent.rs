@@ -143,7 +143,22 @@ pub(super) async fn append_consent(
         }),
     )
     .await?;
+    // A revoked consent withdraws the exit. The owner's own opt-out (actor
+    // "agent") revokes through here too, and emits once, with its withdrawal.
+    let revoked = record.state == "revoked" && actor != "agent";
+    if revoked {
+        crate::webhooks::exit_withdrawn(
+            &mut tx,
+            exit,
+            crate::webhooks::Withdrawal::ConsentRevoked,
+            record.revoked_reason.as_deref(),
+        )
+        .await?;
+    }
     tx.commit().await?;
+    if revoked {
+        crate::webhooks::wake();
+    }
     state.projector.exit(exit).await;
     Ok(record)
 }

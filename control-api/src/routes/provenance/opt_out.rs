@@ -74,7 +74,15 @@ pub(crate) async fn agent_opt_out(
         serde_json::json!({"reason": reason}),
     )
     .await?;
+    crate::webhooks::exit_withdrawn(
+        &mut tx,
+        exit,
+        crate::webhooks::Withdrawal::OptOut,
+        Some(&reason),
+    )
+    .await?;
     tx.commit().await?;
+    crate::webhooks::wake();
     // The agent announces the withdrawal in its heartbeats too, but one may
     // be in flight from before: liveness says "draining" now, so an operator's
     // reinstatement cannot route the exit before its owner opts in again.

@@ -2,7 +2,12 @@
 //! through an exit.
 //!
 //! Each request gets its own tunnel, so rotating users leave from a new exit per
-//! request while the client keeps its connection alive. Bodies stream both ways
+//! request while the client keeps its connection alive (`rotate-request`, the
+//! default). A `rotate-tunnel` login instead keeps the exit the connection's
+//! last request used: the next request with the same login on that
+//! connection draws it first while it stays eligible, matching, healthy and
+//! below capacity, and another exit only when it is not ([`ConnectionIdentity`]).
+//! Sessions keep their pin either way. Bodies stream both ways
 //! (hyper re-frames them: `Content-Length` when known, chunked otherwise);
 //! nothing is buffered whole. The request goes out in origin-form with `Host`
 //! taken from the request target (RFC 9112 §3.2.2) and hop-by-hop fields removed.
@@ -30,13 +35,64 @@ use crate::error::{ErrorKind, ProxyError};
 use crate::pipeline::Pipeline;
 use crate::request::{Ingress, TargetSpec};
 use proxynet_common::splice::{splice_until, Plain, TunnelLimits};
+use uuid::Uuid;
 
 /// Methods this proxy answers itself when `Max-Forwards` reaches zero.
 const ALLOW: &str = "GET, HEAD, POST, PUT, DELETE, OPTIONS, PATCH, CONNECT";
 
-/// The user the kept-alive client connection last served, registered for
-/// revocation until the connection ends or serves someone else.
-pub type ConnectionIdentity = Arc<std::sync::Mutex<Option<crate::open_tunnels::Registration>>>;
+/// What a kept-alive client connection remembers between its requests: the
+/// user it last served, registered for revocation until the connection ends
+/// or serves someone else, and the exit its last request used (for
+/// `rotate-tunnel`).
+#[derive(Clone, Default)]
+pub struct ConnectionIdentity(Arc<std::sync::Mutex<ConnectionMemory>>);
+
+#[derive(Default)]
+struct ConnectionMemory {
+    registration: Option<crate::open_tunnels::Registration>,
+    last: Option<LastExit>,
+}
+
+/// The exit a connection's last request used, and the login it used it for
+/// (the full username, grammar and all; `None` for an allow-listed login).
+struct LastExit {
+    login: Option<String>,
+    exit: Uuid,
+}
+
+impl ConnectionIdentity {
+    /// The exit to keep for a request logging in as `login`: the last
+    /// request's, when it logged in the same way and that login may keep
+    /// one (`rotate-tunnel`, no session; an allow-listed login's stored
+    /// options are only known once it is logged in, so it is asked then).
+    fn kept_for(&self, login: Option<&str>) -> Option<Uuid> {
+        let memory = self.0.lock().ok()?;
+        let last = memory.last.as_ref()?;
+        if last.login.as_deref() != login {
+            return None;
+        }
+        let may_keep = login
+            .is_none_or(|username| crate::username::parse(username).is_ok_and(|p| keeps_exit(&p)));
+        may_keep.then_some(last.exit)
+    }
+
+    fn served(
+        &self,
+        registration: crate::open_tunnels::Registration,
+        login: Option<String>,
+        exit: Uuid,
+    ) {
+        if let Ok(mut memory) = self.0.lock() {
+            memory.registration = Some(registration);
+            memory.last = Some(LastExit { login, exit });
+        }
+    }
+}
+
+/// Whether a login's requests keep their connection's exit.
+fn keeps_exit(request: &crate::username::ParsedUsername) -> bool {
+    request.session.is_none() && request.rotate == crate::username::Rotate::Tunnel
+}
 
 pub async fn forward(
     pipeline: Arc<Pipeline>,
@@ -130,24 +186,31 @@ pub async fn forward(
         });
     }
 
-    let tunnel = pipeline
-        .open(
-            if h2 {
-                Ingress::H2Forward
-            } else {
-                Ingress::Forward
-            },
-            credentials,
-            TargetSpec::UrlAuthority(&authority),
-            &ticket,
-        )
-        .await?;
+    let ingress = if h2 {
+        Ingress::H2Forward
+    } else {
+        Ingress::Forward
+    };
+    let login = credentials.as_ref().map(|c| c.username.clone());
+    let target = TargetSpec::UrlAuthority(&authority);
+    let tunnel = match identity.kept_for(login.as_deref()) {
+        // The same stages, with the connection's exit preferred.
+        Some(kept) => {
+            let started = std::time::Instant::now();
+            let mut client = pipeline.authenticate(credentials, &ticket).await?;
+            if keeps_exit(&client.request) {
+                client.request.targeting.prefer = Some(kept);
+            }
+            pipeline
+                .open_as(client, ingress, target, &ticket, started)
+                .await?
+        }
+        None => pipeline.open(ingress, credentials, target, &ticket).await?,
+    };
     let mut tunnel_info = http::HeaderMap::new();
     tunnel_headers(&mut tunnel_info, &tunnel);
     let mut holds = tunnel.holds;
-    if let Ok(mut current) = identity.lock() {
-        *current = Some(pipeline.register_connection(&holds));
-    }
+    identity.served(pipeline.register_connection(&holds), login, tunnel.exit_id);
     let meter = tunnel.io.meter();
     let (mut sender, connection) = hyper::client::conn::http1::Builder::new()
         .preserve_header_case(true)

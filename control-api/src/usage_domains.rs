@@ -1,0 +1,82 @@
+//! Bounded cardinality for usage by domain: the first
+//! [`DOMAINS_PER_ACCOUNT_HOUR`] distinct registrable domains an account
+//! reaches in an hour keep their names in the ledger; any further domain in
+//! that hour is recorded as [`OTHER`]. The names kept are listed in
+//! `usage_domains_hourly`, so the bound holds across batches, superproxies
+//! and control-api instances (two concurrent ledger writers may overshoot
+//! it by the rows they race on, never by more).
+
+use proxynet_store::UsageRow;
+use std::collections::{HashMap, HashSet};
+use uuid::Uuid;
+
+pub const DOMAINS_PER_ACCOUNT_HOUR: i64 = 200;
+/// What domains beyond the bound are recorded as.
+pub const OTHER: &str = "other";
+/// Longest domain stored (a DNS name's limit).
+const MAX_DOMAIN: usize = 253;
+
+/// Which of a batch's (account, hour, domain) keep their name.
+pub struct Bounded(HashSet<(Uuid, i64, String)>);
+
+impl Bounded {
+    /// The domain the row is recorded under (`None`: the row has none).
+    pub fn name(&self, row: &UsageRow) -> Option<String> {
+        let domain = row.domain.as_deref()?;
+        let key = (row.account_id, hour(row.minute), domain.to_owned());
+        Some(if self.0.contains(&key) {
+            key.2
+        } else {
+            OTHER.to_owned()
+        })
+    }
+}
+
+fn hour(minute: i64) -> i64 {
+    minute - minute.rem_euclid(3600)
+}
+
+/// Claims a place for each new (account, hour, domain) of the batch while
+/// the account's hour has room, in the ledger's transaction.
+pub async fn bounded(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    rows: &[UsageRow],
+) -> Result<Bounded, sqlx::Error> {
+    let mut wanted: HashMap<(Uuid, i64), Vec<String>> = HashMap::new();
+    for row in rows {
+        if let Some(d) = row.domain.as_deref().filter(|d| d.len() <= MAX_DOMAIN) {
+            let names = wanted
+                .entry((row.account_id, hour(row.minute)))
+                .or_default();
+            if !names.iter().any(|n| n == d) {
+                names.push(d.to_owned());
+            }
+        }
+    }
+    let mut kept = HashSet::new();
+    for ((account, hour_start), names) in wanted {
+        for name in names {
+            let (keeps,): (bool,) = sqlx::query_as(
+                "WITH claimed AS (
+                    INSERT INTO usage_domains_hourly (account_id, hour, domain)
+                    SELECT $1, to_timestamp($2), $3
+                     WHERE (SELECT count(*) FROM usage_domains_hourly
+                             WHERE account_id = $1 AND hour = to_timestamp($2)) < $4
+                    ON CONFLICT DO NOTHING RETURNING 1)
+                 SELECT EXISTS (SELECT 1 FROM claimed)
+                     OR EXISTS (SELECT 1 FROM usage_domains_hourly
+                                 WHERE account_id = $1 AND hour = to_timestamp($2) AND domain = $3)",
+            )
+            .bind(account)
+            .bind(hour_start as f64)
+            .bind(&name)
+            .bind(DOMAINS_PER_ACCOUNT_HOUR)
+            .fetch_one(&mut **tx)
+            .await?;
+            if keeps {
+                kept.insert((account, hour_start, name));
+            }
+        }
+    }
+    Ok(Bounded(kept))
+}

@@ -1,0 +1,445 @@
+//! The outbox's worker: claims due deliveries, sends each signed, records
+//! what the receiver answered.
+//!
+//! A claim is one statement: up to [`BATCH`] due rows, locked with `FOR
+//! UPDATE SKIP LOCKED` so concurrent control-apis take different rows, get
+//! their attempt counted and `next_attempt_at` moved [`LEASE`] ahead. The
+//! lease outlasts an attempt (resolve ≤ 5 s, then ≤ 10 s in all), so no other
+//! instance takes the row while it is in flight, and an instance that dies
+//! mid-attempt leaves the row due again when the lease runs out. The result
+//! is written only if the row is still the one claimed (same attempt number,
+//! still pending): at least once, never a delivered row sent again.
+//!
+//! A 2xx answer delivers; anything else (another status, a refused or
+//! timed-out connection, an address the policy refuses now) is retried
+//! after [`backoff`]: 5 s doubling to at most an hour, until
+//! [`MAX_ATTEMPTS`] attempts or [`GIVE_UP_AFTER`] have passed (`failed`).
+//! Redirects are not followed (a 3xx is a failure).
+
+use chrono::Utc;
+use hmac::{Hmac, Mac};
+use proxynet_common::egress::EgressPolicy;
+use proxynet_common::tasks::Stop;
+use sha2::Sha256;
+use sqlx::PgPool;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use uuid::Uuid;
+
+use super::target;
+
+/// Most attempts of one delivery.
+pub const MAX_ATTEMPTS: i32 = 15;
+/// No attempt is made later than this after the event.
+pub const GIVE_UP_AFTER: Duration = Duration::from_secs(24 * 3600);
+/// The wait after the first failed attempt; it doubles after each.
+pub const FIRST_RETRY: Duration = Duration::from_secs(5);
+/// The longest wait between two attempts.
+pub const MAX_RETRY: Duration = Duration::from_secs(3600);
+/// Connecting to the receiver.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// One attempt from connect to the end of the (capped) answer.
+pub const TOTAL_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a claimed row is left alone by other workers.
+const LEASE: Duration = Duration::from_secs(60);
+/// How often the outbox is looked at when nothing woke the worker (rows
+/// written by other control-apis, retries coming due).
+const POLL: Duration = Duration::from_secs(1);
+/// Rows per claim.
+const BATCH: i64 = 32;
+/// Bytes of the receiver's answer kept (for the delivery history).
+const SNIPPET_BYTES: usize = 256;
+/// Characters of an error kept.
+const ERROR_CHARS: usize = 300;
+/// Finished deliveries are kept this long, quota bookkeeping twice a month.
+const KEEP_DELIVERIES: &str = "30 days";
+const KEEP_QUOTA_ROWS: &str = "62 days";
+const PRUNE_EVERY: Duration = Duration::from_secs(3600);
+
+/// `Proxynet-Signature`'s `v1`: lower-case hex HMAC-SHA256 of
+/// `"{timestamp}.{body}"` keyed with the webhook's secret (its bytes as shown).
+pub fn signature(secret: &str, timestamp: i64, body: &str) -> String {
+    let Ok(mut mac) = <Hmac<Sha256> as Mac>::new_from_slice(secret.as_bytes()) else {
+        // HMAC takes a key of any length: unreachable.
+        return String::new();
+    };
+    mac.update(timestamp.to_string().as_bytes());
+    mac.update(b".");
+    mac.update(body.as_bytes());
+    hex::encode(mac.finalize().into_bytes())
+}
+
+/// The `Proxynet-Signature` header value for `body` sent at `timestamp`.
+pub fn signature_header(secret: &str, timestamp: i64, body: &str) -> String {
+    format!("t={timestamp},v1={}", signature(secret, timestamp, body))
+}
+
+/// The wait after `attempts` failed attempts (≥ 1).
+pub fn backoff(attempts: i32) -> Duration {
+    let doublings = u32::try_from(attempts.saturating_sub(1))
+        .unwrap_or(0)
+        .min(20);
+    FIRST_RETRY.saturating_mul(1 << doublings).min(MAX_RETRY)
+}
+
+/// The delivery worker (one per control-api; any number side by side).
+#[derive(Clone)]
+pub struct Deliverer {
+    db: PgPool,
+    policy: Arc<EgressPolicy>,
+}
+
+/// A claimed row and its webhook. No `Debug`: it holds the secret.
+#[derive(sqlx::FromRow)]
+struct Claimed {
+    id: Uuid,
+    webhook_id: Uuid,
+    event: String,
+    body: String,
+    /// Including this one.
+    attempts: i32,
+    url: String,
+    secret: String,
+}
+
+/// What one attempt came to.
+enum Outcome {
+    Delivered {
+        code: u16,
+        snippet: Option<String>,
+    },
+    Failed {
+        code: Option<u16>,
+        error: String,
+        snippet: Option<String>,
+    },
+}
+
+impl Deliverer {
+    /// A worker sending from `db`'s outbox to targets `policy` allows.
+    pub fn new(db: PgPool, policy: EgressPolicy) -> Self {
+        Self {
+            db,
+            policy: Arc::new(policy),
+        }
+    }
+
+    /// Delivers until `stop`: at once when [`super::wake`]d, else every
+    /// [`POLL`]. An attempt cut off by the stop is sent again after its lease.
+    pub async fn run(self, stop: Stop) {
+        let mut pruned: Option<Instant> = None;
+        loop {
+            let woken = super::WAKE.notified();
+            tokio::pin!(woken);
+            // Registered before the outbox is read: a wake during the read
+            // is not lost.
+            woken.as_mut().enable();
+            loop {
+                match stop.run_until_cancelled(self.round()).await {
+                    None => return,
+                    Some(Ok(claimed)) if claimed as i64 == BATCH => continue,
+                    Some(Ok(_)) => break,
+                    Some(Err(e)) => {
+                        tracing::warn!(error = %e, "webhook outbox unavailable; retrying");
+                        break;
+                    }
+                }
+            }
+            if pruned.is_none_or(|at| at.elapsed() >= PRUNE_EVERY) {
+                pruned = Some(Instant::now());
+                if let Err(e) = self.prune().await {
+                    tracing::debug!(error = %e, "cannot prune old webhook deliveries");
+                }
+            }
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = &mut woken => {}
+                () = tokio::time::sleep(POLL) => {}
+            }
+        }
+    }
+
+    /// Claims due rows and attempts each (concurrently); how many it claimed.
+    async fn round(&self) -> Result<usize, sqlx::Error> {
+        let claimed: Vec<Claimed> = sqlx::query_as(
+            "WITH due AS (
+                 SELECT id FROM webhook_deliveries
+                  WHERE status = 'pending' AND next_attempt_at <= now()
+                  ORDER BY next_attempt_at
+                  LIMIT $1
+                  FOR UPDATE SKIP LOCKED)
+             UPDATE webhook_deliveries d
+                SET attempts = d.attempts + 1,
+                    next_attempt_at = now() + make_interval(secs => $2)
+               FROM due, webhooks w
+              WHERE d.id = due.id AND w.id = d.webhook_id
+             RETURNING d.id, d.webhook_id, d.event, d.body, d.attempts, w.url, w.secret",
+        )
+        .bind(BATCH)
+        .bind(LEASE.as_secs_f64())
+        .fetch_all(&self.db)
+        .await?;
+        let count = claimed.len();
+        let mut running = tokio::task::JoinSet::new();
+        for row in claimed {
+            let worker = self.clone();
+            running.spawn(async move {
+                let outcome = worker.attempt(&row).await;
+                if let Err(e) = worker.record(&row, outcome).await {
+                    // The lease runs out and the row is tried again.
+                    tracing::warn!(delivery = %row.id, error = %e, "cannot record a webhook attempt");
+                }
+            });
+        }
+        while running.join_next().await.is_some() {}
+        Ok(count)
+    }
+
+    /// One attempt: the addresses checked now, dialled pinned, the body signed.
+    async fn attempt(&self, row: &Claimed) -> Outcome {
+        let failed = |error: String| Outcome::Failed {
+            code: None,
+            error,
+            snippet: None,
+        };
+        let target = match target::parse(&row.url) {
+            Ok(t) => t,
+            Err(e) => return failed(e),
+        };
+        let addrs = match target::resolve(&target).await {
+            Ok(a) => a,
+            Err(e) => return failed(e),
+        };
+        let addrs = match target::allowed(&self.policy, &target.host, &addrs) {
+            Ok(a) => a,
+            Err(e) => return failed(e),
+        };
+        let client = match client(&target, &addrs) {
+            Ok(c) => c,
+            Err(e) => return failed(describe(e)),
+        };
+        let now = Utc::now().timestamp();
+        let sent = client
+            .post(target.url.clone())
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .header("Proxynet-Event", &row.event)
+            .header("Proxynet-Delivery", row.id.to_string())
+            .header(
+                "Proxynet-Signature",
+                signature_header(&row.secret, now, &row.body),
+            )
+            .body(row.body.clone())
+            .send()
+            .await;
+        let mut response = match sent {
+            Ok(r) => r,
+            Err(e) => return failed(describe(e)),
+        };
+        let code = response.status();
+        let mut snippet = Vec::new();
+        while snippet.len() < SNIPPET_BYTES {
+            match response.chunk().await {
+                Ok(Some(chunk)) => {
+                    let room = SNIPPET_BYTES - snippet.len();
+                    snippet.extend_from_slice(&chunk[..chunk.len().min(room)]);
+                }
+                Ok(None) | Err(_) => break,
+            }
+        }
+        let snippet = (!snippet.is_empty()).then(|| String::from_utf8_lossy(&snippet).into_owned());
+        if code.is_success() {
+            Outcome::Delivered {
+                code: code.as_u16(),
+                snippet,
+            }
+        } else {
+            Outcome::Failed {
+                code: Some(code.as_u16()),
+                error: format!("the receiver answered {code}"),
+                snippet,
+            }
+        }
+    }
+
+    /// Writes an attempt's result, unless the row moved on without us (its
+    /// lease ran out and another attempt claimed it, or it was deleted).
+    async fn record(&self, row: &Claimed, outcome: Outcome) -> Result<(), sqlx::Error> {
+        match outcome {
+            Outcome::Delivered { code, snippet } => {
+                sqlx::query(
+                    "UPDATE webhook_deliveries
+                        SET status = 'delivered', delivered_at = now(), last_status_code = $3,
+                            last_error = NULL, last_response = $4
+                      WHERE id = $1 AND attempts = $2 AND status = 'pending'",
+                )
+                .bind(row.id)
+                .bind(row.attempts)
+                .bind(i32::from(code))
+                .bind(snippet)
+                .execute(&self.db)
+                .await?;
+                metrics::counter!("proxynet_webhook_attempts_total", "outcome" => "delivered")
+                    .increment(1);
+                tracing::info!(delivery = %row.id, webhook = %row.webhook_id, event = %row.event,
+                    attempt = row.attempts, status = code, "webhook delivered");
+            }
+            Outcome::Failed {
+                code,
+                error,
+                snippet,
+            } => {
+                let error: String = error.chars().take(ERROR_CHARS).collect();
+                let wait = backoff(row.attempts);
+                let out_of_attempts = row.attempts >= MAX_ATTEMPTS;
+                let (status,): (String,) = sqlx::query_as(
+                    "UPDATE webhook_deliveries
+                        SET status = CASE WHEN $3 OR now() + make_interval(secs => $4) > created_at + make_interval(secs => $5)
+                                          THEN 'failed' ELSE 'pending' END,
+                            next_attempt_at = now() + make_interval(secs => $4),
+                            last_status_code = $6, last_error = $7, last_response = $8
+                      WHERE id = $1 AND attempts = $2 AND status = 'pending'
+                     RETURNING status",
+                )
+                .bind(row.id)
+                .bind(row.attempts)
+                .bind(out_of_attempts)
+                .bind(wait.as_secs_f64() * jitter())
+                .bind(GIVE_UP_AFTER.as_secs_f64())
+                .bind(code.map(i32::from))
+                .bind(&error)
+                .bind(snippet)
+                .fetch_optional(&self.db)
+                .await?
+                .unwrap_or(("gone".into(),));
+                if status == "failed" {
+                    metrics::counter!("proxynet_webhook_attempts_total", "outcome" => "failed")
+                        .increment(1);
+                    tracing::warn!(delivery = %row.id, webhook = %row.webhook_id, event = %row.event,
+                        attempts = row.attempts, error = %error, "webhook delivery failed; giving up");
+                } else {
+                    metrics::counter!("proxynet_webhook_attempts_total", "outcome" => "retry")
+                        .increment(1);
+                    tracing::info!(delivery = %row.id, webhook = %row.webhook_id, event = %row.event,
+                        attempt = row.attempts, error = %error, retry_in_secs = wait.as_secs(),
+                        "webhook attempt failed; will retry");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn prune(&self) -> Result<(), sqlx::Error> {
+        sqlx::query(&format!(
+            "DELETE FROM webhook_deliveries WHERE status <> 'pending' AND created_at < now() - interval '{KEEP_DELIVERIES}'"
+        ))
+        .execute(&self.db)
+        .await?;
+        for table in ["quota_usage", "quota_notices"] {
+            sqlx::query(&format!(
+                "DELETE FROM {table} WHERE window_start < now() - interval '{KEEP_QUOTA_ROWS}'"
+            ))
+            .execute(&self.db)
+            .await?;
+        }
+        Ok(())
+    }
+}
+
+/// 1.0 to 1.1: retries of many deliveries that failed together spread out.
+fn jitter() -> f64 {
+    use rand::Rng;
+    rand::thread_rng().gen_range(1.0..1.1)
+}
+
+/// A client for one attempt: no proxy from the environment, no redirects,
+/// bounded timeouts, and a name dialled only at `addrs` (checked just now).
+fn client(
+    target: &target::Target,
+    addrs: &[SocketAddr],
+) -> Result<reqwest::Client, reqwest::Error> {
+    let mut builder = reqwest::Client::builder()
+        .no_proxy()
+        .redirect(reqwest::redirect::Policy::none())
+        .connect_timeout(CONNECT_TIMEOUT)
+        .timeout(TOTAL_TIMEOUT)
+        .user_agent(concat!("proxynet-webhooks/", env!("CARGO_PKG_VERSION")));
+    if target.literal.is_none() {
+        builder = builder.resolve_to_addrs(&target.host, addrs);
+    }
+    builder.build()
+}
+
+/// An error as the delivery history shows it: what failed, never the URL
+/// (it may carry the receiver's own token).
+fn describe(e: reqwest::Error) -> String {
+    let e = e.without_url();
+    let mut text = if e.is_timeout() {
+        "timed out".to_owned()
+    } else if e.is_connect() {
+        "cannot connect".to_owned()
+    } else {
+        e.to_string()
+    };
+    let mut source = std::error::Error::source(&e);
+    while let Some(inner) = source {
+        text.push_str(": ");
+        text.push_str(&inner.to_string());
+        source = inner.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_signature_is_hmac_sha256_of_timestamp_dot_body() {
+        let body = r#"{"id":"x"}"#;
+        let sig = signature("pnwhsec_k", 1_700_000_000, body);
+        // Independent of the call: HMAC over the exact bytes "1700000000.{body}".
+        let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(b"pnwhsec_k").unwrap();
+        mac.update(format!("1700000000.{body}").as_bytes());
+        assert_eq!(sig, hex::encode(mac.finalize().into_bytes()));
+        assert_eq!(
+            signature_header("pnwhsec_k", 1_700_000_000, body),
+            format!("t=1700000000,v1={sig}")
+        );
+        assert!(sig
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)));
+    }
+
+    #[test]
+    fn the_hmac_primitive_matches_rfc_4231() {
+        // Test case 2: key "Jefe", data "what do ya want for nothing?".
+        let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(b"Jefe").unwrap();
+        mac.update(b"what do ya want for nothing?");
+        assert_eq!(
+            hex::encode(mac.finalize().into_bytes()),
+            "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
+        );
+    }
+
+    #[test]
+    fn retries_back_off_from_five_seconds_doubling_to_an_hour() {
+        assert_eq!(backoff(1), Duration::from_secs(5));
+        assert_eq!(backoff(2), Duration::from_secs(10));
+        assert_eq!(backoff(5), Duration::from_secs(80));
+        assert_eq!(backoff(10), Duration::from_secs(2560));
+        assert_eq!(backoff(11), MAX_RETRY);
+        assert_eq!(backoff(MAX_ATTEMPTS), MAX_RETRY);
+        assert_eq!(backoff(1000), MAX_RETRY);
+        assert_eq!(backoff(0), FIRST_RETRY);
+        // Fifteen attempts span hours, within the day's limit.
+        let total: Duration = (1..MAX_ATTEMPTS).map(backoff).sum();
+        assert!(total < GIVE_UP_AFTER, "{total:?}");
+        assert!(total > Duration::from_secs(4 * 3600), "{total:?}");
+    }
+
+    #[test]
+    fn lease_outlasts_an_attempt() {
+        assert!(LEASE > target::RESOLVE_TIMEOUT + TOTAL_TIMEOUT);
+    }
+}

@@ -1,0 +1,470 @@
+//! Traffic policy by target: which hosts a customer's or the operator's rules
+//! refuse, and the per-domain limits they set. Written once, here: the
+//! control-api validates and normalises what it stores with these functions,
+//! and the superproxy matches every tunnel's target with them.
+//!
+//! A *domain entry* is a host name (`example.com`, matching it and every
+//! name under it; a leading `*.` or `.` means the same) or an IP network
+//! (`10.0.0.0/8`, `2001:db8::/32`, a bare address), which matches IP-literal
+//! targets only. Names are compared after IDNA (UTS 46) mapping to ASCII,
+//! lower-casing and removal of one trailing dot, so `Пример.рф.`,
+//! `xn--e1afmkfd.xn--p1ai` and `XN--E1AFMKFD.xn--p1ai` are one name.
+//! A name is matched as written: what it resolves to is the egress policy's
+//! business (at the exit), not this one's.
+
+use proxynet_common::egress::{parse_ip_literal, Cidr};
+use serde::{Deserialize, Serialize};
+use std::net::IpAddr;
+
+/// Most entries in one list (allowed, denied, limits).
+pub const MAX_ENTRIES: usize = 1000;
+/// The longest host name DNS can carry.
+const MAX_NAME: usize = 253;
+
+/// A customer's rules for its traffic: on an account (bounding every user of
+/// it) and on a user (narrowing the account's, never widening them).
+/// Unknown fields are ignored here (a newer control-api may add some); the
+/// control-api refuses them on input ([`TrafficPolicy::FIELDS`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TrafficPolicy {
+    /// When not empty: only targets matching an entry.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allowed_domains: Vec<String>,
+    /// Targets matching an entry are refused.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub denied_domains: Vec<String>,
+    /// New tunnels per second to one registrable domain (all superproxies).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub domain_new_tunnels_per_second: Option<u32>,
+    /// Tunnels open at once to one registrable domain (all superproxies).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub domain_max_concurrent_tunnels: Option<u32>,
+}
+
+impl TrafficPolicy {
+    pub const FIELDS: [&'static str; 4] = [
+        "allowed_domains",
+        "denied_domains",
+        "domain_new_tunnels_per_second",
+        "domain_max_concurrent_tunnels",
+    ];
+
+    pub fn is_empty(&self) -> bool {
+        self == &Self::default()
+    }
+
+    /// Whether the target may be reached under these rules; the refusal
+    /// names the rule.
+    pub fn permits(&self, target: &PolicyTarget<'_>) -> Result<(), Refusal> {
+        if let Some(rule) = first_match(&self.denied_domains, target) {
+            return Err(Refusal::Denied(rule.to_owned()));
+        }
+        if !self.allowed_domains.is_empty() && first_match(&self.allowed_domains, target).is_none()
+        {
+            return Err(Refusal::NotAllowed);
+        }
+        Ok(())
+    }
+
+    /// Whether the domain limits set anything (a Redis round trip is only
+    /// spent when they do).
+    pub fn has_domain_limits(&self) -> bool {
+        self.domain_new_tunnels_per_second.is_some() || self.domain_max_concurrent_tunnels.is_some()
+    }
+}
+
+/// The operator's rules for every account: refused domains and ports, and
+/// aggregate per-domain limits over all accounts and superproxies (the guard
+/// that keeps the network from becoming one domain's flood).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OperatorPolicy {
+    #[serde(default)]
+    pub denied_domains: Vec<String>,
+    /// Refused target ports, besides the egress policy's built-in 25/465/587.
+    #[serde(default)]
+    pub denied_ports: Vec<u16>,
+    /// Limits for the named domains (the most specific entry applies).
+    #[serde(default)]
+    pub domain_limits: Vec<DomainLimit>,
+    /// The limit for any other registrable domain; none unless set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_domain_limit: Option<Limit>,
+}
+
+impl OperatorPolicy {
+    pub const FIELDS: [&'static str; 4] = [
+        "denied_domains",
+        "denied_ports",
+        "domain_limits",
+        "default_domain_limit",
+    ];
+
+    /// Whether the target (host and port) may be reached at all.
+    pub fn permits(&self, target: &PolicyTarget<'_>, port: u16) -> Result<(), Refusal> {
+        if self.denied_ports.contains(&port) {
+            return Err(Refusal::Port(port));
+        }
+        match first_match(&self.denied_domains, target) {
+            Some(rule) => Err(Refusal::Operator(rule.to_owned())),
+            None => Ok(()),
+        }
+    }
+
+    /// The aggregate limit that applies to the target and the key it is
+    /// counted under: the most specific matching entry (counted as that
+    /// entry, so every name under it shares one budget), else the default
+    /// (counted per registrable domain).
+    pub fn limit_for(&self, target: &PolicyTarget<'_>) -> Option<(String, Limit)> {
+        let best = self
+            .domain_limits
+            .iter()
+            .filter(|l| entry_matches(&l.domain, target))
+            .max_by_key(|l| entry_specificity(&l.domain));
+        match best {
+            Some(l) => Some((l.domain.clone(), l.limit)),
+            None => self
+                .default_domain_limit
+                .filter(|l| l.is_set())
+                .map(|l| (target.registrable_domain(), l)),
+        }
+    }
+}
+
+/// One operator limit entry.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DomainLimit {
+    pub domain: String,
+    #[serde(flatten)]
+    pub limit: Limit,
+}
+
+/// A rate and a concurrency bound; either may be absent.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Limit {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub new_tunnels_per_second: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_concurrent_tunnels: Option<u32>,
+}
+
+impl Limit {
+    pub fn is_set(&self) -> bool {
+        self.new_tunnels_per_second.is_some() || self.max_concurrent_tunnels.is_some()
+    }
+}
+
+/// Why a policy refuses a target; `Display` is the detail a client reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// A customer's `denied_domains` entry.
+    Denied(String),
+    /// A customer's `allowed_domains` does not list the target.
+    NotAllowed,
+    /// The operator's `denied_domains` entry.
+    Operator(String),
+    /// The operator's `denied_ports`.
+    Port(u16),
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refusal::Denied(rule) => write!(f, "denied_domains entry {rule:?}"),
+            Refusal::NotAllowed => f.write_str("not in allowed_domains"),
+            Refusal::Operator(rule) => write!(f, "the operator's denied_domains entry {rule:?}"),
+            Refusal::Port(port) => write!(f, "the operator's denied_ports ({port})"),
+        }
+    }
+}
+
+/// A target as policies see it: a normalised name or an IP literal.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PolicyTarget<'a> {
+    Name(&'a str),
+    Ip(IpAddr),
+}
+
+impl<'a> PolicyTarget<'a> {
+    /// A host already passed through [`normalize_host`].
+    pub fn from_normalized(host: &'a str) -> Self {
+        match host.parse::<IpAddr>() {
+            Ok(ip) => PolicyTarget::Ip(ip),
+            Err(_) => PolicyTarget::Name(host),
+        }
+    }
+
+    /// The registrable domain (public suffix plus one label) the target's
+    /// per-domain limits and usage rows count it under: `a.b.example.co.uk`
+    /// → `example.co.uk`; a name that is itself a suffix (`localhost`) and an
+    /// IP literal count as themselves.
+    pub fn registrable_domain(&self) -> String {
+        match self {
+            PolicyTarget::Ip(ip) => ip.to_string(),
+            PolicyTarget::Name(name) => registrable_domain(name).to_owned(),
+        }
+    }
+}
+
+/// See [`PolicyTarget::registrable_domain`]; `name` must be normalised.
+pub fn registrable_domain(name: &str) -> &str {
+    psl::domain_str(name).unwrap_or(name)
+}
+
+/// A host as written by a client, normalised for matching: IP literals as
+/// their canonical address, names through IDNA to lower-case ASCII without
+/// the trailing dot. `Err` for what cannot be a host name.
+pub fn normalize_host(raw: &str) -> Result<String, &'static str> {
+    if let Some(ip) = parse_ip_literal(raw) {
+        return Ok(ip.to_canonical().to_string());
+    }
+    let raw = raw.strip_suffix('.').unwrap_or(raw);
+    if raw.is_empty() {
+        return Err("an empty host name");
+    }
+    let ascii = idna::domain_to_ascii(raw).map_err(|_| "not a valid host name")?;
+    if ascii.is_empty() || ascii.len() > MAX_NAME || ascii.starts_with('.') || ascii.contains("..")
+    {
+        return Err("not a valid host name");
+    }
+    Ok(ascii)
+}
+
+/// One list entry as stored: a name normalised like a host (a leading `*.`
+/// or `.` dropped: every entry covers the names under it), or a network in
+/// canonical `addr/prefix` form.
+pub fn normalize_entry(raw: &str) -> Result<String, String> {
+    let raw = raw.trim();
+    let (addr, prefix) = match raw.split_once('/') {
+        Some((a, p)) => (a, Some(p)),
+        None => (raw, None),
+    };
+    if let Some(ip) = parse_ip_literal(addr) {
+        let ip = ip.to_canonical();
+        let cidr: Cidr = match prefix {
+            Some(p) => format!("{ip}/{p}").parse()?,
+            None => format!("{ip}").parse()?,
+        };
+        return Ok(cidr.to_string());
+    }
+    if prefix.is_some() {
+        return Err(format!("{raw:?} is not an IP network"));
+    }
+    let name = raw
+        .strip_prefix("*.")
+        .or_else(|| raw.strip_prefix('.'))
+        .unwrap_or(raw);
+    normalize_host(name).map_err(|e| format!("{raw:?}: {e}"))
+}
+
+/// Normalises a whole list: each entry, duplicates dropped, bounded.
+pub fn normalize_list(field: &str, raw: &[String]) -> Result<Vec<String>, String> {
+    if raw.len() > MAX_ENTRIES {
+        return Err(format!("{field}: at most {MAX_ENTRIES} entries"));
+    }
+    let mut out = Vec::with_capacity(raw.len());
+    for entry in raw {
+        let e = normalize_entry(entry).map_err(|e| format!("{field}: {e}"))?;
+        if !out.contains(&e) {
+            out.push(e);
+        }
+    }
+    Ok(out)
+}
+
+/// Whether every target `narrow` permits by its entries is also covered by
+/// one of `wide`'s: a user's allow-list inside its account's.
+pub fn entry_within(narrow: &str, wide: &[String]) -> bool {
+    wide.iter()
+        .any(|w| match (narrow.parse::<Cidr>(), w.parse::<Cidr>()) {
+            (Ok(n), Ok(w)) => w.prefix_len() <= n.prefix_len() && w.contains(n.network()),
+            (Err(_), Err(_)) => narrow == w || narrow.ends_with(&format!(".{w}")),
+            _ => false,
+        })
+}
+
+fn first_match<'a>(list: &'a [String], target: &PolicyTarget<'_>) -> Option<&'a str> {
+    list.iter()
+        .map(String::as_str)
+        .find(|entry| entry_matches(entry, target))
+}
+
+/// Whether one normalised entry covers the target.
+pub fn entry_matches(entry: &str, target: &PolicyTarget<'_>) -> bool {
+    match target {
+        PolicyTarget::Name(name) => {
+            // Networks never match names; a name entry matches itself and
+            // what is under it, on a label boundary.
+            !entry.contains('/')
+                && (*name == entry
+                    || name.len() > entry.len()
+                        && name.ends_with(entry)
+                        && name.as_bytes()[name.len() - entry.len() - 1] == b'.')
+        }
+        PolicyTarget::Ip(ip) => entry
+            .parse::<Cidr>()
+            .is_ok_and(|c| c.contains(ip.to_canonical())),
+    }
+}
+
+/// Longer names and longer prefixes are more specific.
+fn entry_specificity(entry: &str) -> usize {
+    match entry.parse::<Cidr>() {
+        Ok(c) => usize::from(c.prefix_len()),
+        Err(_) => entry.split('.').count(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn name(n: &str) -> String {
+        normalize_host(n).unwrap()
+    }
+
+    #[test]
+    fn names_are_compared_after_idna_case_and_trailing_dot() {
+        assert_eq!(name("Example.COM."), "example.com");
+        assert_eq!(name("Пример.рф"), "xn--e1afmkfd.xn--p1ai");
+        assert_eq!(name("XN--E1AFMKFD.xn--p1ai."), "xn--e1afmkfd.xn--p1ai");
+        assert_eq!(name("[::ffff:127.0.0.1]"), "127.0.0.1");
+        assert_eq!(name("0x7f.1"), "127.0.0.1");
+        assert!(normalize_host("").is_err());
+        assert!(normalize_host("a..b").is_err());
+        assert!(normalize_host(&"a.".repeat(200)).is_err());
+    }
+
+    #[test]
+    fn entries_cover_the_name_and_its_subdomains_on_a_label_boundary() {
+        let p = TrafficPolicy {
+            denied_domains: normalize_list("d", &["*.LocalHost.".into()]).unwrap(),
+            ..Default::default()
+        };
+        assert_eq!(p.denied_domains, ["localhost"]);
+        for host in ["localhost", "sub.localhost", "a.b.localhost"] {
+            assert!(
+                p.permits(&PolicyTarget::Name(&name(host))).is_err(),
+                "{host}"
+            );
+        }
+        for host in ["notlocalhost", "localhost.example"] {
+            assert!(
+                p.permits(&PolicyTarget::Name(&name(host))).is_ok(),
+                "{host}"
+            );
+        }
+        assert!(p
+            .permits(&PolicyTarget::Ip("127.0.0.1".parse().unwrap()))
+            .is_ok());
+    }
+
+    #[test]
+    fn an_allow_list_refuses_everything_it_does_not_name_including_addresses() {
+        let p = TrafficPolicy {
+            allowed_domains: normalize_list("a", &["example.test".into(), "10.0.0.0/8".into()])
+                .unwrap(),
+            ..Default::default()
+        };
+        assert!(p.permits(&PolicyTarget::Name("www.example.test")).is_ok());
+        assert!(p
+            .permits(&PolicyTarget::Ip("10.1.2.3".parse().unwrap()))
+            .is_ok());
+        assert_eq!(
+            p.permits(&PolicyTarget::Name("localhost")),
+            Err(Refusal::NotAllowed)
+        );
+        assert!(p
+            .permits(&PolicyTarget::Ip("127.0.0.1".parse().unwrap()))
+            .is_err());
+    }
+
+    #[test]
+    fn networks_are_canonical_and_match_mapped_addresses() {
+        assert_eq!(normalize_entry("127.0.0.1").unwrap(), "127.0.0.1/32");
+        assert_eq!(normalize_entry("2001:db8::/32").unwrap(), "2001:db8::/32");
+        assert!(normalize_entry("10.0.0.0/33").is_err());
+        assert!(entry_matches(
+            "127.0.0.0/8",
+            &PolicyTarget::Ip("::ffff:127.0.0.9".parse().unwrap())
+        ));
+        assert!(!entry_matches(
+            "127.0.0.0/8",
+            &PolicyTarget::Name("127.example")
+        ));
+    }
+
+    #[test]
+    fn registrable_domains_follow_the_public_suffix_list() {
+        assert_eq!(registrable_domain("a.b.example.co.uk"), "example.co.uk");
+        assert_eq!(registrable_domain("www.example.com"), "example.com");
+        assert_eq!(registrable_domain("localhost"), "localhost");
+        assert_eq!(registrable_domain("x.example.test"), "example.test");
+    }
+
+    #[test]
+    fn the_most_specific_operator_limit_applies_else_the_default_per_domain() {
+        let limit = |r| Limit {
+            new_tunnels_per_second: Some(r),
+            max_concurrent_tunnels: None,
+        };
+        let p = OperatorPolicy {
+            domain_limits: vec![
+                DomainLimit {
+                    domain: "example.com".into(),
+                    limit: limit(10),
+                },
+                DomainLimit {
+                    domain: "api.example.com".into(),
+                    limit: limit(3),
+                },
+            ],
+            default_domain_limit: Some(limit(50)),
+            ..Default::default()
+        };
+        assert_eq!(
+            p.limit_for(&PolicyTarget::Name("v1.api.example.com")),
+            Some(("api.example.com".into(), limit(3)))
+        );
+        assert_eq!(
+            p.limit_for(&PolicyTarget::Name("www.example.com")),
+            Some(("example.com".into(), limit(10)))
+        );
+        assert_eq!(
+            p.limit_for(&PolicyTarget::Name("a.other.org")),
+            Some(("other.org".into(), limit(50)))
+        );
+        assert_eq!(
+            OperatorPolicy::default().limit_for(&PolicyTarget::Name("a.org")),
+            None
+        );
+    }
+
+    #[test]
+    fn operator_ports_and_domains_refuse_with_the_rule_named() {
+        let p = OperatorPolicy {
+            denied_domains: vec!["blocked.test".into()],
+            denied_ports: vec![6667],
+            ..Default::default()
+        };
+        assert_eq!(
+            p.permits(&PolicyTarget::Name("x.blocked.test"), 443),
+            Err(Refusal::Operator("blocked.test".into()))
+        );
+        assert_eq!(
+            p.permits(&PolicyTarget::Name("ok.test"), 6667),
+            Err(Refusal::Port(6667))
+        );
+        assert!(p.permits(&PolicyTarget::Name("ok.test"), 443).is_ok());
+    }
+
+    #[test]
+    fn a_user_allow_entry_must_sit_inside_the_accounts() {
+        let wide = vec!["example.com".to_owned(), "10.0.0.0/8".to_owned()];
+        assert!(entry_within("api.example.com", &wide));
+        assert!(entry_within("example.com", &wide));
+        assert!(entry_within("10.1.0.0/16", &wide));
+        assert!(!entry_within("example.org", &wide));
+        assert!(!entry_within("0.0.0.0/0", &wide));
+        assert!(!entry_within("badexample.com", &wide));
+    }
+}

@@ -1,0 +1,381 @@
+//! Traffic policy by target domain: the customer's allowed/denied domains
+//! and per-domain limits on users and accounts, the operator's denied
+//! domains and aggregate per-domain limits, and usage by domain. Names are
+//! resolved by a test DNS server the agents use, answering every name with
+//! the loopback address of the whoami target, so refusals can be shown to
+//! cost no lookup at the exit.
+
+use proxynet_tests::client::{connect_tunnel, socks5};
+use proxynet_tests::dns::TestDns;
+use proxynet_tests::process::eventually;
+use proxynet_tests::stack::{Stack, StackOptions, ADMIN_TOKEN};
+use proxynet_tests::targets::echo_round_trip;
+use serde_json::{json, Value};
+use std::time::Duration;
+use uuid::Uuid;
+
+const PASS: &str = "policy-password-1";
+
+async fn stack_with_dns() -> (Stack, TestDns) {
+    let dns = TestDns::start(vec!["127.0.0.1".parse().unwrap()]).await;
+    let stack = Stack::start_with(StackOptions {
+        agent_args: vec!["--dns-server".into(), dns.addr.to_string()],
+        ..Default::default()
+    })
+    .await;
+    stack.wait_eligible(2).await;
+    (stack, dns)
+}
+
+async fn patch(stack: &Stack, path: &str, token: &str, body: Value) -> reqwest::Response {
+    stack
+        .http
+        .patch(stack.api(path))
+        .bearer_auth(token)
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+}
+
+async fn set_user_policy(stack: &Stack, user: Uuid, policy: Value) {
+    let r = patch(
+        stack,
+        &format!("/v1/users/{user}"),
+        ADMIN_TOKEN,
+        json!({ "policy": policy }),
+    )
+    .await;
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+}
+
+/// A CONNECT to `host:port` as `user`; the response head.
+async fn connect(stack: &Stack, user: &str, host: &str, port: u16) -> String {
+    connect_stream(stack, user, host, port).await.1
+}
+
+async fn connect_stream(
+    stack: &Stack,
+    user: &str,
+    host: &str,
+    port: u16,
+) -> (tokio::net::TcpStream, String) {
+    use base64::Engine;
+    use tokio::io::AsyncWriteExt;
+    let auth = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{PASS}"));
+    let mut s = tokio::net::TcpStream::connect(stack.proxy_addrs.proxy)
+        .await
+        .unwrap();
+    let target = format!("{host}:{port}");
+    s.write_all(
+        format!(
+            "CONNECT {target} HTTP/1.1\r\nHost: {target}\r\nProxy-Authorization: Basic {auth}\r\n\r\n"
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    let head = proxynet_tests::client::read_head(&mut s).await;
+    (s, head)
+}
+
+fn assert_denied(head: &str, rule: &str) {
+    assert!(head.starts_with("HTTP/1.1 403"), "{head}");
+    let lower = head.to_ascii_lowercase();
+    assert!(
+        lower.contains("proxy-status: proxynet; error=http_request_denied"),
+        "{head}"
+    );
+    assert!(head.contains(rule), "the refusal names {rule:?}: {head}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_users_denied_and_allowed_domains_refuse_before_any_exit_is_used() {
+    let (stack, dns) = stack_with_dns().await;
+    let account = stack.create_account("policy-acct").await;
+    let user = stack.create_user(account, "policyuser", PASS).await;
+    let port = stack.whoami.port();
+
+    set_user_policy(&stack, user, json!({"denied_domains": ["LocalHost."]})).await;
+    for host in ["localhost", "sub.localhost"] {
+        assert_denied(
+            &connect(&stack, "policyuser", host, port).await,
+            "denied_domains entry \\\"localhost\\\"",
+        );
+    }
+    assert_eq!(dns.a_queries(), 0, "a refused name is never resolved");
+    assert!(connect(&stack, "policyuser", "127.0.0.1", port)
+        .await
+        .starts_with("HTTP/1.1 200"));
+    // SOCKS5: "connection not allowed by ruleset".
+    let mut s = socks5::login(stack.proxy_addrs.socks, "policyuser", PASS)
+        .await
+        .unwrap();
+    assert_eq!(socks5::request(&mut s, 1, "sub.localhost", port).await, 2);
+
+    set_user_policy(&stack, user, json!({"allowed_domains": ["example.test"]})).await;
+    for host in ["localhost", "127.0.0.1", "example.org"] {
+        assert_denied(
+            &connect(&stack, "policyuser", host, port).await,
+            "not in allowed_domains",
+        );
+    }
+    assert!(connect(&stack, "policyuser", "www.example.test", port)
+        .await
+        .starts_with("HTTP/1.1 200"));
+
+    // The account bounds the user: a user may narrow, never widen.
+    let r = patch(
+        &stack,
+        &format!("/v1/accounts/{account}"),
+        ADMIN_TOKEN,
+        json!({"policy": {"allowed_domains": ["example.test"], "domain_new_tunnels_per_second": 5}}),
+    )
+    .await;
+    assert_eq!(r.status(), 200);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["policy"]["allowed_domains"], json!(["example.test"]));
+    for wider in [
+        json!({"allowed_domains": ["other.test"]}),
+        json!({"domain_new_tunnels_per_second": 6}),
+    ] {
+        let r = patch(
+            &stack,
+            &format!("/v1/users/{user}"),
+            ADMIN_TOKEN,
+            json!({ "policy": wider }),
+        )
+        .await;
+        assert_eq!(r.status(), 403, "{}", r.text().await.unwrap());
+    }
+    // Bad entries and unknown fields are refused with the field named.
+    let r = patch(
+        &stack,
+        &format!("/v1/users/{user}"),
+        ADMIN_TOKEN,
+        json!({"policy": {"denied_domain": ["a.test"]}}),
+    )
+    .await;
+    assert_eq!(r.status(), 400);
+    assert!(r.text().await.unwrap().contains("denied_domain"));
+    // An account key reads and sets its own account's policy, not another's.
+    let (key, _) = stack.account_key(account).await;
+    let other = stack.create_account("policy-other").await;
+    let r = patch(
+        &stack,
+        &format!("/v1/accounts/{other}"),
+        &key,
+        json!({"policy": {}}),
+    )
+    .await;
+    assert_eq!(r.status(), 404);
+    let r = patch(
+        &stack,
+        &format!("/v1/accounts/{account}"),
+        &key,
+        json!({"policy": {}}),
+    )
+    .await;
+    assert_eq!(r.status(), 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_change_cuts_the_open_tunnels_it_now_refuses() {
+    let (stack, _dns) = stack_with_dns().await;
+    let account = stack.create_account("cut-acct").await;
+    let user = stack.create_user(account, "cutuser", PASS).await;
+    let echo = proxynet_tests::targets::echo_server().await;
+    let (mut to_name, head) = connect_stream(&stack, "cutuser", "echo.test", echo.port()).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let (mut to_ip, head) = connect_stream(&stack, "cutuser", "127.0.0.1", echo.port()).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    echo_round_trip(&mut to_name, b"before").await.unwrap();
+
+    set_user_policy(&stack, user, json!({"denied_domains": ["echo.test"]})).await;
+    // The change event re-checks the user at once: the tunnel ends (EOF).
+    let mut buf = [0u8; 16];
+    let read = tokio::time::timeout(
+        Duration::from_secs(10),
+        tokio::io::AsyncReadExt::read(&mut to_name, &mut buf),
+    )
+    .await;
+    assert!(matches!(read, Ok(Ok(0)) | Ok(Err(_))), "cut: {read:?}");
+    echo_round_trip(&mut to_ip, b"still open").await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_per_domain_rate_refuses_the_burst_to_one_domain_and_serves_others() {
+    let (stack, _dns) = stack_with_dns().await;
+    let account = stack.create_account("rate-acct").await;
+    let user = stack.create_user(account, "domainrate", PASS).await;
+    set_user_policy(&stack, user, json!({"domain_new_tunnels_per_second": 2})).await;
+    let port = stack.whoami.port();
+    let heads = futures_util::future::join_all(
+        (0..12).map(|_| connect(&stack, "domainrate", "busy.example.test", port)),
+    )
+    .await;
+    let limited: Vec<&String> = heads
+        .iter()
+        .filter(|h| h.starts_with("HTTP/1.1 429"))
+        .collect();
+    assert!(limited.len() >= 6, "{heads:#?}");
+    for h in &limited {
+        let lower = h.to_ascii_lowercase();
+        assert!(lower.contains("retry-after:"), "{h}");
+        assert!(h.contains("per-domain (example.test)"), "{h}");
+    }
+    // Another domain has its own budget.
+    assert!(connect(&stack, "domainrate", "other.test", port)
+        .await
+        .starts_with("HTTP/1.1 200"));
+}
+
+async fn put_operator_policy(stack: &Stack, policy: Value) {
+    let r = stack
+        .http
+        .put(stack.api("/v1/policy"))
+        .bearer_auth(ADMIN_TOKEN)
+        .json(&policy)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_operators_denied_domains_and_aggregate_limits_bind_every_account() {
+    let (stack, dns) = stack_with_dns().await;
+    let port = stack.whoami.port();
+    let mut users = Vec::new();
+    for name in ["opone", "optwo"] {
+        let account = stack.create_account(name).await;
+        stack.create_user(account, name, PASS).await;
+        users.push(name);
+    }
+    // Only the operator reads or writes it.
+    let account = stack.create_account("op-probe").await;
+    let (key, _) = stack.account_key(account).await;
+    let r = stack
+        .http
+        .put(stack.api("/v1/policy"))
+        .bearer_auth(&key)
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
+
+    put_operator_policy(
+        &stack,
+        json!({"denied_domains": ["blocked.test"], "denied_ports": [6667],
+               "domain_limits": [{"domain": "hot.test", "new_tunnels_per_second": 3}]}),
+    )
+    .await;
+    let got = stack.admin_get_json("/v1/policy").await;
+    assert_eq!(got["denied_domains"], json!(["blocked.test"]));
+    assert!(got["version"].as_i64().unwrap() >= 1);
+    // The change reaches the superproxy by its change event.
+    eventually(
+        "the operator policy to apply",
+        Duration::from_secs(5),
+        || async {
+            connect(&stack, "opone", "blocked.test", port)
+                .await
+                .starts_with("HTTP/1.1 403")
+                .then_some(())
+        },
+    )
+    .await;
+    for user in &users {
+        for host in ["blocked.test", "www.blocked.test"] {
+            assert_denied(
+                &connect(&stack, user, host, port).await,
+                "the operator's denied_domains entry",
+            );
+        }
+        assert_denied(
+            &connect(&stack, user, "irc.test", 6667).await,
+            "denied_ports (6667)",
+        );
+    }
+    assert_eq!(dns.a_queries(), 0, "no DNS lookup at the exit for refusals");
+
+    // 20 quick tunnels over two accounts share the network's 3/s.
+    let heads = futures_util::future::join_all(
+        (0..20).map(|i| connect(&stack, users[i % 2], "api.hot.test", port)),
+    )
+    .await;
+    let limited = heads
+        .iter()
+        .filter(|h| h.starts_with("HTTP/1.1 429") && h.contains("the network's per-domain"))
+        .count();
+    assert!(limited >= 10, "{heads:#?}");
+    assert!(dns.a_queries() >= 1, "the admitted ones were resolved");
+
+    // Audited.
+    let audit = stack.admin_get_json("/v1/audit?action=policy.update").await;
+    assert!(!audit.as_array().unwrap().is_empty(), "{audit}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn usage_groups_by_domain_and_country_from_the_ledger() {
+    let (stack, _dns) = stack_with_dns().await;
+    let account = stack.create_account("usage-domains").await;
+    let user = stack.create_user(account, "domainusage", PASS).await;
+    let port = stack.whoami.port();
+    let r = proxynet_tests::client::curl(&[
+        "-x",
+        &format!("http://domainusage:{PASS}@{}", stack.proxy_addrs.proxy),
+        &format!("http://localhost:{port}/"),
+    ])
+    .await;
+    assert_eq!(r.status, 200, "{}", r.headers);
+    let (s, head) = connect_stream(&stack, "domainusage", "127.0.0.1", port).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    drop(s);
+    let _ = user;
+    let rows = eventually(
+        "usage by domain to list localhost",
+        Duration::from_secs(20),
+        || async {
+            let rows = stack
+                .admin_get_json(&format!("/v1/accounts/{account}/usage?group_by=domain"))
+                .await;
+            let localhost = rows
+                .as_array()?
+                .iter()
+                .find(|r| r["domain"] == "localhost")?
+                .clone();
+            (localhost["bytes_down"].as_i64()? > 0).then_some(rows)
+        },
+    )
+    .await;
+    assert!(
+        rows.as_array()
+            .unwrap()
+            .iter()
+            .all(|r| r["domain"].is_string()),
+        "{rows}"
+    );
+    let by_country = stack
+        .admin_get_json(&format!(
+            "/v1/accounts/{account}/usage?group_by=country,user"
+        ))
+        .await;
+    assert_eq!(by_country[0]["country"], "DE", "{by_country}");
+    assert!(by_country[0]["user_id"].is_string(), "{by_country}");
+    let by_day = stack
+        .admin_get_json(&format!("/v1/accounts/{account}/usage?group_by=day,domain"))
+        .await;
+    assert!(by_day[0]["day"].is_string(), "{by_day}");
+    let r = stack
+        .http
+        .get(stack.api(&format!(
+            "/v1/accounts/{account}/usage?group_by=domain,bogus"
+        )))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+}

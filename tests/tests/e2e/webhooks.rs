@@ -1,0 +1,777 @@
+//! Signed webhooks (docs/webhooks.md): an account manages its own webhooks
+//! only; a quota running out through real tunnels, a revoked key and a
+//! withdrawn exit reach their subscribers signed; a delivery pending when
+//! the control-api dies is sent by the next one, once.
+//!
+//! Each receiver is a real HTTP server on 127.0.0.1 (the stack runs the
+//! control-api with `--webhook-allow-internal`; that loopback is refused
+//! without it is shown by `control-api`'s `webhooks::target` tests). The
+//! signature is checked with an HMAC written here from SHA-256, not with the
+//! server's code.
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use proxynet_tests::process::eventually;
+use proxynet_tests::stack::{created_id, Stack, ADMIN_TOKEN};
+use serde_json::{json, Value};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+use uuid::Uuid;
+
+/// One request a receiver got.
+#[derive(Debug, Clone)]
+struct Hit {
+    at: Instant,
+    event: String,
+    delivery: String,
+    signature: String,
+    body: String,
+    /// What the receiver answered.
+    answered: u16,
+}
+
+impl Hit {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap()
+    }
+}
+
+/// A webhook receiver: records every request; answers 500 to the first
+/// `fail_next` requests, then 200.
+#[derive(Clone)]
+struct Receiver {
+    addr: SocketAddr,
+    hits: Arc<Mutex<Vec<Hit>>>,
+    fail_next: Arc<AtomicUsize>,
+}
+
+impl Receiver {
+    async fn start() -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let receiver = Self {
+            addr: listener.local_addr().unwrap(),
+            hits: Arc::default(),
+            fail_next: Arc::default(),
+        };
+        let shared = receiver.clone();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let r = shared.clone();
+                tokio::spawn(async move {
+                    let service = service_fn(move |req| {
+                        let r = r.clone();
+                        async move { Ok::<_, std::convert::Infallible>(r.answer(req).await) }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        receiver
+    }
+
+    async fn answer(
+        &self,
+        req: hyper::Request<hyper::body::Incoming>,
+    ) -> hyper::Response<Full<Bytes>> {
+        let header = |name: &str| {
+            req.headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_owned()
+        };
+        let (event, delivery, signature) = (
+            header("proxynet-event"),
+            header("proxynet-delivery"),
+            header("proxynet-signature"),
+        );
+        let body = req.into_body().collect().await.unwrap().to_bytes();
+        let fail = self
+            .fail_next
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        let answered = if fail { 500 } else { 200 };
+        self.hits.lock().unwrap().push(Hit {
+            at: Instant::now(),
+            event,
+            delivery,
+            signature,
+            body: String::from_utf8(body.to_vec()).unwrap(),
+            answered,
+        });
+        let mut response = hyper::Response::new(Full::new(Bytes::from_static(if fail {
+            b"not yet"
+        } else {
+            b"ok"
+        })));
+        *response.status_mut() = hyper::StatusCode::from_u16(answered).unwrap();
+        response
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}/hook?token=receiver-own-token", self.addr)
+    }
+
+    fn hits(&self) -> Vec<Hit> {
+        self.hits.lock().unwrap().clone()
+    }
+
+    /// The requests for `event` it accepted (answered 2xx).
+    fn accepted(&self, event: &str) -> Vec<Hit> {
+        self.hits()
+            .into_iter()
+            .filter(|h| h.event == event && h.answered == 200)
+            .collect()
+    }
+}
+
+/// HMAC-SHA256 (RFC 2104), written out: an independent check of the server's.
+fn hmac_sha256(key: &[u8], message: &[u8]) -> [u8; 32] {
+    use sha2::{Digest, Sha256};
+    let mut block = [0u8; 64];
+    if key.len() > 64 {
+        block[..32].copy_from_slice(&Sha256::digest(key));
+    } else {
+        block[..key.len()].copy_from_slice(key);
+    }
+    let pad = |byte: u8| block.iter().map(|b| b ^ byte).collect::<Vec<u8>>();
+    let inner = Sha256::new()
+        .chain_update(pad(0x36))
+        .chain_update(message)
+        .finalize();
+    Sha256::new()
+        .chain_update(pad(0x5c))
+        .chain_update(inner)
+        .finalize()
+        .into()
+}
+
+/// Checks `Proxynet-Signature: t=UNIX,v1=HEX` over "UNIX.BODY" with
+/// `secret`, and that the timestamp is now; the body as JSON.
+fn verified(secret: &str, hit: &Hit) -> Value {
+    let mut t = None;
+    let mut v1 = None;
+    for part in hit.signature.split(',') {
+        match part.split_once('=') {
+            Some(("t", value)) => t = Some(value.to_owned()),
+            Some(("v1", value)) => v1 = Some(value.to_owned()),
+            _ => {}
+        }
+    }
+    let (t, v1) = (t.expect("t="), v1.expect("v1="));
+    let expected = hex::encode(hmac_sha256(
+        secret.as_bytes(),
+        format!("{t}.{}", hit.body).as_bytes(),
+    ));
+    assert_eq!(v1, expected, "signature of {}", hit.body);
+    let sent: i64 = t.parse().unwrap();
+    let now = chrono::Utc::now().timestamp();
+    assert!((now - sent).abs() < 300, "timestamp {sent}, now {now}");
+    let body = hit.json();
+    assert_eq!(
+        body["type"], hit.event,
+        "Proxynet-Event names the body's type"
+    );
+    assert!(body["id"].as_str().unwrap().parse::<Uuid>().is_ok());
+    assert!(body["created_at"].is_string());
+    body
+}
+
+/// `POST path` with `token` and `{url, events}`: the status and body.
+async fn post_webhook(
+    stack: &Stack,
+    token: &str,
+    path: &str,
+    url: &str,
+    events: &[&str],
+) -> (u16, Value) {
+    let r = stack
+        .http
+        .post(stack.api(path))
+        .bearer_auth(token)
+        .json(&json!({ "url": url, "events": events }))
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+/// A webhook that must be created: (id, secret).
+async fn webhook(
+    stack: &Stack,
+    token: &str,
+    path: &str,
+    url: &str,
+    events: &[&str],
+) -> (Uuid, String) {
+    let (status, body) = post_webhook(stack, token, path, url, events).await;
+    assert_eq!(status, 201, "{body}");
+    (
+        body["id"].as_str().unwrap().parse().unwrap(),
+        body["secret"].as_str().unwrap().to_owned(),
+    )
+}
+
+async fn get(stack: &Stack, token: &str, path: &str) -> (u16, String) {
+    let r = stack
+        .http
+        .get(stack.api(path))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap();
+    (r.status().as_u16(), r.text().await.unwrap())
+}
+
+async fn delete(stack: &Stack, token: &str, path: &str) -> u16 {
+    stack
+        .http
+        .delete(stack.api(path))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+/// The delivery history of a webhook, as the operator reads it.
+async fn deliveries(stack: &Stack, path: &str) -> Vec<Value> {
+    let (status, text) = get(stack, ADMIN_TOKEN, path).await;
+    assert_eq!(status, 200, "{text}");
+    serde_json::from_str(&text).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn webhooks_are_created_listed_and_deleted_by_their_own_account_only() {
+    let stack = Stack::start().await;
+    let receiver = Receiver::start().await;
+    let (a, b) = (
+        stack.create_account("hooks-a").await,
+        stack.create_account("hooks-b").await,
+    );
+    let ((key_a, _), (key_b, _)) = (stack.account_key(a).await, stack.account_key(b).await);
+    let hooks_a = format!("/v1/accounts/{a}/webhooks");
+    let hooks_b = format!("/v1/accounts/{b}/webhooks");
+
+    let (status, created) = post_webhook(
+        &stack,
+        &key_a,
+        &hooks_a,
+        &receiver.url(),
+        &["quota.exhausted", "key.revoked", "quota.exhausted"],
+    )
+    .await;
+    assert_eq!(status, 201, "{created}");
+    let id = created["id"].as_str().unwrap().to_owned();
+    let secret = created["secret"].as_str().unwrap().to_owned();
+    assert!(
+        secret.starts_with("pnwhsec_") && secret.len() > 40,
+        "{created}"
+    );
+    assert_eq!(created["url"], receiver.url());
+    assert_eq!(created["events"], json!(["quota.exhausted", "key.revoked"]));
+    assert!(created["created_at"].is_string());
+
+    // Listed without the secret, to the account and the operator.
+    for token in [key_a.as_str(), ADMIN_TOKEN] {
+        let (status, text) = get(&stack, token, &hooks_a).await;
+        assert_eq!(status, 200, "{text}");
+        assert!(
+            !text.contains(&secret) && !text.contains("secret"),
+            "{text}"
+        );
+        let list: Vec<Value> = serde_json::from_str(&text).unwrap();
+        assert_eq!(list.len(), 1, "{text}");
+        assert_eq!(list[0]["id"], id.as_str());
+    }
+
+    // Another account's key finds none of it (404, as if absent).
+    assert_eq!(get(&stack, &key_b, &hooks_a).await.0, 404);
+    assert_eq!(
+        post_webhook(&stack, &key_b, &hooks_a, &receiver.url(), &["key.revoked"])
+            .await
+            .0,
+        404
+    );
+    assert_eq!(
+        get(&stack, &key_b, &format!("{hooks_a}/{id}/deliveries"))
+            .await
+            .0,
+        404
+    );
+    assert_eq!(
+        delete(&stack, &key_b, &format!("{hooks_a}/{id}")).await,
+        404
+    );
+    assert_eq!(
+        delete(&stack, &key_b, &format!("{hooks_b}/{id}")).await,
+        404
+    );
+    assert_eq!(get(&stack, &key_b, &hooks_b).await, (200, "[]".into()));
+
+    // exit.withdrawn is the operator's: refused on an account's webhook,
+    // taken on an operator webhook; account keys cannot reach those.
+    let (status, problem) = post_webhook(
+        &stack,
+        &key_a,
+        &hooks_a,
+        &receiver.url(),
+        &["exit.withdrawn"],
+    )
+    .await;
+    assert_eq!(status, 400, "{problem}");
+    assert!(
+        problem["detail"].as_str().unwrap().contains("operator"),
+        "{problem}"
+    );
+    let (status, problem) = post_webhook(
+        &stack,
+        ADMIN_TOKEN,
+        &hooks_a,
+        &receiver.url(),
+        &["exit.withdrawn"],
+    )
+    .await;
+    assert_eq!(status, 400, "{problem}");
+    let (op_id, _) = webhook(
+        &stack,
+        ADMIN_TOKEN,
+        "/v1/webhooks",
+        &receiver.url(),
+        &["exit.withdrawn", "quota.warning"],
+    )
+    .await;
+    assert_eq!(get(&stack, &key_a, "/v1/webhooks").await.0, 403);
+    assert_eq!(
+        post_webhook(
+            &stack,
+            &key_a,
+            "/v1/webhooks",
+            &receiver.url(),
+            &["key.revoked"]
+        )
+        .await
+        .0,
+        403
+    );
+    let (_, ops) = get(&stack, ADMIN_TOKEN, "/v1/webhooks").await;
+    let ops: Vec<Value> = serde_json::from_str(&ops).unwrap();
+    assert_eq!(ops.len(), 1);
+    assert_eq!(ops[0]["id"], op_id.to_string());
+    assert_eq!(ops[0]["account_id"], Value::Null);
+
+    // What a URL and an event list must be.
+    let port = receiver.addr.port();
+    let long = format!("http://127.0.0.1:{port}/{}", "a".repeat(2048));
+    let api_itself = stack.api("/v1/accounts");
+    for (url, events, why) in [
+        (
+            format!("ftp://127.0.0.1:{port}/"),
+            vec!["key.revoked"],
+            "http",
+        ),
+        (
+            format!("http://user:pw@127.0.0.1:{port}/"),
+            vec!["key.revoked"],
+            "credentials",
+        ),
+        (long, vec!["key.revoked"], "2048"),
+        ("not a url".to_owned(), vec!["key.revoked"], "URL"),
+        (api_itself, vec!["key.revoked"], "proxy network itself"),
+        (
+            "http://127.0.0.1:25/".to_owned(),
+            vec!["key.revoked"],
+            "port 25",
+        ),
+        (receiver.url(), vec![], "at least one"),
+        (receiver.url(), vec!["quota.maybe"], "not one of"),
+    ] {
+        let (status, problem) = post_webhook(&stack, &key_a, &hooks_a, &url, &events).await;
+        assert_eq!(status, 400, "{url} {events:?}: {problem}");
+        let detail = problem["detail"].as_str().unwrap();
+        assert!(detail.contains(why), "{url}: {detail}");
+    }
+
+    // At most ten per account.
+    for _ in 1..10 {
+        webhook(&stack, &key_a, &hooks_a, &receiver.url(), &["key.revoked"]).await;
+    }
+    let (status, problem) =
+        post_webhook(&stack, &key_a, &hooks_a, &receiver.url(), &["key.revoked"]).await;
+    assert_eq!(status, 409, "{problem}");
+
+    // Deleted by its account: gone from the list, its history with it.
+    assert_eq!(
+        delete(&stack, &key_a, &format!("{hooks_a}/{id}")).await,
+        204
+    );
+    assert_eq!(
+        delete(&stack, &key_a, &format!("{hooks_a}/{id}")).await,
+        404
+    );
+    assert_eq!(
+        get(&stack, &key_a, &format!("{hooks_a}/{id}/deliveries"))
+            .await
+            .0,
+        404
+    );
+    let (_, list) = get(&stack, &key_a, &hooks_a).await;
+    let list: Vec<Value> = serde_json::from_str(&list).unwrap();
+    assert_eq!(list.len(), 9);
+    assert!(list.iter().all(|w| w["id"] != id.as_str()));
+    assert_eq!(
+        delete(&stack, &key_a, &format!("/v1/webhooks/{op_id}")).await,
+        403
+    );
+    assert_eq!(
+        delete(&stack, ADMIN_TOKEN, &format!("/v1/webhooks/{op_id}")).await,
+        204
+    );
+    assert!(receiver.hits().is_empty(), "nothing was emitted");
+}
+
+/// Sends `size` bytes to every connection, then closes it.
+async fn download_server(size: usize) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let chunk = vec![7u8; 64 * 1024];
+                let mut left = size;
+                while left > 0 {
+                    let n = left.min(chunk.len());
+                    if s.write_all(&chunk[..n]).await.is_err() {
+                        return;
+                    }
+                    left -= n;
+                }
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quota_running_out_through_tunnels_is_announced_signed_within_twenty_seconds() {
+    const QUOTA: u64 = 200_000;
+    const PASS: &str = "hooked-password-1";
+    let stack = Stack::start().await;
+    let (customer, operator) = (Receiver::start().await, Receiver::start().await);
+    let account = stack.create_account("hooked").await;
+    let r = stack
+        .http
+        .post(stack.api(&format!("/v1/accounts/{account}/users")))
+        .bearer_auth(ADMIN_TOKEN)
+        .json(&json!({"username": "hooked", "password": PASS,
+                      "limits": {"bandwidth_bytes": QUOTA, "period": "daily", "warn_percent": 50}}))
+        .send()
+        .await
+        .unwrap();
+    let user = created_id(r, "create the metered user").await;
+    let (key, _) = stack.account_key(account).await;
+    let hooks = format!("/v1/accounts/{account}/webhooks");
+    let (hook, secret) = webhook(
+        &stack,
+        &key,
+        &hooks,
+        &customer.url(),
+        &["quota.warning", "quota.exhausted"],
+    )
+    .await;
+    let (_, operator_secret) = webhook(
+        &stack,
+        ADMIN_TOKEN,
+        "/v1/webhooks",
+        &operator.url(),
+        &["quota.exhausted"],
+    )
+    .await;
+
+    // The quota runs out through a real tunnel: the stream is cut.
+    let target = download_server(5_000_000).await;
+    let (mut tunnel, head) =
+        proxynet_tests::client::connect_tunnel(stack.proxy_addrs.proxy, "hooked", PASS, target)
+            .await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let mut received = 0u64;
+    let mut buf = vec![0u8; 64 * 1024];
+    while let Ok(n @ 1..) = tunnel.read(&mut buf).await {
+        received += n as u64;
+    }
+    let ran_out = Instant::now();
+    assert!(received < 5_000_000, "the stream was not cut");
+
+    let exhausted = eventually(
+        "quota.exhausted at the account's receiver",
+        Duration::from_secs(20),
+        || async { customer.accepted("quota.exhausted").into_iter().next() },
+    )
+    .await;
+    assert!(ran_out.elapsed() <= Duration::from_secs(20));
+    let body = verified(&secret, &exhausted);
+    let data = &body["data"];
+    assert_eq!(data["scope"], "user");
+    assert_eq!(data["account_id"], account.to_string());
+    assert_eq!(data["user_id"], user.to_string());
+    assert_eq!(data["username"], "hooked");
+    assert_eq!(data["period"], "daily");
+    assert_eq!(data["limit_bytes"], QUOTA);
+    assert!(data["used_bytes"].as_u64().unwrap() >= QUOTA, "{data}");
+    let start =
+        chrono::DateTime::parse_from_rfc3339(data["period_start"].as_str().unwrap()).unwrap();
+    let end = chrono::DateTime::parse_from_rfc3339(data["period_end"].as_str().unwrap()).unwrap();
+    assert_eq!(end - start, chrono::Duration::days(1));
+    assert!(start.timestamp() <= chrono::Utc::now().timestamp());
+
+    // The warning went first, or with it; the operator's webhook got the
+    // same event (same body id) under its own delivery id and signature.
+    let warning = eventually(
+        "quota.warning at the account's receiver",
+        Duration::from_secs(5),
+        || async { customer.accepted("quota.warning").into_iter().next() },
+    )
+    .await;
+    let warned = verified(&secret, &warning);
+    assert_eq!(warned["data"]["warn_percent"], 50);
+    let seen_by_operator = eventually(
+        "quota.exhausted at the operator's receiver",
+        Duration::from_secs(20),
+        || async { operator.accepted("quota.exhausted").into_iter().next() },
+    )
+    .await;
+    let op_body = verified(&operator_secret, &seen_by_operator);
+    assert_eq!(op_body["id"], body["id"]);
+    assert_ne!(seen_by_operator.delivery, exhausted.delivery);
+    assert!(
+        operator.accepted("quota.warning").is_empty(),
+        "the operator subscribed to exhaustion only"
+    );
+
+    // The history says what the receiver saw; each event once per period.
+    let history = deliveries(&stack, &format!("{hooks}/{hook}/deliveries")).await;
+    assert_eq!(history.len(), 2, "{history:?}");
+    for d in &history {
+        assert_eq!(d["status"], "delivered", "{d}");
+        assert_eq!(d["attempts"], 1, "{d}");
+        assert_eq!(d["last_status_code"], 200, "{d}");
+        assert!(
+            d["delivered_at"].is_string() && d["next_attempt_at"].is_null(),
+            "{d}"
+        );
+    }
+    let delivery_ids: Vec<&str> = history.iter().map(|d| d["id"].as_str().unwrap()).collect();
+    assert!(delivery_ids.contains(&exhausted.delivery.as_str()));
+    assert_eq!(customer.hits().len(), 2, "{:?}", customer.hits());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revoked_keys_and_withdrawn_exits_reach_their_subscribers() {
+    let stack = Stack::start().await;
+    let (customer, operator) = (Receiver::start().await, Receiver::start().await);
+    let account = stack.create_account("revoker").await;
+    let (key, _) = stack.account_key(account).await;
+    let hooks = format!("/v1/accounts/{account}/webhooks");
+    let (_, secret) = webhook(&stack, &key, &hooks, &customer.url(), &["key.revoked"]).await;
+    let (_, operator_secret) = webhook(
+        &stack,
+        ADMIN_TOKEN,
+        "/v1/webhooks",
+        &operator.url(),
+        &["key.revoked", "exit.withdrawn"],
+    )
+    .await;
+
+    // A key and the key it minted, revoked by one call.
+    let mint = |with: String, name: &'static str| {
+        let stack = &stack;
+        async move {
+            let r = stack
+                .http
+                .post(stack.api(&format!("/v1/accounts/{account}/api-keys")))
+                .bearer_auth(with)
+                .json(&json!({ "name": name }))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 201);
+            let body: Value = r.json().await.unwrap();
+            (
+                body["key"].as_str().unwrap().to_owned(),
+                body["id"].as_str().unwrap().to_owned(),
+            )
+        }
+    };
+    let (parent, parent_id) = mint(ADMIN_TOKEN.to_owned(), "parent").await;
+    let (_, child_id) = mint(parent, "child").await;
+    assert_eq!(
+        delete(&stack, &key, &format!("/v1/api-keys/{parent_id}")).await,
+        204
+    );
+
+    for (receiver, secret) in [(&customer, &secret), (&operator, &operator_secret)] {
+        let hits = eventually(
+            "two key.revoked deliveries",
+            Duration::from_secs(10),
+            || async {
+                let hits = receiver.accepted("key.revoked");
+                (hits.len() >= 2).then_some(hits)
+            },
+        )
+        .await;
+        assert_eq!(hits.len(), 2);
+        let mut by_key = std::collections::HashMap::new();
+        for hit in &hits {
+            let body = verified(secret, hit);
+            by_key.insert(body["data"]["key_id"].as_str().unwrap().to_owned(), body);
+        }
+        let parent = &by_key[&parent_id]["data"];
+        assert_eq!(parent["name"], "parent");
+        assert_eq!(parent["account_id"], account.to_string());
+        assert_eq!(parent["cascade_from"], Value::Null);
+        assert_eq!(parent["revoked_by"], format!("account:{account}"));
+        let child = &by_key[&child_id]["data"];
+        assert_eq!(child["cascade_from"], parent_id.as_str());
+        assert_eq!(child["minted_by"], parent_id.as_str());
+    }
+
+    // The exit's owner withdraws it: the operator hears, the account cannot.
+    let token_file = stack
+        .dir
+        .path()
+        .join(format!("agent-{}.admin-token", stack.agents[0].egress_ip));
+    let token = std::fs::read_to_string(token_file).unwrap();
+    let r = reqwest::Client::new()
+        .post(format!("http://{}/opt-out", stack.agents[0].addrs.admin))
+        .bearer_auth(token.trim())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let withdrawn = eventually(
+        "exit.withdrawn at the operator's receiver",
+        Duration::from_secs(10),
+        || async { operator.accepted("exit.withdrawn").into_iter().next() },
+    )
+    .await;
+    let body = verified(&operator_secret, &withdrawn);
+    assert_eq!(
+        body["data"]["exit_id"],
+        stack.agents[0].addrs.exit_id.to_string()
+    );
+    assert_eq!(body["data"]["cause"], "opt_out");
+    assert!(body["data"]["withdrawn_at"].is_string(), "{body}");
+    assert!(customer.hits().iter().all(|h| h.event == "key.revoked"));
+    assert_eq!(operator.accepted("exit.withdrawn").len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delivery_pending_across_a_control_api_restart_is_delivered_once() {
+    let mut stack = Stack::start().await;
+    let receiver = Receiver::start().await;
+    let account = stack.create_account("durable").await;
+    let hooks = format!("/v1/accounts/{account}/webhooks");
+    let (hook, secret) = webhook(
+        &stack,
+        ADMIN_TOKEN,
+        &hooks,
+        &receiver.url(),
+        &["key.revoked"],
+    )
+    .await;
+    let history = format!("{hooks}/{hook}/deliveries");
+    let (_, doomed) = stack.account_key(account).await;
+
+    // The first attempt is refused; its retry is due in about 5 s.
+    receiver.fail_next.store(1, Ordering::SeqCst);
+    assert_eq!(
+        delete(&stack, ADMIN_TOKEN, &format!("/v1/api-keys/{doomed}")).await,
+        204
+    );
+    let first = eventually(
+        "the failed first attempt to be recorded",
+        Duration::from_secs(10),
+        || async {
+            let rows = deliveries(&stack, &history).await;
+            let row = rows.into_iter().next()?;
+            (row["attempts"] == 1 && row["last_status_code"] == 500).then_some(row)
+        },
+    )
+    .await;
+    assert_eq!(first["status"], "pending");
+    assert_eq!(first["last_response"], "not yet");
+    assert!(first["next_attempt_at"].is_string());
+    let delivery = first["id"].as_str().unwrap().to_owned();
+
+    // The control-api dies before the retry; the one started after it sends it.
+    let died = Instant::now();
+    stack.restart_api_after_kill().await;
+    let accepted = eventually(
+        "the pending delivery to be sent after the restart",
+        Duration::from_secs(30),
+        || async { receiver.accepted("key.revoked").into_iter().next() },
+    )
+    .await;
+    assert_eq!(accepted.delivery, delivery);
+    assert!(
+        accepted.at > died,
+        "the retry came from the restarted control-api"
+    );
+    let body = verified(&secret, &accepted);
+    assert_eq!(body["data"]["key_id"], doomed.to_string());
+    let hits = receiver.hits();
+    assert_eq!(hits.len(), 2, "{hits:?}");
+    assert_eq!(hits[0].delivery, hits[1].delivery);
+    assert_eq!(
+        hits[0].body, hits[1].body,
+        "every attempt sends the same bytes"
+    );
+    let row = eventually(
+        "the delivery to be recorded",
+        Duration::from_secs(10),
+        || async {
+            let rows = deliveries(&stack, &history).await;
+            rows.into_iter().find(|r| r["status"] == "delivered")
+        },
+    )
+    .await;
+    assert_eq!(row["attempts"], 2);
+    assert_eq!(row["last_status_code"], 200);
+
+    // Delivered is final: after one more restart, a fresh event is sent and
+    // the delivered one is not sent again.
+    stack.restart_api_after_kill().await;
+    let (_, barrier) = stack.account_key(account).await;
+    assert_eq!(
+        delete(&stack, ADMIN_TOKEN, &format!("/v1/api-keys/{barrier}")).await,
+        204
+    );
+    eventually(
+        "the fresh event after the second restart",
+        Duration::from_secs(10),
+        || async {
+            receiver
+                .accepted("key.revoked")
+                .into_iter()
+                .find(|h| h.json()["data"]["key_id"] == barrier.to_string())
+        },
+    )
+    .await;
+    let of_first: Vec<Hit> = receiver
+        .hits()
+        .into_iter()
+        .filter(|h| h.delivery == delivery)
+        .collect();
+    assert_eq!(of_first.len(), 2, "{of_first:?}");
+    assert_eq!(of_first.iter().filter(|h| h.answered == 200).count(), 1);
+}
