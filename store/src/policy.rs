@@ -221,7 +221,21 @@ pub fn normalize_host(raw: &str) -> Result<String, &'static str> {
     if raw.is_empty() {
         return Err("an empty host name");
     }
+    // One trailing dot is the root; more (`localhost..`) is an empty label,
+    // which no resolver takes and no rule may be dodged by.
+    if raw.ends_with('.') {
+        return Err("not a valid host name");
+    }
     let ascii = idna::domain_to_ascii(raw).map_err(|_| "not a valid host name")?;
+    // IDNA maps other full stops (U+3002, U+FF0E) to `.`: the root dot may
+    // appear only now.
+    let ascii = match ascii.strip_suffix('.') {
+        Some(stripped) => stripped.to_owned(),
+        None => ascii,
+    };
+    if ascii.ends_with('.') {
+        return Err("not a valid host name");
+    }
     if ascii.is_empty() || ascii.len() > MAX_NAME || ascii.starts_with('.') || ascii.contains("..")
     {
         return Err("not a valid host name");
@@ -331,6 +345,10 @@ mod tests {
         assert_eq!(name("0x7f.1"), "127.0.0.1");
         assert!(normalize_host("").is_err());
         assert!(normalize_host("a..b").is_err());
+        assert!(normalize_host("localhost..").is_err());
+        assert_eq!(name("ｌｏｃａｌｈｏｓｔ"), "localhost");
+        assert_eq!(name("sub.localhost\u{3002}"), "sub.localhost");
+        assert!(normalize_host("localhost\u{3002}\u{3002}").is_err());
         assert!(normalize_host(&"a.".repeat(200)).is_err());
     }
 

@@ -100,7 +100,14 @@ pub(crate) fn operations() -> Vec<Op> {
         Op::post("/dashboard/logout", dashboard::logout, "End the dashboard session", Auth::None).status(303),
         Op::get("/dashboard/data.json", dashboard::data, "Dashboard table data (operator session)", Auth::None),
         Op::get("/dashboard/exits/{id}", dashboard::exit_page, "One exit's last hour (HTML, operator session)", Auth::None),
-        Op::get("/dashboard/usage", dashboard::usage, "Usage of the session's account (HTML)", Auth::None),
+        Op::get("/dashboard/usage", dashboard::usage, "Usage by day, domain and user over ?days=1|7|30|90: the session's account, or all for operators (HTML)", Auth::None),
+        Op::get("/dashboard/accounts", dashboard::accounts, "Every account (HTML, operator session)", Auth::None),
+        Op::get("/dashboard/accounts/{id}", dashboard::account_page, "One account: users, quotas, entitlements, keys, usage (HTML; operators any, an account its own)", Auth::None),
+        Op::get("/dashboard/users/{id}/sessions", dashboard::user_sessions, "A user's sticky sessions (HTML)", Auth::None),
+        Op::post("/dashboard/exits/{id}/{action}", dashboard::exit_action, "Drain, undrain, disable, enable or revoke-consent an exit (form: csrf, confirm=yes, reason; operator session)", Auth::None).status(303),
+        Op::post("/dashboard/api-keys/{id}/revoke", dashboard::key_revoke, "Revoke a key and its descendants (form: csrf, confirm=yes; operator session)", Auth::None).status(303),
+        Op::post("/dashboard/users/{id}/{action}", dashboard::user_action, "Disable or enable a user (form: csrf, confirm=yes; operator session)", Auth::None).status(303),
+        Op::post("/dashboard/users/{id}/sessions/{session}/end", dashboard::session_end, "End a sticky session (form: csrf, confirm=yes; operator session)", Auth::None).status(303),
     ]
 }
 

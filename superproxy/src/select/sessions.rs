@@ -23,6 +23,7 @@
 use proxynet_store::redis_target::RedisConnection;
 use proxynet_store::Keys;
 use proxynet_wire::session_pin::PinValue;
+use proxynet_wire::username::Session;
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::Mutex;
@@ -283,21 +284,21 @@ impl Sessions {
         moved
     }
 
-    /// Pins `exit` (and `egress_ip`) if the pin is still `expected`; returns
-    /// the pin in force. Keeping the expected pin's exit (a new egress IP)
-    /// keeps its expiry; another exit is a new pin, living `ttl`. A new
-    /// session beyond the user's cap is refused. `idle`: the session's
-    /// `sessidle`, whose deadline the new pin starts.
+    /// Pins `exit` (and `egress_ip`) for `session` if the pin is still
+    /// `expected`; returns the pin in force. Keeping the expected pin's exit
+    /// (a new egress IP) keeps its expiry; another exit is a new pin, living
+    /// the session's `sesstime`, its `sessidle` deadline starting now. A new
+    /// session beyond the user's cap is refused.
     pub async fn set(
         &self,
         user: Uuid,
-        session: &str,
+        session: &Session,
         expected: Option<Pin>,
         exit: Uuid,
         egress_ip: Option<IpAddr>,
-        ttl: Duration,
-        idle: Option<Duration>,
     ) -> Result<Pin, TooManySessions> {
+        let (ttl, idle) = (session.ttl, session.idle);
+        let session = session.id.as_str();
         let ttl = match expected {
             Some(p) if p.exit == exit => p
                 .expires

@@ -117,15 +117,7 @@ impl<'a> Sticky<'a> {
     async fn repin(&mut self, exit: Uuid, ip: Option<IpAddr>) -> Result<Pin, ProxyError> {
         let pin = self
             .sessions
-            .set(
-                self.user,
-                &self.session.id,
-                self.pin,
-                exit,
-                ip,
-                self.session.ttl,
-                self.session.idle,
-            )
+            .set(self.user, self.session, self.pin, exit, ip)
             .await?;
         self.pin = Some(pin);
         Ok(pin)

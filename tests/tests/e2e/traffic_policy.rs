@@ -5,7 +5,7 @@
 //! the loopback address of the whoami target, so refusals can be shown to
 //! cost no lookup at the exit.
 
-use proxynet_tests::client::{connect_tunnel, socks5};
+use proxynet_tests::client::socks5;
 use proxynet_tests::dns::TestDns;
 use proxynet_tests::process::eventually;
 use proxynet_tests::stack::{Stack, StackOptions, ADMIN_TOKEN};

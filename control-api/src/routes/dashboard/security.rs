@@ -97,17 +97,26 @@ pub(crate) async fn security_headers(
     response
 }
 
-/// The Content-Security-Policy: the table script by its hash, inline styles,
-/// requests to this origin only, no framing.
+/// The Content-Security-Policy: every script asset ([`SCRIPTS`]) by its
+/// hash, inline styles, requests to this origin only, no framing.
 pub(super) fn csp() -> &'static str {
     static CSP: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     CSP.get_or_init(|| {
         use base64::Engine as _;
         use sha2::Digest as _;
-        let hash = base64::engine::general_purpose::STANDARD
-            .encode(sha2::Sha256::digest(TABLE_SCRIPT.as_bytes()));
+        let hashes: Vec<String> = SCRIPTS
+            .iter()
+            .map(|s| {
+                format!(
+                    "'sha256-{}'",
+                    base64::engine::general_purpose::STANDARD
+                        .encode(sha2::Sha256::digest(s.as_bytes()))
+                )
+            })
+            .collect();
+        let hashes = hashes.join(" ");
         format!(
-            "default-src 'none'; script-src 'sha256-{hash}'; style-src 'unsafe-inline'; \
+            "default-src 'none'; script-src {hashes}; style-src 'unsafe-inline'; \
              img-src 'self' data:; connect-src 'self'; form-action 'self'; \
              frame-ancestors 'none'; base-uri 'none'"
         )

@@ -22,6 +22,9 @@ pub(super) struct Session {
     opened: Instant,
     until: Instant,
     checked: Instant,
+    /// This session's CSRF token: embedded in its pages, required on every
+    /// action (besides the same-origin check).
+    csrf: String,
 }
 
 /// Logged-in dashboard sessions (SHA-256 of the cookie → the session) and
@@ -61,14 +64,15 @@ impl Sessions {
                     opened: now,
                     until: now + SESSION_TTL,
                     checked: now,
+                    csrf: crate::auth::new_secret("pncsrf"),
                 },
             );
         }
         token
     }
 
-    /// The session's caller, if it is open and its key still valid.
-    async fn caller(&self, state: &AppState, headers: &HeaderMap) -> Option<Caller> {
+    /// The session's caller and CSRF token, if it is open and its key still valid.
+    async fn caller(&self, state: &AppState, headers: &HeaderMap) -> Option<Viewer> {
         let token = cookie(headers)?;
         let digest = proxynet_common::secret::sha256_hex(&token);
         let now = Instant::now();
@@ -76,7 +80,13 @@ impl Sessions {
             let m = self.map.lock().ok()?;
             let s = m.get(&digest).filter(|s| s.until > now)?;
             let due = now.duration_since(s.checked) >= SESSION_RECHECK;
-            (s.caller, s.key_id.filter(|_| due))
+            (
+                Viewer {
+                    caller: s.caller,
+                    csrf: s.csrf.clone(),
+                },
+                s.key_id.filter(|_| due),
+            )
         };
         if let Some(key) = recheck {
             // Revoked (here or on another control-api): the session ends.
@@ -187,8 +197,21 @@ impl IntoResponse for Refusal {
     }
 }
 
-/// The session's caller, or the way to the login form.
-pub(super) async fn session(state: &AppState, headers: &HeaderMap) -> Result<Caller, Refusal> {
+/// Who is looking at a page: the session's caller and its CSRF token.
+#[derive(Clone)]
+pub(super) struct Viewer {
+    pub(super) caller: Caller,
+    pub(super) csrf: String,
+}
+
+impl Viewer {
+    pub(super) fn is_operator(&self) -> bool {
+        self.caller == Caller::Operator
+    }
+}
+
+/// The session's viewer (caller and CSRF token), or the way to the login form.
+pub(super) async fn viewer(state: &AppState, headers: &HeaderMap) -> Result<Viewer, Refusal> {
     state
         .sessions
         .caller(state, headers)
@@ -196,9 +219,42 @@ pub(super) async fn session(state: &AppState, headers: &HeaderMap) -> Result<Cal
         .ok_or(Refusal::Login)
 }
 
-pub(super) async fn operator_only(state: &AppState, headers: &HeaderMap) -> Result<(), Refusal> {
-    match session(state, headers).await? {
-        Caller::Operator => Ok(()),
+/// An action's gate: from this origin, an operator session, and the
+/// session's own CSRF token in the form (compared in constant time).
+pub(super) async fn operator_action(
+    state: &AppState,
+    headers: &HeaderMap,
+    csrf: &str,
+) -> Result<(), Response> {
+    same_origin(headers).map_err(|r| *r)?;
+    let v = viewer(state, headers)
+        .await
+        .map_err(IntoResponse::into_response)?;
+    if !v.is_operator() {
+        return Err(Refusal::Forbidden.into_response());
+    }
+    if csrf.is_empty()
+        || !proxynet_common::secret::constant_time_eq(csrf.as_bytes(), v.csrf.as_bytes())
+    {
+        return Err((
+            StatusCode::FORBIDDEN,
+            page(
+                "Forbidden",
+                "<p>This form has expired or did not come from your session; reload the page and try again.</p>",
+            ),
+        )
+            .into_response());
+    }
+    Ok(())
+}
+
+pub(super) async fn operator_only(
+    state: &AppState,
+    headers: &HeaderMap,
+) -> Result<Viewer, Refusal> {
+    let v = viewer(state, headers).await?;
+    match v.caller {
+        Caller::Operator => Ok(v),
         Caller::Account(_) => Err(Refusal::Forbidden),
     }
 }
@@ -234,5 +290,19 @@ mod tests {
         assert!(policy.contains("frame-ancestors 'none'"));
         assert!(policy.contains("script-src 'sha256-"));
         assert!(!policy.contains("script-src 'unsafe-inline'"));
+        // Every script asset, by its hash.
+        assert!(SCRIPTS.len() >= 2);
+        assert_eq!(policy.matches("'sha256-").count(), SCRIPTS.len());
+    }
+
+    #[test]
+    pub(super) fn every_session_has_its_own_csrf_token() {
+        let sessions = Sessions::default();
+        sessions.open(Caller::Operator, None);
+        sessions.open(Caller::Operator, None);
+        let map = sessions.map.lock().unwrap();
+        let tokens: std::collections::HashSet<&String> = map.values().map(|s| &s.csrf).collect();
+        assert_eq!(tokens.len(), 2);
+        assert!(tokens.iter().all(|t| t.len() > 20));
     }
 }
