@@ -4,7 +4,7 @@ WORKDIR /src
 COPY . .
 RUN cargo build --release --locked --workspace --bins \
  && mkdir /out \
- && cp target/release/superproxy target/release/control-api target/release/exit-agent target/release/whoami /out/
+ && cp target/release/superproxy target/release/control-api target/release/exit-agent target/release/whoami target/release/proxynetctl /out/
 
 FROM debian:bookworm-slim
 RUN apt-get update \

@@ -80,9 +80,7 @@ fn resolve_with(
     let api = api.filter(|a| !a.trim().is_empty());
     // Tokens hold no white space: a trailing newline (`$(cat file)` keeps
     // none, but an editor's file does) is not part of one.
-    let token = token
-        .map(|t| t.trim().to_owned())
-        .filter(|t| !t.is_empty());
+    let token = token.map(|t| t.trim().to_owned()).filter(|t| !t.is_empty());
     let file = match explicit {
         Some(path) => read(path)?,
         None if api.is_none() || token.is_none() => match default_path(var) {

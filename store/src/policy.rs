@@ -199,7 +199,14 @@ impl<'a> PolicyTarget<'a> {
     /// IP literal count as themselves.
     pub fn registrable_domain(&self) -> String {
         match self {
-            PolicyTarget::Ip(ip) => ip.to_string(),
+            // An IPv6 literal counts as its /64 (what one host controls), so
+            // walking a prefix makes neither fresh limits nor fresh rows.
+            PolicyTarget::Ip(IpAddr::V6(v6)) if v6.to_ipv4_mapped().is_none() => {
+                let s = v6.segments();
+                let net = std::net::Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0);
+                format!("{net}/64")
+            }
+            PolicyTarget::Ip(ip) => ip.to_canonical().to_string(),
             PolicyTarget::Name(name) => registrable_domain(name).to_owned(),
         }
     }
@@ -417,6 +424,10 @@ mod tests {
         assert_eq!(registrable_domain("www.example.com"), "example.com");
         assert_eq!(registrable_domain("localhost"), "localhost");
         assert_eq!(registrable_domain("x.example.test"), "example.test");
+        let v6 = |a: &str| PolicyTarget::Ip(a.parse().unwrap()).registrable_domain();
+        assert_eq!(v6("2001:db8:1:2::99"), "2001:db8:1:2::/64");
+        assert_eq!(v6("2001:db8:1:2:ffff::1"), v6("2001:db8:1:2::7"));
+        assert_eq!(v6("::ffff:127.0.0.1"), "127.0.0.1");
     }
 
     #[test]

@@ -24,10 +24,22 @@ pub struct Entry {
     pub exit_id: Uuid,
     /// The allow-listed network that let the tunnel in (no credentials).
     pub network: Option<proxynet_common::egress::Cidr>,
-    /// The target's normalised host and port, for traffic-policy changes
-    /// (`None` for a client connection or a UDP association).
-    pub target: Option<(String, u16)>,
+    /// What a traffic-policy change is judged against.
+    pub watch: PolicyWatch,
     cut: CancellationToken,
+}
+
+/// What a traffic-policy change re-checks for an open entry.
+#[derive(Debug, Clone)]
+pub enum PolicyWatch {
+    /// A client connection: nothing of its own.
+    Nothing,
+    /// A tunnel: its target's normalised host and port.
+    Target(String, u16),
+    /// A UDP association: each datagram is judged by the record it was
+    /// admitted with, so any change to the user's or account's policy ends
+    /// it (the client opens a new one under the new rules).
+    Association(std::sync::Arc<proxynet_store::UserRecord>),
 }
 
 #[derive(Default)]
@@ -52,6 +64,8 @@ impl Drop for Registration {
 }
 
 impl OpenTunnels {
+    // Each argument is one field of the entry; a struct would only rename them.
+    #[allow(clippy::too_many_arguments)]
     pub fn register(
         self: &Arc<Self>,
         user_id: Uuid,
@@ -59,7 +73,7 @@ impl OpenTunnels {
         credential_digest: [u8; 32],
         exit_id: Uuid,
         network: Option<proxynet_common::egress::Cidr>,
-        target: Option<(String, u16)>,
+        watch: PolicyWatch,
         cut: CancellationToken,
     ) -> Registration {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
@@ -72,7 +86,7 @@ impl OpenTunnels {
                     credential_digest,
                     exit_id,
                     network,
-                    target,
+                    watch,
                     cut,
                 },
             );
@@ -120,13 +134,28 @@ impl OpenTunnels {
     /// Cuts the tunnels whose target `refused(host, port)` says a changed
     /// policy no longer permits; returns how many.
     pub fn cut_where_target(&self, refused: impl Fn(&str, u16) -> bool) -> usize {
-        self.cut_where(|e| e.target.as_ref().is_some_and(|(h, p)| refused(h, *p)))
+        self.cut_where(|e| matches!(&e.watch, PolicyWatch::Target(h, p) if refused(h, *p)))
     }
 
-    /// Cuts the tunnels of `username` whose target `refused` says so.
-    pub fn cut_user_target_if(&self, username: &str, refused: impl Fn(&str, u16) -> bool) -> usize {
+    /// Cuts what of `username` the user's current record no longer allows:
+    /// tunnels whose target `refused` says so, and associations admitted
+    /// under other policies than `current`'s.
+    pub fn cut_user_policy_if(
+        &self,
+        username: &str,
+        current: &proxynet_store::UserRecord,
+        refused: impl Fn(&str, u16) -> bool,
+    ) -> usize {
         self.cut_where(|e| {
-            e.username == username && e.target.as_ref().is_some_and(|(h, p)| refused(h, *p))
+            e.username == username
+                && match &e.watch {
+                    PolicyWatch::Nothing => false,
+                    PolicyWatch::Target(h, p) => refused(h, *p),
+                    PolicyWatch::Association(admitted) => {
+                        admitted.policy != current.policy
+                            || admitted.account_policy != current.account_policy
+                    }
+                }
         })
     }
 
@@ -160,7 +189,15 @@ mod tests {
         let registry = Arc::new(OpenTunnels::default());
         let (alice, bob, exit) = (Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4());
         let (a, b) = (CancellationToken::new(), CancellationToken::new());
-        let ra = registry.register(alice, "alice", [1; 32], exit, None, None, a.clone());
+        let ra = registry.register(
+            alice,
+            "alice",
+            [1; 32],
+            exit,
+            None,
+            PolicyWatch::Nothing,
+            a.clone(),
+        );
         let net: proxynet_common::egress::Cidr = "192.0.2.0/24".parse().unwrap();
         let _rb = registry.register(
             bob,
@@ -168,7 +205,7 @@ mod tests {
             [2; 32],
             Uuid::new_v4(),
             Some(net),
-            None,
+            PolicyWatch::Nothing,
             b.clone(),
         );
         assert_eq!(registry.cut_where_network(|_, user| user != "bob"), 0);

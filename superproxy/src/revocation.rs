@@ -47,9 +47,11 @@ impl Revoker {
                 // A changed traffic policy cuts the tunnels it now refuses.
                 self.open_tunnels
                     .cut_user_if(username, |e| e.credential_digest != current)
-                    + self.open_tunnels.cut_user_target_if(username, |host, _| {
-                        crate::pipeline::customer_refusal(&r, host).is_some()
-                    })
+                    + self
+                        .open_tunnels
+                        .cut_user_policy_if(username, &r, |host, _| {
+                            crate::pipeline::customer_refusal(&r, host).is_some()
+                        })
             }
             UserEntry::Present(_) | UserEntry::Deleted => {
                 self.open_tunnels.cut_user_if(username, |_| true)

@@ -523,6 +523,12 @@ pub(crate) async fn audit_log(
             filters.push_str(&format!("&{name}={}", urlencode(v)));
         }
     }
+    // The next page keeps the time window too.
+    for (name, value) in [("from", q.from), ("to", q.to)] {
+        if let Some(at) = value {
+            filters.push_str(&format!("&{name}={}", urlencode(&at.to_rfc3339())));
+        }
+    }
     let (headers, rows) = finish(rows, limit, "/v1/audit", |r| format!("{}{filters}", r.id));
     Ok((headers, Json(rows)))
 }

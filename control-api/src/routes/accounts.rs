@@ -130,15 +130,27 @@ pub(crate) async fn update(
     };
     let policy = crate::routes::policy::customer_policy(raw)?;
     let mut tx = state.db.begin().await?;
-    let account: Account = sqlx::query_as(&format!(
-        "UPDATE accounts SET policy = $2 WHERE id = $1 AND deleted_at IS NULL
+    // A policy the operator set binds the account: its own key may not
+    // replace it (an abusive customer must not lift the operator's denial).
+    // The operator releases it by writing `{}`.
+    let by_operator = caller == Caller::Operator && !policy.is_empty();
+    let account: Option<Account> = sqlx::query_as(&format!(
+        "UPDATE accounts SET policy = $2, policy_by_operator = $3
+          WHERE id = $1 AND deleted_at IS NULL AND ($4 OR NOT policy_by_operator)
          RETURNING {ACCOUNT_COLUMNS}"
     ))
     .bind(id)
     .bind(sqlx::types::Json(&policy))
+    .bind(by_operator)
+    .bind(caller == Caller::Operator)
     .fetch_optional(&mut *tx)
-    .await?
-    .ok_or(ApiError::NotFound("account"))?;
+    .await?;
+    let Some(account) = account else {
+        crate::routes::accounts::ensure_exists(&state, id).await?;
+        return Err(ApiError::Forbidden(
+            "policy: the operator set this account's policy; only an operator can change it".into(),
+        ));
+    };
     touch_users(&mut tx, id).await?;
     audit::record(
         &mut tx,

@@ -165,7 +165,16 @@ impl Deliverer {
         let claimed: Vec<Claimed> = sqlx::query_as(
             "WITH due AS (
                  SELECT id FROM webhook_deliveries
-                  WHERE status = 'pending' AND next_attempt_at <= now()
+                  WHERE id IN (
+                        -- At most two per webhook a round: a receiver that
+                        -- hangs holds up its own deliveries, not everyone's.
+                        SELECT id FROM (
+                            SELECT id, row_number() OVER (PARTITION BY webhook_id
+                                                          ORDER BY next_attempt_at) AS nth
+                              FROM webhook_deliveries
+                             WHERE status = 'pending' AND next_attempt_at <= now()) ranked
+                         WHERE nth <= 2)
+                    AND status = 'pending' AND next_attempt_at <= now()
                   ORDER BY next_attempt_at
                   LIMIT $1
                   FOR UPDATE SKIP LOCKED)

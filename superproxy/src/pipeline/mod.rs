@@ -115,8 +115,9 @@ impl Pipeline {
             let target = target.parse()?;
             // Literal addresses the policy forbids never cost an exit a stream.
             self.opener.check_literal(&target)?;
-            let permitted = self.target_policy.check(&client, &target).await?;
+            let judged = self.target_policy.check(&client, &target)?;
             let (lease, quotas) = self.admit.admit(&client).await?;
+            let permitted = self.target_policy.limit(&client, judged).await?;
             let lease = lease.with_domain(permitted.leases);
             let opened = self.opener.open(Purpose::Tunnel(&target), &client).await?;
             let held = HeldTarget {
@@ -281,7 +282,10 @@ impl Pipeline {
             client.credential_digest,
             opened.exit_id,
             client.network,
-            target.policy_host,
+            match target.policy_host {
+                Some((host, port)) => crate::open_tunnels::PolicyWatch::Target(host, port),
+                None => crate::open_tunnels::PolicyWatch::Association(client.record.clone()),
+            },
             ticket.cut().clone(),
         );
         Tunnel {

@@ -24,6 +24,13 @@ pub struct TargetPolicy {
     admission: Arc<Admission>,
 }
 
+/// A target the denials let through, before its per-domain limits.
+pub(super) struct Judged {
+    host: String,
+    domain: Arc<str>,
+    operator: Arc<proxynet_store::policy::OperatorPolicy>,
+}
+
 /// What the stage lets through: the per-domain leases the tunnel holds, the
 /// normalised host (for revocation by a later policy change) and the
 /// registrable domain its usage is counted under.
@@ -73,11 +80,9 @@ impl TargetPolicy {
         }
     }
 
-    pub(super) async fn check(
-        &self,
-        client: &Client,
-        target: &Target,
-    ) -> Result<Permitted, ProxyError> {
+    /// The denials: in memory, no Redis. Run before admission, so a refused
+    /// target spends nobody's budget.
+    pub(super) fn check(&self, client: &Client, target: &Target) -> Result<Judged, ProxyError> {
         let host = normalized(target)?;
         let policy_target = PolicyTarget::from_normalized(&host);
         let operator = self.operator.current();
@@ -88,6 +93,26 @@ impl TargetPolicy {
             return Err(refusal);
         }
         let domain: Arc<str> = policy_target.registrable_domain().into();
+        Ok(Judged {
+            host,
+            domain,
+            operator,
+        })
+    }
+
+    /// The per-domain limits, after the user's own admission: a client its
+    /// quota or rate refuses never spends the network's per-domain budget.
+    pub(super) async fn limit(
+        &self,
+        client: &Client,
+        judged: Judged,
+    ) -> Result<Permitted, ProxyError> {
+        let Judged {
+            host,
+            domain,
+            operator,
+        } = judged;
+        let policy_target = PolicyTarget::from_normalized(&host);
         let mut leases = Vec::new();
         if let Some((key, limit)) = operator.limit_for(&policy_target) {
             leases.extend(

@@ -55,7 +55,7 @@ impl Holds {
             self.credential_digest,
             Uuid::nil(),
             self.network,
-            None,
+            crate::open_tunnels::PolicyWatch::Nothing,
             self.ticket.cut().clone(),
         )
     }

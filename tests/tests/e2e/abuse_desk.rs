@@ -282,7 +282,7 @@ async fn an_egress_ip_the_reflector_does_not_see_is_flagged_and_strictly_not_rou
         .unwrap();
     assert!(
         page.contains(&format!(
-            "<span id=\"observed-egress\">{}</span>",
+            "<dd id=\"observed-egress\">{}</dd>",
             host.uplink_addr
         )),
         "{page}"

@@ -74,11 +74,13 @@ async fn targeting_by_continent_uses_the_exits_there_and_names_the_key_when_none
         .collect();
     // The demo exits are in DE: Europe.
     let europe = proxy_as(&format!("{USERNAME}-continent-eu"), stack.proxy_addrs.proxy);
-    let mut seen = HashSet::new();
     for _ in 0..12 {
-        seen.insert(egress_via(&europe, &stack.whoami_url()).await);
+        let ip = egress_via(&europe, &stack.whoami_url()).await;
+        assert!(
+            demo.contains(&ip),
+            "continent-eu left from {ip}, not a DE exit"
+        );
     }
-    assert_eq!(seen, demo, "continent-eu spreads over the DE exits");
 
     let asia = proxy_as(&format!("{USERNAME}-continent-as"), stack.proxy_addrs.proxy);
     let r = curl(&["-p", "-x", &asia, &stack.whoami_url()]).await;
@@ -373,7 +375,7 @@ async fn targeting_session_time_moves_over_the_api_and_every_superproxy_honours_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn targeting_sessidle_is_accepted_and_pins() {
+async fn targeting_sessidle_pins_and_a_pin_idle_past_its_deadline_is_picked_afresh() {
     let stack = Stack::start().await;
     let user = proxy_as(
         &format!("{USERNAME}-session-idle1-sessidle-1-sesstime-30"),
@@ -400,6 +402,63 @@ async fn targeting_sessidle_is_accepted_and_pins() {
         session["expires_in_ms"].as_i64().unwrap() > 29 * 60_000,
         "{session}"
     );
+
+    // A pin idle past its deadline is gone. No minute is waited for: the
+    // deadline the pin carries is moved into the past, as if it had been
+    // (the rule itself is unit-tested on an injected clock in
+    // superproxy/src/select/sessions.rs), and the pin's life shortened so a
+    // fresh pin is told apart by its full sesstime.
+    let session_url = stack.api(&format!("/v1/users/{}/sessions/idle1", stack.user_id));
+    let r = stack
+        .http
+        .patch(&session_url)
+        .bearer_auth(ADMIN_TOKEN)
+        .json(&json!({"sesstime_minutes": 5}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let mut redis = stack.stores.redis().await;
+    let key = stack.stores.keys().session(stack.user_id, "idle1");
+    let rewritten: i64 = redis::Script::new(
+        r"local v = redis.call('GET', KEYS[1])
+          local base = string.gsub(v, ' idle:%d+$', '')
+          redis.call('SET', KEYS[1], base .. ' idle:1', 'KEEPTTL')
+          return 1",
+    )
+    .key(&key)
+    .invoke_async(&mut redis)
+    .await
+    .unwrap();
+    assert_eq!(rewritten, 1);
+    let gone = stack
+        .http
+        .get(&session_url)
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(gone.status(), 404, "an idle pin is no session");
+    // The next tunnel picks afresh: a new pin with the whole sesstime.
+    let r = curl(&["-p", "-x", &user, &stack.whoami_url()]).await;
+    assert_eq!(r.status, 200, "{}", r.headers);
+    let fresh: serde_json::Value = stack
+        .http
+        .get(&session_url)
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(
+        fresh["expires_in_ms"].as_i64().unwrap() > 29 * 60_000,
+        "a fresh pin: {fresh}"
+    );
+    let idle = fresh["idle_expires_in_ms"].as_i64().unwrap();
+    assert!(idle > 0 && idle <= 60_000, "{fresh}");
+
     let r = curl(&[
         "-p",
         "-x",

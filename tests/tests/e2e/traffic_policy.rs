@@ -169,11 +169,30 @@ async fn a_users_denied_and_allowed_domains_refuse_before_any_exit_is_used() {
     )
     .await;
     assert_eq!(r.status(), 404);
+    // The operator's account policy binds the account's own key ...
     let r = patch(
         &stack,
         &format!("/v1/accounts/{account}"),
         &key,
         json!({"policy": {}}),
+    )
+    .await;
+    assert_eq!(r.status(), 403);
+    assert!(r.text().await.unwrap().contains("only an operator"));
+    // ... until the operator clears it; then the account sets its own.
+    let r = patch(
+        &stack,
+        &format!("/v1/accounts/{account}"),
+        ADMIN_TOKEN,
+        json!({"policy": {}}),
+    )
+    .await;
+    assert_eq!(r.status(), 200);
+    let r = patch(
+        &stack,
+        &format!("/v1/accounts/{account}"),
+        &key,
+        json!({"policy": {"denied_domains": ["ads.example.test"]}}),
     )
     .await;
     assert_eq!(r.status(), 200);

@@ -336,9 +336,10 @@ pub(super) fn action_form(
 ) -> String {
     format!(
         "<form method=\"post\" action=\"{}\" class=\"inline\"><input type=\"hidden\" name=\"csrf\" value=\"{}\">{extra}\
-<button type=\"submit\" id=\"{id}\" class=\"{class}\">{}</button></form>",
+<button type=\"submit\" id=\"{}\" class=\"{class}\">{}</button></form>",
         esc(path),
         esc(&v.csrf),
+        esc(id),
         esc(label)
     )
 }
