@@ -321,9 +321,14 @@ pub fn entry_matches(entry: &str, target: &PolicyTarget<'_>) -> bool {
                         && name.ends_with(entry)
                         && name.as_bytes()[name.len() - entry.len() - 1] == b'.')
         }
-        PolicyTarget::Ip(ip) => entry
-            .parse::<Cidr>()
-            .is_ok_and(|c| c.contains(ip.to_canonical())),
+        // Stored networks are always `addr/prefix` (normalize_entry): names
+        // are passed over without an attempt to parse them.
+        PolicyTarget::Ip(ip) => {
+            entry.contains('/')
+                && entry
+                    .parse::<Cidr>()
+                    .is_ok_and(|c| c.contains(ip.to_canonical()))
+        }
     }
 }
 

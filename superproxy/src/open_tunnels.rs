@@ -137,28 +137,6 @@ impl OpenTunnels {
         self.cut_where(|e| matches!(&e.watch, PolicyWatch::Target(h, p) if refused(h, *p)))
     }
 
-    /// Cuts what of `username` the user's current record no longer allows:
-    /// tunnels whose target `refused` says so, and associations admitted
-    /// under other policies than `current`'s.
-    pub fn cut_user_policy_if(
-        &self,
-        username: &str,
-        current: &proxynet_store::UserRecord,
-        refused: impl Fn(&str, u16) -> bool,
-    ) -> usize {
-        self.cut_where(|e| {
-            e.username == username
-                && match &e.watch {
-                    PolicyWatch::Nothing => false,
-                    PolicyWatch::Target(h, p) => refused(h, *p),
-                    PolicyWatch::Association(admitted) => {
-                        admitted.policy != current.policy
-                            || admitted.account_policy != current.account_policy
-                    }
-                }
-        })
-    }
-
     /// Cuts every tunnel through `exit_id`; returns how many.
     pub fn cut_exit(&self, exit_id: Uuid) -> usize {
         self.cut_where(|e| e.exit_id == exit_id)

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::authenticate::Authenticator;
-use crate::open_tunnels::OpenTunnels;
+use crate::open_tunnels::{OpenTunnels, PolicyWatch};
 use proxynet_store::UserEntry;
 use sha2::{Digest, Sha256};
 
@@ -44,14 +44,19 @@ impl Revoker {
         let cut = match entry {
             UserEntry::Present(r) if r.enabled => {
                 let current: [u8; 32] = Sha256::digest(r.password_hash.as_bytes()).into();
-                // A changed traffic policy cuts the tunnels it now refuses.
-                self.open_tunnels
-                    .cut_user_if(username, |e| e.credential_digest != current)
-                    + self
-                        .open_tunnels
-                        .cut_user_policy_if(username, &r, |host, _| {
-                            crate::pipeline::customer_refusal(&r, host).is_some()
-                        })
+                // A changed traffic policy cuts what it now refuses: a
+                // tunnel's target, or an association admitted under other
+                // rules (its datagrams were judged by those).
+                let policy_refuses = |watch: &PolicyWatch| match watch {
+                    PolicyWatch::Nothing => false,
+                    PolicyWatch::Target(host, _) => crate::pipeline::customer_refuses(&r, host),
+                    PolicyWatch::Association(admitted) => {
+                        admitted.policy != r.policy || admitted.account_policy != r.account_policy
+                    }
+                };
+                self.open_tunnels.cut_user_if(username, |e| {
+                    e.credential_digest != current || policy_refuses(&e.watch)
+                })
             }
             UserEntry::Present(_) | UserEntry::Deleted => {
                 self.open_tunnels.cut_user_if(username, |_| true)

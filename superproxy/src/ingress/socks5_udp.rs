@@ -123,17 +123,18 @@ pub async fn relay(
                         // Only the client's own datagrams keep it alive: a
                         // stranger spraying the port does not.
                         Err(drop_reason) => crate::metrics::udp_datagram("up", drop_reason),
-                        Ok(datagram) => {
+                        Ok((addr, payload)) => {
                             last_activity = Instant::now();
-                            if recorded.len() < RECORDED_DESTINATIONS && !recorded.contains(&datagram.addr) {
-                                pipeline.record_datagram_target(&holds, other_family, &datagram.addr);
-                                recorded.push(datagram.addr.clone());
+                            if recorded.len() < RECORDED_DESTINATIONS && !recorded.contains(&addr) {
+                                pipeline.record_datagram_target(&holds, other_family, &addr);
+                                recorded.push(addr.clone());
                             }
                             if meter.is_cut() {
                                 return End::Error(std::io::ErrorKind::ConnectionAborted);
                             }
-                            let mut capsule = BytesMut::with_capacity(datagram.payload.len() + 16);
-                            if datagram.encode(&mut capsule).is_err() {
+                            // Straight from the receive buffer into the capsule: one copy.
+                            let mut capsule = BytesMut::with_capacity(payload.len() + 16);
+                            if datagram::encode_capsule(&addr, payload, &mut capsule).is_err() {
                                 crate::metrics::udp_datagram("up", "bad_request");
                                 continue;
                             }
@@ -147,7 +148,7 @@ pub async fn relay(
                                     continue;
                                 }
                             }
-                            if !meter.charge_datagram(true, datagram.payload.len()) {
+                            if !meter.charge_datagram(true, payload.len()) {
                                 return End::Error(std::io::ErrorKind::ConnectionAborted);
                             }
                         }
@@ -198,15 +199,15 @@ pub async fn relay(
 }
 
 /// Checks one datagram from the client's side; why it is dropped otherwise.
-fn client_datagram(
+fn client_datagram<'b>(
     pipeline: &Pipeline,
     holds: &crate::pipeline::Holds,
-    bytes: &[u8],
+    bytes: &'b [u8],
     from: SocketAddr,
     source: SourceFilter,
     client_addr: &mut Option<SocketAddr>,
     rate: &DefaultDirectRateLimiter,
-) -> Result<Datagram, &'static str> {
+) -> Result<(DatagramAddr, &'b [u8]), &'static str> {
     if !source.admits(from) {
         return Err("foreign_source");
     }
@@ -234,10 +235,7 @@ fn client_datagram(
     if !pipeline.datagram_allowed(holds, &addr) {
         return Err("denied");
     }
-    Ok(Datagram {
-        addr,
-        payload: Bytes::copy_from_slice(payload),
-    })
+    Ok((addr, payload))
 }
 
 /// Sends a reply to the client's UDP address with its SOCKS header; the

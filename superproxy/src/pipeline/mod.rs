@@ -24,7 +24,7 @@ mod tunnel;
 pub use admit::Admit;
 pub use authenticate::Login;
 pub use open::{Purpose, TunnelOpener};
-pub use target_policy::{customer_refusal, TargetPolicy};
+pub use target_policy::{customer_refuses, TargetPolicy};
 pub use tunnel::{Holds, Tunnel};
 
 use proxynet_wire::datagram::DatagramAddr;
@@ -200,20 +200,14 @@ impl Pipeline {
     /// checked against the egress policy here, names at the exit (which
     /// resolves them), as for tunnels.
     pub fn datagram_allowed(&self, holds: &Holds, destination: &DatagramAddr) -> bool {
-        match destination {
-            DatagramAddr::Ip(addr) => {
-                self.opener.policy.check(*addr).is_ok()
-                    && self.target_policy.permits_datagram(
-                        &holds.record,
-                        &addr.ip().to_string(),
-                        addr.port(),
-                    )
-            }
-            DatagramAddr::Name(name, port) => {
-                self.target_policy
-                    .permits_datagram(&holds.record, name, *port)
-            }
-        }
+        let literal_allowed = match destination {
+            DatagramAddr::Ip(addr) => self.opener.policy.check(*addr).is_ok(),
+            DatagramAddr::Name(..) => true,
+        };
+        literal_allowed
+            && self
+                .target_policy
+                .permits_datagram(&holds.record, destination)
     }
 
     /// Records one destination of an association in the target log (the

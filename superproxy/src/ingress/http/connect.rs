@@ -47,11 +47,8 @@ pub async fn connect(
             &ticket,
         )
         .await?;
+    // The head guard is engaged by `handle` once it sees this 2xx.
     let response = connect_established(&tunnel).map(|()| empty_body());
-
-    if let Some(switch) = switch {
-        switch.engage();
-    }
     let on_client_upgrade = hyper::upgrade::on(req);
     tokio::spawn(async move {
         match on_client_upgrade.await {
