@@ -4,7 +4,7 @@
 //! that hour is recorded as [`OTHER`]. The names kept are listed in
 //! `usage_domains_hourly`, so the bound holds across batches, superproxies
 //! and control-api instances (two concurrent ledger writers may overshoot
-//! it by the rows they race on, never by more).
+//! it by at most one batch's new names for that hour).
 
 use proxynet_store::UsageRow;
 use std::collections::{HashMap, HashSet};
@@ -54,29 +54,38 @@ pub async fn bounded(
         }
     }
     let mut kept = HashSet::new();
+    // One statement per (account, hour): the names already listed, plus as
+    // many new ones (in batch order) as the hour has room for.
     for ((account, hour_start), names) in wanted {
-        for name in names {
-            let (keeps,): (bool,) = sqlx::query_as(
-                "WITH claimed AS (
-                    INSERT INTO usage_domains_hourly (account_id, hour, domain)
-                    SELECT $1, to_timestamp($2), $3
-                     WHERE (SELECT count(*) FROM usage_domains_hourly
-                             WHERE account_id = $1 AND hour = to_timestamp($2)) < $4
-                    ON CONFLICT DO NOTHING RETURNING 1)
-                 SELECT EXISTS (SELECT 1 FROM claimed)
-                     OR EXISTS (SELECT 1 FROM usage_domains_hourly
-                                 WHERE account_id = $1 AND hour = to_timestamp($2) AND domain = $3)",
-            )
-            .bind(account)
-            .bind(hour_start as f64)
-            .bind(&name)
-            .bind(DOMAINS_PER_ACCOUNT_HOUR)
-            .fetch_one(&mut **tx)
-            .await?;
-            if keeps {
-                kept.insert((account, hour_start, name));
-            }
-        }
+        let claimed: Vec<(String,)> = sqlx::query_as(
+            "WITH asked AS (
+                 SELECT name, nth FROM unnest($3::text[]) WITH ORDINALITY AS a(name, nth)),
+             listed AS (
+                 SELECT domain FROM usage_domains_hourly
+                  WHERE account_id = $1 AND hour = to_timestamp($2)),
+             fresh AS (
+                 SELECT name FROM asked WHERE name NOT IN (SELECT domain FROM listed)
+                  ORDER BY nth
+                  LIMIT GREATEST(0, $4 - (SELECT count(*) FROM listed))),
+             claimed AS (
+                 INSERT INTO usage_domains_hourly (account_id, hour, domain)
+                 SELECT $1, to_timestamp($2), name FROM fresh
+                 ON CONFLICT DO NOTHING RETURNING domain)
+             SELECT domain FROM claimed
+             UNION
+             SELECT name FROM asked WHERE name IN (SELECT domain FROM listed)",
+        )
+        .bind(account)
+        .bind(hour_start as f64)
+        .bind(&names)
+        .bind(DOMAINS_PER_ACCOUNT_HOUR)
+        .fetch_all(&mut **tx)
+        .await?;
+        kept.extend(
+            claimed
+                .into_iter()
+                .map(|(name,)| (account, hour_start, name)),
+        );
     }
     Ok(Bounded(kept))
 }

@@ -374,6 +374,22 @@ pub fn intersect(a: Option<&[String]>, b: Option<&[String]>) -> Option<Vec<Strin
 }
 
 /// The stricter of two optional numbers.
+/// A user's bandwidth quota as the superproxy enforces it: its own limit in
+/// its own period, bounded by a ceiling of the same period (a ceiling of
+/// another period is the account's total's business). The projection and
+/// the quota notices both use this, so they cannot disagree.
+pub fn user_bandwidth(
+    own: Option<i64>,
+    period: QuotaPeriod,
+    ceiling: Option<i64>,
+    ceiling_period: QuotaPeriod,
+) -> Option<i64> {
+    match ceiling {
+        Some(c) if ceiling_period == period => min_some(own, Some(c)),
+        _ => own,
+    }
+}
+
 pub fn min_some<T: Ord + Copy>(a: Option<T>, b: Option<T>) -> Option<T> {
     match (a, b) {
         (Some(a), Some(b)) => Some(a.min(b)),

@@ -137,7 +137,6 @@ pub struct ExitRow {
     pub last_heartbeat_at: Option<chrono::DateTime<chrono::Utc>>,
     /// The verdict on its declared egress (`routes/egress.rs`).
     pub egress_verification: String,
-    pub behind_nat: bool,
     /// The public address the reflector last saw, per declared egress.
     pub observed_egress: Vec<String>,
 }
@@ -189,7 +188,7 @@ impl ExitRow {
             }
         };
         consent.or_else(|| {
-            (strict_egress && self.egress_verification == "mismatch")
+            crate::routes::egress::blocks_routing(&self.egress_verification, strict_egress)
                 .then_some(ProvenanceBlock::EgressUnverified)
         })
     }
@@ -237,7 +236,7 @@ const EXIT_SELECT: &str = "SELECT e.id, e.name, e.source_type, e.owner, e.countr
      e.withdrawn_at IS NOT NULL AS withdrawn, s.channel, s.supplier, s.agreement_ref, \
      s.notice_description, s.opt_out AS source_opt_out, s.liable_party, s.abuse_contact, \
      s.countries, s.consent_required, c.state AS consent_state, c.expires_at AS consent_expires_at, \
-     e.last_heartbeat_at, e.egress_verification, e.behind_nat, \
+     e.last_heartbeat_at, e.egress_verification, \
      ARRAY(SELECT DISTINCT ON (o.egress) host(o.observed_ip) FROM exit_egress_observations o \
             WHERE o.exit_id = e.id ORDER BY o.egress, o.first_seen DESC) AS observed_egress \
      FROM exits e LEFT JOIN sources s ON s.id = e.source_id \
@@ -553,13 +552,13 @@ fn user_record(row: &UserRow) -> UserRecord {
         &ceilings.allowed_channels,
         &account.allowed_channels,
     );
-    // A user's quota is its own (its period); a ceiling of the same period
-    // bounds it, one of another period is the account's total's business.
     let period = QuotaPeriod::parse(&row.quota_period).unwrap_or_default();
-    let bandwidth = match ceilings.bandwidth_bytes {
-        Some(c) if ceilings.period() == period => min_some(row.bandwidth_bytes, Some(c)),
-        _ => row.bandwidth_bytes,
-    };
+    let bandwidth = crate::ceilings::user_bandwidth(
+        row.bandwidth_bytes,
+        period,
+        ceilings.bandwidth_bytes,
+        ceilings.period(),
+    );
     UserRecord {
         id: row.id,
         account_id: row.account_id,

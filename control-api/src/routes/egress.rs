@@ -60,6 +60,13 @@ impl Verification {
     }
 }
 
+/// Whether an exit whose stored verification is `verification` is kept out
+/// of routing: only a mismatch, and only under the strict policy. The exit
+/// resource and the projection both ask this.
+pub(crate) fn blocks_routing(verification: &str, strict: bool) -> bool {
+    strict && verification == Verification::Mismatch.as_str()
+}
+
 /// One declared egress judged by its latest observation (`None`: never observed).
 pub(crate) fn judge(egress: &Cidr, latest: Option<IpAddr>, behind_nat: bool) -> Verification {
     match latest {

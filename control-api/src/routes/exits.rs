@@ -155,7 +155,10 @@ async fn views(state: &AppState, rows: Vec<ExitRow>) -> Result<Vec<ExitView>, Ap
                 live: live.contains(&row.id),
                 health: health.as_ref().and_then(|h| h.get(i).cloned()),
                 egress: EgressView {
-                    routable: !(strict && row.egress_verification == "mismatch"),
+                    routable: !crate::routes::egress::blocks_routing(
+                        &row.egress_verification,
+                        strict,
+                    ),
                     verification: row.egress_verification.clone(),
                     reported_at: row.egress_reported_at,
                     observed: mine,

@@ -15,7 +15,7 @@ mod agent;
 mod api_keys;
 mod billing;
 pub(crate) mod dashboard;
-mod egress;
+pub(crate) mod egress;
 mod exits;
 mod health;
 pub(crate) mod page;

@@ -200,5 +200,23 @@ pub(super) async fn end(
     if removed == 0 {
         return Err(ApiError::NotFound("session"));
     }
+    // Audited wherever it is ended from (REST, CLI, dashboard). The pin is
+    // already gone from Redis: an audit failure is logged, not undone.
+    let recorded = async {
+        let mut tx = state.db.begin().await?;
+        crate::audit::record(
+            &mut tx,
+            &crate::routes::users::actor(caller),
+            "session.end",
+            &user.to_string(),
+            serde_json::json!({ "session": session }),
+        )
+        .await?;
+        tx.commit().await
+    }
+    .await;
+    if let Err(e) = recorded {
+        tracing::warn!(error = %e, user = %user, "session ended but not audited");
+    }
     Ok(StatusCode::NO_CONTENT)
 }

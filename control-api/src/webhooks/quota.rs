@@ -93,12 +93,8 @@ fn limits_quota(limits: &Value) -> (Option<i64>, QuotaPeriod, Option<i32>) {
 fn user_quota(row: &UserQuotaRow) -> Option<Quota> {
     let period = QuotaPeriod::parse(&row.quota_period).unwrap_or_default();
     let (ceiling, ceiling_period, _) = limits_quota(&row.ceilings.0);
-    let limit = match ceiling {
-        Some(c) if ceiling_period == period => {
-            crate::ceilings::min_some(row.bandwidth_bytes, Some(c))
-        }
-        _ => row.bandwidth_bytes,
-    }?;
+    let limit =
+        crate::ceilings::user_bandwidth(row.bandwidth_bytes, period, ceiling, ceiling_period)?;
     Some(Quota {
         account: row.account_id,
         user: Some((row.id, row.username.clone())),

@@ -115,7 +115,7 @@ async fn create(
 ) -> Result<(StatusCode, Json<NewWebhook>), ApiError> {
     let events = events(&body.events, account.is_none())?;
     let policy = target::policy(state.config.webhook_allow_internal, &state.protected);
-    target::validate(&policy, &body.url)
+    let target = target::validate(&policy, &body.url)
         .await
         .map_err(ApiError::BadRequest)?;
     let id = Uuid::new_v4();
@@ -147,7 +147,7 @@ async fn create(
     .bind(&secret)
     .fetch_one(&mut *tx)
     .await?;
-    let host = target::parse(&body.url).map(|t| t.host).unwrap_or_default();
+    let host = target.host;
     audit::record(
         &mut tx,
         &crate::routes::users::actor(caller),

@@ -69,20 +69,14 @@ pub fn parse(url: &str) -> Result<Target, String> {
     if parsed.fragment().is_some() {
         return Err("url: no fragment (it is never sent)".into());
     }
-    // The URL parser has normalised the host: an IPv6 literal bracketed,
-    // every IPv4 spelling (`0x7f.1`, `2130706433`) dotted-decimal.
-    let raw = parsed
-        .host_str()
-        .filter(|h| !h.is_empty())
-        .ok_or_else(|| "url: names no host".to_owned())?;
-    let literal = match raw.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
-        Some(v6) => Some(IpAddr::V6(
-            v6.parse()
-                .map_err(|_| "url: not an IPv6 address".to_owned())?,
-        )),
-        None => raw.parse::<std::net::Ipv4Addr>().ok().map(IpAddr::V4),
+    // The URL parser has already told names from literals, with every IPv4
+    // spelling (`0x7f.1`, `2130706433`) read as the address it means.
+    let (host, literal) = match parsed.host() {
+        Some(url::Host::Domain(name)) if !name.is_empty() => (name.to_owned(), None),
+        Some(url::Host::Ipv4(v4)) => (v4.to_string(), Some(IpAddr::V4(v4))),
+        Some(url::Host::Ipv6(v6)) => (v6.to_string(), Some(IpAddr::V6(v6))),
+        _ => return Err("url: names no host".to_owned()),
     };
-    let host = literal.map_or_else(|| raw.to_owned(), |ip| ip.to_string());
     let port = parsed
         .port_or_known_default()
         .ok_or_else(|| "url: names no port".to_owned())?;

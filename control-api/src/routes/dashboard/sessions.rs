@@ -220,12 +220,13 @@ pub(super) async fn viewer(state: &AppState, headers: &HeaderMap) -> Result<View
 }
 
 /// An action's gate: from this origin, an operator session, and the
-/// session's own CSRF token in the form (compared in constant time).
+/// session's own CSRF token in the form (compared in constant time); the
+/// operator's viewer when all hold.
 pub(super) async fn operator_action(
     state: &AppState,
     headers: &HeaderMap,
     csrf: &str,
-) -> Result<(), Response> {
+) -> Result<Viewer, Response> {
     same_origin(headers).map_err(|r| *r)?;
     let v = viewer(state, headers)
         .await
@@ -245,7 +246,7 @@ pub(super) async fn operator_action(
         )
             .into_response());
     }
-    Ok(())
+    Ok(v)
 }
 
 pub(super) async fn operator_only(
