@@ -3,10 +3,10 @@
 //!
 //! [`authenticate`] (who is asking) → [`authorize`] (what the account lets
 //! them ask for) → parse the target and refuse literal addresses the egress
-//! policy forbids → [`target_policy`] (the traffic policies' denials and
-//! per-domain limits) → [`admit`] (quotas, limits, leases) → [`open`]
-//! (choose an exit, dial, safe retry) → meter → [`Tunnel`] → [`access_log`]
-//! when it ends.
+//! policy forbids → [`target_policy`] denials (the traffic policies, from
+//! memory) → [`admit`] (quotas, limits, leases) → [`target_policy`]
+//! per-domain limits → [`open`] (choose an exit, dial, safe retry) → meter
+//! → [`Tunnel`] → [`access_log`] when it ends.
 //!
 //! CONNECT, absolute-form HTTP and SOCKS5 differ only in how they read the
 //! credentials and the target off the wire and how they answer; they all call
