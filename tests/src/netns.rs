@@ -96,6 +96,21 @@ impl Netns {
             .collect()
     }
 
+    /// Gives programs started in this namespace ([`Self::wrapper`]) an
+    /// `/etc/hosts` of their own: `ip netns exec` bind-mounts
+    /// `/etc/netns/NAME/hosts` over it. How a test names a host of its
+    /// own networks without a DNS server; removed with the namespace.
+    pub fn set_hosts(&self, entries: &[(IpAddr, &str)]) {
+        let dir = hosts_dir(&self.name);
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("create {dir}: {e}"));
+        let text: String = entries
+            .iter()
+            .map(|(ip, name)| format!("{ip} {name}\n"))
+            .collect();
+        std::fs::write(format!("{dir}/hosts"), text)
+            .unwrap_or_else(|e| panic!("write {dir}/hosts: {e}"));
+    }
+
     /// `ip -n NAME ARGS...`, panicking with `ip`'s complaint on failure.
     pub fn ip(&self, args: &[&str]) {
         let mut all = vec!["-n", self.name.as_str()];
@@ -164,7 +179,13 @@ impl Netns {
 impl Drop for Netns {
     fn drop(&mut self) {
         let _ = run_ip(&["netns", "del", &self.name]);
+        let _ = std::fs::remove_dir_all(hosts_dir(&self.name));
     }
+}
+
+/// Where `ip netns exec NAME` finds files it bind-mounts over `/etc`.
+fn hosts_dir(name: &str) -> String {
+    format!("/etc/netns/{name}")
 }
 
 /// Moves the calling thread into the network namespace `ns` refers to.
@@ -351,13 +372,22 @@ impl ExitHost {
     }
 
     /// The whoami target (`whoami.rs`) inside TARGET, on its IPv4 and its
-    /// IPv6 address: it answers each request with the peer address it saw.
+    /// IPv6 address (one port): it answers each request with the peer address it saw.
     /// Call inside a tokio runtime; served until dropped.
     pub fn start_whoami(&self) -> TargetServer {
+        // One port on both addresses, so a name with both (`set_hosts`)
+        // reaches it whichever family the exit dials. The namespace is the
+        // test's own: the IPv4 port is free on IPv6 too.
+        let v4 = self
+            .target
+            .bind_tcp(SocketAddr::new(IpAddr::V4(self.target_v4), 0));
+        let port = v4.local_addr().unwrap().port();
+        let v6 = self
+            .target
+            .bind_tcp(SocketAddr::new(IpAddr::V6(self.target_v6), port));
         let mut addrs = Vec::new();
         let mut tasks = Vec::new();
-        for ip in [IpAddr::V4(self.target_v4), IpAddr::V6(self.target_v6)] {
-            let listener = self.target.bind_tcp(SocketAddr::new(ip, 0));
+        for listener in [v4, v6] {
             addrs.push(listener.local_addr().unwrap());
             let listener = tokio::net::TcpListener::from_std(listener).unwrap();
             tasks.push(tokio::spawn(crate::whoami::serve(listener)));
@@ -560,6 +590,7 @@ fn sweep_stale_namespaces() {
         };
         if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
             let _ = run_ip(&["netns", "del", name]);
+            let _ = std::fs::remove_dir_all(hosts_dir(name));
         }
     }
 }

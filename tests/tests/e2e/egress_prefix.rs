@@ -1,14 +1,19 @@
 //! Egress prefixes: an exit on a host of its own (network namespaces) sends
 //! each tunnel from an address of its prefix that the superproxy drew, a
-//! session keeps its address, and `ipversion-6` finds only exits with an
-//! IPv6 egress address.
+//! session keeps its address, the exit's record shows its prefixes and the
+//! abuse desk finds a tunnel by the drawn address or the prefix, and
+//! `ipversion-4|6` picks the family a name leaves in (only exits with an
+//! address of that family are eligible).
 
+use chrono::{SecondsFormat, Utc};
 use proxynet_tests::client::curl;
 use proxynet_tests::netns::ExitHost;
+use proxynet_tests::process::eventually;
 use proxynet_tests::stack::{Stack, StackOptions, PASSWORD, USERNAME};
 use proxynet_tests::whoami::Seen;
 use std::collections::HashSet;
 use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
 
 fn proxy_as(username: &str, proxy: SocketAddr) -> String {
     format!("http://{username}:{}@{proxy}", PASSWORD.replace(' ', "%20"))
@@ -29,12 +34,22 @@ async fn tunnels_leave_from_drawn_prefix_addresses_and_a_session_keeps_one() {
         ..Default::default()
     }))
     .await;
-    stack
+    let i = stack
         .add_agent_in(&host, &[], &[host.prefix_v6, host.prefix_v4], &[])
         .await;
+    let exit = stack.agents[i].addrs.exit_id;
     stack.wait_eligible(1).await;
     let whoami = host.start_whoami();
     let proxy = stack.proxy_addrs.proxy;
+
+    // The exit's record names its prefixes (it declared no single address).
+    let record = stack.admin_get_json(&format!("/v1/exits/{exit}")).await;
+    assert_eq!(
+        record["egress_prefixes"],
+        serde_json::json!([host.prefix_v6.to_string(), host.prefix_v4.to_string()]),
+        "{record}"
+    );
+    assert_eq!(record["egress_ips"], serde_json::json!([]), "{record}");
 
     let rotating = proxy_as(&format!("{USERNAME}-ipversion-6"), proxy);
     let mut v6 = HashSet::new();
@@ -51,6 +66,50 @@ async fn tunnels_leave_from_drawn_prefix_addresses_and_a_session_keeps_one() {
         v6.len() >= 8,
         "a /64 draws a new address per tunnel: {v6:?}"
     );
+
+    // A complaint names one drawn address and a time: the abuse desk finds
+    // the account by it, and by the whole prefix.
+    let drawn = *v6.iter().next().unwrap();
+    let at = Utc::now().to_rfc3339_opts(SecondsFormat::Secs, true);
+    let by_address = format!("/v1/abuse/lookup?egress_ip={drawn}&at={at}");
+    let rows = eventually(
+        "the target log to have the drawn address",
+        Duration::from_secs(20),
+        || async {
+            let rows = stack.admin_get_json(&by_address).await;
+            (!rows.as_array()?.is_empty()).then_some(rows)
+        },
+    )
+    .await;
+    assert_eq!(rows.as_array().unwrap().len(), 1, "one tunnel: {rows}");
+    assert_eq!(rows[0]["egress_ip"], drawn.to_string(), "{rows}");
+    assert_eq!(rows[0]["matched"], "bound");
+    assert_eq!(rows[0]["account_name"], "acme");
+    assert_eq!(rows[0]["username"], USERNAME);
+    assert_eq!(rows[0]["exit_id"], exit.to_string());
+    let by_prefix = format!(
+        "/v1/abuse/lookup?egress_ip={}&at={at}",
+        host.prefix_v6.to_string().replace('/', "%2F")
+    );
+    let rows = eventually(
+        "the target log to have all ten",
+        Duration::from_secs(20),
+        || async {
+            let rows = stack.admin_get_json(&by_prefix).await;
+            let tunnels: u64 = rows
+                .as_array()?
+                .iter()
+                .filter_map(|r| r["tunnels"].as_u64())
+                .sum();
+            (tunnels == 10).then_some(rows)
+        },
+    )
+    .await;
+    for row in rows.as_array().unwrap() {
+        let ip: IpAddr = row["egress_ip"].as_str().unwrap().parse().unwrap();
+        assert!(v6.contains(&ip), "{row}");
+        assert_eq!(row["username"], USERNAME);
+    }
 
     // The IPv4 prefix works the same way (14 usable addresses in a /28).
     let plain = proxy_as(USERNAME, proxy);
@@ -88,6 +147,56 @@ async fn tunnels_leave_from_drawn_prefix_addresses_and_a_session_keeps_one() {
     ])
     .await;
     assert!(r.headers.contains(" 403 "), "{}{}", r.headers, r.body);
+}
+
+/// A name with addresses of both families: the agent resolves it and dials
+/// the family of the egress address the superproxy chose, IPv4 unless the
+/// username asks for IPv6.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ipversion_picks_the_family_a_name_leaves_in() {
+    let host = ExitHost::create();
+    host.exit.set_hosts(&[
+        (IpAddr::V4(host.target_v4), "whoami.test"),
+        (IpAddr::V6(host.target_v6), "whoami.test"),
+    ]);
+    let mut stack = Stack::start_with(host.stack_options(StackOptions {
+        egress_ips: Vec::new(),
+        ..Default::default()
+    }))
+    .await;
+    let v4_egress = IpAddr::V4(host.exit_wan_v4);
+    stack
+        .add_agent_in(&host, &[v4_egress], &[host.prefix_v6], &[])
+        .await;
+    stack.wait_eligible(1).await;
+    let whoami = host.start_whoami();
+    let url = format!("http://whoami.test:{}/", whoami.v4.port());
+    let proxy = stack.proxy_addrs.proxy;
+
+    for (username, v6) in [
+        (USERNAME.to_owned(), false),
+        (format!("{USERNAME}-ipversion-4"), false),
+        (format!("{USERNAME}-ipversion-6"), true),
+    ] {
+        for _ in 0..3 {
+            let ip = egress_of(&proxy_as(&username, proxy), &url).await;
+            if v6 {
+                assert!(host.prefix_v6.contains(ip), "{username}: {ip}");
+            } else {
+                assert_eq!(ip, v4_egress, "{username}");
+            }
+        }
+    }
+    // Absolute-form takes the same path.
+    let r = curl(&[
+        "-x",
+        &proxy_as(&format!("{USERNAME}-ipversion-6"), proxy),
+        &url,
+    ])
+    .await;
+    assert_eq!(r.status, 200, "{}{}", r.headers, r.body);
+    let seen = serde_json::from_str::<Seen>(&r.body).unwrap().peer.ip();
+    assert!(host.prefix_v6.contains(seen), "{seen}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
