@@ -204,3 +204,24 @@ where
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// A process's log file as plain text: terminal colour sequences
+/// (`ESC [ … m`, which the text format writes around field names) removed,
+/// so `field=value` can be searched. Empty while the file does not exist.
+pub fn read_log(path: &std::path::Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c == 'm' {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}

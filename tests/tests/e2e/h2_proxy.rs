@@ -2,6 +2,7 @@
 //! HTTPS listener (ALPN `h2`), each stream a tunnel through the one
 //! pipeline, and the bounds a hostile HTTP/2 client meets.
 
+use proxynet_tests::metrics::{sample, scrape};
 use proxynet_tests::stack::{Stack, StackOptions, ADMIN_TOKEN};
 use proxynet_tests::targets::echo_server;
 use serde_json::{json, Value};
@@ -23,31 +24,12 @@ async fn whoami() -> SocketAddr {
 /// The `client=` of every access-log line naming `target`.
 fn clients_for(log: &str, target: SocketAddr) -> Vec<String> {
     let needle = format!("target_addr={target}");
-    strip_ansi(log)
-        .lines()
+    log.lines()
         .filter(|l| l.contains("h2_forward") && l.contains(&needle))
         .filter_map(|l| l.split("client=").nth(1))
         .filter_map(|rest| rest.split_whitespace().next())
         .map(str::to_owned)
         .collect()
-}
-
-/// The log without terminal colour sequences (`ESC [ … m`).
-fn strip_ansi(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut chars = text.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            for c in chars.by_ref() {
-                if c == 'm' {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -134,10 +116,45 @@ async fn node_and_chromium_speak_http2_to_the_https_proxy() {
         left_from_an_exit(&r["beside_stalled"]),
         "a stalled stream must not stall its neighbours: {r:#}"
     );
+    // Metrics by ingress: every h2 stream is a tunnel of its own kind, and
+    // refusals are counted by error, as on HTTP/1.1.
+    let http = reqwest::Client::new();
+    let metrics = scrape(&http, stack.proxy_addrs.admin).await;
+    let opened = |ingress: &str| {
+        sample(
+            &metrics,
+            "proxynet_tunnels_opened_total",
+            &[&format!("ingress=\"{ingress}\"")],
+        )
+    };
+    // Two concurrent, after the refusal, after the oversized head, beside
+    // the stalled one, the stalled one, two of the limited user's.
+    assert!(opened("h2_connect") >= 8.0, "{metrics}");
+    // The absolute-URI request and Chromium's three pages.
+    assert!(opened("h2_forward") >= 4.0, "{metrics}");
+    // (431 is the h2 codec's own answer to a header list over its bound,
+    // before any stream reaches the pipeline.)
+    for refusal in ["status=\"407\"", "status=\"429\""] {
+        assert!(
+            sample(
+                &metrics,
+                "proxynet_tunnels_failed_total",
+                &["ingress=\"h2_connect\"", refusal]
+            ) >= 1.0,
+            "{refusal}: {metrics}"
+        );
+    }
+    // A rapid-reset loop loses its connection: hyper's own bound answers
+    // GOAWAY ENHANCE_YOUR_CALM (0xb), ours closes it and counts it.
     let reset = &r["rapid_reset"];
+    let counted = sample(
+        &metrics,
+        "proxynet_h2_connections_closed_total",
+        &["reason=\"rapid_reset\""],
+    );
     assert!(
-        reset["closed"] == true || reset.get("goaway").is_some(),
-        "a rapid-reset loop must lose its connection: {r:#}"
+        reset["goaway"] == 11 || (reset["closed"] == true && counted >= 1.0),
+        "a rapid-reset loop must lose its connection: {r:#}; counted {counted}"
     );
     assert!(
         reset["sent"].as_u64().unwrap() < 5000,
@@ -150,7 +167,7 @@ async fn node_and_chromium_speak_http2_to_the_https_proxy() {
     }
 
     drop(stack);
-    let text = std::fs::read_to_string(&log).unwrap();
+    let text = proxynet_tests::process::read_log(&log);
     let mut clients: Vec<String> = origins
         .iter()
         .flat_map(|o| clients_for(&text, *o))
@@ -161,6 +178,14 @@ async fn node_and_chromium_speak_http2_to_the_https_proxy() {
     );
     clients.sort();
     clients.dedup();
+    let connect_lines = text
+        .lines()
+        .filter(|l| l.contains("proxynet::access") && l.contains("h2_connect"))
+        .count();
+    assert!(
+        connect_lines >= 8,
+        "every CONNECT stream is a line: {connect_lines}"
+    );
     assert_eq!(
         clients.len(),
         1,

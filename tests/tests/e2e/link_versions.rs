@@ -67,6 +67,21 @@ async fn a_current_superproxy_serves_a_v1_agent_in_v1() {
     .await;
     assert_eq!(link_version(&stack).await, 1);
     tunnels_work(&stack).await;
+    // Datagrams need the v2 mux: with only a v1 link, UDP ASSOCIATE is
+    // refused with "network unreachable" and the detail, not left hanging.
+    let mut control =
+        proxynet_tests::client::socks5::login(stack.proxy_addrs.socks, USERNAME, PASSWORD)
+            .await
+            .unwrap();
+    control
+        .write_all(&[5, 3, 0, 1, 0, 0, 0, 0, 0, 0])
+        .await
+        .unwrap();
+    let mut reply = [0u8; 10];
+    control.read_exact(&mut reply).await.unwrap();
+    assert_eq!(reply[..2], [5, 3], "{reply:?}");
+    let r = curl(&["-p", "-x", &stack.proxy_url(), &stack.whoami_url()]).await;
+    assert_eq!(r.status, 200, "TCP still works: {}", r.headers);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

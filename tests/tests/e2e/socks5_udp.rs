@@ -97,8 +97,11 @@ async fn round_trip(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn udp_associate_relays_datagrams_through_an_exit_and_bills_them() {
     let dns = TestDns::start(vec!["127.0.0.1".parse().unwrap()]).await;
+    let logs = tempfile::tempdir().unwrap();
+    let log = logs.path().join("superproxy.log");
     let stack = Stack::start_with(StackOptions {
         agent_args: vec!["--dns-server".into(), dns.addr.to_string()],
+        superproxy_log: Some(log.clone()),
         ..Default::default()
     })
     .await;
@@ -218,21 +221,92 @@ async fn udp_associate_relays_datagrams_through_an_exit_and_bills_them() {
         .await
         .expect("a datagram through the HTTP port's association");
     assert_eq!((source, echoed.as_slice()), (echo, &b"sniffed"[..]));
-    billed += b"sniffed".len() as u64;
-    drop(sniffed);
+    let (sniffed_up, mut control_up) = (b"sniffed".len() as u64, billed);
+    billed += sniffed_up;
+    assert_eq!(
+        sample(
+            &scrape(&http, stack.proxy_addrs.admin).await,
+            "proxynet_tunnels_active",
+            &[]
+        ),
+        2.0,
+        "one association is one open tunnel"
+    );
 
-    // Closing the control connection ends the association and its lease.
+    // Closing a control connection ends its own association: its relay
+    // port is let go (a socket of ours can bind it again), the other
+    // association goes on relaying.
+    drop(sniffed);
+    let freed = eventually(
+        "the HTTP port's association to end",
+        Duration::from_secs(10),
+        || async { UdpSocket::bind(sniffed_relay).await.ok() },
+    )
+    .await;
+    drop(freed);
+    let (source, echoed) = round_trip(&client, relay, "127.0.0.1", echo.port(), b"still-on")
+        .await
+        .expect("the other association still relays");
+    assert_eq!((source, echoed.as_slice()), (echo, &b"still-on"[..]));
+    control_up += b"still-on".len() as u64;
+    billed += b"still-on".len() as u64;
+    assert_eq!(
+        sample(
+            &scrape(&http, stack.proxy_addrs.admin).await,
+            "proxynet_tunnels_active",
+            &[]
+        ),
+        1.0
+    );
+
+    // And the last one with its lease.
     drop(control);
-    eventually(
+    let freed = eventually(
         "the association to end",
         Duration::from_secs(10),
         || async {
             let text = scrape(&http, stack.proxy_addrs.admin).await;
-            (sample(&text, "proxynet_tunnels_active", &[]) == 0.0).then_some(())
+            if sample(&text, "proxynet_tunnels_active", &[]) != 0.0 {
+                return None;
+            }
+            UdpSocket::bind(relay).await.ok()
         },
     )
     .await;
+    drop(freed);
     stack.wait_for_usage(account, user, billed, billed).await;
+
+    // Each association is one access-log line, with its own bytes and no
+    // password.
+    let lines = eventually(
+        "both associations in the access log",
+        Duration::from_secs(10),
+        || async {
+            let text = proxynet_tests::process::read_log(&log);
+            let lines: Vec<String> = text
+                .lines()
+                .filter(|l| l.contains("proxynet::access") && l.contains("socks5_udp"))
+                .map(str::to_owned)
+                .collect();
+            (lines.len() == 2).then_some(lines)
+        },
+    )
+    .await;
+    let mut ups: Vec<u64> = lines
+        .iter()
+        .map(|l| {
+            assert!(l.contains("udpuser") && !l.contains(PASS), "{l}");
+            let field = l.split("bytes_up=").nth(1).unwrap();
+            field
+                .split(|c: char| !c.is_ascii_digit())
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap()
+        })
+        .collect();
+    ups.sort_unstable();
+    assert_eq!(ups, vec![sniffed_up, control_up], "{lines:?}");
 }
 
 /// An exit on a host of its own: datagrams cross real interfaces to a
