@@ -101,6 +101,14 @@ async fn a_tunnel_behind_nat_is_found_by_the_public_address_and_the_bound_one() 
     assert_eq!(row["source_name"], "proxynet-tests-dc");
     assert_eq!(row["target_port"], whoami.v4.port());
 
+    // The complaint as a victim writes it: the address and the time only.
+    let bare = stack
+        .admin_get_json(&format!("/v1/abuse/lookup?egress_ip={public}&at={at}"))
+        .await;
+    assert_eq!(bare.as_array().unwrap().len(), 1, "{bare}");
+    assert_eq!(bare[0]["username"], USERNAME);
+    assert_eq!(bare[0]["target_host"], whoami.v4.ip().to_string());
+
     // By the bound address too; and nothing an hour later.
     let rows = stack.admin_get_json(&lookup(private)).await;
     assert_eq!(rows[0]["matched"], "bound", "{rows}");
@@ -283,6 +291,14 @@ async fn an_egress_ip_the_reflector_does_not_see_is_flagged_and_strictly_not_rou
     assert!(
         page.contains(&format!(
             "<dd id=\"observed-egress\">{}</dd>",
+            host.uplink_addr
+        )),
+        "{page}"
+    );
+    // Declared, bound and seen side by side, with the verdict.
+    assert!(
+        page.contains(&format!(
+            "<tr><td>{declared}</td><td class=\"bound\">{declared}</td><td class=\"observed\">{}</td><td>mismatch</td>",
             host.uplink_addr
         )),
         "{page}"

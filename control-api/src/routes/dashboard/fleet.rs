@@ -304,6 +304,7 @@ pub(crate) async fn data(
 struct ExitFlags {
     admin_draining: bool,
     disabled: bool,
+    behind_nat: bool,
     withdrawn_at: Option<DateTime<Utc>>,
     channel: Option<String>,
 }
@@ -366,7 +367,7 @@ pub(crate) async fn exit_page(
             .into_response();
     };
     let flags: Option<ExitFlags> = sqlx::query_as(
-        "SELECT e.admin_draining, e.disabled, e.withdrawn_at, s.channel
+        "SELECT e.admin_draining, e.disabled, e.behind_nat, e.withdrawn_at, s.channel
            FROM exits e LEFT JOIN sources s ON s.id = e.source_id WHERE e.id = $1",
     )
     .bind(id)
@@ -486,6 +487,32 @@ seen by {rep} superproxies · last heartbeat {hb}</p>",
         },
         check = esc(&now.egress_verification),
     );
+    // Each declared egress beside the address the agent bound for it and
+    // the one our reflector saw (the abuse desk's view of this exit).
+    let behind_nat = flags.as_ref().is_some_and(|f| f.behind_nat);
+    let observations = crate::routes::egress::latest_observations(&state.db, &[(id, behind_nat)])
+        .await
+        .unwrap_or_default();
+    if !observations.is_empty() {
+        body.push_str(
+            "<div class=\"scroll\"><table class=\"compact\" id=\"egress-observations\"><thead><tr>\
+<th scope=\"col\">declared</th><th scope=\"col\">bound</th><th scope=\"col\">seen as</th>\
+<th scope=\"col\">check</th><th scope=\"col\">first seen</th><th scope=\"col\">last seen</th></tr></thead><tbody>",
+        );
+        for (_, o) in &observations {
+            let _ = write!(
+                body,
+                "<tr><td>{}</td><td class=\"bound\">{}</td><td class=\"observed\">{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                esc(&o.egress),
+                esc(&o.bound),
+                esc(&o.observed),
+                o.status.as_str(),
+                when(o.first_seen),
+                when(o.last_seen),
+            );
+        }
+        body.push_str("</tbody></table></div>");
+    }
 
     // Provenance: the source's four answers, and consent.
     let src = &provenance["source"];
