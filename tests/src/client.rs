@@ -247,3 +247,18 @@ pub fn assert_gateway_error(r: &RawResponse, status: u16, token: &str) {
     );
     assert!(!r.body.trim().is_empty(), "a one-line body: {r:?}");
 }
+
+/// Reads until the peer closes the connection; true if it did within `within`.
+pub async fn closed_within(stream: &mut TcpStream, within: Duration) -> bool {
+    let mut buf = [0u8; 1024];
+    tokio::time::timeout(within, async {
+        loop {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => continue,
+            }
+        }
+    })
+    .await
+    .is_ok()
+}

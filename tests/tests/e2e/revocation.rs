@@ -1,7 +1,7 @@
 //! Revocation cuts what is open: a disabled user's tunnels end on every
 //! superproxy, and a stale projection write cannot bring the user back.
 
-use proxynet_tests::client::open_echo_tunnel;
+use proxynet_tests::client::{closed_within, open_echo_tunnel};
 use proxynet_tests::client::{curl, socks5};
 use proxynet_tests::process::eventually;
 use proxynet_tests::stack::{spawn_superproxy, Stack, ADMIN_TOKEN, PASSWORD};
@@ -14,21 +14,6 @@ use tokio::net::TcpStream;
 fn basic(user: &str, password: &str) -> String {
     use base64::Engine;
     base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"))
-}
-
-/// Reads until the peer closes the connection; true if it did within `within`.
-async fn closed_within(stream: &mut TcpStream, within: Duration) -> bool {
-    let mut buf = [0u8; 1024];
-    tokio::time::timeout(within, async {
-        loop {
-            match stream.read(&mut buf).await {
-                Ok(0) | Err(_) => return,
-                Ok(_) => continue,
-            }
-        }
-    })
-    .await
-    .is_ok()
 }
 
 /// Revocation cuts open tunnels on every superproxy and every ingress.

@@ -1,15 +1,16 @@
 //! SOCKS5 UDP ASSOCIATE (RFC 1928 §7) through the whole stack: a raw
 //! client's datagrams leave from an exit's egress address, replies come
-//! back to the client's own socket, denied destinations are dropped, the
-//! ledger bills the payload, and closing the control connection ends the
-//! association.
+//! back to the client's own socket, denied destinations, fragments,
+//! strangers and bursts past the rate are dropped, the ledger bills the
+//! payload, and an association ends with its control connection, when
+//! idle, and when its user is revoked.
 
-use proxynet_tests::client::socks5;
+use proxynet_tests::client::{closed_within, socks5};
 use proxynet_tests::dns::TestDns;
 use proxynet_tests::metrics::{sample, scrape};
 use proxynet_tests::netns::ExitHost;
 use proxynet_tests::process::eventually;
-use proxynet_tests::stack::{Stack, StackOptions};
+use proxynet_tests::stack::{Stack, StackOptions, ADMIN_TOKEN};
 use proxynet_tests::targets::udp_echo;
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -210,6 +211,27 @@ async fn udp_associate_relays_datagrams_through_an_exit_and_bills_them() {
         "nothing dropped reached the echo"
     );
 
+    // A burst past the association's datagram rate (500 at once, then
+    // 2,000/s) is dropped at the relay. Aimed at a denied address, so
+    // whatever passes the rate never leaves either.
+    for _ in 0..3000 {
+        client.send_to(&denied, relay).await.unwrap();
+    }
+    eventually(
+        "the burst to be rate-limited",
+        Duration::from_secs(5),
+        || async {
+            let text = scrape(&http, stack.proxy_addrs.admin).await;
+            (sample(
+                &text,
+                "proxynet_udp_datagrams_total",
+                &["outcome=\"rate_limited\""],
+            ) >= 1.0)
+                .then_some(())
+        },
+    )
+    .await;
+
     // The HTTP port recognises SOCKS5 by its first byte, UDP ASSOCIATE too.
     let mut sniffed = socks5::login(stack.proxy_addrs.proxy, "udpuser", PASS)
         .await
@@ -307,6 +329,106 @@ async fn udp_associate_relays_datagrams_through_an_exit_and_bills_them() {
         .collect();
     ups.sort_unstable();
     assert_eq!(ups, vec![sniffed_up, control_up], "{lines:?}");
+}
+
+/// The association's other ends: idle for the tunnel idle timeout, and its
+/// user revoked. Either way the relay port is let go, the control
+/// connection is closed, and the access log says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_association_ends_when_idle_and_when_its_user_is_revoked() {
+    let logs = tempfile::tempdir().unwrap();
+    let log = logs.path().join("superproxy.log");
+    let stack = Stack::start_with(StackOptions {
+        superproxy_args: vec!["--tunnel-idle-timeout-secs".into(), "1".into()],
+        superproxy_log: Some(log.clone()),
+        ..Default::default()
+    })
+    .await;
+    let account = stack.create_account("udp-ends").await;
+    stack.create_user(account, "idler", PASS).await;
+    let revoked = stack.create_user(account, "revoked", PASS).await;
+    let (echo, _) = udp_echo().await;
+    let open = |user: &'static str| async move {
+        let mut control = socks5::login(stack.proxy_addrs.socks, user, PASS)
+            .await
+            .unwrap();
+        let (reply, relay) = associate(&mut control).await;
+        assert_eq!(reply, 0);
+        let client = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let (source, _) = round_trip(&client, relay, "127.0.0.1", echo.port(), user.as_bytes())
+            .await
+            .expect("the association relays");
+        assert_eq!(source, echo);
+        (control, relay, client)
+    };
+
+    let (mut control, relay, _client) = open("idler").await;
+    assert!(
+        closed_within(&mut control, Duration::from_secs(10)).await,
+        "an idle association ends and closes its control connection"
+    );
+    drop(
+        UdpSocket::bind(relay)
+            .await
+            .expect("the relay port is let go"),
+    );
+
+    // The other user's association is cut when the user is disabled. Its
+    // client keeps it busy meanwhile (a datagram every 100 ms, at most 100),
+    // so the idle timeout cannot end it first.
+    let (mut control, relay, client) = open("revoked").await;
+    let busy = tokio::spawn(async move {
+        let mut packet = header("127.0.0.1", echo.port());
+        packet.extend_from_slice(b"busy");
+        for _ in 0..100 {
+            let _ = client.send_to(&packet, relay).await;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    let r = stack
+        .http
+        .patch(stack.api(&format!("/v1/users/{revoked}")))
+        .json(&serde_json::json!({"enabled": false}))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "{}", r.status());
+    assert!(
+        closed_within(&mut control, Duration::from_secs(10)).await,
+        "revocation ends the association"
+    );
+    busy.abort();
+    let _ = busy.await;
+    drop(
+        UdpSocket::bind(relay)
+            .await
+            .expect("the relay port is let go"),
+    );
+
+    let outcome = |user: &str| {
+        let text = proxynet_tests::process::read_log(&log);
+        text.lines()
+            .filter(|l| l.contains("proxynet::access") && l.contains("socks5_udp"))
+            .filter(|l| {
+                l.contains(&format!("user={user} ")) || l.contains(&format!("user=\"{user}\""))
+            })
+            .find_map(|l| {
+                l.split("outcome=")
+                    .nth(1)?
+                    .split_whitespace()
+                    .next()
+                    .map(str::to_owned)
+            })
+    };
+    let (idle, cut) = eventually(
+        "both associations in the access log",
+        Duration::from_secs(10),
+        || async { Some((outcome("idler")?, outcome("revoked")?)) },
+    )
+    .await;
+    assert!(idle.contains("idle_timeout"), "{idle}");
+    assert!(cut.contains("cut"), "{cut}");
 }
 
 /// An exit on a host of its own: datagrams cross real interfaces to a
