@@ -27,6 +27,11 @@
 //! sees every connection from the uplink address, whatever address the
 //! agent bound: a home router's view, where the bound address is private
 //! and the world sees the ISP's one. Traffic to TARGET is not translated.
+//! [`ExitHost::redial`] then moves the NAT to another public address, as a
+//! residential line's re-dial does.
+//!
+//! [`Netns::set_hosts`] gives the programs started in a namespace an
+//! `/etc/hosts` of their own, so a test can name TARGET's addresses.
 //!
 //! Names are unique per test process and instance (`pn<pid>x<n>e`/`…t`),
 //! the uplink's /30 is taken from 10.200.0.0/16 by creating its root-side
@@ -223,6 +228,8 @@ pub struct ExitHost {
     pub prefix_v4: Cidr,
     /// The root side of the uplink veth (`pnr<i>`), which holds the block.
     root_veth: String,
+    /// The uplink's /30 is block `block` of 10.200.0.0/16.
+    block: u32,
 }
 
 impl ExitHost {
@@ -306,6 +313,7 @@ impl ExitHost {
             prefix_v6,
             prefix_v4,
             root_veth,
+            block,
         }
     }
 
@@ -314,12 +322,46 @@ impl ExitHost {
     /// [`Self::uplink_addr`] whichever address was bound, e.g.
     /// [`Self::exit_wan_v4`]. Needs nftables' `nft`; panics with the reason.
     pub fn masquerade_uplink(&self) {
-        let ruleset = "table ip pn_nat {\n\
-                       chain postrouting {\n\
-                       type nat hook postrouting priority srcnat; policy accept;\n\
-                       oifname \"uplink\" masquerade\n\
-                       }\n\
-                       }\n";
+        self.nft(
+            "table ip pn_nat {\n\
+             chain postrouting {\n\
+             type nat hook postrouting priority srcnat; policy accept;\n\
+             oifname \"uplink\" masquerade\n\
+             }\n\
+             }\n",
+        );
+    }
+
+    /// A residential re-dial behind the NAT of [`Self::masquerade_uplink`]:
+    /// from now on EXIT's new connections towards the stack arrive from
+    /// another "public" address, the `n`th (1 to 3) of this host's block of
+    /// 10.201.0.0/16, which the root namespace routes back over the uplink.
+    /// Connections already open keep the address they had. Returns the new
+    /// public address.
+    pub fn redial(&self, n: u32) -> Ipv4Addr {
+        assert!((1..=3).contains(&n), "a host has three re-dial addresses");
+        let public = Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 201, 0, 0)) + self.block * 4 + n);
+        // EXIT answers ARP for it; the root sends it back over this uplink.
+        self.exit
+            .ip(&["addr", "add", &format!("{public}/32"), "dev", "uplink"]);
+        run_ip(&[
+            "route",
+            "add",
+            &format!("{public}/32"),
+            "dev",
+            &self.root_veth,
+        ])
+        .unwrap_or_else(|e| panic!("route {public} to {}: {e}", self.root_veth));
+        self.nft(&format!(
+            "flush chain ip pn_nat postrouting\n\
+             add rule ip pn_nat postrouting oifname \"uplink\" snat to {public}\n"
+        ));
+        public
+    }
+
+    /// Loads `ruleset` with nftables' `nft -f -` inside EXIT; panics with
+    /// nft's complaint.
+    fn nft(&self, ruleset: &str) {
         let mut nft = Command::new("ip")
             .args(["netns", "exec", self.exit.name(), "nft", "-f", "-"])
             .stdin(std::process::Stdio::piped())
@@ -333,7 +375,7 @@ impl ExitHost {
         let out = nft.wait_with_output().unwrap();
         assert!(
             out.status.success(),
-            "nft masquerade in {}: {} (the NAT harness needs nftables' nft)",
+            "nft in {}: {} (the NAT harness needs nftables' nft)",
             self.exit.name(),
             String::from_utf8_lossy(&out.stderr).trim()
         );

@@ -611,9 +611,19 @@ impl Stack {
                 (Vec::new(), self.agent_args(egress_ip, &state))
             }
         };
-        let (proc, addrs) =
-            crate::process::spawn_ready_via::<AgentAddrs>(&wrapper, "exit-agent", &args, &[], None)
-                .await;
+        let log = self
+            .options
+            .log_dir
+            .as_ref()
+            .map(|d| d.join(format!("exit-agent-{i}-restarted.log")));
+        let (proc, addrs) = crate::process::spawn_ready_via::<AgentAddrs>(
+            &wrapper,
+            "exit-agent",
+            &args,
+            &[],
+            log.as_deref(),
+        )
+        .await;
         self.agents[i] = Agent {
             proc,
             addrs,

@@ -141,7 +141,7 @@ pub(super) const EXIT_SELECT: &str = "SELECT e.id, e.name, e.source_type, e.owne
      s.countries, s.consent_required, c.state AS consent_state, c.expires_at AS consent_expires_at, \
      e.last_heartbeat_at, e.egress_verification, \
      ARRAY(SELECT DISTINCT ON (o.egress) host(o.observed_ip) FROM exit_egress_observations o \
-            WHERE o.exit_id = e.id ORDER BY o.egress, o.first_seen DESC) AS observed_egress \
+            WHERE o.exit_id = e.id ORDER BY o.egress, o.first_seen DESC, o.id DESC) AS observed_egress \
      FROM exits e LEFT JOIN sources s ON s.id = e.source_id \
      LEFT JOIN LATERAL (SELECT state, expires_at FROM consent_records \
                          WHERE exit_id = e.id ORDER BY version DESC LIMIT 1) c ON true";

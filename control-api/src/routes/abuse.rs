@@ -84,7 +84,7 @@ WITH t AS (
        AND ($5::inet IS NULL OR egress_ip <<= $5::inet
             OR exit_id IN (SELECT exit_id FROM exit_egress_observations WHERE observed_ip <<= $5::inet))
 ), o AS MATERIALIZED (
-    SELECT x.exit_id, x.egress, x.observed_ip, x.first_seen,
+    SELECT x.id, x.exit_id, x.egress, x.observed_ip, x.first_seen,
            COALESCE(LAG(x.last_seen) OVER w, x.first_seen) AS valid_from,
            -- The latest observation holds until a while after it was last
            -- seen (an agent that stops reporting does not keep it forever).
@@ -94,7 +94,7 @@ WITH t AS (
         OR x.exit_id IN (SELECT exit_id FROM exit_egress_observations WHERE observed_ip <<= $5::inet)
         OR x.exit_id IN (SELECT exit_id FROM target_log
                           WHERE minute >= $1 AND minute < $2 AND egress_ip <<= $5::inet)
-    WINDOW w AS (PARTITION BY x.exit_id, x.egress ORDER BY x.first_seen)
+    WINDOW w AS (PARTITION BY x.exit_id, x.egress ORDER BY x.first_seen, x.id)
 ), m AS (
     SELECT DISTINCT ON (t.minute, t.egress_ip, t.exit_id, t.user_id, t.target_host, t.target_port)
            t.*, o.observed_ip
@@ -106,7 +106,7 @@ WITH t AS (
        AND t.minute + interval '1 minute' > o.valid_from - make_interval(mins => $6)
        AND t.minute <= o.valid_to + make_interval(mins => $6)
      ORDER BY t.minute, t.egress_ip, t.exit_id, t.user_id, t.target_host, t.target_port,
-              (o.observed_ip <<= $5::inet) DESC NULLS LAST, o.first_seen DESC NULLS LAST
+              (o.observed_ip <<= $5::inet) DESC NULLS LAST, o.first_seen DESC NULLS LAST, o.id DESC NULLS LAST
 )
 SELECT m.minute, host(m.egress_ip) AS egress_ip, host(m.observed_ip) AS observed_ip,
        CASE WHEN $5::inet IS NULL THEN NULL
@@ -430,7 +430,7 @@ pub(crate) async fn run_retention(
               WHERE o.last_seen < now() - make_interval(secs => $1)
                 AND EXISTS (SELECT 1 FROM exit_egress_observations n
                              WHERE n.exit_id = o.exit_id AND n.egress = o.egress
-                               AND n.first_seen > o.first_seen)",
+                               AND (n.first_seen, n.id) > (o.first_seen, o.id))",
         )
         .bind(retention.as_secs_f64())
         .execute(&db)

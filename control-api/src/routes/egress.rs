@@ -8,7 +8,10 @@
 //! invent it. Accepted observations become history in
 //! `exit_egress_observations` (the same public address again extends the
 //! latest row; a new one — a residential re-dial — starts a row), which the
-//! abuse desk searches (`abuse.rs`).
+//! abuse desk searches (`abuse.rs`). A reflection's time has whole seconds,
+//! so two rows can share a `first_seen` (a re-dial right after a start):
+//! the row id, in insertion order, breaks the tie wherever "the latest" is
+//! asked for, here and in the abuse desk's history.
 //!
 //! The verdict on the declared egress ([`verdict`]) is kept on the exit and
 //! projected: `mismatch` (a declared address the reflector contradicts, no
@@ -230,7 +233,7 @@ pub(crate) async fn report(
     }
     let latest: Vec<(String, String)> = sqlx::query_as(
         "SELECT DISTINCT ON (egress) egress::text, host(observed_ip)
-           FROM exit_egress_observations WHERE exit_id = $1 ORDER BY egress, first_seen DESC",
+           FROM exit_egress_observations WHERE exit_id = $1 ORDER BY egress, first_seen DESC, id DESC",
     )
     .bind(exit)
     .fetch_all(&mut *tx)
@@ -297,7 +300,7 @@ async fn record(
     let egress = observation.egress.masked().to_string();
     let latest: Option<(i64, String, DateTime<Utc>)> = sqlx::query_as(
         "SELECT id, host(observed_ip), last_seen FROM exit_egress_observations
-          WHERE exit_id = $1 AND egress = $2::cidr ORDER BY first_seen DESC LIMIT 1",
+          WHERE exit_id = $1 AND egress = $2::cidr ORDER BY first_seen DESC, id DESC LIMIT 1",
     )
     .bind(exit)
     .bind(&egress)
@@ -366,7 +369,7 @@ pub(crate) async fn latest_observations(
         "SELECT DISTINCT ON (exit_id, egress) exit_id, egress::text AS egress, host(bound_ip) AS bound,
                 host(observed_ip) AS observed, first_seen, last_seen
            FROM exit_egress_observations WHERE exit_id = ANY($1)
-          ORDER BY exit_id, egress, first_seen DESC",
+          ORDER BY exit_id, egress, first_seen DESC, id DESC",
     )
     .bind(&ids)
     .fetch_all(db)
@@ -401,7 +404,7 @@ pub(crate) async fn history(
     let rows: Vec<ObservationRow> = sqlx::query_as(
         "SELECT exit_id, egress::text AS egress, host(bound_ip) AS bound, host(observed_ip) AS observed,
                 first_seen, last_seen
-           FROM exit_egress_observations WHERE exit_id = $1 ORDER BY first_seen DESC LIMIT $2",
+           FROM exit_egress_observations WHERE exit_id = $1 ORDER BY first_seen DESC, id DESC LIMIT $2",
     )
     .bind(exit)
     .bind(limit)

@@ -3,7 +3,9 @@
 //! address, and everything leaving towards the stack is masqueraded to the
 //! uplink's "public" one, which the superproxy's egress reflector reports.
 //! A tunnel through it is found by the public address and by the bound one;
-//! an exit that declares an address the reflector does not see, without
+//! a re-dial's new public address is observed when the agent comes back and
+//! the old one stays in the history, each answering for its own time; an
+//! exit that declares an address the reflector does not see, without
 //! declaring NAT, is flagged and, under the strict policy, not routable.
 
 use chrono::{SecondsFormat, Utc};
@@ -101,6 +103,27 @@ async fn a_tunnel_behind_nat_is_found_by_the_public_address_and_the_bound_one() 
     assert_eq!(row["source_name"], "proxynet-tests-dc");
     assert_eq!(row["target_port"], whoami.v4.port());
 
+    // The customer whose traffic the exit carried sees the public address
+    // in its provenance view, with its own key.
+    let account: Uuid = row["account_id"].as_str().unwrap().parse().unwrap();
+    let (key, _) = stack.account_key(account).await;
+    let customer: Value = stack
+        .http
+        .get(stack.api(&format!("/v1/exits/{exit}/provenance")))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        customer["egress"]["observed"],
+        serde_json::json!([public.to_string()]),
+        "{customer}"
+    );
+    assert_eq!(customer["egress"]["verification"], "behind_nat");
+
     // The complaint as a victim writes it: the address and the time only.
     let bare = stack
         .admin_get_json(&format!("/v1/abuse/lookup?egress_ip={public}&at={at}"))
@@ -176,6 +199,74 @@ async fn a_tunnel_behind_nat_is_found_by_the_public_address_and_the_bound_one() 
             .any(|a| a["detail"]["rows"] == 1 && a["detail"]["at"] == at.as_str()),
         "{audit}"
     );
+}
+
+/// A residential re-dial: the public address behind the NAT changes. The
+/// agent observes the new one when it comes back (here a restart, as after
+/// a reconnect); it is history, not an error, and each address answers for
+/// the time it carried the exit's traffic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redialled_exit_keeps_its_old_public_address_in_the_history() {
+    let host = ExitHost::create();
+    let mut stack = stack_behind_nat(&host, Vec::new()).await;
+    let private = IpAddr::V4(host.exit_wan_v4);
+    let first = IpAddr::V4(host.uplink_addr);
+    let i = stack
+        .add_agent_in(&host, &[private], &[], &["--behind-nat"])
+        .await;
+    let exit = stack.agents[i].addrs.exit_id;
+    stack.wait_eligible(1).await;
+    let view = observed_exit(&stack, exit).await;
+    assert_eq!(view["egress"]["observed"][0]["observed"], first.to_string());
+    let whoami = host.start_whoami();
+    let (proxy, target) = (stack.proxy_url(), whoami.url(false));
+    let r = curl(&["-p", "-x", &proxy, &target]).await;
+    assert_eq!(r.status, 200, "{}{}", r.headers, r.body);
+    let before = Utc::now().to_rfc3339_opts(SecondsFormat::Secs, true);
+
+    let second = IpAddr::V4(host.redial(1));
+    stack.restart_agent(i).await;
+    let view = eventually(
+        "the re-dialled address to be observed",
+        Duration::from_secs(30),
+        || async {
+            let view = stack.admin_get_json(&format!("/v1/exits/{exit}")).await;
+            (view["egress"]["observed"][0]["observed"] == second.to_string()).then_some(view)
+        },
+    )
+    .await;
+    let history = view["egress"]["history"].as_array().unwrap();
+    assert_eq!(history.len(), 2, "{view}");
+    assert_eq!(history[0]["observed"], second.to_string(), "newest first");
+    assert_eq!(history[1]["observed"], first.to_string());
+    assert_eq!(history[0]["bound"], private.to_string());
+    assert_eq!(view["egress"]["verification"], "behind_nat", "{view}");
+    assert_eq!(view["egress"]["routable"], true);
+
+    stack.wait_eligible(1).await;
+    let r = curl(&["-p", "-x", &proxy, &target]).await;
+    assert_eq!(r.status, 200, "{}{}", r.headers, r.body);
+    let after = Utc::now().to_rfc3339_opts(SecondsFormat::Secs, true);
+    let lookup = |egress: IpAddr, at: &str| format!("/v1/abuse/lookup?egress_ip={egress}&at={at}");
+    for (public, at) in [(second, &after), (first, &before)] {
+        let rows = eventually(
+            "the target log to answer for the address",
+            Duration::from_secs(20),
+            || async {
+                let rows = stack.admin_get_json(&lookup(public, at)).await;
+                (!rows.as_array()?.is_empty()).then_some(rows)
+            },
+        )
+        .await;
+        assert_eq!(rows[0]["username"], USERNAME, "{public}: {rows}");
+        assert_eq!(rows[0]["observed_ip"], public.to_string(), "{rows}");
+        assert_eq!(rows[0]["matched"], "observed");
+    }
+    // The new address did not carry anything an hour before it was seen.
+    let earlier =
+        (Utc::now() - chrono::Duration::hours(1)).to_rfc3339_opts(SecondsFormat::Secs, true);
+    let none = stack.admin_get_json(&lookup(second, &earlier)).await;
+    assert_eq!(none, serde_json::json!([]));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -61,7 +61,7 @@ pub(crate) async fn exit_provenance(
                 c.notice_sha256, c.method AS consent_method, c.opt_out AS consent_opt_out, c.evidence_ref,
                 e.egress_verification, e.behind_nat,
                 ARRAY(SELECT DISTINCT ON (o.egress) host(o.observed_ip) FROM exit_egress_observations o
-                       WHERE o.exit_id = e.id ORDER BY o.egress, o.first_seen DESC) AS observed_egress
+                       WHERE o.exit_id = e.id ORDER BY o.egress, o.first_seen DESC, o.id DESC) AS observed_egress
            FROM exits e LEFT JOIN sources s ON s.id = e.source_id
            LEFT JOIN LATERAL (SELECT * FROM consent_records WHERE exit_id = e.id ORDER BY version DESC LIMIT 1) c ON true
           WHERE e.id = $1",
