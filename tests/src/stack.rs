@@ -283,6 +283,36 @@ impl Stack {
             .unwrap()
     }
 
+    /// Logs in to the built-in dashboard with `key`: the session cookie
+    /// (`name=value`, for a `cookie` header).
+    pub async fn dashboard_session(&self, key: &str) -> String {
+        let r = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .unwrap()
+            .post(self.api("/dashboard/login"))
+            .form(&[("key", key)])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 303, "dashboard login");
+        let cookie = r.headers()["set-cookie"].to_str().unwrap();
+        cookie.split(';').next().unwrap().to_owned()
+    }
+
+    /// A dashboard page's HTML, read with the session `cookie`.
+    pub async fn dashboard_page(&self, cookie: &str, path: &str) -> String {
+        self.http
+            .get(self.api(path))
+            .header("cookie", cookie)
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+
     pub async fn create_account(&self, name: &str) -> Uuid {
         let r = self
             .http

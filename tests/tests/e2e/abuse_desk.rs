@@ -330,24 +330,13 @@ async fn an_egress_ip_the_reflector_does_not_see_is_flagged_and_strictly_not_rou
         provenance["egress"]["observed"],
         serde_json::json!([host.uplink_addr.to_string()])
     );
-    let client = reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .unwrap();
-    let login = client
-        .post(stack.api("/dashboard/login"))
-        .form(&[("key", ADMIN_TOKEN)])
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(login.status(), 303);
-    let cookie = login.headers()["set-cookie"].to_str().unwrap();
-    let cookie = cookie.split(';').next().unwrap().to_owned();
+    let cookie = stack.dashboard_session(ADMIN_TOKEN).await;
     let exits = eventually(
         "the dashboard to sample the exit's egress",
         Duration::from_secs(10),
         || async {
-            let data: Value = client
+            let data: Value = stack
+                .http
                 .get(stack.api("/dashboard/data.json"))
                 .header("cookie", &cookie)
                 .send()
@@ -370,15 +359,9 @@ async fn an_egress_ip_the_reflector_does_not_see_is_flagged_and_strictly_not_rou
         serde_json::json!([host.uplink_addr.to_string()])
     );
     assert_eq!(exits["egress_ips"], serde_json::json!([declared]));
-    let page = client
-        .get(stack.api(&format!("/dashboard/exits/{exit}")))
-        .header("cookie", &cookie)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let page = stack
+        .dashboard_page(&cookie, &format!("/dashboard/exits/{exit}"))
+        .await;
     assert!(
         page.contains(&format!(
             "<dd id=\"observed-egress\">{}</dd>",

@@ -50,6 +50,27 @@ async fn tunnels_leave_from_drawn_prefix_addresses_and_a_session_keeps_one() {
         "{record}"
     );
     assert_eq!(record["egress_ips"], serde_json::json!([]), "{record}");
+    let cookie = stack
+        .dashboard_session(proxynet_tests::stack::ADMIN_TOKEN)
+        .await;
+    let page = eventually(
+        "the dashboard to sample the exit",
+        Duration::from_secs(10),
+        || async {
+            let page = stack
+                .dashboard_page(&cookie, &format!("/dashboard/exits/{exit}"))
+                .await;
+            page.contains("id=\"egress-prefixes\"").then_some(page)
+        },
+    )
+    .await;
+    assert!(
+        page.contains(&format!(
+            "<dd id=\"egress-prefixes\">{}, {}</dd>",
+            host.prefix_v6, host.prefix_v4
+        )),
+        "{page}"
+    );
 
     let rotating = proxy_as(&format!("{USERNAME}-ipversion-6"), proxy);
     let mut v6 = HashSet::new();

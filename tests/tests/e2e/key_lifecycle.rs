@@ -41,29 +41,6 @@ async fn status_with(stack: &Stack, key: &str, path: &str) -> u16 {
         .as_u16()
 }
 
-/// Logs in to the dashboard with `key`; the session cookie.
-async fn dashboard_login(stack: &Stack, key: &str) -> String {
-    let client = reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .unwrap();
-    let r = client
-        .post(stack.api("/dashboard/login"))
-        .form(&[("key", key)])
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 303);
-    let cookie = r
-        .headers()
-        .get("set-cookie")
-        .unwrap()
-        .to_str()
-        .unwrap()
-        .to_owned();
-    cookie.split(';').next().unwrap().to_owned()
-}
-
 async fn dashboard_status(stack: &Stack, cookie: &str, path: &str) -> u16 {
     let client = reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
@@ -107,7 +84,7 @@ async fn revoking_a_key_revokes_what_it_minted_and_its_dashboard_sessions() {
     assert_eq!(k2_row["minted_by"], k1_id.to_string());
     assert!(k2_row["last_used_at"].is_string(), "k2 was used: {k2_row}");
 
-    let session = dashboard_login(&stack, &k3).await;
+    let session = stack.dashboard_session(&k3).await;
     assert_eq!(
         dashboard_status(&stack, &session, "/dashboard/usage").await,
         200
