@@ -208,6 +208,22 @@ fn client_datagram<'b>(
     client_addr: &mut Option<SocketAddr>,
     rate: &DefaultDirectRateLimiter,
 ) -> Result<(DatagramAddr, &'b [u8]), &'static str> {
+    let (addr, payload) = read_client_datagram(bytes, from, source, client_addr, rate)?;
+    if !pipeline.datagram_allowed(holds, &addr) {
+        return Err("denied");
+    }
+    Ok((addr, payload))
+}
+
+/// The checks that need nothing but the datagram and the association's
+/// own state: who sent it, the rate, the SOCKS header, the size.
+fn read_client_datagram<'b>(
+    bytes: &'b [u8],
+    from: SocketAddr,
+    source: SourceFilter,
+    client_addr: &mut Option<SocketAddr>,
+    rate: &DefaultDirectRateLimiter,
+) -> Result<(DatagramAddr, &'b [u8]), &'static str> {
     if !source.admits(from) {
         return Err("foreign_source");
     }
@@ -231,9 +247,6 @@ fn client_datagram<'b>(
     let payload = &rest[used..];
     if payload.len() > datagram::MAX_PAYLOAD {
         return Err("too_large");
-    }
-    if !pipeline.datagram_allowed(holds, &addr) {
-        return Err("denied");
     }
     Ok((addr, payload))
 }
@@ -276,5 +289,91 @@ mod tests {
         };
         assert!(declared.admits("127.0.0.1:5000".parse().unwrap()));
         assert!(!declared.admits("127.0.0.1:5001".parse().unwrap()));
+    }
+
+    fn rate() -> DefaultDirectRateLimiter {
+        DefaultDirectRateLimiter::direct(
+            Quota::per_second(NonZeroU32::new(DATAGRAMS_PER_SECOND).unwrap())
+                .allow_burst(NonZeroU32::new(DATAGRAM_BURST).unwrap()),
+        )
+    }
+
+    /// RSV, FRAG 0, ATYP 1 127.0.0.1:53, then `payload`.
+    fn packet(payload: &[u8]) -> Vec<u8> {
+        let mut p = vec![0, 0, 0, 1, 127, 0, 0, 1, 0, 53];
+        p.extend_from_slice(payload);
+        p
+    }
+
+    #[test]
+    fn the_first_admitted_datagram_fixes_the_client_address() {
+        let source = SourceFilter {
+            ip: "127.0.0.1".parse().unwrap(),
+            port: None,
+        };
+        let (rate, mut client) = (rate(), None);
+        let me: SocketAddr = "127.0.0.1:4000".parse().unwrap();
+        let p = packet(b"hi");
+        let (addr, payload) = read_client_datagram(&p, me, source, &mut client, &rate).unwrap();
+        assert_eq!(payload, b"hi");
+        assert!(matches!(addr, DatagramAddr::Ip(a) if a.port() == 53));
+        assert_eq!(client, Some(me));
+        // Another port of the same host is a stranger from now on, and a
+        // stranger's datagram does not take the slot of the client's own.
+        let other: SocketAddr = "127.0.0.1:4001".parse().unwrap();
+        assert_eq!(
+            read_client_datagram(&p, other, source, &mut client, &rate).err(),
+            Some("foreign_source")
+        );
+        let elsewhere: SocketAddr = "127.0.0.9:4000".parse().unwrap();
+        assert_eq!(
+            read_client_datagram(&p, elsewhere, source, &mut None, &rate).err(),
+            Some("foreign_source")
+        );
+        assert_eq!(client, Some(me));
+    }
+
+    #[test]
+    fn fragments_short_headers_and_oversized_payloads_are_dropped() {
+        let source = SourceFilter {
+            ip: "127.0.0.1".parse().unwrap(),
+            port: None,
+        };
+        let me: SocketAddr = "127.0.0.1:4000".parse().unwrap();
+        let rate = rate();
+        let mut fragment = packet(b"x");
+        fragment[2] = 1;
+        let oversized = packet(&vec![0u8; datagram::MAX_PAYLOAD + 1]);
+        let largest = packet(&vec![0u8; datagram::MAX_PAYLOAD]);
+        let cases: [(&[u8], Result<(), &str>); 5] = [
+            (&fragment, Err("fragment")),
+            (&[0, 0], Err("bad_request")),
+            (&[0, 0, 0, 9, 1, 2], Err("bad_request")),
+            (&oversized, Err("too_large")),
+            (&largest, Ok(())),
+        ];
+        for (bytes, want) in cases {
+            let got = read_client_datagram(bytes, me, source, &mut Some(me), &rate).map(|_| ());
+            assert_eq!(got, want, "{:?}", &bytes[..bytes.len().min(6)]);
+        }
+    }
+
+    #[test]
+    fn a_burst_past_the_rate_is_dropped() {
+        let source = SourceFilter {
+            ip: "127.0.0.1".parse().unwrap(),
+            port: None,
+        };
+        let me: SocketAddr = "127.0.0.1:4000".parse().unwrap();
+        let (rate, mut client) = (rate(), Some(me));
+        let p = packet(b"x");
+        let passed = (0..DATAGRAM_BURST * 2)
+            .filter(|_| read_client_datagram(&p, me, source, &mut client, &rate).is_ok())
+            .count();
+        // The burst, and what the rate refills while the loop runs.
+        assert!(
+            passed >= DATAGRAM_BURST as usize && passed < (DATAGRAM_BURST * 2) as usize,
+            "{passed}"
+        );
     }
 }
