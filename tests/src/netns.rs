@@ -341,6 +341,10 @@ impl ExitHost {
     pub fn redial(&self, n: u32) -> Ipv4Addr {
         assert!((1..=3).contains(&n), "a host has three re-dial addresses");
         let public = Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 201, 0, 0)) + self.block * 4 + n);
+        let host: Cidr = format!("{public}/32").parse().unwrap();
+        if let Some(route) = root_ipv4_routes().iter().find(|r| r.overlaps(&host)) {
+            panic!("the re-dial address {public} is routed on this host already ({route}): the test networks clash with the host's");
+        }
         // EXIT answers ARP for it; the root sends it back over this uplink.
         self.exit
             .ip(&["addr", "add", &format!("{public}/32"), "dev", "uplink"]);
@@ -612,10 +616,20 @@ fn sweep_stale_namespaces() {
     let Ok(out) = Command::new("ip").args(["netns", "list"]).output() else {
         return;
     };
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
-        let Some(name) = line.split_whitespace().next() else {
-            continue;
-        };
+    // Namespaces, and the hosts files of namespaces already gone.
+    let names: HashSet<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|line| line.split_whitespace().next().map(str::to_owned))
+        .chain(
+            std::fs::read_dir("/etc/netns")
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter_map(|entry| entry.file_name().into_string().ok()),
+        )
+        .collect();
+    for name in &names {
+        let name = name.as_str();
         let Some(pid) = name
             .strip_prefix("pn")
             .and_then(|rest| rest.split_once('x'))

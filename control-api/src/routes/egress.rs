@@ -222,13 +222,16 @@ pub(crate) async fn report(
             continue;
         }
         let at = DateTime::from_timestamp(observation.reflection.at, 0).unwrap_or(now);
-        if record(&mut tx, exit, observation, at).await? {
-            accepted += 1;
-        } else {
-            ignored.push(Ignored {
+        match record(&mut tx, exit, observation, at).await? {
+            Recorded::Yes => accepted += 1,
+            Recorded::Older => ignored.push(Ignored {
                 egress: egress_text(&observation.egress),
                 reason: "older than the latest observation",
-            });
+            }),
+            Recorded::TooManyChanges => ignored.push(Ignored {
+                egress: egress_text(&observation.egress),
+                reason: "too many public-address changes of this exit in the last hour",
+            }),
         }
     }
     let latest: Vec<(String, String)> = sqlx::query_as(
@@ -288,15 +291,30 @@ pub(crate) async fn report(
     }))
 }
 
+/// New history rows (public-address changes) one exit may start in an hour,
+/// over all its egress. A mobile line behind carrier NAT may change its
+/// address at every reconnect (the agent re-observes at most every 30 s);
+/// an agent replaying two valid reflections in turn must not grow the
+/// history without end.
+pub(crate) const MAX_CHANGES_PER_EXIT_HOUR: i64 = 120;
+
+/// What [`record`] did with one observation.
+enum Recorded {
+    Yes,
+    /// Older than the latest row of its egress (a report that arrived late).
+    Older,
+    /// A change past [`MAX_CHANGES_PER_EXIT_HOUR`].
+    TooManyChanges,
+}
+
 /// Extends the latest row of `observation`'s egress when the public address
-/// is the same, else starts a row. False: older than the latest row (a
-/// report that arrived late), not recorded.
+/// is the same, else starts a row (within the hourly bound on changes).
 async fn record(
     tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
     exit: Uuid,
     observation: &EgressObservation,
     at: DateTime<Utc>,
-) -> Result<bool, sqlx::Error> {
+) -> Result<Recorded, sqlx::Error> {
     let egress = observation.egress.masked().to_string();
     let latest: Option<(i64, String, DateTime<Utc>)> = sqlx::query_as(
         "SELECT id, host(observed_ip), last_seen FROM exit_egress_observations
@@ -308,7 +326,7 @@ async fn record(
     .await?;
     let observed = observation.reflection.address.to_string();
     match latest {
-        Some((_, _, last)) if at < last => Ok(false),
+        Some((_, _, last)) if at < last => Ok(Recorded::Older),
         Some((id, seen, _)) if seen == observed => {
             sqlx::query(
                 "UPDATE exit_egress_observations SET last_seen = $2, bound_ip = $3::inet WHERE id = $1",
@@ -318,9 +336,21 @@ async fn record(
             .bind(observation.bound.to_string())
             .execute(&mut **tx)
             .await?;
-            Ok(true)
+            Ok(Recorded::Yes)
         }
         _ => {
+            // The exit's row is locked by the report: the count holds.
+            let (changes,): (i64,) = sqlx::query_as(
+                "SELECT count(*) FROM exit_egress_observations
+                  WHERE exit_id = $1 AND first_seen > $2 - interval '1 hour'",
+            )
+            .bind(exit)
+            .bind(at)
+            .fetch_one(&mut **tx)
+            .await?;
+            if changes >= MAX_CHANGES_PER_EXIT_HOUR {
+                return Ok(Recorded::TooManyChanges);
+            }
             sqlx::query(
                 "INSERT INTO exit_egress_observations (exit_id, egress, bound_ip, observed_ip, first_seen, last_seen)
                  VALUES ($1, $2::cidr, $3::inet, $4::inet, $5, $5)",
@@ -332,7 +362,7 @@ async fn record(
             .bind(at)
             .execute(&mut **tx)
             .await?;
-            Ok(true)
+            Ok(Recorded::Yes)
         }
     }
 }

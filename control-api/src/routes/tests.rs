@@ -455,6 +455,86 @@ async fn an_egress_report_counts_only_signed_fresh_reflections_and_keeps_history
 }
 
 #[tokio::test]
+async fn a_redial_in_the_same_second_is_the_latest_and_address_changes_are_bounded() {
+    use proxynet_wire::reflector::Reflection;
+    let (app, state) = app_and_state().await;
+    let (exit, credential) = enrolled_exit(&app, "198.51.100.8").await;
+    let key = proxynet_store::reflector_key(&mut state.redis.clone(), state.projector.keys())
+        .await
+        .unwrap();
+    let now = chrono::Utc::now().timestamp();
+    let path = format!("/v1/agent/exits/{exit}/egress");
+    let report = |address: &str| {
+        let reflection = Reflection::signed(&key, address.parse().unwrap(), now, Some(exit));
+        json!({"observed": [{"egress": "198.51.100.8", "bound": "198.51.100.8", "reflection": reflection}]})
+            .to_string()
+    };
+    // Reflections carry whole seconds: a re-dial within the second is
+    // still the newer row.
+    for address in ["203.0.113.1", "203.0.113.2"] {
+        let (_, _, answer) = call(
+            &app,
+            Method::POST,
+            &path,
+            Some(&credential),
+            Some(&report(address)),
+        )
+        .await;
+        assert_eq!(answer["accepted"], 1, "{answer}");
+    }
+    let (_, _, view) = call(
+        &app,
+        Method::GET,
+        &format!("/v1/exits/{exit}"),
+        Some(ADMIN),
+        None,
+    )
+    .await;
+    assert_eq!(
+        view["egress"]["observed"][0]["observed"], "203.0.113.2",
+        "{view}"
+    );
+    assert_eq!(view["egress"]["history"][0]["observed"], "203.0.113.2");
+    assert_eq!(view["egress"]["history"][1]["observed"], "203.0.113.1");
+
+    // Two valid reflections replayed in turn: each is a change, and the
+    // history stops growing at the hourly bound.
+    let mut last = serde_json::Value::Null;
+    // (The same address as the latest row only extends it, and is taken.)
+    for i in 0..=crate::routes::egress::MAX_CHANGES_PER_EXIT_HOUR {
+        let address = if i % 2 == 0 {
+            "203.0.113.1"
+        } else {
+            "203.0.113.2"
+        };
+        last = call(
+            &app,
+            Method::POST,
+            &path,
+            Some(&credential),
+            Some(&report(address)),
+        )
+        .await
+        .2;
+    }
+    assert_eq!(last["accepted"], 0, "{last}");
+    assert!(
+        last["ignored"][0]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("too many"),
+        "{last}"
+    );
+    let (rows,): (i64,) =
+        sqlx::query_as("SELECT count(*) FROM exit_egress_observations WHERE exit_id = $1")
+            .bind(exit)
+            .fetch_one(&state.db)
+            .await
+            .unwrap();
+    assert_eq!(rows, crate::routes::egress::MAX_CHANGES_PER_EXIT_HOUR);
+}
+
+#[tokio::test]
 async fn the_desk_takes_networks_of_bounded_width_and_exports_bounded_ranges() {
     let app = app().await;
     let lookup = |q: &str| format!("/v1/abuse/lookup?at=2026-11-30T10:00:00Z&egress_ip={q}");

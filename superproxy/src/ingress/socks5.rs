@@ -49,7 +49,7 @@ pub async fn serve_connection(
     let handshake = tokio::select! {
         done = tokio::time::timeout(
             limits.header_read_timeout,
-            handshake(&pipeline, stream, &ticket),
+            handshake(&pipeline, stream, &ticket, started),
         ) => done,
         // The pre-auth deadline (or a drain) ends a handshake too.
         () = ticket.cut().cancelled() => {
@@ -178,6 +178,7 @@ async fn handshake(
     pipeline: &Pipeline,
     stream: TcpStream,
     ticket: &ConnectionTicket,
+    started: Instant,
 ) -> Result<Option<(CommandRead, Request, Client)>, String> {
     let peer = ticket.peer();
     let auth = Socks5ServerProtocol::start(stream)
@@ -192,7 +193,12 @@ async fn handshake(
         username,
         password: Secret::new(password),
     };
-    let (accepted, client) = match pipeline.authenticate(Some(credentials), ticket).await {
+    // The command comes after the login: a refused login is logged as a
+    // SOCKS5 tunnel, whatever it would have asked for.
+    let (accepted, client) = match pipeline
+        .authenticate(Some(credentials), ticket, Ingress::Socks5, started)
+        .await
+    {
         Ok(client) => (pending.accept().await.map_err(|e| e.to_string())?, client),
         Err(e) => {
             tracing::debug!(%peer, error = %e, "SOCKS login refused");

@@ -12,8 +12,8 @@
 //! What keeps the relay from being turned on third parties:
 //! - datagrams are accepted only from the control connection's source
 //!   address (and the port the client declared, when it declared one), and
-//!   the first such datagram fixes the client's UDP address: replies go
-//!   only there, never to an address a datagram names;
+//!   the first well-formed such datagram fixes the client's UDP address:
+//!   replies go only there, never to an address a datagram names;
 //! - fragments (FRAG ≠ 0) are dropped, as the RFC allows;
 //! - per association: a datagram-rate bound, a bounded queue towards the
 //!   exit (full: dropped — UDP may drop, the relay must not buffer without
@@ -227,11 +227,9 @@ fn read_client_datagram<'b>(
     if !source.admits(from) {
         return Err("foreign_source");
     }
-    match client_addr {
-        // One client address per association: replies go there only.
-        Some(known) if *known != from => return Err("foreign_source"),
-        Some(_) => {}
-        None => *client_addr = Some(from),
+    // One client address per association: replies go there only.
+    if client_addr.is_some_and(|known| known != from) {
+        return Err("foreign_source");
     }
     if rate.check().is_err() {
         return Err("rate_limited");
@@ -248,6 +246,10 @@ fn read_client_datagram<'b>(
     if payload.len() > datagram::MAX_PAYLOAD {
         return Err("too_large");
     }
+    // Only a well-formed datagram fixes the client's address: a stray
+    // packet from another port of the client's host (a neighbour behind the
+    // same NAT) cannot take the association over with garbage.
+    client_addr.get_or_insert(from);
     Ok((addr, payload))
 }
 
@@ -330,6 +332,23 @@ mod tests {
             read_client_datagram(&p, elsewhere, source, &mut None, &rate).err(),
             Some("foreign_source")
         );
+        assert_eq!(client, Some(me));
+    }
+
+    #[test]
+    fn a_malformed_datagram_does_not_fix_the_client_address() {
+        let source = SourceFilter {
+            ip: "127.0.0.1".parse().unwrap(),
+            port: None,
+        };
+        let (rate, mut client) = (rate(), None);
+        let neighbour: SocketAddr = "127.0.0.1:4999".parse().unwrap();
+        for garbage in [&[0u8, 0][..], &[0, 0, 1, 1, 127, 0, 0, 1, 0, 53]] {
+            assert!(read_client_datagram(garbage, neighbour, source, &mut client, &rate).is_err());
+        }
+        assert_eq!(client, None);
+        let me: SocketAddr = "127.0.0.1:4000".parse().unwrap();
+        assert!(read_client_datagram(&packet(b"x"), me, source, &mut client, &rate).is_ok());
         assert_eq!(client, Some(me));
     }
 

@@ -90,14 +90,10 @@ impl Pipeline {
         ticket: &ConnectionTicket,
     ) -> Result<Tunnel, ProxyError> {
         let started = Instant::now();
-        match self.authenticate(credentials, ticket).await {
-            Ok(client) => self.open_as(client, ingress, target, ticket, started).await,
-            Err(e) => {
-                self.stats.tunnel_failed(ingress, e.kind);
-                access_log::refused(ingress, ticket.peer(), started, None, &e);
-                Err(e)
-            }
-        }
+        let client = self
+            .authenticate(credentials, ticket, ingress, started)
+            .await?;
+        self.open_as(client, ingress, target, ticket, started).await
     }
 
     /// The stages after authentication, for an ingress that must answer the
@@ -321,11 +317,15 @@ impl Pipeline {
     }
 
     /// Authenticates and authorizes the client. A success frees the
-    /// connection's pre-auth slot.
+    /// connection's pre-auth slot; a refusal is counted and has its
+    /// access-log line, for every ingress (`ingress`, `started`: the
+    /// tunnel it was for).
     pub async fn authenticate(
         &self,
         credentials: Option<Credentials>,
         ticket: &ConnectionTicket,
+        ingress: Ingress,
+        started: Instant,
     ) -> Result<Client, ProxyError> {
         let result = self
             .login
@@ -342,6 +342,10 @@ impl Pipeline {
             Err(e) if e.kind == ErrorKind::AuthRequired => "denied",
             Err(_) => "error",
         });
+        if let Err(e) = &result {
+            self.stats.tunnel_failed(ingress, e.kind);
+            access_log::refused(ingress, ticket.peer(), started, None, e);
+        }
         result
     }
 }

@@ -78,7 +78,10 @@ async fn a_current_superproxy_serves_a_v1_agent_in_v1() {
         .await
         .unwrap();
     let mut reply = [0u8; 10];
-    control.read_exact(&mut reply).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), control.read_exact(&mut reply))
+        .await
+        .expect("UDP ASSOCIATE is answered")
+        .unwrap();
     assert_eq!(reply[..2], [5, 3], "{reply:?}");
     let r = curl(&["-p", "-x", &stack.proxy_url(), &stack.whoami_url()]).await;
     assert_eq!(r.status, 200, "TCP still works: {}", r.headers);

@@ -355,17 +355,17 @@ async fn every_tunnel_has_one_json_access_log_line_and_no_secret_is_logged() {
     assert!(s.is_err());
     let _ = s.as_mut();
     let log = logs.path().join("superproxy.log");
-    let lines: Vec<Value> = eventually(
-        "three access-log lines",
+    let (lines, refused): (Vec<Value>, Vec<Value>) = eventually(
+        "three access-log lines and a refusal",
         Duration::from_secs(10),
         || async {
             let text = std::fs::read_to_string(&log).ok()?;
-            let lines: Vec<Value> = text
+            let (lines, refused): (Vec<Value>, Vec<Value>) = text
                 .lines()
                 .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-                .filter(|v| v["target"] == "proxynet::access" && v["message"] == "tunnel")
-                .collect();
-            (lines.len() == 3).then_some(lines)
+                .filter(|v| v["target"] == "proxynet::access")
+                .partition(|v| v["message"] == "tunnel");
+            (lines.len() == 3 && !refused.is_empty()).then_some((lines, refused))
         },
     )
     .await;
@@ -395,6 +395,12 @@ async fn every_tunnel_has_one_json_access_log_line_and_no_secret_is_logged() {
         assert_eq!(line["user"], USERNAME);
         assert!(line["bytes_down"].as_u64().unwrap() > 0, "{line}");
     }
+    // The refused SOCKS login has its line too, as a refused HTTP one does.
+    assert_eq!(refused.len(), 1, "{refused:?}");
+    assert_eq!(refused[0]["message"], "tunnel refused");
+    assert_eq!(refused[0]["ingress"], "socks5");
+    assert_eq!(refused[0]["status"], 407);
+    assert_eq!(refused[0]["outcome"], "http_request_denied");
     // Nowhere in any log: the password, the admin token.
     drop(stack);
     for entry in std::fs::read_dir(logs.path()).unwrap() {

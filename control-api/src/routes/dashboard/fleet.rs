@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::observe::{ExitNow, ExitPoint, ExitState};
+use proxynet_common::egress::Cidr;
 
 /// Exits per page of the fleet table.
 pub(super) const PER_PAGE: usize = 50;
@@ -490,26 +491,48 @@ seen by {rep} superproxies · last heartbeat {hb}</p>",
     // Each declared egress beside the address the agent bound for it and
     // the one our reflector saw (the abuse desk's view of this exit).
     let behind_nat = flags.as_ref().is_some_and(|f| f.behind_nat);
-    let observations = crate::routes::egress::latest_observations(&state.db, &[(id, behind_nat)])
-        .await
-        .unwrap_or_default();
-    if !observations.is_empty() {
+    let observations =
+        crate::routes::egress::latest_observations(&state.db, &[(id, behind_nat)]).await;
+    let declared: Vec<&String> = now.egress_ips.iter().chain(&now.egress_prefixes).collect();
+    if !declared.is_empty() {
         body.push_str(
             "<div class=\"scroll\"><table class=\"compact\" id=\"egress-observations\"><thead><tr>\
 <th scope=\"col\">declared</th><th scope=\"col\">bound</th><th scope=\"col\">seen as</th>\
 <th scope=\"col\">check</th><th scope=\"col\">first seen</th><th scope=\"col\">last seen</th></tr></thead><tbody>",
         );
-        for (_, o) in &observations {
-            let _ = write!(
-                body,
-                "<tr><td>{}</td><td class=\"bound\">{}</td><td class=\"observed\">{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-                esc(&o.egress),
-                esc(&o.bound),
-                esc(&o.observed),
-                o.status.as_str(),
-                when(o.first_seen),
-                when(o.last_seen),
-            );
+        match &observations {
+            Ok(observations) => {
+                let same = |a: &str, b: &str| match (a.parse::<Cidr>(), b.parse::<Cidr>()) {
+                    (Ok(a), Ok(b)) => a.masked() == b.masked(),
+                    _ => a == b,
+                };
+                for egress in declared {
+                    let seen = observations.iter().find(|(_, o)| same(&o.egress, egress));
+                    let _ = match seen {
+                        Some((_, o)) => write!(
+                            body,
+                            "<tr><td>{}</td><td class=\"bound\">{}</td><td class=\"observed\">{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                            esc(egress),
+                            esc(&o.bound),
+                            esc(&o.observed),
+                            o.status.as_str(),
+                            when(o.first_seen),
+                            when(o.last_seen),
+                        ),
+                        None => write!(
+                            body,
+                            "<tr><td>{}</td><td class=\"bound\">–</td><td class=\"observed\">–</td><td>unobserved</td><td>–</td><td>–</td></tr>",
+                            esc(egress),
+                        ),
+                    };
+                }
+            }
+            Err(e) => {
+                tracing::warn!(exit = %id, error = %e, "cannot read the exit's egress observations");
+                body.push_str(
+                    "<tr><td colspan=\"6\">the observations cannot be read right now</td></tr>",
+                );
+            }
         }
         body.push_str("</tbody></table></div>");
     }

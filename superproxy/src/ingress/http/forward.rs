@@ -197,7 +197,9 @@ pub async fn forward(
         // The same stages, with the connection's exit preferred.
         Some(kept) => {
             let started = std::time::Instant::now();
-            let mut client = pipeline.authenticate(credentials, &ticket).await?;
+            let mut client = pipeline
+                .authenticate(credentials, &ticket, ingress, started)
+                .await?;
             if keeps_exit(&client.request) {
                 client.request.targeting.prefer = Some(kept);
             }
