@@ -223,13 +223,24 @@ pub(crate) async fn delete(
         .bind(id)
         .execute(&mut *tx)
         .await?;
-    let keys = sqlx::query(
-        "UPDATE api_keys SET revoked_at = now() WHERE account_id = $1 AND revoked_at IS NULL",
+    let revoked: Vec<(Uuid,)> = sqlx::query_as(
+        "UPDATE api_keys SET revoked_at = now() WHERE account_id = $1 AND revoked_at IS NULL
+         RETURNING id",
     )
     .bind(id)
-    .execute(&mut *tx)
-    .await?
-    .rows_affected();
+    .fetch_all(&mut *tx)
+    .await?;
+    let revoked: Vec<Uuid> = revoked.into_iter().map(|(k,)| k).collect();
+    let keys = revoked.len();
+    // Each key's own event, in the same transaction: the account is
+    // deleted already, so only the operator's webhooks hear of them.
+    crate::webhooks::keys_revoked(
+        &mut tx,
+        &revoked,
+        crate::webhooks::KeysRevoked::AccountDeleted,
+        "operator",
+    )
+    .await?;
     let networks = sqlx::query(
         "DELETE FROM user_source_cidrs c USING proxy_users u
           WHERE u.id = c.user_id AND u.account_id = $1",
@@ -247,6 +258,7 @@ pub(crate) async fn delete(
     )
     .await?;
     tx.commit().await?;
+    crate::webhooks::wake();
     state.projector.account(id).await;
     if networks > 0 {
         state.projector.allowlist().await;

@@ -246,7 +246,13 @@ pub(super) async fn revoke(
     )
     .await?;
     let revoked_ids: Vec<Uuid> = revoked.iter().map(|(r,)| *r).collect();
-    crate::webhooks::keys_revoked(&mut tx, &revoked_ids, id, &actor(caller)).await?;
+    crate::webhooks::keys_revoked(
+        &mut tx,
+        &revoked_ids,
+        crate::webhooks::KeysRevoked::Named(id),
+        &actor(caller),
+    )
+    .await?;
     tx.commit().await?;
     crate::webhooks::wake();
     // Dashboard sessions of these keys end now on this instance (others

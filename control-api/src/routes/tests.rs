@@ -579,3 +579,56 @@ async fn the_desk_takes_networks_of_bounded_width_and_exports_bounded_ranges() {
         "every lookup answered is audited"
     );
 }
+
+#[tokio::test]
+async fn deleting_an_account_tells_the_operators_webhooks_of_each_key_it_revoked() {
+    let (app, state) = app_and_state().await;
+    let (account, _) = account(&app, "leaving").await;
+    let (status, _, _) = call(
+        &app,
+        Method::POST,
+        &format!("/v1/accounts/{account}/api-keys"),
+        Some(ADMIN),
+        Some(r#"{"name": "second"}"#),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED);
+    // Written as the webhook routes would (their URL check resolves names).
+    let operator_hook = Uuid::new_v4();
+    let account_hook = Uuid::new_v4();
+    for (id, owner) in [(operator_hook, None), (account_hook, Some(account))] {
+        sqlx::query(
+            "INSERT INTO webhooks (id, account_id, url, events, secret)
+             VALUES ($1, $2, 'https://hooks.example.test/', ARRAY['key.revoked'], 'pnwhsec_t')",
+        )
+        .bind(id)
+        .bind(owner)
+        .execute(&state.db)
+        .await
+        .unwrap();
+    }
+    let (status, _, _) = call(
+        &app,
+        Method::DELETE,
+        &format!("/v1/accounts/{account}"),
+        Some(ADMIN),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let bodies: Vec<(Uuid, String)> = sqlx::query_as(
+        "SELECT webhook_id, body FROM webhook_deliveries WHERE event = 'key.revoked'",
+    )
+    .fetch_all(&state.db)
+    .await
+    .unwrap();
+    assert_eq!(bodies.len(), 2, "one event per key: {bodies:?}");
+    for (hook, body) in &bodies {
+        assert_eq!(*hook, operator_hook, "a deleted account hears nothing more");
+        let body: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert_eq!(body["data"]["account_id"], account.to_string(), "{body}");
+        assert_eq!(body["data"]["cause"], "account_deleted");
+        assert_eq!(body["data"]["revoked_by"], "operator");
+        assert!(body["data"]["cascade_from"].is_null());
+    }
+}

@@ -116,12 +116,20 @@ pub async fn emit(
     Ok(inserted)
 }
 
-/// `key.revoked` for each of `keys`, revoked in `tx` (`root` the key named
-/// in the request, the others its descendants), by `actor`.
+/// Why keys were revoked together.
+#[derive(Debug, Clone, Copy)]
+pub enum KeysRevoked {
+    /// `DELETE /v1/api-keys/{id}`: this key, and the keys minted under it.
+    Named(Uuid),
+    /// `DELETE /v1/accounts/{id}`: every key of the account.
+    AccountDeleted,
+}
+
+/// `key.revoked` for each of `keys`, revoked in `tx` for `cause`, by `actor`.
 pub async fn keys_revoked(
     tx: &mut Transaction<'_, Postgres>,
     keys: &[Uuid],
-    root: Uuid,
+    cause: KeysRevoked,
     actor: &str,
 ) -> Result<(), sqlx::Error> {
     if keys.is_empty() {
@@ -157,7 +165,15 @@ pub async fn keys_revoked(
             "revoked_at": revoked_at,
             "revoked_by": actor,
             // Revoked because the key that minted it (or one above) was.
-            "cascade_from": (id != root).then_some(root),
+            "cascade_from": match cause {
+                KeysRevoked::Named(root) => (id != root).then_some(root),
+                KeysRevoked::AccountDeleted => None,
+            },
+            "cause": match cause {
+                KeysRevoked::Named(root) if id == root => "revoked",
+                KeysRevoked::Named(_) => "cascade",
+                KeysRevoked::AccountDeleted => "account_deleted",
+            },
         });
         emit(tx, EventType::KeyRevoked, account, data).await?;
     }
