@@ -208,6 +208,12 @@ impl ControlApi {
         }
         {
             let db = state.db.clone();
+            tasks.spawn("usage-domain listing prune", move |stop| {
+                usage_domains::run_prune(db, stop)
+            });
+        }
+        {
+            let db = state.db.clone();
             let retention = Duration::from_secs(config.abuse_retention_days.saturating_mul(86_400));
             let every = Duration::from_secs(config.abuse_prune_interval_secs.max(1));
             tasks.spawn("abuse-log retention", move |stop| {

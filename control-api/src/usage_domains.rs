@@ -5,6 +5,11 @@
 //! `usage_domains_hourly`, so the bound holds across batches, superproxies
 //! and control-api instances (two concurrent ledger writers may overshoot
 //! it by at most one batch's new names for that hour).
+//!
+//! The listing is kept for [`LISTED_HOURS`] ([`run_prune`]); usage that
+//! arrives later than that for its hour (a superproxy's spill replayed after
+//! a long outage) is recorded as [`OTHER`], so the bound holds for every
+//! hour while the listing stays bounded.
 
 use proxynet_store::UsageRow;
 use std::collections::{HashMap, HashSet};
@@ -15,6 +20,8 @@ pub const DOMAINS_PER_ACCOUNT_HOUR: i64 = 200;
 pub const OTHER: &str = "other";
 /// Longest domain stored (a DNS name's limit).
 const MAX_DOMAIN: usize = 253;
+/// Hours an account's listing is kept, counted back from now.
+pub const LISTED_HOURS: i64 = 48;
 
 /// Which of a batch's (account, hour, domain) keep their name.
 pub struct Bounded(HashSet<(Uuid, i64, String)>);
@@ -43,7 +50,9 @@ pub async fn bounded(
     rows: &[UsageRow],
 ) -> Result<Bounded, sqlx::Error> {
     let mut wanted: HashMap<(Uuid, i64), Vec<String>> = HashMap::new();
-    for row in rows {
+    // Hours whose listing may be pruned already claim nothing.
+    let oldest = hour(chrono::Utc::now().timestamp()) - (LISTED_HOURS - 1) * 3600;
+    for row in rows.iter().filter(|r| hour(r.minute) >= oldest) {
         if let Some(d) = row.domain.as_deref().filter(|d| d.len() <= MAX_DOMAIN) {
             let names = wanted
                 .entry((row.account_id, hour(row.minute)))
@@ -88,4 +97,33 @@ pub async fn bounded(
         );
     }
     Ok(Bounded(kept))
+}
+
+/// Deletes listings older than [`LISTED_HOURS`], now and every hour.
+pub async fn run_prune(db: sqlx::PgPool, stop: proxynet_common::tasks::Stop) {
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(3600));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    while stop.run_until_cancelled(tick.tick()).await.is_some() {
+        match prune(&db).await {
+            Ok(rows) if rows > 0 => {
+                tracing::info!(rows, "old usage-domain listings deleted");
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "usage-domain listing prune failed; retrying next hour");
+            }
+        }
+    }
+}
+
+/// One round of [`run_prune`]: the listings deleted.
+pub async fn prune(db: &sqlx::PgPool) -> Result<u64, sqlx::Error> {
+    Ok(sqlx::query(
+        "DELETE FROM usage_domains_hourly
+          WHERE hour < date_trunc('hour', now()) - make_interval(hours => $1)",
+    )
+    .bind((LISTED_HOURS - 1) as i32)
+    .execute(db)
+    .await?
+    .rows_affected())
 }
