@@ -14,7 +14,9 @@
 
 use proxynet_common::egress::{parse_ip_literal, Cidr};
 use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
 use std::net::IpAddr;
+use std::sync::OnceLock;
 
 /// Most entries in one list (allowed, denied, limits).
 pub const MAX_ENTRIES: usize = 1000;
@@ -39,6 +41,9 @@ pub struct TrafficPolicy {
     /// Tunnels open at once to one registrable domain (all superproxies).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub domain_max_concurrent_tunnels: Option<u32>,
+    /// `denied_domains` and `allowed_domains` made ready for matching.
+    #[serde(skip)]
+    matchers: Compiled<[Matcher; 2]>,
 }
 
 impl TrafficPolicy {
@@ -56,11 +61,16 @@ impl TrafficPolicy {
     /// Whether the target may be reached under these rules; the refusal
     /// names the rule.
     pub fn permits(&self, target: &PolicyTarget<'_>) -> Result<(), Refusal> {
-        if let Some(rule) = first_match(&self.denied_domains, target) {
-            return Err(Refusal::Denied(rule.to_owned()));
+        let [denied, allowed] = self.matchers.get(|| {
+            [
+                Matcher::new(&self.denied_domains),
+                Matcher::new(&self.allowed_domains),
+            ]
+        });
+        if let Some(i) = denied.first(target) {
+            return Err(Refusal::Denied(self.denied_domains[i].clone()));
         }
-        if !self.allowed_domains.is_empty() && first_match(&self.allowed_domains, target).is_none()
-        {
+        if !self.allowed_domains.is_empty() && allowed.first(target).is_none() {
             return Err(Refusal::NotAllowed);
         }
         Ok(())
@@ -89,6 +99,10 @@ pub struct OperatorPolicy {
     /// The limit for any other registrable domain; none unless set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub default_domain_limit: Option<Limit>,
+    /// `denied_domains` and the `domain_limits` entries made ready for
+    /// matching.
+    #[serde(skip)]
+    matchers: Compiled<[Matcher; 2]>,
 }
 
 impl OperatorPolicy {
@@ -104,10 +118,22 @@ impl OperatorPolicy {
         if self.denied_ports.contains(&port) {
             return Err(Refusal::Port(port));
         }
-        match first_match(&self.denied_domains, target) {
-            Some(rule) => Err(Refusal::Operator(rule.to_owned())),
+        match self.matchers().0.first(target) {
+            Some(i) => Err(Refusal::Operator(self.denied_domains[i].clone())),
             None => Ok(()),
         }
+    }
+
+    fn matchers(&self) -> (&Matcher, &Matcher) {
+        let [denied, limited] = self.matchers.get(|| {
+            let limited: Vec<String> = self
+                .domain_limits
+                .iter()
+                .map(|l| l.domain.clone())
+                .collect();
+            [Matcher::new(&self.denied_domains), Matcher::new(&limited)]
+        });
+        (denied, limited)
     }
 
     /// The aggregate limit that applies to the target and the key it is
@@ -116,10 +142,10 @@ impl OperatorPolicy {
     /// (counted per registrable domain).
     pub fn limit_for(&self, target: &PolicyTarget<'_>) -> Option<(String, Limit)> {
         let best = self
-            .domain_limits
-            .iter()
-            .filter(|l| entry_matches(&l.domain, target))
-            .max_by_key(|l| entry_specificity(&l.domain));
+            .matchers()
+            .1
+            .most_specific(target)
+            .map(|i| &self.domain_limits[i]);
         match best {
             Some(l) => Some((l.domain.clone(), l.limit)),
             None => self
@@ -303,13 +329,120 @@ pub fn entry_within(narrow: &str, wide: &[String]) -> bool {
         })
 }
 
-fn first_match<'a>(list: &'a [String], target: &PolicyTarget<'_>) -> Option<&'a str> {
-    list.iter()
-        .map(String::as_str)
-        .find(|entry| entry_matches(entry, target))
+/// One list of normalised entries made ready for matching. Built once per
+/// policy value (a superproxy keeps a user's record, and the operator's
+/// policy, for many tunnels): names in a map, so a target is looked up as
+/// itself and as each name above it on a label boundary — a handful of
+/// lookups however long the list — and networks parsed once. Each entry
+/// keeps its place in the list, so the rule named is the one a scan of the
+/// list would have found first.
+#[derive(Debug, Default)]
+struct Matcher {
+    names: HashMap<Box<str>, usize>,
+    networks: Vec<(Cidr, usize)>,
 }
 
-/// Whether one normalised entry covers the target.
+impl Matcher {
+    fn new(list: &[String]) -> Self {
+        let mut matcher = Self::default();
+        for (i, entry) in list.iter().enumerate() {
+            // Stored networks are always `addr/prefix` (normalize_entry).
+            if entry.contains('/') {
+                if let Ok(network) = entry.parse::<Cidr>() {
+                    matcher.networks.push((network, i));
+                }
+            } else {
+                matcher.names.entry(entry.as_str().into()).or_insert(i);
+            }
+        }
+        matcher
+    }
+
+    /// The target's name and every name above it, longest first
+    /// (`a.b.example` → `a.b.example`, `b.example`, `example`).
+    fn ancestors(name: &str) -> impl Iterator<Item = &str> {
+        std::iter::successors(Some(name), |n| {
+            n.split_once('.')
+                .map(|(_, parent)| parent)
+                .filter(|p| !p.is_empty())
+        })
+    }
+
+    /// The first entry (in list order) that covers the target.
+    fn first(&self, target: &PolicyTarget<'_>) -> Option<usize> {
+        match target {
+            PolicyTarget::Name(name) => Self::ancestors(name)
+                .filter_map(|n| self.names.get(n).copied())
+                .min(),
+            PolicyTarget::Ip(ip) => {
+                let ip = ip.to_canonical();
+                self.networks
+                    .iter()
+                    .filter(|(network, _)| network.contains(ip))
+                    .map(|(_, i)| *i)
+                    .min()
+            }
+        }
+    }
+
+    /// The most specific entry that covers the target: the longest name,
+    /// the longest prefix (the list's first of equals).
+    fn most_specific(&self, target: &PolicyTarget<'_>) -> Option<usize> {
+        match target {
+            PolicyTarget::Name(name) => {
+                Self::ancestors(name).find_map(|n| self.names.get(n).copied())
+            }
+            PolicyTarget::Ip(ip) => {
+                let ip = ip.to_canonical();
+                self.networks
+                    .iter()
+                    .filter(|(network, _)| network.contains(ip))
+                    .min_by_key(|(network, i)| (std::cmp::Reverse(network.prefix_len()), *i))
+                    .map(|(_, i)| *i)
+            }
+        }
+    }
+}
+
+/// What a policy value derives from its lists, built on first use and kept
+/// with the value. It never takes part in comparing two policies (the lists
+/// it comes from do), and a clone starts without it.
+struct Compiled<T>(OnceLock<T>);
+
+impl<T> Compiled<T> {
+    fn get(&self, build: impl FnOnce() -> T) -> &T {
+        self.0.get_or_init(build)
+    }
+}
+
+impl<T> Default for Compiled<T> {
+    fn default() -> Self {
+        Self(OnceLock::new())
+    }
+}
+
+impl<T> Clone for Compiled<T> {
+    fn clone(&self) -> Self {
+        Self::default()
+    }
+}
+
+impl<T> PartialEq for Compiled<T> {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl<T> Eq for Compiled<T> {}
+
+impl<T> std::fmt::Debug for Compiled<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Compiled")
+    }
+}
+
+/// Whether one normalised entry covers the target: the definition the
+/// matchers ([`Matcher`]) answer by, without scanning.
 pub fn entry_matches(entry: &str, target: &PolicyTarget<'_>) -> bool {
     match target {
         PolicyTarget::Name(name) => {
@@ -332,17 +465,64 @@ pub fn entry_matches(entry: &str, target: &PolicyTarget<'_>) -> bool {
     }
 }
 
-/// Longer names and longer prefixes are more specific.
-fn entry_specificity(entry: &str) -> usize {
-    match entry.parse::<Cidr>() {
-        Ok(c) => usize::from(c.prefix_len()),
-        Err(_) => entry.split('.').count(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    /// Longer names and longer prefixes are more specific.
+    fn entry_specificity(entry: &str) -> usize {
+        match entry.parse::<Cidr>() {
+            Ok(c) => usize::from(c.prefix_len()),
+            Err(_) => entry.split('.').count(),
+        }
+    }
+
+    fn entry() -> impl Strategy<Value = String> {
+        prop_oneof![
+            prop::collection::vec(prop::sample::select(vec!["a", "b", "ex", "test"]), 1..4)
+                .prop_map(|labels| labels.join(".")),
+            // Stored as normalize_entry writes them (masked `addr/prefix`).
+            (0u8..4, any::<u8>(), 8u8..=32).prop_map(|(o, h, len)| {
+                normalize_entry(&format!("10.{o}.0.{h}/{len}")).unwrap()
+            }),
+        ]
+    }
+
+    fn target() -> impl Strategy<Value = String> {
+        prop_oneof![
+            prop::collection::vec(prop::sample::select(vec!["a", "b", "ex", "test"]), 1..5)
+                .prop_map(|labels| labels.join(".")),
+            (0u8..4, any::<u8>()).prop_map(|(o, h)| format!("10.{o}.0.{h}")),
+        ]
+    }
+
+    proptest! {
+        /// The matchers answer exactly as a scan of the list with
+        /// [`entry_matches`] does: the first covering entry, and the most
+        /// specific one.
+        #[test]
+        fn the_matchers_answer_as_a_scan_of_the_list(
+            list in prop::collection::vec(entry(), 0..12),
+            host in target(),
+        ) {
+            let list: Vec<String> = list.iter().enumerate()
+                .filter(|(i, e)| !list[..*i].contains(e))
+                .map(|(_, e)| e.clone())
+                .collect();
+            let target = PolicyTarget::from_normalized(&host);
+            let matcher = Matcher::new(&list);
+            let scan_first = list.iter().position(|e| entry_matches(e, &target));
+            prop_assert_eq!(matcher.first(&target), scan_first);
+            let scan_best = list
+                .iter()
+                .enumerate()
+                .filter(|(_, e)| entry_matches(e, &target))
+                .max_by_key(|(i, e)| (entry_specificity(e), std::cmp::Reverse(*i)))
+                .map(|(i, _)| i);
+            prop_assert_eq!(matcher.most_specific(&target), scan_best);
+        }
+    }
 
     fn name(n: &str) -> String {
         normalize_host(n).unwrap()
