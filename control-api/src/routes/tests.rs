@@ -578,6 +578,17 @@ async fn the_desk_takes_networks_of_bounded_width_and_exports_bounded_ranges() {
         3,
         "every lookup answered is audited"
     );
+    // The window for clock skew is bounded: up to an hour either side.
+    for (window, want) in [
+        ("0", StatusCode::OK),
+        ("60", StatusCode::OK),
+        ("61", StatusCode::BAD_REQUEST),
+        ("-1", StatusCode::BAD_REQUEST),
+    ] {
+        let q = format!("198.51.100.7&window_minutes={window}");
+        let (status, _, body) = call(&app, Method::GET, &lookup(&q), Some(ADMIN), None).await;
+        assert_eq!(status, want, "window {window}: {body}");
+    }
 }
 
 #[tokio::test]
