@@ -272,9 +272,14 @@ impl Stack {
 
     /// `GET path` on the control API with the admin token, as JSON.
     pub async fn admin_get_json(&self, path: &str) -> serde_json::Value {
+        self.get_json_as(ADMIN_TOKEN, path).await
+    }
+
+    /// `GET path` on the control API with the bearer `key`, as JSON.
+    pub async fn get_json_as(&self, key: &str, path: &str) -> serde_json::Value {
         self.http
             .get(self.api(path))
-            .bearer_auth(ADMIN_TOKEN)
+            .bearer_auth(key)
             .send()
             .await
             .unwrap()

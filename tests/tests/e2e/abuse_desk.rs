@@ -32,6 +32,19 @@ async fn stack_behind_nat(host: &ExitHost, api_env: Vec<(String, String)>) -> St
     .await
 }
 
+/// A stack behind NAT with one agent binding EXIT's "private" address,
+/// eligible: the stack, the exit's id, the agent's index.
+async fn exit_behind_nat(host: &ExitHost) -> (Stack, Uuid, usize) {
+    let mut stack = stack_behind_nat(host, Vec::new()).await;
+    let private = IpAddr::V4(host.exit_wan_v4);
+    let i = stack
+        .add_agent_in(host, &[private], &[], &["--behind-nat"])
+        .await;
+    let exit = stack.agents[i].addrs.exit_id;
+    stack.wait_eligible(1).await;
+    (stack, exit, i)
+}
+
 /// `GET /v1/exits/{id}` once its agent has reported an observation.
 async fn observed_exit(stack: &Stack, exit: Uuid) -> Value {
     eventually(
@@ -48,14 +61,9 @@ async fn observed_exit(stack: &Stack, exit: Uuid) -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tunnel_behind_nat_is_found_by_the_public_address_and_the_bound_one() {
     let host = ExitHost::create();
-    let mut stack = stack_behind_nat(&host, Vec::new()).await;
+    let (stack, exit, _) = exit_behind_nat(&host).await;
     let private = IpAddr::V4(host.exit_wan_v4);
     let public = IpAddr::V4(host.uplink_addr);
-    let i = stack
-        .add_agent_in(&host, &[private], &[], &["--behind-nat"])
-        .await;
-    let exit = stack.agents[i].addrs.exit_id;
-    stack.wait_eligible(1).await;
 
     let view = observed_exit(&stack, exit).await;
     assert_eq!(view["behind_nat"], true, "{view}");
@@ -107,16 +115,9 @@ async fn a_tunnel_behind_nat_is_found_by_the_public_address_and_the_bound_one() 
     // in its provenance view, with its own key.
     let account: Uuid = row["account_id"].as_str().unwrap().parse().unwrap();
     let (key, _) = stack.account_key(account).await;
-    let customer: Value = stack
-        .http
-        .get(stack.api(&format!("/v1/exits/{exit}/provenance")))
-        .bearer_auth(&key)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let customer = stack
+        .get_json_as(&key, &format!("/v1/exits/{exit}/provenance"))
+        .await;
     assert_eq!(
         customer["egress"]["observed"],
         serde_json::json!([public.to_string()]),
@@ -208,14 +209,9 @@ async fn a_tunnel_behind_nat_is_found_by_the_public_address_and_the_bound_one() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redialled_exit_keeps_its_old_public_address_in_the_history() {
     let host = ExitHost::create();
-    let mut stack = stack_behind_nat(&host, Vec::new()).await;
+    let (mut stack, exit, i) = exit_behind_nat(&host).await;
     let private = IpAddr::V4(host.exit_wan_v4);
     let first = IpAddr::V4(host.uplink_addr);
-    let i = stack
-        .add_agent_in(&host, &[private], &[], &["--behind-nat"])
-        .await;
-    let exit = stack.agents[i].addrs.exit_id;
-    stack.wait_eligible(1).await;
     let view = observed_exit(&stack, exit).await;
     assert_eq!(view["egress"]["observed"][0]["observed"], first.to_string());
     let whoami = host.start_whoami();
