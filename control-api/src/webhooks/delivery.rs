@@ -1,7 +1,8 @@
 //! The outbox's worker: claims due deliveries, sends each signed, records
 //! what the receiver answered.
 //!
-//! A claim is one statement: up to [`BATCH`] due rows, locked with `FOR
+//! A claim is one statement: up to [`BATCH`] due rows (fewer while attempts
+//! are in flight: at most [`BATCH`] at once), locked with `FOR
 //! UPDATE SKIP LOCKED` so concurrent control-apis take different rows, get
 //! their attempt counted and `next_attempt_at` moved [`LEASE`] ahead. The
 //! lease outlasts an attempt (resolve ≤ 5 s, then ≤ 10 s in all), so no other
@@ -22,6 +23,7 @@ use proxynet_common::egress::EgressPolicy;
 use proxynet_common::tasks::Stop;
 use sha2::Sha256;
 use sqlx::PgPool;
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -126,23 +128,49 @@ impl Deliverer {
     }
 
     /// Delivers until `stop`: at once when [`super::wake`]d, else every
-    /// [`POLL`]. An attempt cut off by the stop is sent again after its lease.
+    /// [`POLL`]. Up to [`BATCH`] attempts are in flight at once, and a
+    /// finished one makes room for the next claim at once: a receiver that
+    /// hangs until the attempt's timeout holds up only its own deliveries
+    /// (a webhook with an attempt in flight is not claimed for again). An
+    /// attempt cut off by the stop is sent again after its lease.
     pub async fn run(self, stop: Stop) {
         let mut pruned: Option<Instant> = None;
+        let mut running: tokio::task::JoinSet<()> = tokio::task::JoinSet::new();
+        // Each attempt in flight, by task, and how many each webhook has.
+        let mut attempts: HashMap<tokio::task::Id, Uuid> = HashMap::new();
+        let mut busy: HashMap<Uuid, usize> = HashMap::new();
         loop {
             let woken = super::WAKE.notified();
             tokio::pin!(woken);
             // Registered before the outbox is read: a wake during the read
             // is not lost.
             woken.as_mut().enable();
-            loop {
-                match stop.run_until_cancelled(self.round()).await {
+            let room = usize::try_from(BATCH)
+                .unwrap_or(1)
+                .saturating_sub(running.len());
+            let mut filled = false;
+            if room > 0 {
+                let skip: Vec<Uuid> = busy.keys().copied().collect();
+                match stop.run_until_cancelled(self.claim(room, &skip)).await {
                     None => return,
-                    Some(Ok(claimed)) if claimed as i64 == BATCH => continue,
-                    Some(Ok(_)) => break,
+                    Some(Ok(claimed)) => {
+                        filled = claimed.len() == room;
+                        for row in claimed {
+                            *busy.entry(row.webhook_id).or_default() += 1;
+                            let webhook = row.webhook_id;
+                            let worker = self.clone();
+                            let task = running.spawn(async move {
+                                let outcome = worker.attempt(&row).await;
+                                if let Err(e) = worker.record(&row, outcome).await {
+                                    // The lease runs out and the row is tried again.
+                                    tracing::warn!(delivery = %row.id, error = %e, "cannot record a webhook attempt");
+                                }
+                            });
+                            attempts.insert(task.id(), webhook);
+                        }
+                    }
                     Some(Err(e)) => {
                         tracing::warn!(error = %e, "webhook outbox unavailable; retrying");
-                        break;
                     }
                 }
             }
@@ -152,27 +180,45 @@ impl Deliverer {
                     tracing::debug!(error = %e, "cannot prune old webhook deliveries");
                 }
             }
+            // When the claim took all the room left, more may be due at
+            // once: only a finished attempt (making room) is waited for.
             tokio::select! {
                 () = stop.cancelled() => return,
-                () = &mut woken => {}
-                () = tokio::time::sleep(POLL) => {}
+                Some(done) = running.join_next_with_id(), if !running.is_empty() => {
+                    let task = match done {
+                        Ok((task, ())) => task,
+                        Err(e) => e.id(),
+                    };
+                    if let Some(webhook) = attempts.remove(&task) {
+                        if let Some(n) = busy.get_mut(&webhook) {
+                            *n = n.saturating_sub(1);
+                            if *n == 0 {
+                                busy.remove(&webhook);
+                            }
+                        }
+                    }
+                }
+                () = &mut woken, if !filled => {}
+                () = tokio::time::sleep(POLL), if !filled => {}
             }
         }
     }
 
-    /// Claims due rows and attempts each (concurrently); how many it claimed.
-    async fn round(&self) -> Result<usize, sqlx::Error> {
-        let claimed: Vec<Claimed> = sqlx::query_as(
+    /// Claims up to `room` due rows, at most two per webhook and none of the
+    /// webhooks in `skip` (an attempt of theirs is in flight here).
+    async fn claim(&self, room: usize, skip: &[Uuid]) -> Result<Vec<Claimed>, sqlx::Error> {
+        sqlx::query_as(
             "WITH due AS (
                  SELECT id FROM webhook_deliveries
                   WHERE id IN (
-                        -- At most two per webhook a round: a receiver that
+                        -- At most two per webhook a claim: a receiver that
                         -- hangs holds up its own deliveries, not everyone's.
                         SELECT id FROM (
                             SELECT id, row_number() OVER (PARTITION BY webhook_id
                                                           ORDER BY next_attempt_at) AS nth
                               FROM webhook_deliveries
-                             WHERE status = 'pending' AND next_attempt_at <= now()) ranked
+                             WHERE status = 'pending' AND next_attempt_at <= now()
+                               AND webhook_id <> ALL ($3)) ranked
                          WHERE nth <= 2)
                     AND status = 'pending' AND next_attempt_at <= now()
                   ORDER BY next_attempt_at
@@ -185,24 +231,11 @@ impl Deliverer {
               WHERE d.id = due.id AND w.id = d.webhook_id
              RETURNING d.id, d.webhook_id, d.event, d.body, d.attempts, w.url, w.secret",
         )
-        .bind(BATCH)
+        .bind(i64::try_from(room).unwrap_or(BATCH))
         .bind(LEASE.as_secs_f64())
+        .bind(skip)
         .fetch_all(&self.db)
-        .await?;
-        let count = claimed.len();
-        let mut running = tokio::task::JoinSet::new();
-        for row in claimed {
-            let worker = self.clone();
-            running.spawn(async move {
-                let outcome = worker.attempt(&row).await;
-                if let Err(e) = worker.record(&row, outcome).await {
-                    // The lease runs out and the row is tried again.
-                    tracing::warn!(delivery = %row.id, error = %e, "cannot record a webhook attempt");
-                }
-            });
-        }
-        while running.join_next().await.is_some() {}
-        Ok(count)
+        .await
     }
 
     /// One attempt: the addresses checked now, dialled pinned, the body signed.

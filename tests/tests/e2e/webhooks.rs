@@ -1,7 +1,8 @@
 //! Signed webhooks (docs/webhooks.md): an account manages its own webhooks
 //! only; a quota running out through real tunnels, a revoked key and a
 //! withdrawn exit reach their subscribers signed; a delivery pending when
-//! the control-api dies is sent by the next one, once.
+//! the control-api dies is sent by the next one, once; a receiver that
+//! never answers holds up no other webhook.
 //!
 //! Each receiver is a real HTTP server on 127.0.0.1 (the stack runs the
 //! control-api with `--webhook-allow-internal`; that loopback is refused
@@ -639,9 +640,11 @@ async fn revoked_keys_and_withdrawn_exits_reach_their_subscribers() {
         assert_eq!(parent["name"], "parent");
         assert_eq!(parent["account_id"], account.to_string());
         assert_eq!(parent["cascade_from"], Value::Null);
+        assert_eq!(parent["cause"], "revoked");
         assert_eq!(parent["revoked_by"], format!("account:{account}"));
         let child = &by_key[&child_id]["data"];
         assert_eq!(child["cascade_from"], parent_id.as_str());
+        assert_eq!(child["cause"], "cascade");
         assert_eq!(child["minted_by"], parent_id.as_str());
     }
 
@@ -774,4 +777,89 @@ async fn a_delivery_pending_across_a_control_api_restart_is_delivered_once() {
         .collect();
     assert_eq!(of_first.len(), 2, "{of_first:?}");
     assert_eq!(of_first.iter().filter(|h| h.answered == 200).count(), 1);
+}
+
+/// A receiver that takes connections, reads what is sent and never answers:
+/// how many it took, and how many our side has closed since.
+struct Hanging {
+    addr: SocketAddr,
+    accepted: Arc<AtomicUsize>,
+    closed: Arc<AtomicUsize>,
+}
+
+impl Hanging {
+    async fn start() -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let hanging = Self {
+            addr: listener.local_addr().unwrap(),
+            accepted: Arc::default(),
+            closed: Arc::default(),
+        };
+        let (accepted, closed) = (hanging.accepted.clone(), hanging.closed.clone());
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                accepted.fetch_add(1, Ordering::SeqCst);
+                let closed = closed.clone();
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 4096];
+                    while matches!(stream.read(&mut buf).await, Ok(n) if n > 0) {}
+                    closed.fetch_add(1, Ordering::SeqCst);
+                });
+            }
+        });
+        hanging
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receiver_that_never_answers_holds_up_no_other_webhook() {
+    let stack = Stack::start().await;
+    let (good, hanging) = (Receiver::start().await, Hanging::start().await);
+    webhook(
+        &stack,
+        ADMIN_TOKEN,
+        "/v1/webhooks",
+        &format!("http://{}/hook", hanging.addr),
+        &["key.revoked"],
+    )
+    .await;
+    let (_, secret) = webhook(
+        &stack,
+        ADMIN_TOKEN,
+        "/v1/webhooks",
+        &good.url(),
+        &["key.revoked"],
+    )
+    .await;
+    // Five events, each waiting for both webhooks: more than one claim's
+    // two rows per webhook.
+    let account = stack.create_account("five-keys").await;
+    for _ in 0..5 {
+        let (_, id) = stack.account_key(account).await;
+        assert_eq!(
+            delete(&stack, ADMIN_TOKEN, &format!("/v1/api-keys/{id}")).await,
+            204
+        );
+    }
+    let hits = eventually(
+        "all five at the receiver that answers",
+        Duration::from_secs(30),
+        || async {
+            let hits = good.accepted("key.revoked");
+            (hits.len() == 5).then_some(hits)
+        },
+    )
+    .await;
+    for hit in &hits {
+        assert_eq!(verified(&secret, hit)["data"]["cause"], "revoked");
+    }
+    // All five came while the silent receiver's first attempts were still
+    // waiting for an answer (an attempt is given up after 10 s): nothing
+    // waited for them.
+    assert!(hanging.accepted.load(Ordering::SeqCst) >= 1);
+    assert_eq!(
+        hanging.closed.load(Ordering::SeqCst),
+        0,
+        "the silent receiver's attempts ended before the others were delivered"
+    );
 }
