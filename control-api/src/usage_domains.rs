@@ -51,7 +51,7 @@ pub async fn bounded(
 ) -> Result<Bounded, sqlx::Error> {
     let mut wanted: HashMap<(Uuid, i64), Vec<String>> = HashMap::new();
     // Hours whose listing may be pruned already claim nothing.
-    let oldest = hour(chrono::Utc::now().timestamp()) - (LISTED_HOURS - 1) * 3600;
+    let oldest = oldest_listed_hour(chrono::Utc::now().timestamp());
     for row in rows.iter().filter(|r| hour(r.minute) >= oldest) {
         if let Some(d) = row.domain.as_deref().filter(|d| d.len() <= MAX_DOMAIN) {
             let names = wanted
@@ -116,14 +116,24 @@ pub async fn run_prune(db: sqlx::PgPool, stop: proxynet_common::tasks::Stop) {
     }
 }
 
-/// One round of [`run_prune`]: the listings deleted.
+/// One round of [`run_prune`]: the listings deleted. The cutoff is the
+/// ledger's own rule ([`oldest_listed_hour`]) with an hour's margin, on
+/// this process's clock and in UTC whatever the session's time zone: a
+/// ledger batch that read the cutoff just before an hour turned still finds
+/// its hour listed.
 pub async fn prune(db: &sqlx::PgPool) -> Result<u64, sqlx::Error> {
-    Ok(sqlx::query(
-        "DELETE FROM usage_domains_hourly
-          WHERE hour < date_trunc('hour', now()) - make_interval(hours => $1)",
+    let cutoff = oldest_listed_hour(chrono::Utc::now().timestamp()) - 3600;
+    Ok(
+        sqlx::query("DELETE FROM usage_domains_hourly WHERE hour < to_timestamp($1)")
+            .bind(cutoff as f64)
+            .execute(db)
+            .await?
+            .rows_affected(),
     )
-    .bind((LISTED_HOURS - 1) as i32)
-    .execute(db)
-    .await?
-    .rows_affected())
+}
+
+/// The start of the oldest hour whose names are still claimed (Unix
+/// seconds): the current hour and the [`LISTED_HOURS`] − 1 before it.
+fn oldest_listed_hour(now: i64) -> i64 {
+    hour(now) - (LISTED_HOURS - 1) * 3600
 }

@@ -291,7 +291,9 @@ pub fn normalize_entry(raw: &str) -> Result<String, String> {
             Some(p) => format!("{ip}/{p}").parse()?,
             None => format!("{ip}").parse()?,
         };
-        return Ok(cidr.to_string());
+        // Masked: `10.1.2.3/8` and `10.4.5.6/8` are one network, and one
+        // entry (a list's duplicate check, a limit's most specific match).
+        return Ok(cidr.masked().to_string());
     }
     if prefix.is_some() {
         return Err(format!("{raw:?} is not an IP network"));
@@ -339,6 +341,9 @@ pub fn entry_within(narrow: &str, wide: &[String]) -> bool {
 #[derive(Debug, Default)]
 struct Matcher {
     names: HashMap<Box<str>, usize>,
+    /// The longest name entry: a target's longer ancestors cannot be one,
+    /// so a hostile 253-byte name costs no more lookups than a short one.
+    longest_name: usize,
     networks: Vec<(Cidr, usize)>,
 }
 
@@ -352,26 +357,30 @@ impl Matcher {
                     matcher.networks.push((network, i));
                 }
             } else {
+                matcher.longest_name = matcher.longest_name.max(entry.len());
                 matcher.names.entry(entry.as_str().into()).or_insert(i);
             }
         }
         matcher
     }
 
-    /// The target's name and every name above it, longest first
-    /// (`a.b.example` → `a.b.example`, `b.example`, `example`).
-    fn ancestors(name: &str) -> impl Iterator<Item = &str> {
+    /// The target's name and every name above it that an entry could equal,
+    /// longest first (`a.b.example` → `a.b.example`, `b.example`, `example`).
+    fn ancestors<'n>(&self, name: &'n str) -> impl Iterator<Item = &'n str> {
+        let longest = self.longest_name;
         std::iter::successors(Some(name), |n| {
             n.split_once('.')
                 .map(|(_, parent)| parent)
                 .filter(|p| !p.is_empty())
         })
+        .skip_while(move |n| n.len() > longest)
     }
 
     /// The first entry (in list order) that covers the target.
     fn first(&self, target: &PolicyTarget<'_>) -> Option<usize> {
         match target {
-            PolicyTarget::Name(name) => Self::ancestors(name)
+            PolicyTarget::Name(name) => self
+                .ancestors(name)
                 .filter_map(|n| self.names.get(n).copied())
                 .min(),
             PolicyTarget::Ip(ip) => {
@@ -386,18 +395,19 @@ impl Matcher {
     }
 
     /// The most specific entry that covers the target: the longest name,
-    /// the longest prefix (the list's first of equals).
+    /// the longest prefix (of equals, the list's last, as a scan taking the
+    /// maximum found it; masked entries make equal networks one entry).
     fn most_specific(&self, target: &PolicyTarget<'_>) -> Option<usize> {
         match target {
-            PolicyTarget::Name(name) => {
-                Self::ancestors(name).find_map(|n| self.names.get(n).copied())
-            }
+            PolicyTarget::Name(name) => self
+                .ancestors(name)
+                .find_map(|n| self.names.get(n).copied()),
             PolicyTarget::Ip(ip) => {
                 let ip = ip.to_canonical();
                 self.networks
                     .iter()
                     .filter(|(network, _)| network.contains(ip))
-                    .min_by_key(|(network, i)| (std::cmp::Reverse(network.prefix_len()), *i))
+                    .max_by_key(|(network, i)| (network.prefix_len(), *i))
                     .map(|(_, i)| *i)
             }
         }
@@ -491,7 +501,7 @@ mod tests {
 
     fn target() -> impl Strategy<Value = String> {
         prop_oneof![
-            prop::collection::vec(prop::sample::select(vec!["a", "b", "ex", "test"]), 1..5)
+            prop::collection::vec(prop::sample::select(vec!["a", "b", "ex", "test"]), 1..40)
                 .prop_map(|labels| labels.join(".")),
             (0u8..4, any::<u8>()).prop_map(|(o, h)| format!("10.{o}.0.{h}")),
         ]
@@ -518,7 +528,7 @@ mod tests {
                 .iter()
                 .enumerate()
                 .filter(|(_, e)| entry_matches(e, &target))
-                .max_by_key(|(i, e)| (entry_specificity(e), std::cmp::Reverse(*i)))
+                .max_by_key(|(_, e)| entry_specificity(e))
                 .map(|(i, _)| i);
             prop_assert_eq!(matcher.most_specific(&target), scan_best);
         }
@@ -592,6 +602,11 @@ mod tests {
     fn networks_are_canonical_and_match_mapped_addresses() {
         assert_eq!(normalize_entry("127.0.0.1").unwrap(), "127.0.0.1/32");
         assert_eq!(normalize_entry("2001:db8::/32").unwrap(), "2001:db8::/32");
+        assert_eq!(normalize_entry("10.1.2.3/8").unwrap(), "10.0.0.0/8");
+        assert_eq!(
+            normalize_list("d", &["10.1.2.3/8".into(), "10.4.5.6/8".into()]).unwrap(),
+            ["10.0.0.0/8"]
+        );
         assert!(normalize_entry("10.0.0.0/33").is_err());
         assert!(entry_matches(
             "127.0.0.0/8",

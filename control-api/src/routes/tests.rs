@@ -673,13 +673,14 @@ async fn domain_listings_are_kept_for_two_days_and_late_usage_is_other() {
         Some(OTHER),
         "its hour's listing may be gone"
     );
-    // A listing past the window goes; the current hour's stays.
+    // A listing past the window (and its hour of margin) goes; the current
+    // hour's stays.
     sqlx::query(
         "INSERT INTO usage_domains_hourly (account_id, hour, domain)
          VALUES ($1, date_trunc('hour', now()) - make_interval(hours => $2), 'old.example')",
     )
     .bind(account)
-    .bind(LISTED_HOURS as i32)
+    .bind((LISTED_HOURS + 1) as i32)
     .execute(&state.db)
     .await
     .unwrap();
@@ -691,4 +692,68 @@ async fn domain_listings_are_kept_for_two_days_and_late_usage_is_other() {
             .await
             .unwrap();
     assert_eq!(left, [("fresh.example".to_owned(),)]);
+}
+
+#[tokio::test]
+async fn a_claim_takes_each_webhooks_first_row_first_and_caps_an_account() {
+    use crate::webhooks::delivery::PER_ACCOUNT;
+    let (app, state) = app_and_state().await;
+    let (account, _) = account(&app, "ten-hooks").await;
+    let mut hooks = Vec::new();
+    // Ten webhooks of one account and one of the operator's, three due
+    // deliveries each.
+    for owner in std::iter::repeat_n(Some(account), 10).chain([None]) {
+        let hook = Uuid::new_v4();
+        sqlx::query(
+            "INSERT INTO webhooks (id, account_id, url, events, secret)
+             VALUES ($1, $2, 'https://hooks.example.test/', ARRAY['key.revoked'], 'pnwhsec_t')",
+        )
+        .bind(hook)
+        .bind(owner)
+        .execute(&state.db)
+        .await
+        .unwrap();
+        for _ in 0..3 {
+            sqlx::query(
+                "INSERT INTO webhook_deliveries (id, webhook_id, event_id, event, body)
+                 VALUES (gen_random_uuid(), $1, gen_random_uuid(), 'key.revoked', '{}')",
+            )
+            .bind(hook)
+            .execute(&state.db)
+            .await
+            .unwrap();
+        }
+        hooks.push(hook);
+    }
+    let deliverer = crate::webhooks::Deliverer::new(
+        state.db.clone(),
+        crate::webhooks::target::policy(true, &state.protected),
+    );
+    let claimed = deliverer.claim(32, &[], &[]).await.unwrap();
+    let of_account: Vec<_> = claimed
+        .iter()
+        .filter(|c| c.account_id == Some(account))
+        .collect();
+    assert_eq!(of_account.len() as i64, PER_ACCOUNT, "the account's cap");
+    let distinct: std::collections::HashSet<Uuid> =
+        of_account.iter().map(|c| c.webhook_id).collect();
+    assert_eq!(
+        distinct.len() as i64,
+        PER_ACCOUNT,
+        "first rows before second ones"
+    );
+    let operator = claimed.iter().filter(|c| c.account_id.is_none()).count();
+    assert_eq!(
+        operator, 2,
+        "two per webhook; operator webhooks are not capped"
+    );
+
+    // With those in flight: nothing more of the busy webhooks, and of the
+    // account only what room it has left.
+    let busy: Vec<Uuid> = claimed.iter().map(|c| c.webhook_id).collect();
+    let again = deliverer.claim(32, &busy, &[(account, 0)]).await.unwrap();
+    assert!(again.is_empty(), "{} more", again.len());
+    let room = deliverer.claim(32, &busy, &[(account, 1)]).await.unwrap();
+    assert_eq!(room.len(), 1);
+    assert!(!busy.contains(&room[0].webhook_id));
 }

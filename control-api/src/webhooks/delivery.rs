@@ -48,8 +48,11 @@ const LEASE: Duration = Duration::from_secs(60);
 /// How often the outbox is looked at when nothing woke the worker (rows
 /// written by other control-apis, retries coming due).
 const POLL: Duration = Duration::from_secs(1);
-/// Rows per claim.
+/// Attempts in flight at once (and rows per claim).
 const BATCH: i64 = 32;
+/// Attempts in flight at once for one account's webhooks (an account may
+/// have 10): accounts whose receivers hang cannot hold every slot.
+pub(crate) const PER_ACCOUNT: i64 = 8;
 /// Bytes of the receiver's answer kept (for the delivery history).
 const SNIPPET_BYTES: usize = 256;
 /// Characters of an error kept.
@@ -58,6 +61,16 @@ const ERROR_CHARS: usize = 300;
 const KEEP_DELIVERIES: &str = "30 days";
 const KEEP_QUOTA_ROWS: &str = "62 days";
 const PRUNE_EVERY: Duration = Duration::from_secs(3600);
+
+/// One attempt fewer in flight for `key`.
+fn release(counts: &mut HashMap<Uuid, usize>, key: Uuid) {
+    if let Some(n) = counts.get_mut(&key) {
+        *n = n.saturating_sub(1);
+        if *n == 0 {
+            counts.remove(&key);
+        }
+    }
+}
 
 /// `Proxynet-Signature`'s `v1`: lower-case hex HMAC-SHA256 of
 /// `"{timestamp}.{body}"` keyed with the webhook's secret (its bytes as shown).
@@ -94,9 +107,11 @@ pub struct Deliverer {
 
 /// A claimed row and its webhook. No `Debug`: it holds the secret.
 #[derive(sqlx::FromRow)]
-struct Claimed {
+pub(crate) struct Claimed {
     id: Uuid,
-    webhook_id: Uuid,
+    pub(crate) webhook_id: Uuid,
+    /// `None`: an operator webhook.
+    pub(crate) account_id: Option<Uuid>,
     event: String,
     body: String,
     /// Including this one.
@@ -137,8 +152,9 @@ impl Deliverer {
         let mut pruned: Option<Instant> = None;
         let mut running: tokio::task::JoinSet<()> = tokio::task::JoinSet::new();
         // Each attempt in flight, by task, and how many each webhook has.
-        let mut attempts: HashMap<tokio::task::Id, Uuid> = HashMap::new();
+        let mut attempts: HashMap<tokio::task::Id, (Uuid, Option<Uuid>)> = HashMap::new();
         let mut busy: HashMap<Uuid, usize> = HashMap::new();
+        let mut busy_accounts: HashMap<Uuid, usize> = HashMap::new();
         loop {
             let woken = super::WAKE.notified();
             tokio::pin!(woken);
@@ -151,13 +167,23 @@ impl Deliverer {
             let mut filled = false;
             if room > 0 {
                 let skip: Vec<Uuid> = busy.keys().copied().collect();
-                match stop.run_until_cancelled(self.claim(room, &skip)).await {
+                let account_room: Vec<(Uuid, i64)> = busy_accounts
+                    .iter()
+                    .map(|(a, n)| (*a, PER_ACCOUNT - i64::try_from(*n).unwrap_or(PER_ACCOUNT)))
+                    .collect();
+                match stop
+                    .run_until_cancelled(self.claim(room, &skip, &account_room))
+                    .await
+                {
                     None => return,
                     Some(Ok(claimed)) => {
                         filled = claimed.len() == room;
                         for row in claimed {
                             *busy.entry(row.webhook_id).or_default() += 1;
-                            let webhook = row.webhook_id;
+                            if let Some(account) = row.account_id {
+                                *busy_accounts.entry(account).or_default() += 1;
+                            }
+                            let webhook = (row.webhook_id, row.account_id);
                             let worker = self.clone();
                             let task = running.spawn(async move {
                                 let outcome = worker.attempt(&row).await;
@@ -185,15 +211,21 @@ impl Deliverer {
             tokio::select! {
                 () = stop.cancelled() => return,
                 Some(done) = running.join_next_with_id(), if !running.is_empty() => {
-                    let task = match done {
-                        Ok((task, ())) => task,
-                        Err(e) => e.id(),
-                    };
-                    if let Some(webhook) = attempts.remove(&task) {
-                        if let Some(n) = busy.get_mut(&webhook) {
-                            *n = n.saturating_sub(1);
-                            if *n == 0 {
-                                busy.remove(&webhook);
+                    // This one and whatever else finished meanwhile: one
+                    // claim for all the room they made.
+                    let mut finished = vec![done];
+                    while let Some(more) = running.try_join_next_with_id() {
+                        finished.push(more);
+                    }
+                    for done in finished {
+                        let task = match done {
+                            Ok((task, ())) => task,
+                            Err(e) => e.id(),
+                        };
+                        if let Some((webhook, account)) = attempts.remove(&task) {
+                            release(&mut busy, webhook);
+                            if let Some(account) = account {
+                                release(&mut busy_accounts, account);
                             }
                         }
                     }
@@ -204,36 +236,52 @@ impl Deliverer {
         }
     }
 
-    /// Claims up to `room` due rows, at most two per webhook and none of the
-    /// webhooks in `skip` (an attempt of theirs is in flight here).
-    async fn claim(&self, room: usize, skip: &[Uuid]) -> Result<Vec<Claimed>, sqlx::Error> {
+    /// Claims up to `room` due rows: at most two per webhook and none of a
+    /// webhook in `skip` (an attempt of its is in flight here); an
+    /// account's webhooks together at most its room (`account_room` for one
+    /// with attempts in flight, else [`PER_ACCOUNT`]). Every webhook's first
+    /// due row comes before any webhook's second.
+    pub(crate) async fn claim(
+        &self,
+        room: usize,
+        skip: &[Uuid],
+        account_room: &[(Uuid, i64)],
+    ) -> Result<Vec<Claimed>, sqlx::Error> {
+        let (accounts, rooms): (Vec<Uuid>, Vec<i64>) = account_room.iter().copied().unzip();
         sqlx::query_as(
-            "WITH due AS (
-                 SELECT id FROM webhook_deliveries
-                  WHERE id IN (
-                        -- At most two per webhook a claim: a receiver that
-                        -- hangs holds up its own deliveries, not everyone's.
-                        SELECT id FROM (
-                            SELECT id, row_number() OVER (PARTITION BY webhook_id
-                                                          ORDER BY next_attempt_at) AS nth
-                              FROM webhook_deliveries
-                             WHERE status = 'pending' AND next_attempt_at <= now()
-                               AND webhook_id <> ALL ($3)) ranked
-                         WHERE nth <= 2)
-                    AND status = 'pending' AND next_attempt_at <= now()
-                  ORDER BY next_attempt_at
+            "WITH per_webhook AS (
+                 SELECT d.id, d.next_attempt_at, w.account_id,
+                        row_number() OVER (PARTITION BY d.webhook_id ORDER BY d.next_attempt_at) AS nth
+                   FROM webhook_deliveries d JOIN webhooks w ON w.id = d.webhook_id
+                  WHERE d.status = 'pending' AND d.next_attempt_at <= now()
+                    AND d.webhook_id <> ALL ($3)),
+             per_account AS (
+                 SELECT id, next_attempt_at, account_id, nth,
+                        row_number() OVER (PARTITION BY account_id ORDER BY nth, next_attempt_at) AS account_nth
+                   FROM per_webhook WHERE nth <= 2),
+             due AS (
+                 SELECT d.id FROM webhook_deliveries d JOIN per_account r ON r.id = d.id
+                  WHERE (r.account_id IS NULL
+                         OR r.account_nth <= COALESCE(
+                                (SELECT a.room FROM unnest($4::uuid[], $5::bigint[]) AS a(account, room)
+                                  WHERE a.account = r.account_id), $6))
+                    AND d.status = 'pending' AND d.next_attempt_at <= now()
+                  ORDER BY r.nth, r.next_attempt_at
                   LIMIT $1
-                  FOR UPDATE SKIP LOCKED)
+                  FOR UPDATE OF d SKIP LOCKED)
              UPDATE webhook_deliveries d
                 SET attempts = d.attempts + 1,
                     next_attempt_at = now() + make_interval(secs => $2)
                FROM due, webhooks w
               WHERE d.id = due.id AND w.id = d.webhook_id
-             RETURNING d.id, d.webhook_id, d.event, d.body, d.attempts, w.url, w.secret",
+             RETURNING d.id, d.webhook_id, w.account_id, d.event, d.body, d.attempts, w.url, w.secret",
         )
         .bind(i64::try_from(room).unwrap_or(BATCH))
         .bind(LEASE.as_secs_f64())
         .bind(skip)
+        .bind(&accounts)
+        .bind(&rooms)
+        .bind(PER_ACCOUNT)
         .fetch_all(&self.db)
         .await
     }

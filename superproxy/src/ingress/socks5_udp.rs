@@ -12,8 +12,9 @@
 //! What keeps the relay from being turned on third parties:
 //! - datagrams are accepted only from the control connection's source
 //!   address (and the port the client declared, when it declared one), and
-//!   the first well-formed such datagram fixes the client's UDP address:
-//!   replies go only there, never to an address a datagram names;
+//!   the first such datagram that passes every check fixes the client's
+//!   UDP address: replies go only there, never to an address a datagram
+//!   names;
 //! - fragments (FRAG ≠ 0) are dropped, as the RFC allows;
 //! - per association: a datagram-rate bound, a bounded queue towards the
 //!   exit (full: dropped — UDP may drop, the relay must not buffer without
@@ -208,21 +209,26 @@ fn client_datagram<'b>(
     client_addr: &mut Option<SocketAddr>,
     rate: &DefaultDirectRateLimiter,
 ) -> Result<(DatagramAddr, &'b [u8]), &'static str> {
-    let (addr, payload) = read_client_datagram(bytes, from, source, client_addr, rate)?;
-    if !pipeline.datagram_allowed(holds, &addr) {
-        return Err("denied");
-    }
-    Ok((addr, payload))
+    admit_client_datagram(bytes, from, source, client_addr, rate, |addr| {
+        pipeline.datagram_allowed(holds, addr)
+    })
 }
 
-/// The checks that need nothing but the datagram and the association's
-/// own state: who sent it, the rate, the SOCKS header, the size.
-fn read_client_datagram<'b>(
+/// Every check of a client datagram, in order: who sent it, the SOCKS
+/// header, the size, the rate, then `allowed` (the traffic and egress
+/// policies). Only a datagram that passes them all fixes the client's
+/// address: garbage or a denied destination from another port of the
+/// client's host (a neighbour behind the same NAT) takes nothing over, and
+/// spends none of the association's rate. (A neighbour sending a valid,
+/// allowed datagram first still can when the client declared no port: the
+/// RFC's binding is the declared one.)
+fn admit_client_datagram<'b>(
     bytes: &'b [u8],
     from: SocketAddr,
     source: SourceFilter,
     client_addr: &mut Option<SocketAddr>,
     rate: &DefaultDirectRateLimiter,
+    allowed: impl FnOnce(&DatagramAddr) -> bool,
 ) -> Result<(DatagramAddr, &'b [u8]), &'static str> {
     if !source.admits(from) {
         return Err("foreign_source");
@@ -230,9 +236,6 @@ fn read_client_datagram<'b>(
     // One client address per association: replies go there only.
     if client_addr.is_some_and(|known| known != from) {
         return Err("foreign_source");
-    }
-    if rate.check().is_err() {
-        return Err("rate_limited");
     }
     // RSV (2 bytes), FRAG, then the destination.
     let [_, _, frag, rest @ ..] = bytes else {
@@ -246,9 +249,12 @@ fn read_client_datagram<'b>(
     if payload.len() > datagram::MAX_PAYLOAD {
         return Err("too_large");
     }
-    // Only a well-formed datagram fixes the client's address: a stray
-    // packet from another port of the client's host (a neighbour behind the
-    // same NAT) cannot take the association over with garbage.
+    if rate.check().is_err() {
+        return Err("rate_limited");
+    }
+    if !allowed(&addr) {
+        return Err("denied");
+    }
     client_addr.get_or_insert(from);
     Ok((addr, payload))
 }
@@ -293,6 +299,17 @@ mod tests {
         assert!(!declared.admits("127.0.0.1:5001".parse().unwrap()));
     }
 
+    /// Every check, with a policy that allows every destination.
+    fn admit<'b>(
+        bytes: &'b [u8],
+        from: SocketAddr,
+        source: SourceFilter,
+        client_addr: &mut Option<SocketAddr>,
+        rate: &DefaultDirectRateLimiter,
+    ) -> Result<(DatagramAddr, &'b [u8]), &'static str> {
+        admit_client_datagram(bytes, from, source, client_addr, rate, |_| true)
+    }
+
     fn rate() -> DefaultDirectRateLimiter {
         DefaultDirectRateLimiter::direct(
             Quota::per_second(NonZeroU32::new(DATAGRAMS_PER_SECOND).unwrap())
@@ -316,7 +333,7 @@ mod tests {
         let (rate, mut client) = (rate(), None);
         let me: SocketAddr = "127.0.0.1:4000".parse().unwrap();
         let p = packet(b"hi");
-        let (addr, payload) = read_client_datagram(&p, me, source, &mut client, &rate).unwrap();
+        let (addr, payload) = admit(&p, me, source, &mut client, &rate).unwrap();
         assert_eq!(payload, b"hi");
         assert!(matches!(addr, DatagramAddr::Ip(a) if a.port() == 53));
         assert_eq!(client, Some(me));
@@ -324,19 +341,19 @@ mod tests {
         // stranger's datagram does not take the slot of the client's own.
         let other: SocketAddr = "127.0.0.1:4001".parse().unwrap();
         assert_eq!(
-            read_client_datagram(&p, other, source, &mut client, &rate).err(),
+            admit(&p, other, source, &mut client, &rate).err(),
             Some("foreign_source")
         );
         let elsewhere: SocketAddr = "127.0.0.9:4000".parse().unwrap();
         assert_eq!(
-            read_client_datagram(&p, elsewhere, source, &mut None, &rate).err(),
+            admit(&p, elsewhere, source, &mut None, &rate).err(),
             Some("foreign_source")
         );
         assert_eq!(client, Some(me));
     }
 
     #[test]
-    fn a_malformed_datagram_does_not_fix_the_client_address() {
+    fn a_malformed_or_denied_datagram_does_not_fix_the_client_address() {
         let source = SourceFilter {
             ip: "127.0.0.1".parse().unwrap(),
             port: None,
@@ -344,11 +361,18 @@ mod tests {
         let (rate, mut client) = (rate(), None);
         let neighbour: SocketAddr = "127.0.0.1:4999".parse().unwrap();
         for garbage in [&[0u8, 0][..], &[0, 0, 1, 1, 127, 0, 0, 1, 0, 53]] {
-            assert!(read_client_datagram(garbage, neighbour, source, &mut client, &rate).is_err());
+            assert!(admit(garbage, neighbour, source, &mut client, &rate).is_err());
         }
+        // Nor does a datagram to a destination the policy denies.
+        let to_anywhere = packet(b"x");
+        let denied =
+            admit_client_datagram(&to_anywhere, neighbour, source, &mut client, &rate, |_| {
+                false
+            });
+        assert_eq!(denied.err(), Some("denied"));
         assert_eq!(client, None);
         let me: SocketAddr = "127.0.0.1:4000".parse().unwrap();
-        assert!(read_client_datagram(&packet(b"x"), me, source, &mut client, &rate).is_ok());
+        assert!(admit(&packet(b"x"), me, source, &mut client, &rate).is_ok());
         assert_eq!(client, Some(me));
     }
 
@@ -372,7 +396,7 @@ mod tests {
             (&largest, Ok(())),
         ];
         for (bytes, want) in cases {
-            let got = read_client_datagram(bytes, me, source, &mut Some(me), &rate).map(|_| ());
+            let got = admit(bytes, me, source, &mut Some(me), &rate).map(|_| ());
             assert_eq!(got, want, "{:?}", &bytes[..bytes.len().min(6)]);
         }
     }
@@ -387,7 +411,7 @@ mod tests {
         let (rate, mut client) = (rate(), Some(me));
         let p = packet(b"x");
         let passed = (0..DATAGRAM_BURST * 2)
-            .filter(|_| read_client_datagram(&p, me, source, &mut client, &rate).is_ok())
+            .filter(|_| admit(&p, me, source, &mut client, &rate).is_ok())
             .count();
         // The burst, and what the rate refills while the loop runs.
         assert!(
