@@ -262,3 +262,24 @@ pub async fn closed_within(stream: &mut TcpStream, within: Duration) -> bool {
     .await
     .is_ok()
 }
+
+/// `http://USER:PASSWORD@proxy`: the stack's demo password under another
+/// username (the grammar's keys, another user).
+pub fn proxy_as(username: &str, proxy: SocketAddr) -> String {
+    format!(
+        "http://{username}:{}@{proxy}",
+        crate::stack::PASSWORD.replace(' ', "%20")
+    )
+}
+
+/// The address the whoami target saw one CONNECT tunnel (`-p`) through
+/// `proxy_url` come from.
+pub async fn egress_via(proxy_url: &str, target: &str) -> String {
+    let r = curl(&["-p", "-x", proxy_url, target]).await;
+    assert_eq!(r.status, 200, "{} {}", r.body, r.headers);
+    serde_json::from_str::<crate::whoami::Seen>(&r.body)
+        .unwrap()
+        .peer
+        .ip()
+        .to_string()
+}

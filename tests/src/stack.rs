@@ -710,11 +710,7 @@ impl Stack {
 
     /// `http://alice:...@proxy` for curl's `-x`.
     pub fn proxy_url(&self) -> String {
-        format!(
-            "http://{USERNAME}:{}@{}",
-            PASSWORD.replace(' ', "%20"),
-            self.proxy_addrs.proxy
-        )
+        crate::client::proxy_as(USERNAME, self.proxy_addrs.proxy)
     }
 
     /// `https://alice:...@127.0.0.1:PORT`: the HTTPS proxy listener.

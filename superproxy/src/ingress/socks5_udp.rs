@@ -310,6 +310,14 @@ mod tests {
         admit_client_datagram(bytes, from, source, client_addr, rate, |_| true)
     }
 
+    /// Datagrams from 127.0.0.1, any port (the client declared none).
+    fn from_loopback() -> SourceFilter {
+        SourceFilter {
+            ip: "127.0.0.1".parse().unwrap(),
+            port: None,
+        }
+    }
+
     fn rate() -> DefaultDirectRateLimiter {
         DefaultDirectRateLimiter::direct(
             Quota::per_second(NonZeroU32::new(DATAGRAMS_PER_SECOND).unwrap())
@@ -326,10 +334,7 @@ mod tests {
 
     #[test]
     fn the_first_admitted_datagram_fixes_the_client_address() {
-        let source = SourceFilter {
-            ip: "127.0.0.1".parse().unwrap(),
-            port: None,
-        };
+        let source = from_loopback();
         let (rate, mut client) = (rate(), None);
         let me: SocketAddr = "127.0.0.1:4000".parse().unwrap();
         let p = packet(b"hi");
@@ -354,10 +359,7 @@ mod tests {
 
     #[test]
     fn a_malformed_or_denied_datagram_does_not_fix_the_client_address() {
-        let source = SourceFilter {
-            ip: "127.0.0.1".parse().unwrap(),
-            port: None,
-        };
+        let source = from_loopback();
         let (rate, mut client) = (rate(), None);
         let neighbour: SocketAddr = "127.0.0.1:4999".parse().unwrap();
         for garbage in [&[0u8, 0][..], &[0, 0, 1, 1, 127, 0, 0, 1, 0, 53]] {
@@ -378,10 +380,7 @@ mod tests {
 
     #[test]
     fn fragments_short_headers_and_oversized_payloads_are_dropped() {
-        let source = SourceFilter {
-            ip: "127.0.0.1".parse().unwrap(),
-            port: None,
-        };
+        let source = from_loopback();
         let me: SocketAddr = "127.0.0.1:4000".parse().unwrap();
         let rate = rate();
         let mut fragment = packet(b"x");
@@ -403,10 +402,7 @@ mod tests {
 
     #[test]
     fn a_burst_past_the_rate_is_dropped() {
-        let source = SourceFilter {
-            ip: "127.0.0.1".parse().unwrap(),
-            port: None,
-        };
+        let source = from_loopback();
         let me: SocketAddr = "127.0.0.1:4000".parse().unwrap();
         let (rate, mut client) = (rate(), Some(me));
         let p = packet(b"x");

@@ -6,24 +6,18 @@
 //! address of that family are eligible).
 
 use chrono::{SecondsFormat, Utc};
-use proxynet_tests::client::curl;
+use proxynet_tests::client::{curl, egress_via, proxy_as};
 use proxynet_tests::netns::ExitHost;
 use proxynet_tests::process::eventually;
-use proxynet_tests::stack::{Stack, StackOptions, PASSWORD, USERNAME};
+use proxynet_tests::stack::{Stack, StackOptions, USERNAME};
 use proxynet_tests::whoami::Seen;
 use std::collections::HashSet;
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::time::Duration;
-
-fn proxy_as(username: &str, proxy: SocketAddr) -> String {
-    format!("http://{username}:{}@{proxy}", PASSWORD.replace(' ', "%20"))
-}
 
 /// The address the whoami target saw a CONNECT tunnel to `url` come from.
 async fn egress_of(proxy: &str, url: &str) -> IpAddr {
-    let r = curl(&["-p", "-x", proxy, url]).await;
-    assert_eq!(r.status, 200, "{}{}", r.headers, r.body);
-    serde_json::from_str::<Seen>(&r.body).unwrap().peer.ip()
+    egress_via(proxy, url).await.parse().unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,30 +1,15 @@
 //! Exit selection from the client's side: sticky sessions, targeting,
 //! operator drain and disable.
 
-use proxynet_tests::client::curl;
+use proxynet_tests::client::{curl, egress_via, proxy_as};
 use proxynet_tests::process::eventually;
 use proxynet_tests::stack::{spawn_superproxy, Stack, ADMIN_TOKEN, PASSWORD, USERNAME};
 use proxynet_tests::whoami::Seen;
 use std::collections::HashSet;
-use std::net::SocketAddr;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use uuid::Uuid;
-
-fn proxy_as(user: &str, proxy: SocketAddr) -> String {
-    format!("http://{user}:{}@{proxy}", PASSWORD.replace(' ', "%20"))
-}
-
-async fn egress_via(proxy_url: &str, target: &str) -> String {
-    let r = curl(&["-p", "-x", proxy_url, target]).await;
-    assert_eq!(r.status, 200, "{} {}", r.body, r.headers);
-    serde_json::from_str::<Seen>(&r.body)
-        .unwrap()
-        .peer
-        .ip()
-        .to_string()
-}
 
 async fn admin_post(stack: &Stack, path: &str) {
     let r = stack

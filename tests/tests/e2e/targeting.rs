@@ -2,30 +2,14 @@
 //! `state`/`region` (the subdivision an exit's token declares), `notexit`,
 //! `rotate`, `sessidle`, and moving a session's time over the API.
 
-use proxynet_tests::client::curl;
+use proxynet_tests::client::{curl, egress_via, proxy_as};
 use proxynet_tests::process::eventually;
-use proxynet_tests::stack::{spawn_superproxy, Stack, ADMIN_TOKEN, PASSWORD, USERNAME};
+use proxynet_tests::stack::{spawn_superproxy, Stack, ADMIN_TOKEN, USERNAME};
 use proxynet_tests::whoami::Seen;
 use serde_json::json;
 use std::collections::HashSet;
-use std::net::SocketAddr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use uuid::Uuid;
-
-fn proxy_as(user: &str, proxy: SocketAddr) -> String {
-    format!("http://{user}:{}@{proxy}", PASSWORD.replace(' ', "%20"))
-}
-
-/// The egress IP one CONNECT tunnel (`-p`) left from.
-async fn egress_via(proxy_url: &str, target: &str) -> String {
-    let r = curl(&["-p", "-x", proxy_url, target]).await;
-    assert_eq!(r.status, 200, "{} {}", r.body, r.headers);
-    serde_json::from_str::<Seen>(&r.body)
-        .unwrap()
-        .peer
-        .ip()
-        .to_string()
-}
 
 /// A response header's value (last occurrence), lower-cased name.
 fn header(headers: &str, name: &str) -> Option<String> {
