@@ -3,6 +3,7 @@
 use proxynet_store::redis_target::{RedisConnection, RedisTarget};
 use proxynet_store::Keys;
 use sqlx::Connection;
+use std::sync::Arc;
 use uuid::Uuid;
 
 #[derive(Clone)]
@@ -15,6 +16,41 @@ pub struct TestStores {
     pub redis_cluster: bool,
     /// Key prefix unique to this test.
     pub redis_prefix: String,
+    /// Drops the database when the last copy of these stores goes.
+    _dropper: Arc<DropDatabase>,
+}
+
+/// Removes a test's database when the test is done with it. Some 500 tests
+/// each leave a database of about 10 MB otherwise, and the suite's disk use
+/// (with the build's) is what a CI machine runs out of first.
+struct DropDatabase {
+    server_url: String,
+    name: String,
+}
+
+impl Drop for DropDatabase {
+    fn drop(&mut self) {
+        let server_url = std::mem::take(&mut self.server_url);
+        let name = std::mem::take(&mut self.name);
+        // Drop runs inside the test's runtime, which cannot be blocked on
+        // from within: a thread of its own with a runtime of its own.
+        // `WITH (FORCE)` ends the connections of binaries still running.
+        let dropped = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .ok()?;
+            runtime.block_on(async {
+                let mut admin = sqlx::PgConnection::connect(&server_url).await.ok()?;
+                sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                    .execute(&mut admin)
+                    .await
+                    .ok()
+            })
+        });
+        // A database left behind costs only disk: nothing to report.
+        let _ = dropped.join();
+    }
 }
 
 fn env(name: &str) -> String {
@@ -43,6 +79,7 @@ impl TestStores {
             redis_url,
             redis_cluster: std::env::var("PROXYNET_TEST_REDIS_CLUSTER").is_ok_and(|v| v == "true"),
             redis_prefix: format!("{name}:"),
+            _dropper: Arc::new(DropDatabase { server_url, name }),
         }
     }
 

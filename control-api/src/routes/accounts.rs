@@ -166,8 +166,9 @@ pub(crate) async fn update(
 }
 
 /// `PUT /v1/accounts/{id}/entitlements` (operators): replaces what the
-/// account is granted. Every user of the account is re-projected at once, so
-/// the superproxies enforce the new bounds on the next tunnel.
+/// account is granted. Every user of the account is re-projected (Redis has
+/// the new records when this answers) and a change event sent per user; each
+/// superproxy enforces the new bounds once its event arrives, a moment later.
 pub(crate) async fn set_entitlements(
     _: Operator,
     State(state): State<AppState>,

@@ -157,10 +157,19 @@ async fn a_customer_key_cannot_lift_the_limits_an_operator_set() {
     .await;
     assert_eq!(status, 200);
 
-    // Enforced: the second concurrent tunnel is refused.
+    // Enforced: the second concurrent tunnel is refused. The superproxy
+    // re-read the disabled record on the first PATCH's change event; the
+    // second's arrives a moment after the PATCH answers.
     let proxy = stack.proxy_addrs.proxy;
-    let (_first, head) = connect_tunnel(proxy, "ceilinged", PASS, stack.whoami).await;
-    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let _first = eventually(
+        "the re-enabled user to be served",
+        Duration::from_secs(5),
+        || async {
+            let (stream, head) = connect_tunnel(proxy, "ceilinged", PASS, stack.whoami).await;
+            head.starts_with("HTTP/1.1 200").then_some(stream)
+        },
+    )
+    .await;
     let (_, refused) = connect_tunnel(proxy, "ceilinged", PASS, stack.whoami).await;
     assert!(refused.starts_with("HTTP/1.1 429"), "{refused}");
     // The quota endpoint reports the operator's figure.
@@ -238,8 +247,13 @@ async fn an_accounts_entitlements_bound_its_users_together_and_alone() {
     stack
         .set_entitlements(account, json!({"limits": {"allowed_countries": ["FR"]}}))
         .await;
-    let (_, head) = connect_tunnel(proxy, "ent_second", PASS, stack.whoami).await;
-    assert!(head.starts_with("HTTP/1.1 503"), "no FR exit: {head}");
+    // The superproxy already holds ent_second's record: the change event that
+    // drops it arrives a moment after the PUT answers.
+    eventually("no FR exit: 503", Duration::from_secs(5), || async {
+        let (_, head) = connect_tunnel(proxy, "ent_second", PASS, stack.whoami).await;
+        head.starts_with("HTTP/1.1 503").then_some(())
+    })
+    .await;
     let (_, head) = connect_tunnel(proxy, "ent_second-country-de", PASS, stack.whoami).await;
     assert!(
         head.starts_with("HTTP/1.1 403"),

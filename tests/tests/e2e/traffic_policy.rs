@@ -97,13 +97,29 @@ async fn a_users_denied_and_allowed_domains_refuse_before_any_exit_is_used() {
     let port = stack.whoami.port();
 
     set_user_policy(&stack, user, json!({"denied_domains": ["LocalHost."]})).await;
+    // The superproxy learns of the change from its event, a moment after the
+    // PATCH answers; until then a tunnel may still be resolved and served.
+    eventually(
+        "the denied domain to apply",
+        Duration::from_secs(5),
+        || async {
+            let head = connect(&stack, "policyuser", "probe.localhost", port).await;
+            head.starts_with("HTTP/1.1 403").then_some(())
+        },
+    )
+    .await;
+    let resolved = dns.a_queries();
     for host in ["localhost", "sub.localhost"] {
         assert_denied(
             &connect(&stack, "policyuser", host, port).await,
             "denied_domains entry \\\"localhost\\\"",
         );
     }
-    assert_eq!(dns.a_queries(), 0, "a refused name is never resolved");
+    assert_eq!(
+        dns.a_queries(),
+        resolved,
+        "a refused name is never resolved"
+    );
     assert!(connect(&stack, "policyuser", "127.0.0.1", port)
         .await
         .starts_with("HTTP/1.1 200"));
@@ -114,6 +130,15 @@ async fn a_users_denied_and_allowed_domains_refuse_before_any_exit_is_used() {
     assert_eq!(socks5::request(&mut s, 1, "sub.localhost", port).await, 2);
 
     set_user_policy(&stack, user, json!({"allowed_domains": ["example.test"]})).await;
+    eventually(
+        "the allowed domains to apply",
+        Duration::from_secs(5),
+        || async {
+            let head = connect(&stack, "policyuser", "127.0.0.1", port).await;
+            head.starts_with("HTTP/1.1 403").then_some(())
+        },
+    )
+    .await;
     for host in ["localhost", "127.0.0.1", "example.org"] {
         assert_denied(
             &connect(&stack, "policyuser", host, port).await,
@@ -229,6 +254,23 @@ async fn a_per_domain_rate_refuses_the_burst_to_one_domain_and_serves_others() {
     let user = stack.create_user(account, "domainrate", PASS).await;
     set_user_policy(&stack, user, json!({"domain_new_tunnels_per_second": 2})).await;
     let port = stack.whoami.port();
+    // The limit applies once the superproxy has the changed record: a burst
+    // to another domain runs into it then (that domain's tokens only).
+    eventually(
+        "the per-domain rate to apply",
+        Duration::from_secs(5),
+        || async {
+            let probes = futures_util::future::join_all(
+                (0..4).map(|_| connect(&stack, "domainrate", "probe.example.org", port)),
+            )
+            .await;
+            probes
+                .iter()
+                .any(|h| h.starts_with("HTTP/1.1 429"))
+                .then_some(())
+        },
+    )
+    .await;
     let heads = futures_util::future::join_all(
         (0..12).map(|_| connect(&stack, "domainrate", "busy.example.test", port)),
     )

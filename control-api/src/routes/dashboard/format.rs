@@ -291,6 +291,26 @@ pub(crate) fn quota_bar(used: i64, total: Option<i64>) -> String {
     }
 }
 
+/// A form posting `action` to `path` with the session's CSRF token; `extra`
+/// is more of the form (a reason field).
+pub(super) fn action_form(
+    v: &Viewer,
+    path: &str,
+    id: &str,
+    label: &str,
+    class: &str,
+    extra: &str,
+) -> String {
+    format!(
+        "<form method=\"post\" action=\"{}\" class=\"inline\"><input type=\"hidden\" name=\"csrf\" value=\"{}\">{extra}\
+<button type=\"submit\" id=\"{}\" class=\"{class}\">{}</button></form>",
+        esc(path),
+        esc(&v.csrf),
+        esc(id),
+        esc(label)
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -7,8 +7,8 @@
 //! Prometheus.
 //!
 //! Pages: the fleet ([`fleet`]: counts, rates, errors, top accounts and
-//! domains, a paged exit table), one exit (provenance, consent, charts,
-//! state changes), usage, accounts and a user's sessions ([`accounts`]).
+//! domains, a paged exit table), one exit ([`exit`]: provenance, consent,
+//! egress, charts, state changes), usage, accounts and a user's sessions ([`accounts`]).
 //! Operators act in place ([`actions`]): drain, disable, revoke consent,
 //! revoke a key, end a session, disable a user — through the REST handlers
 //! themselves, so checks and audit entries are theirs.
@@ -28,11 +28,12 @@
 //! revocation; a key holds at most [`MAX_SESSIONS_PER_KEY`] sessions.
 //!
 //! [`sessions`] holds the login sessions and who may see what, [`security`]
-//! the origin checks and response headers, [`format`] units, times and
-//! charts.
+//! the origin checks and response headers, [`format`] units, times, charts
+//! and action forms.
 
 mod accounts;
 mod actions;
+mod exit;
 mod fleet;
 mod format;
 mod security;
@@ -40,6 +41,7 @@ mod sessions;
 
 pub(crate) use accounts::*;
 pub(crate) use actions::*;
+pub(crate) use exit::*;
 pub(crate) use fleet::*;
 pub(super) use format::*;
 pub(crate) use security::*;

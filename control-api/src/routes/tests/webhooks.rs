@@ -1,0 +1,120 @@
+//! Webhook events from account changes, and the delivery claim's fairness.
+
+use super::*;
+
+#[tokio::test]
+async fn deleting_an_account_tells_the_operators_webhooks_of_each_key_it_revoked() {
+    let (app, state) = app_and_state().await;
+    let (account, _) = account(&app, "leaving").await;
+    let (status, _, _) = call(
+        &app,
+        Method::POST,
+        &format!("/v1/accounts/{account}/api-keys"),
+        Some(ADMIN),
+        Some(r#"{"name": "second"}"#),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED);
+    // Written as the webhook routes would (their URL check resolves names).
+    let operator_hook = Uuid::new_v4();
+    let account_hook = Uuid::new_v4();
+    for (id, owner) in [(operator_hook, None), (account_hook, Some(account))] {
+        sqlx::query(
+            "INSERT INTO webhooks (id, account_id, url, events, secret)
+             VALUES ($1, $2, 'https://hooks.example.test/', ARRAY['key.revoked'], 'pnwhsec_t')",
+        )
+        .bind(id)
+        .bind(owner)
+        .execute(&state.db)
+        .await
+        .unwrap();
+    }
+    let (status, _, _) = call(
+        &app,
+        Method::DELETE,
+        &format!("/v1/accounts/{account}"),
+        Some(ADMIN),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let bodies: Vec<(Uuid, String)> = sqlx::query_as(
+        "SELECT webhook_id, body FROM webhook_deliveries WHERE event = 'key.revoked'",
+    )
+    .fetch_all(&state.db)
+    .await
+    .unwrap();
+    assert_eq!(bodies.len(), 2, "one event per key: {bodies:?}");
+    for (hook, body) in &bodies {
+        assert_eq!(*hook, operator_hook, "a deleted account hears nothing more");
+        let body: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert_eq!(body["data"]["account_id"], account.to_string(), "{body}");
+        assert_eq!(body["data"]["cause"], "account_deleted");
+        assert_eq!(body["data"]["revoked_by"], "operator");
+        assert!(body["data"]["cascade_from"].is_null());
+    }
+}
+
+#[tokio::test]
+async fn a_claim_takes_each_webhooks_first_row_first_and_caps_an_account() {
+    use crate::webhooks::delivery::PER_ACCOUNT;
+    let (app, state) = app_and_state().await;
+    let (account, _) = account(&app, "ten-hooks").await;
+    let mut hooks = Vec::new();
+    // Ten webhooks of one account and one of the operator's, three due
+    // deliveries each.
+    for owner in std::iter::repeat_n(Some(account), 10).chain([None]) {
+        let hook = Uuid::new_v4();
+        sqlx::query(
+            "INSERT INTO webhooks (id, account_id, url, events, secret)
+             VALUES ($1, $2, 'https://hooks.example.test/', ARRAY['key.revoked'], 'pnwhsec_t')",
+        )
+        .bind(hook)
+        .bind(owner)
+        .execute(&state.db)
+        .await
+        .unwrap();
+        for _ in 0..3 {
+            sqlx::query(
+                "INSERT INTO webhook_deliveries (id, webhook_id, event_id, event, body)
+                 VALUES (gen_random_uuid(), $1, gen_random_uuid(), 'key.revoked', '{}')",
+            )
+            .bind(hook)
+            .execute(&state.db)
+            .await
+            .unwrap();
+        }
+        hooks.push(hook);
+    }
+    let deliverer = crate::webhooks::Deliverer::new(
+        state.db.clone(),
+        crate::webhooks::target::policy(true, &state.protected),
+    );
+    let claimed = deliverer.claim(32, &[], &[]).await.unwrap();
+    let of_account: Vec<_> = claimed
+        .iter()
+        .filter(|c| c.account_id == Some(account))
+        .collect();
+    assert_eq!(of_account.len() as i64, PER_ACCOUNT, "the account's cap");
+    let distinct: std::collections::HashSet<Uuid> =
+        of_account.iter().map(|c| c.webhook_id).collect();
+    assert_eq!(
+        distinct.len() as i64,
+        PER_ACCOUNT,
+        "first rows before second ones"
+    );
+    let operator = claimed.iter().filter(|c| c.account_id.is_none()).count();
+    assert_eq!(
+        operator, 2,
+        "two per webhook; operator webhooks are not capped"
+    );
+
+    // With those in flight: nothing more of the busy webhooks, and of the
+    // account only what room it has left.
+    let busy: Vec<Uuid> = claimed.iter().map(|c| c.webhook_id).collect();
+    let again = deliverer.claim(32, &busy, &[(account, 0)]).await.unwrap();
+    assert!(again.is_empty(), "{} more", again.len());
+    let room = deliverer.claim(32, &busy, &[(account, 1)]).await.unwrap();
+    assert_eq!(room.len(), 1);
+    assert!(!busy.contains(&room[0].webhook_id));
+}
