@@ -336,8 +336,10 @@ impl ExitHost {
     /// from now on EXIT's new connections towards the stack arrive from
     /// another "public" address, the `n`th (1 to 3) of this host's block of
     /// 10.201.0.0/16, which the root namespace routes back over the uplink.
-    /// Connections already open keep the address they had. Returns the new
-    /// public address.
+    /// The connections EXIT had open are cut, as a re-dial cuts them (the
+    /// old address is gone): the agent's links come back from the new one.
+    /// Needs `ss -K` (the kernel's socket-destroy diagnostics). Returns the
+    /// new public address.
     pub fn redial(&self, n: u32) -> Ipv4Addr {
         assert!((1..=3).contains(&n), "a host has three re-dial addresses");
         let public = Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 201, 0, 0)) + self.block * 4 + n);
@@ -360,6 +362,27 @@ impl ExitHost {
             "flush chain ip pn_nat postrouting\n\
              add rule ip pn_nat postrouting oifname \"uplink\" snat to {public}\n"
         ));
+        let cut = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                self.exit.name(),
+                "ss",
+                "-K",
+                "-t",
+                "state",
+                "established",
+            ])
+            .output()
+            .unwrap_or_else(|e| panic!("run ss -K in {}: {e}", self.exit.name()));
+        // ss may complain of the sockets it could not destroy and still exit 0;
+        // a kernel without socket-destroy support fails every one of them.
+        assert!(
+            cut.status.success(),
+            "ss -K in {}: {}",
+            self.exit.name(),
+            String::from_utf8_lossy(&cut.stderr)
+        );
         public
     }
 
