@@ -128,6 +128,28 @@ pub struct Config {
     /// own services and the SMTP ports stay refused.
     #[arg(long, env = "PROXYNET_WEBHOOK_ALLOW_INTERNAL")]
     pub webhook_allow_internal: bool,
+
+    /// Attempts of one webhook delivery before it is given up (`failed`);
+    /// retries back off from 5 s doubling to an hour, within a day.
+    #[arg(long, env = "PROXYNET_WEBHOOK_MAX_ATTEMPTS", default_value_t = 15,
+          value_parser = clap::value_parser!(i32).range(1..=30))]
+    pub webhook_max_attempts: i32,
+
+    /// Disable a webhook once this many of its deliveries in a row have
+    /// failed (every attempt spent) and the first of those is at least
+    /// `--webhook-disable-after-secs` old; 0: never.
+    #[arg(
+        long,
+        env = "PROXYNET_WEBHOOK_DISABLE_AFTER_FAILURES",
+        default_value_t = 10
+    )]
+    pub webhook_disable_after_failures: u32,
+
+    /// How old a webhook's run of failed deliveries must be before it
+    /// disables the webhook, in seconds (3 days: an outage of a day or two
+    /// does not).
+    #[arg(long, env = "PROXYNET_WEBHOOK_DISABLE_AFTER_SECS", default_value_t = 3 * 24 * 3600)]
+    pub webhook_disable_after_secs: u64,
 }
 
 /// A reflector URL: plain `http://` (the answer is signed, and TLS in

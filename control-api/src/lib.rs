@@ -196,7 +196,13 @@ impl ControlApi {
         tasks.spawn("usage ledger", |stop| ledger.run(stop));
         {
             let policy = webhooks::target::policy(config.webhook_allow_internal, &state.protected);
-            let deliverer = webhooks::Deliverer::new(state.db.clone(), policy);
+            let deliverer = webhooks::Deliverer::new(state.db.clone(), policy).with_rules(
+                webhooks::DeliveryRules {
+                    max_attempts: config.webhook_max_attempts,
+                    disable_after_failures: config.webhook_disable_after_failures,
+                    disable_after: Duration::from_secs(config.webhook_disable_after_secs),
+                },
+            );
             tasks.spawn("webhook delivery", |stop| deliverer.run(stop));
         }
         {

@@ -16,8 +16,15 @@
 //! after [`backoff`]: 5 s doubling to at most an hour, until
 //! [`MAX_ATTEMPTS`] attempts or [`GIVE_UP_AFTER`] have passed (`failed`).
 //! Redirects are not followed (a 3xx is a failure).
+//!
+//! A webhook whose deliveries keep failing is disabled ([`DeliveryRules`]):
+//! after `disable_after_failures` failed deliveries in a row, the first of
+//! them at least `disable_after` old. Its pending deliveries are given up,
+//! no new events are queued for it, and `webhook.disabled` goes to the
+//! account's other webhooks and the operator's, until its owner enables it
+//! again (`PATCH …/webhooks/{wid}`).
 
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use hmac::{Hmac, Mac};
 use proxynet_common::egress::EgressPolicy;
 use proxynet_common::tasks::Stop;
@@ -30,8 +37,9 @@ use std::time::{Duration, Instant};
 use uuid::Uuid;
 
 use super::target;
+use crate::audit;
 
-/// Most attempts of one delivery.
+/// Most attempts of one delivery (by default; `--webhook-max-attempts`).
 pub const MAX_ATTEMPTS: i32 = 15;
 /// No attempt is made later than this after the event.
 pub const GIVE_UP_AFTER: Duration = Duration::from_secs(24 * 3600);
@@ -98,11 +106,52 @@ pub fn backoff(attempts: i32) -> Duration {
     FIRST_RETRY.saturating_mul(1 << doublings).min(MAX_RETRY)
 }
 
+/// How long a delivery is tried, and when a failing webhook is disabled.
+#[derive(Debug, Clone, Copy)]
+pub struct DeliveryRules {
+    /// Attempts of one delivery before it is `failed`.
+    pub max_attempts: i32,
+    /// Failed deliveries in a row that disable a webhook (0: never)…
+    pub disable_after_failures: u32,
+    /// …once the first of them is at least this old.
+    pub disable_after: Duration,
+}
+
+impl Default for DeliveryRules {
+    fn default() -> Self {
+        Self {
+            max_attempts: MAX_ATTEMPTS,
+            disable_after_failures: 10,
+            disable_after: Duration::from_secs(3 * 24 * 3600),
+        }
+    }
+}
+
 /// The delivery worker (one per control-api; any number side by side).
 #[derive(Clone)]
 pub struct Deliverer {
     db: PgPool,
     policy: Arc<EgressPolicy>,
+    rules: DeliveryRules,
+}
+
+/// Gives up `webhook`'s pending deliveries inside `tx` (it was disabled):
+/// they are `failed` with `why`, and an attempt in flight is not recorded
+/// over them.
+pub(crate) async fn give_up_pending(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    webhook: Uuid,
+    why: &str,
+) -> Result<u64, sqlx::Error> {
+    Ok(sqlx::query(
+        "UPDATE webhook_deliveries SET status = 'failed', last_error = $2
+          WHERE webhook_id = $1 AND status = 'pending'",
+    )
+    .bind(webhook)
+    .bind(why)
+    .execute(&mut **tx)
+    .await?
+    .rows_affected())
 }
 
 /// A claimed row and its webhook. No `Debug`: it holds the secret.
@@ -139,7 +188,13 @@ impl Deliverer {
         Self {
             db,
             policy: Arc::new(policy),
+            rules: DeliveryRules::default(),
         }
+    }
+
+    /// The same worker under `rules`.
+    pub fn with_rules(self, rules: DeliveryRules) -> Self {
+        Self { rules, ..self }
     }
 
     /// Delivers until `stop`: at once when [`super::wake`]d, else every
@@ -254,7 +309,7 @@ impl Deliverer {
                         row_number() OVER (PARTITION BY d.webhook_id ORDER BY d.next_attempt_at) AS nth
                    FROM webhook_deliveries d JOIN webhooks w ON w.id = d.webhook_id
                   WHERE d.status = 'pending' AND d.next_attempt_at <= now()
-                    AND d.webhook_id <> ALL ($3)),
+                    AND w.disabled_at IS NULL AND d.webhook_id <> ALL ($3)),
              per_account AS (
                  SELECT id, next_attempt_at, account_id, nth,
                         row_number() OVER (PARTITION BY account_id ORDER BY nth, next_attempt_at) AS account_nth
@@ -373,6 +428,14 @@ impl Deliverer {
                     .increment(1);
                 tracing::info!(delivery = %row.id, webhook = %row.webhook_id, event = %row.event,
                     attempt = row.attempts, status = code, "webhook delivered");
+                // A delivery ends the run of failures (no write when there was none).
+                sqlx::query(
+                    "UPDATE webhooks SET failed_in_row = 0, failing_since = NULL
+                      WHERE id = $1 AND failed_in_row > 0",
+                )
+                .bind(row.webhook_id)
+                .execute(&self.db)
+                .await?;
             }
             Outcome::Failed {
                 code,
@@ -381,7 +444,7 @@ impl Deliverer {
             } => {
                 let error: String = error.chars().take(ERROR_CHARS).collect();
                 let wait = backoff(row.attempts);
-                let out_of_attempts = row.attempts >= MAX_ATTEMPTS;
+                let out_of_attempts = row.attempts >= self.rules.max_attempts;
                 let (status,): (String,) = sqlx::query_as(
                     "UPDATE webhook_deliveries
                         SET status = CASE WHEN $3 OR now() + make_interval(secs => $4) > created_at + make_interval(secs => $5)
@@ -407,6 +470,8 @@ impl Deliverer {
                         .increment(1);
                     tracing::warn!(delivery = %row.id, webhook = %row.webhook_id, event = %row.event,
                         attempts = row.attempts, error = %error, "webhook delivery failed; giving up");
+                    self.failed_delivery(row.webhook_id, row.account_id, &error)
+                        .await?;
                 } else {
                     metrics::counter!("proxynet_webhook_attempts_total", "outcome" => "retry")
                         .increment(1);
@@ -416,6 +481,85 @@ impl Deliverer {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// Counts a delivery that ended failed against its webhook, and
+    /// disables the webhook when its run of failures is long and old enough.
+    pub(crate) async fn failed_delivery(
+        &self,
+        webhook: Uuid,
+        account: Option<Uuid>,
+        error: &str,
+    ) -> Result<(), sqlx::Error> {
+        let mut tx = self.db.begin().await?;
+        let run: Option<(i32, DateTime<Utc>)> = sqlx::query_as(
+            "UPDATE webhooks SET failed_in_row = failed_in_row + 1,
+                                 failing_since = COALESCE(failing_since, now())
+              WHERE id = $1 AND disabled_at IS NULL
+             RETURNING failed_in_row, failing_since",
+        )
+        .bind(webhook)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some((failed, since)) = run else {
+            // Deleted, or disabled already.
+            return tx.commit().await;
+        };
+        let old_enough = Utc::now()
+            .signed_duration_since(since)
+            .to_std()
+            .is_ok_and(|age| age >= self.rules.disable_after);
+        let disable = self.rules.disable_after_failures > 0
+            && u32::try_from(failed).unwrap_or(0) >= self.rules.disable_after_failures
+            && old_enough;
+        if !disable {
+            return tx.commit().await;
+        }
+        let reason = format!(
+            "{failed} deliveries in a row failed (since {}); the last: {error}",
+            since.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+        );
+        let reason: String = reason.chars().take(ERROR_CHARS).collect();
+        let (disabled_at,): (DateTime<Utc>,) = sqlx::query_as(
+            "UPDATE webhooks SET disabled_at = now(), disabled_reason = $2 WHERE id = $1
+             RETURNING disabled_at",
+        )
+        .bind(webhook)
+        .bind(&reason)
+        .fetch_one(&mut *tx)
+        .await?;
+        let given_up = give_up_pending(&mut tx, webhook, "the webhook was disabled").await?;
+        audit::record(
+            &mut tx,
+            "control-api",
+            "webhook.disable",
+            &webhook.to_string(),
+            serde_json::json!({"account_id": account, "cause": "failures",
+                               "failed_in_row": failed, "given_up": given_up}),
+        )
+        .await?;
+        super::emit(
+            &mut tx,
+            super::EventType::WebhookDisabled,
+            account,
+            serde_json::json!({
+                "webhook_id": webhook,
+                "account_id": account,
+                "cause": "failures",
+                "failed_deliveries": failed,
+                "failing_since": since,
+                "disabled_at": disabled_at,
+                "reason": reason,
+                "given_up": given_up,
+            }),
+        )
+        .await?;
+        tx.commit().await?;
+        super::wake();
+        metrics::counter!("proxynet_webhooks_disabled_total", "cause" => "failures").increment(1);
+        tracing::warn!(webhook = %webhook, account = ?account, failed_in_row = failed,
+            given_up, "webhook disabled: its deliveries keep failing");
         Ok(())
     }
 

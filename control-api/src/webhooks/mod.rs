@@ -13,7 +13,8 @@
 //!
 //! Who receives what: an account's webhooks get that account's events; the
 //! operator's webhooks (`/v1/webhooks`, `account_id` NULL) get every
-//! account's events and the operator-only `exit.withdrawn`.
+//! account's events and the operator-only `exit.withdrawn`. A disabled
+//! webhook (its receiver kept failing, or its owner paused it) gets nothing.
 
 pub mod delivery;
 pub mod quota;
@@ -25,7 +26,7 @@ use serde_json::{json, Value};
 use sqlx::{Postgres, Transaction};
 use uuid::Uuid;
 
-pub use delivery::Deliverer;
+pub use delivery::{Deliverer, DeliveryRules};
 
 /// What a webhook can subscribe to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -34,14 +35,16 @@ pub enum EventType {
     QuotaExhausted,
     KeyRevoked,
     ExitWithdrawn,
+    WebhookDisabled,
 }
 
 impl EventType {
-    pub const ALL: [EventType; 4] = [
+    pub const ALL: [EventType; 5] = [
         EventType::QuotaWarning,
         EventType::QuotaExhausted,
         EventType::KeyRevoked,
         EventType::ExitWithdrawn,
+        EventType::WebhookDisabled,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -50,6 +53,7 @@ impl EventType {
             EventType::QuotaExhausted => "quota.exhausted",
             EventType::KeyRevoked => "key.revoked",
             EventType::ExitWithdrawn => "exit.withdrawn",
+            EventType::WebhookDisabled => "webhook.disabled",
         }
     }
 
@@ -83,9 +87,10 @@ fn body(event_id: Uuid, event: EventType, created_at: DateTime<Utc>, data: &Valu
     .to_string()
 }
 
-/// Emits `event` inside `tx`: a pending delivery for every webhook that
-/// subscribed to it — the account's own (when `account` is given and not
-/// deleted) and the operator's. Returns how many; [`wake`] after the commit.
+/// Emits `event` inside `tx`: a pending delivery for every enabled webhook
+/// that subscribed to it — the account's own (when `account` is given and
+/// not deleted) and the operator's. Returns how many; [`wake`] after the
+/// commit.
 pub async fn emit(
     tx: &mut Transaction<'_, Postgres>,
     event: EventType,
@@ -97,7 +102,7 @@ pub async fn emit(
     let inserted = sqlx::query(
         "INSERT INTO webhook_deliveries (id, webhook_id, event_id, event, body)
          SELECT gen_random_uuid(), w.id, $1, $2, $3 FROM webhooks w
-          WHERE $2 = ANY (w.events)
+          WHERE $2 = ANY (w.events) AND w.disabled_at IS NULL
             AND (w.account_id IS NULL
                  OR (w.account_id = $4 AND NOT $5
                      AND EXISTS (SELECT 1 FROM accounts a WHERE a.id = w.account_id AND a.deleted_at IS NULL)))",

@@ -2,7 +2,8 @@
 //! own account; another account's webhooks answer 404 as absent) and
 //! `/v1/webhooks` (operator webhooks: every account's events and the
 //! operator-only `exit.withdrawn`). The secret is in the creation answer
-//! only; lists never carry it.
+//! only; lists never carry it. `PATCH …/{wid}` `{enabled}` pauses a webhook
+//! or enables one its failures disabled.
 
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
@@ -38,6 +39,12 @@ pub(crate) struct NewWebhook {
     created_at: DateTime<Utc>,
 }
 
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct UpdateWebhook {
+    enabled: bool,
+}
+
 /// A webhook as listed: never its secret.
 #[derive(Serialize, sqlx::FromRow)]
 pub(crate) struct WebhookInfo {
@@ -46,7 +53,17 @@ pub(crate) struct WebhookInfo {
     url: String,
     events: Vec<String>,
     created_at: DateTime<Utc>,
+    /// False once disabled (by its failures or its owner): it gets no events.
+    enabled: bool,
+    disabled_at: Option<DateTime<Utc>>,
+    disabled_reason: Option<String>,
+    /// Deliveries that ended failed since the last one delivered.
+    failed_deliveries_in_row: i32,
 }
+
+/// The columns of [`WebhookInfo`].
+const INFO: &str = "id, account_id, url, events, created_at, disabled_at IS NULL AS enabled,
+                    disabled_at, disabled_reason, failed_in_row AS failed_deliveries_in_row";
 
 #[derive(Serialize, sqlx::FromRow)]
 pub(crate) struct DeliveryInfo {
@@ -171,13 +188,77 @@ async fn create(
 }
 
 async fn list(state: &AppState, account: Option<Uuid>) -> Result<Vec<WebhookInfo>, ApiError> {
-    Ok(sqlx::query_as(
-        "SELECT id, account_id, url, events, created_at FROM webhooks
-          WHERE account_id IS NOT DISTINCT FROM $1 ORDER BY created_at, id",
-    )
+    Ok(sqlx::query_as(&format!(
+        "SELECT {INFO} FROM webhooks
+          WHERE account_id IS NOT DISTINCT FROM $1 ORDER BY created_at, id"
+    ))
     .bind(account)
     .fetch_all(&state.db)
     .await?)
+}
+
+/// Enables a webhook (its run of failures starts again from nothing) or
+/// pauses it (its pending deliveries are given up, as when its failures
+/// disable it). Enabling an enabled one, or pausing a paused one, changes
+/// nothing.
+async fn update(
+    state: &AppState,
+    caller: Caller,
+    account: Option<Uuid>,
+    webhook: Uuid,
+    body: UpdateWebhook,
+) -> Result<Json<WebhookInfo>, ApiError> {
+    let actor = crate::routes::users::actor(caller);
+    let mut tx = state.db.begin().await?;
+    let was: Option<(bool,)> = sqlx::query_as(
+        "SELECT disabled_at IS NULL FROM webhooks
+          WHERE id = $1 AND account_id IS NOT DISTINCT FROM $2 FOR UPDATE",
+    )
+    .bind(webhook)
+    .bind(account)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let (enabled,) = was.ok_or(ApiError::NotFound("webhook"))?;
+    if enabled != body.enabled {
+        let given_up = if body.enabled {
+            sqlx::query(
+                "UPDATE webhooks SET disabled_at = NULL, disabled_reason = NULL,
+                                     failed_in_row = 0, failing_since = NULL
+                  WHERE id = $1",
+            )
+            .bind(webhook)
+            .execute(&mut *tx)
+            .await?;
+            0
+        } else {
+            sqlx::query(
+                "UPDATE webhooks SET disabled_at = now(), disabled_reason = $2 WHERE id = $1",
+            )
+            .bind(webhook)
+            .bind(format!("disabled by {actor}"))
+            .execute(&mut *tx)
+            .await?;
+            super::delivery::give_up_pending(&mut tx, webhook, "the webhook was disabled").await?
+        };
+        audit::record(
+            &mut tx,
+            &actor,
+            if body.enabled {
+                "webhook.enable"
+            } else {
+                "webhook.disable"
+            },
+            &webhook.to_string(),
+            serde_json::json!({"account_id": account, "given_up": given_up}),
+        )
+        .await?;
+    }
+    let info: WebhookInfo = sqlx::query_as(&format!("SELECT {INFO} FROM webhooks WHERE id = $1"))
+        .bind(webhook)
+        .fetch_one(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(Json(info))
 }
 
 async fn delete(
@@ -288,6 +369,17 @@ pub(crate) async fn delete_for_account(
     delete(&state, caller, Some(account), webhook).await
 }
 
+/// `PATCH /v1/accounts/{id}/webhooks/{wid}`
+pub(crate) async fn update_for_account(
+    caller: Caller,
+    State(state): State<AppState>,
+    Path((account, webhook)): Path<(Uuid, Uuid)>,
+    Json(body): Json<UpdateWebhook>,
+) -> Result<Json<WebhookInfo>, ApiError> {
+    caller.check_account(account)?;
+    update(&state, caller, Some(account), webhook, body).await
+}
+
 /// `GET /v1/accounts/{id}/webhooks/{wid}/deliveries`
 pub(crate) async fn deliveries_for_account(
     caller: Caller,
@@ -324,6 +416,16 @@ pub(crate) async fn delete_operator(
     Path(webhook): Path<Uuid>,
 ) -> Result<StatusCode, ApiError> {
     delete(&state, Caller::Operator, None, webhook).await
+}
+
+/// `PATCH /v1/webhooks/{wid}` (operators)
+pub(crate) async fn update_operator(
+    _: Operator,
+    State(state): State<AppState>,
+    Path(webhook): Path<Uuid>,
+    Json(body): Json<UpdateWebhook>,
+) -> Result<Json<WebhookInfo>, ApiError> {
+    update(&state, Caller::Operator, None, webhook, body).await
 }
 
 /// `GET /v1/webhooks/{wid}/deliveries` (operators)

@@ -2,7 +2,8 @@
 //! only; a quota running out through real tunnels, a revoked key and a
 //! withdrawn exit reach their subscribers signed; a delivery pending when
 //! the control-api dies is sent by the next one, once; a receiver that
-//! never answers holds up no other webhook.
+//! never answers holds up no other webhook; one that keeps failing is
+//! disabled until its owner enables it.
 //!
 //! Each receiver is a real HTTP server on 127.0.0.1 (the stack runs the
 //! control-api with `--webhook-allow-internal`; that loopback is refused
@@ -15,7 +16,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use proxynet_tests::process::eventually;
-use proxynet_tests::stack::{created_id, Stack, ADMIN_TOKEN};
+use proxynet_tests::stack::{created_id, Stack, StackOptions, ADMIN_TOKEN};
 use serde_json::{json, Value};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -862,4 +863,193 @@ async fn a_receiver_that_never_answers_holds_up_no_other_webhook() {
         0,
         "the silent receiver's attempts ended before the others were delivered"
     );
+}
+
+/// Mints a key for `account` and revokes it (operator): one `key.revoked`
+/// for the account's webhooks, queued before this returns.
+async fn revoke_a_key(stack: &Stack, account: Uuid) {
+    let r = stack
+        .http
+        .post(stack.api(&format!("/v1/accounts/{account}/api-keys")))
+        .bearer_auth(ADMIN_TOKEN)
+        .json(&json!({ "name": "short-lived" }))
+        .send()
+        .await
+        .unwrap();
+    let id = created_id(r, "a key").await;
+    assert_eq!(
+        delete(stack, ADMIN_TOKEN, &format!("/v1/api-keys/{id}")).await,
+        204
+    );
+}
+
+/// `PATCH path {enabled}` with `token`: the status and body.
+async fn set_enabled(stack: &Stack, token: &str, path: &str, enabled: bool) -> (u16, Value) {
+    let r = stack
+        .http
+        .patch(stack.api(path))
+        .bearer_auth(token)
+        .json(&json!({ "enabled": enabled }))
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+/// A receiver that keeps failing is disabled: here one attempt per delivery
+/// and three failed deliveries in a row, of any age, disable a webhook (the
+/// defaults: 15 attempts, 10 deliveries, the first 3 days old). A delivery
+/// between failures starts the count again; once disabled, its owner sees
+/// why, the operator's webhook hears `webhook.disabled`, no event queues for
+/// it; its owner enables it and events flow again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receiver_that_keeps_failing_is_disabled_until_its_owner_enables_it() {
+    let stack = Stack::start_with(StackOptions {
+        api_env: vec![
+            ("PROXYNET_WEBHOOK_MAX_ATTEMPTS".into(), "1".into()),
+            ("PROXYNET_WEBHOOK_DISABLE_AFTER_FAILURES".into(), "3".into()),
+            ("PROXYNET_WEBHOOK_DISABLE_AFTER_SECS".into(), "0".into()),
+        ],
+        ..Default::default()
+    })
+    .await;
+    let (customer, operator) = (Receiver::start().await, Receiver::start().await);
+    let account = stack.create_account("flaky-receiver").await;
+    let (key, _) = stack.account_key(account).await;
+    let hooks = format!("/v1/accounts/{account}/webhooks");
+    let (hook, _) = webhook(&stack, &key, &hooks, &customer.url(), &["key.revoked"]).await;
+    let (_, operator_secret) = webhook(
+        &stack,
+        ADMIN_TOKEN,
+        "/v1/webhooks",
+        &operator.url(),
+        &["webhook.disabled"],
+    )
+    .await;
+    let history = format!("{hooks}/{hook}/deliveries");
+    let listed = || async {
+        let (status, text) = get(&stack, &key, &hooks).await;
+        assert_eq!(status, 200, "{text}");
+        let list: Vec<Value> = serde_json::from_str(&text).unwrap();
+        list.into_iter()
+            .find(|w| w["id"] == hook.to_string())
+            .unwrap()
+    };
+    let wait_finished = |n: usize| {
+        let (stack, history) = (&stack, &history);
+        async move {
+            eventually(
+                "the deliveries to finish",
+                Duration::from_secs(20),
+                || async {
+                    let rows = deliveries(stack, history).await;
+                    (rows.len() == n && rows.iter().all(|d| d["status"] != "pending"))
+                        .then_some(rows)
+                },
+            )
+            .await
+        }
+    };
+
+    // Two failures, then a delivery: the run starts again.
+    customer.fail_next.store(2, Ordering::SeqCst);
+    revoke_a_key(&stack, account).await;
+    revoke_a_key(&stack, account).await;
+    let rows = wait_finished(2).await;
+    assert!(
+        rows.iter()
+            .all(|d| d["status"] == "failed" && d["attempts"] == 1),
+        "{rows:?}"
+    );
+    assert_eq!(listed().await["failed_deliveries_in_row"], 2);
+    revoke_a_key(&stack, account).await;
+    wait_finished(3).await;
+    let info = listed().await;
+    assert_eq!(info["failed_deliveries_in_row"], 0, "{info}");
+    assert_eq!(info["enabled"], true);
+
+    // Three failures in a row: disabled.
+    customer.fail_next.store(3, Ordering::SeqCst);
+    for _ in 0..3 {
+        revoke_a_key(&stack, account).await;
+    }
+    wait_finished(6).await;
+    let info = eventually(
+        "the webhook to be disabled",
+        Duration::from_secs(10),
+        || async {
+            let info = listed().await;
+            (info["enabled"] == false).then_some(info)
+        },
+    )
+    .await;
+    assert_eq!(info["failed_deliveries_in_row"], 3, "{info}");
+    assert!(info["disabled_at"].is_string(), "{info}");
+    let reason = info["disabled_reason"].as_str().unwrap();
+    assert!(
+        reason.starts_with("3 deliveries in a row failed"),
+        "{reason}"
+    );
+    assert!(reason.contains("500"), "{reason}");
+    assert!(
+        !reason.contains("receiver-own-token"),
+        "never the URL: {reason}"
+    );
+    let heard = eventually(
+        "webhook.disabled at the operator's receiver",
+        Duration::from_secs(10),
+        || async { operator.accepted("webhook.disabled").into_iter().next() },
+    )
+    .await;
+    let body = verified(&operator_secret, &heard);
+    assert_eq!(body["data"]["webhook_id"], hook.to_string(), "{body}");
+    assert_eq!(body["data"]["account_id"], account.to_string());
+    assert_eq!(body["data"]["cause"], "failures");
+    assert_eq!(body["data"]["failed_deliveries"], 3);
+    assert!(!heard.body.contains("receiver-own-token"), "{}", heard.body);
+
+    // Disabled: nothing queues for it.
+    let hits = customer.hits().len();
+    revoke_a_key(&stack, account).await;
+    assert_eq!(deliveries(&stack, &history).await.len(), 6);
+
+    // Another account cannot touch it; its owner enables it.
+    let other = stack.create_account("neighbour").await;
+    let (other_key, _) = stack.account_key(other).await;
+    let (status, _) = set_enabled(&stack, &other_key, &format!("{hooks}/{hook}"), true).await;
+    assert_eq!(status, 404, "another account's webhook looks absent");
+    let (status, body) = set_enabled(
+        &stack,
+        &other_key,
+        &format!("/v1/accounts/{other}/webhooks/{hook}"),
+        true,
+    )
+    .await;
+    assert_eq!(status, 404, "{body}");
+    let (status, info) = set_enabled(&stack, &key, &format!("{hooks}/{hook}"), true).await;
+    assert_eq!(status, 200, "{info}");
+    assert_eq!(info["enabled"], true);
+    assert_eq!(info["disabled_reason"], Value::Null);
+    assert_eq!(info["failed_deliveries_in_row"], 0);
+    revoke_a_key(&stack, account).await;
+    eventually(
+        "an event delivered after enabling",
+        Duration::from_secs(10),
+        || async { (customer.hits().len() > hits).then_some(()) },
+    )
+    .await;
+    assert_eq!(customer.hits().last().unwrap().answered, 200);
+
+    // Paused by its owner: its reason says so, and events stop again.
+    let (status, info) = set_enabled(&stack, &key, &format!("{hooks}/{hook}"), false).await;
+    assert_eq!(status, 200, "{info}");
+    assert_eq!(info["enabled"], false);
+    assert_eq!(
+        info["disabled_reason"],
+        format!("disabled by account:{account}")
+    );
+    let queued = deliveries(&stack, &history).await.len();
+    revoke_a_key(&stack, account).await;
+    assert_eq!(deliveries(&stack, &history).await.len(), queued);
 }

@@ -1,4 +1,5 @@
-//! Webhook events from account changes, and the delivery claim's fairness.
+//! Webhook events from account changes, the delivery claim's fairness, and
+//! when failures disable a webhook.
 
 use super::*;
 
@@ -117,4 +118,103 @@ async fn a_claim_takes_each_webhooks_first_row_first_and_caps_an_account() {
     let room = deliverer.claim(32, &busy, &[(account, 1)]).await.unwrap();
     assert_eq!(room.len(), 1);
     assert!(!busy.contains(&room[0].webhook_id));
+}
+
+#[tokio::test]
+async fn a_run_of_failures_disables_a_webhook_only_once_it_is_long_and_old_enough() {
+    use crate::webhooks::DeliveryRules;
+    use std::time::Duration;
+    let (app, state) = app_and_state().await;
+    let (account, _) = account(&app, "failing").await;
+    let hook = Uuid::new_v4();
+    sqlx::query(
+        "INSERT INTO webhooks (id, account_id, url, events, secret)
+         VALUES ($1, $2, 'https://hooks.example.test/', ARRAY['key.revoked'], 'pnwhsec_t')",
+    )
+    .bind(hook)
+    .bind(account)
+    .execute(&state.db)
+    .await
+    .unwrap();
+    // A delivery still pending when the webhook is disabled is given up.
+    sqlx::query(
+        "INSERT INTO webhook_deliveries (id, webhook_id, event_id, event, body)
+         VALUES (gen_random_uuid(), $1, gen_random_uuid(), 'key.revoked', '{}')",
+    )
+    .bind(hook)
+    .execute(&state.db)
+    .await
+    .unwrap();
+    let deliverer = crate::webhooks::Deliverer::new(
+        state.db.clone(),
+        crate::webhooks::target::policy(true, &state.protected),
+    )
+    .with_rules(DeliveryRules {
+        max_attempts: 1,
+        disable_after_failures: 3,
+        disable_after: Duration::from_secs(3600),
+    });
+    let webhook = || async {
+        sqlx::query_as::<_, (Option<chrono::DateTime<chrono::Utc>>, i32)>(
+            "SELECT disabled_at, failed_in_row FROM webhooks WHERE id = $1",
+        )
+        .bind(hook)
+        .fetch_one(&state.db)
+        .await
+        .unwrap()
+    };
+    for n in 1..=5 {
+        deliverer
+            .failed_delivery(hook, Some(account), "the receiver answered 500")
+            .await
+            .unwrap();
+        let (disabled, failed) = webhook().await;
+        assert_eq!(failed, n);
+        assert!(
+            disabled.is_none(),
+            "a run younger than an hour: {n} failures"
+        );
+    }
+    // The run began more than an hour ago: the next failure disables it.
+    sqlx::query("UPDATE webhooks SET failing_since = now() - interval '61 minutes' WHERE id = $1")
+        .bind(hook)
+        .execute(&state.db)
+        .await
+        .unwrap();
+    deliverer
+        .failed_delivery(hook, Some(account), "the receiver answered 500")
+        .await
+        .unwrap();
+    let (disabled, failed) = webhook().await;
+    assert!(disabled.is_some());
+    assert_eq!(failed, 6);
+    let statuses: Vec<(String, Option<String>)> =
+        sqlx::query_as("SELECT status, last_error FROM webhook_deliveries WHERE webhook_id = $1")
+            .bind(hook)
+            .fetch_all(&state.db)
+            .await
+            .unwrap();
+    assert_eq!(
+        statuses,
+        vec![(
+            "failed".to_owned(),
+            Some("the webhook was disabled".to_owned())
+        )]
+    );
+    let audit: (String, serde_json::Value) = sqlx::query_as(
+        "SELECT actor, detail FROM audit_log WHERE action = 'webhook.disable' AND subject = $1",
+    )
+    .bind(hook.to_string())
+    .fetch_one(&state.db)
+    .await
+    .unwrap();
+    assert_eq!(audit.0, "control-api");
+    assert_eq!(audit.1["cause"], "failures");
+    assert_eq!(audit.1["given_up"], 1);
+    // Disabled already: further failures count nothing.
+    deliverer
+        .failed_delivery(hook, Some(account), "the receiver answered 500")
+        .await
+        .unwrap();
+    assert_eq!(webhook().await.1, 6);
 }
