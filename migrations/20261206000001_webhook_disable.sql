@@ -7,6 +7,8 @@ ALTER TABLE webhooks
     ADD COLUMN disabled_at      timestamptz,
     ADD COLUMN disabled_reason  text CHECK (octet_length(disabled_reason) <= 512),
     -- Deliveries that ended failed since the last one delivered (or since it
-    -- was enabled), and when the first of them ended.
+    -- was enabled, or since a quiet gap: delivery.rs RUN_GAP), when the
+    -- first of them ended, and when the last did.
     ADD COLUMN failed_in_row    integer NOT NULL DEFAULT 0 CHECK (failed_in_row >= 0),
-    ADD COLUMN failing_since    timestamptz;
+    ADD COLUMN failing_since    timestamptz,
+    ADD COLUMN last_failed_at   timestamptz;

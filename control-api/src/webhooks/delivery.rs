@@ -19,7 +19,9 @@
 //!
 //! A webhook whose deliveries keep failing is disabled ([`DeliveryRules`]):
 //! after `disable_after_failures` failed deliveries in a row, the first of
-//! them at least `disable_after` old. Its pending deliveries are given up,
+//! them at least `disable_after` old (failures more than [`RUN_GAP`] apart
+//! do not make one run: a rarely used webhook that failed once long ago is
+//! not disabled by a short outage now). Its pending deliveries are given up,
 //! no new events are queued for it, and `webhook.disabled` goes to the
 //! account's other webhooks and the operator's, until its owner enables it
 //! again (`PATCH …/webhooks/{wid}`).
@@ -61,6 +63,10 @@ const BATCH: i64 = 32;
 /// Attempts in flight at once for one account's webhooks (an account may
 /// have 10): accounts whose receivers hang cannot hold every slot.
 pub(crate) const PER_ACCOUNT: i64 = 8;
+/// Failures further apart than this start a new run (see the module doc).
+pub const RUN_GAP: Duration = Duration::from_secs(3 * 24 * 3600);
+/// Longest `disabled_reason` (the column's bound is 512 bytes).
+const REASON_BYTES: usize = 500;
 /// Bytes of the receiver's answer kept (for the delivery history).
 const SNIPPET_BYTES: usize = 256;
 /// Characters of an error kept.
@@ -412,7 +418,7 @@ impl Deliverer {
     async fn record(&self, row: &Claimed, outcome: Outcome) -> Result<(), sqlx::Error> {
         match outcome {
             Outcome::Delivered { code, snippet } => {
-                sqlx::query(
+                let recorded = sqlx::query(
                     "UPDATE webhook_deliveries
                         SET status = 'delivered', delivered_at = now(), last_status_code = $3,
                             last_error = NULL, last_response = $4
@@ -423,19 +429,24 @@ impl Deliverer {
                 .bind(i32::from(code))
                 .bind(snippet)
                 .execute(&self.db)
-                .await?;
+                .await?
+                .rows_affected();
                 metrics::counter!("proxynet_webhook_attempts_total", "outcome" => "delivered")
                     .increment(1);
                 tracing::info!(delivery = %row.id, webhook = %row.webhook_id, event = %row.event,
                     attempt = row.attempts, status = code, "webhook delivered");
-                // A delivery ends the run of failures (no write when there was none).
-                sqlx::query(
-                    "UPDATE webhooks SET failed_in_row = 0, failing_since = NULL
-                      WHERE id = $1 AND failed_in_row > 0",
-                )
-                .bind(row.webhook_id)
-                .execute(&self.db)
-                .await?;
+                // A delivery ends the run of failures (no write when there
+                // was none). Only one this attempt recorded: a row given up
+                // meanwhile, or whose lease ran out, says nothing.
+                if recorded == 1 {
+                    sqlx::query(
+                        "UPDATE webhooks SET failed_in_row = 0, failing_since = NULL
+                          WHERE id = $1 AND failed_in_row > 0 AND disabled_at IS NULL",
+                    )
+                    .bind(row.webhook_id)
+                    .execute(&self.db)
+                    .await?;
+                }
             }
             Outcome::Failed {
                 code,
@@ -493,23 +504,29 @@ impl Deliverer {
         error: &str,
     ) -> Result<(), sqlx::Error> {
         let mut tx = self.db.begin().await?;
-        let run: Option<(i32, DateTime<Utc>)> = sqlx::query_as(
-            "UPDATE webhooks SET failed_in_row = failed_in_row + 1,
-                                 failing_since = COALESCE(failing_since, now())
-              WHERE id = $1 AND disabled_at IS NULL
-             RETURNING failed_in_row, failing_since",
+        // Ages are the database's: its clock set every time compared here.
+        let run: Option<(i32, DateTime<Utc>, bool)> = sqlx::query_as(
+            "WITH old AS (SELECT id, failing_since IS NULL
+                                     OR last_failed_at < now() - make_interval(secs => $2) AS fresh
+                            FROM webhooks WHERE id = $1)
+             UPDATE webhooks w
+                SET failed_in_row = CASE WHEN old.fresh THEN 1 ELSE w.failed_in_row + 1 END,
+                    failing_since = CASE WHEN old.fresh THEN now() ELSE w.failing_since END,
+                    last_failed_at = now()
+               FROM old
+              WHERE w.id = old.id AND w.disabled_at IS NULL
+             RETURNING w.failed_in_row, w.failing_since,
+                       w.failing_since <= now() - make_interval(secs => $3)",
         )
         .bind(webhook)
+        .bind(RUN_GAP.as_secs_f64())
+        .bind(self.rules.disable_after.as_secs_f64())
         .fetch_optional(&mut *tx)
         .await?;
-        let Some((failed, since)) = run else {
+        let Some((failed, since, old_enough)) = run else {
             // Deleted, or disabled already.
             return tx.commit().await;
         };
-        let old_enough = Utc::now()
-            .signed_duration_since(since)
-            .to_std()
-            .is_ok_and(|age| age >= self.rules.disable_after);
         let disable = self.rules.disable_after_failures > 0
             && u32::try_from(failed).unwrap_or(0) >= self.rules.disable_after_failures
             && old_enough;
@@ -520,7 +537,7 @@ impl Deliverer {
             "{failed} deliveries in a row failed (since {}); the last: {error}",
             since.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
         );
-        let reason: String = reason.chars().take(ERROR_CHARS).collect();
+        let reason = truncate(&reason, REASON_BYTES);
         let (disabled_at,): (DateTime<Utc>,) = sqlx::query_as(
             "UPDATE webhooks SET disabled_at = now(), disabled_reason = $2 WHERE id = $1
              RETURNING disabled_at",
@@ -564,6 +581,15 @@ impl Deliverer {
     }
 
     async fn prune(&self) -> Result<(), sqlx::Error> {
+        // An event emitted while its webhook's disable committed can still
+        // have queued a row (the emit read the webhook before): given up.
+        sqlx::query(
+            "UPDATE webhook_deliveries d SET status = 'failed', last_error = 'the webhook was disabled'
+               FROM webhooks w
+              WHERE w.id = d.webhook_id AND w.disabled_at IS NOT NULL AND d.status = 'pending'",
+        )
+        .execute(&self.db)
+        .await?;
         sqlx::query(&format!(
             "DELETE FROM webhook_deliveries WHERE status <> 'pending' AND created_at < now() - interval '{KEEP_DELIVERIES}'"
         ))
@@ -578,6 +604,15 @@ impl Deliverer {
         }
         Ok(())
     }
+}
+
+/// At most `bytes` of `text`, cut at a character boundary.
+fn truncate(text: &str, bytes: usize) -> String {
+    let mut end = text.len().min(bytes);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text[..end].to_owned()
 }
 
 /// 1.0 to 1.1: retries of many deliveries that failed together spread out.
@@ -670,6 +705,17 @@ mod tests {
         let total: Duration = (1..MAX_ATTEMPTS).map(backoff).sum();
         assert!(total < GIVE_UP_AFTER, "{total:?}");
         assert!(total > Duration::from_secs(4 * 3600), "{total:?}");
+    }
+
+    #[test]
+    fn a_reason_is_cut_at_a_character_boundary_within_its_bytes() {
+        assert_eq!(truncate("abc", 10), "abc");
+        assert_eq!(truncate("abcdef", 3), "abc");
+        // "é" is two bytes: never half of it.
+        assert_eq!(truncate("aé", 2), "a");
+        let long = "ü".repeat(400);
+        let cut = truncate(&long, REASON_BYTES);
+        assert!(cut.len() <= REASON_BYTES && cut.chars().all(|c| c == 'ü'));
     }
 
     #[test]

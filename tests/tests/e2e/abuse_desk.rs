@@ -224,7 +224,7 @@ async fn a_redialled_exit_keeps_its_old_public_address_in_the_history() {
 
     let second = IpAddr::V4(host.redial(1));
     let view = eventually(
-        "the re-dialled address to be observed after the link reconnects",
+        "the re-dialled address to be observed after the link reconnects (the re-dial cuts the old connections with ss -K)",
         Duration::from_secs(60),
         || async {
             let view = stack.admin_get_json(&format!("/v1/exits/{exit}")).await;

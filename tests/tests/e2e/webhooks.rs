@@ -918,8 +918,20 @@ async fn a_receiver_that_keeps_failing_is_disabled_until_its_owner_enables_it() 
     let account = stack.create_account("flaky-receiver").await;
     let (key, _) = stack.account_key(account).await;
     let hooks = format!("/v1/accounts/{account}/webhooks");
-    let (hook, _) = webhook(&stack, &key, &hooks, &customer.url(), &["key.revoked"]).await;
-    let (_, operator_secret) = webhook(
+    // The failing webhook hears of its own disabling no more than of
+    // anything else; the account's other webhook and the operator's do.
+    let (hook, _) = webhook(
+        &stack,
+        &key,
+        &hooks,
+        &customer.url(),
+        &["key.revoked", "webhook.disabled"],
+    )
+    .await;
+    let watcher = Receiver::start().await;
+    let (_, watcher_secret) =
+        webhook(&stack, &key, &hooks, &watcher.url(), &["webhook.disabled"]).await;
+    let (operator_hook, operator_secret) = webhook(
         &stack,
         ADMIN_TOKEN,
         "/v1/webhooks",
@@ -996,25 +1008,38 @@ async fn a_receiver_that_keeps_failing_is_disabled_until_its_owner_enables_it() 
         !reason.contains("receiver-own-token"),
         "never the URL: {reason}"
     );
-    let heard = eventually(
-        "webhook.disabled at the operator's receiver",
-        Duration::from_secs(10),
-        || async { operator.accepted("webhook.disabled").into_iter().next() },
-    )
-    .await;
-    let body = verified(&operator_secret, &heard);
-    assert_eq!(body["data"]["webhook_id"], hook.to_string(), "{body}");
-    assert_eq!(body["data"]["account_id"], account.to_string());
-    assert_eq!(body["data"]["cause"], "failures");
-    assert_eq!(body["data"]["failed_deliveries"], 3);
-    assert!(!heard.body.contains("receiver-own-token"), "{}", heard.body);
+    for (receiver, secret) in [(&operator, &operator_secret), (&watcher, &watcher_secret)] {
+        let heard = eventually(
+            "webhook.disabled at the operator's and the account's other receiver",
+            Duration::from_secs(10),
+            || async { receiver.accepted("webhook.disabled").into_iter().next() },
+        )
+        .await;
+        let body = verified(secret, &heard);
+        assert_eq!(body["data"]["webhook_id"], hook.to_string(), "{body}");
+        assert_eq!(body["data"]["account_id"], account.to_string());
+        assert_eq!(body["data"]["cause"], "failures");
+        assert_eq!(body["data"]["failed_deliveries"], 3);
+        assert!(!heard.body.contains("receiver-own-token"), "{}", heard.body);
+    }
+    let own = deliveries(&stack, &history).await;
+    assert!(own.iter().all(|d| d["event"] == "key.revoked"), "{own:?}");
 
     // Disabled: nothing queues for it.
     let hits = customer.hits().len();
     revoke_a_key(&stack, account).await;
     assert_eq!(deliveries(&stack, &history).await.len(), 6);
 
-    // Another account cannot touch it; its owner enables it.
+    // Another account cannot touch it, nor an operator webhook; its owner
+    // enables it.
+    let (status, _) = set_enabled(
+        &stack,
+        &key,
+        &format!("/v1/webhooks/{operator_hook}"),
+        false,
+    )
+    .await;
+    assert_eq!(status, 403, "operator webhooks are the operator's");
     let other = stack.create_account("neighbour").await;
     let (other_key, _) = stack.account_key(other).await;
     let (status, _) = set_enabled(&stack, &other_key, &format!("{hooks}/{hook}"), true).await;

@@ -175,6 +175,24 @@ async fn a_run_of_failures_disables_a_webhook_only_once_it_is_long_and_old_enoug
             "a run younger than an hour: {n} failures"
         );
     }
+    // A failure after a quiet gap starts a new run, however old the last.
+    sqlx::query(
+        "UPDATE webhooks SET failing_since = now() - interval '5 days',
+                             last_failed_at = now() - interval '4 days' WHERE id = $1",
+    )
+    .bind(hook)
+    .execute(&state.db)
+    .await
+    .unwrap();
+    for n in 1..=2 {
+        deliverer
+            .failed_delivery(hook, Some(account), "the receiver answered 500")
+            .await
+            .unwrap();
+        let (disabled, failed) = webhook().await;
+        assert_eq!(failed, n, "a new run");
+        assert!(disabled.is_none());
+    }
     // The run began more than an hour ago: the next failure disables it.
     sqlx::query("UPDATE webhooks SET failing_since = now() - interval '61 minutes' WHERE id = $1")
         .bind(hook)
@@ -187,7 +205,7 @@ async fn a_run_of_failures_disables_a_webhook_only_once_it_is_long_and_old_enoug
         .unwrap();
     let (disabled, failed) = webhook().await;
     assert!(disabled.is_some());
-    assert_eq!(failed, 6);
+    assert_eq!(failed, 3);
     let statuses: Vec<(String, Option<String>)> =
         sqlx::query_as("SELECT status, last_error FROM webhook_deliveries WHERE webhook_id = $1")
             .bind(hook)
@@ -216,5 +234,5 @@ async fn a_run_of_failures_disables_a_webhook_only_once_it_is_long_and_old_enoug
         .failed_delivery(hook, Some(account), "the receiver answered 500")
         .await
         .unwrap();
-    assert_eq!(webhook().await.1, 6);
+    assert_eq!(webhook().await.1, 3);
 }
