@@ -214,6 +214,12 @@ impl ControlApi {
         }
         {
             let db = state.db.clone();
+            tasks.spawn("consent expiry announcements", move |stop| {
+                webhooks::consent::run(db, stop)
+            });
+        }
+        {
+            let db = state.db.clone();
             tasks.spawn("usage-domain listing prune", move |stop| {
                 usage_domains::run_prune(db, stop)
             });

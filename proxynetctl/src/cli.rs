@@ -695,7 +695,7 @@ pub(crate) enum Webhooks {
         /// Where to deliver (http or https)
         #[arg(long)]
         url: String,
-        /// Events: quota.warning, quota.exhausted, key.revoked, exit.withdrawn (operator only); comma-separated or repeated
+        /// Events: quota.warning, quota.exhausted, key.revoked, webhook.disabled, exit.withdrawn (operator only); comma-separated or repeated
         #[arg(
             long = "event",
             value_name = "EVENT",
@@ -703,6 +703,22 @@ pub(crate) enum Webhooks {
             required = true
         )]
         events: Vec<String>,
+    },
+    /// Enable a webhook its failures disabled (or that was paused)
+    Enable {
+        /// Webhook id
+        id: String,
+        /// The account it belongs to [default: an operator webhook]
+        #[arg(long, value_name = "ID")]
+        account: Option<String>,
+    },
+    /// Pause a webhook: its pending deliveries are given up, no events queue
+    Disable {
+        /// Webhook id
+        id: String,
+        /// The account it belongs to [default: an operator webhook]
+        #[arg(long, value_name = "ID")]
+        account: Option<String>,
     },
     /// Delete a webhook (its pending deliveries go with it)
     Delete {

@@ -380,6 +380,8 @@ const WEBHOOKS: &[Col] = &[
     col("ACCOUNT", "account_id"),
     col("URL", "url"),
     col("EVENTS", "events"),
+    col("ENABLED", "enabled"),
+    col("FAILED IN A ROW", "failed_deliveries_in_row"),
     fmt("CREATED", "created_at", Fmt::Time),
 ];
 
@@ -1123,6 +1125,8 @@ async fn webhooks(ctx: &Ctx, c: Webhooks) -> Done {
             }
             Ok(())
         }
+        Webhooks::Enable { id, account } => set_webhook_enabled(ctx, &id, account, true).await,
+        Webhooks::Disable { id, account } => set_webhook_enabled(ctx, &id, account, false).await,
         Webhooks::Delete { id, account } => {
             let p = webhooks_path(account.as_deref(), &[&id])?;
             ctx.no_content(Method::DELETE, &p, None, format!("webhook {id} deleted"))
@@ -1133,6 +1137,18 @@ async fn webhooks(ctx: &Ctx, c: Webhooks) -> Done {
             ctx.list(&p, &[], page.into(), DELIVERIES).await
         }
     }
+}
+
+/// `PATCH …/webhooks/{id} {enabled}`; prints the webhook as it is now.
+async fn set_webhook_enabled(ctx: &Ctx, id: &str, account: Option<String>, enabled: bool) -> Done {
+    ctx.one(
+        Method::PATCH,
+        &webhooks_path(account.as_deref(), &[id])?,
+        Some(json!({ "enabled": enabled })),
+        View::Fields,
+    )
+    .await?;
+    Ok(())
 }
 
 async fn audit(ctx: &Ctx, a: AuditArgs) -> Done {

@@ -19,4 +19,5 @@ pub mod protocol_bench;
 pub mod stack;
 pub mod stores;
 pub mod targets;
+pub mod webhook_receiver;
 pub mod whoami;

@@ -16,6 +16,7 @@
 //! account's events and the operator-only `exit.withdrawn`. A disabled
 //! webhook (its receiver kept failing, or its owner paused it) gets nothing.
 
+pub mod consent;
 pub mod delivery;
 pub mod quota;
 pub(crate) mod routes;
@@ -192,6 +193,8 @@ pub enum Withdrawal {
     OptOut,
     /// Its consent record was revoked.
     ConsentRevoked,
+    /// Its consent record's `expires_at` passed ([`consent`]).
+    ConsentExpired,
 }
 
 /// `exit.withdrawn` for `exit` (operator webhooks only), inside `tx`.
@@ -217,6 +220,7 @@ pub async fn exit_withdrawn(
         "cause": match cause {
             Withdrawal::OptOut => "opt_out",
             Withdrawal::ConsentRevoked => "consent_revoked",
+            Withdrawal::ConsentExpired => "consent_expired",
         },
         "reason": reason,
         "withdrawn_at": withdrawn_at,

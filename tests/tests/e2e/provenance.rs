@@ -7,6 +7,7 @@ use proxynet_tests::stack::{
     spawn_superproxy, Stack, StackOptions, ADMIN_TOKEN, PASSWORD, USERNAME,
 };
 use proxynet_tests::targets::{echo_round_trip, echo_server};
+use proxynet_tests::webhook_receiver::{verified, Receiver};
 use proxynet_tests::whoami::Seen;
 use serde_json::{json, Value};
 use std::net::{IpAddr, SocketAddr};
@@ -190,9 +191,26 @@ async fn an_exit_with_incomplete_provenance_never_serves_a_tunnel() {
     .await;
 }
 
+/// Expiry binds at its instant with no control-plane event (each superproxy
+/// judges it), and the operator hears of it afterwards: `exit.withdrawn`,
+/// cause `consent_expired`, within the control-api's 5 s sweep.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn consent_expiry_takes_effect_at_the_instant_without_any_event() {
+async fn consent_expiry_takes_effect_at_the_instant_and_is_announced_to_the_operator() {
     let mut stack = Stack::start_with(no_agents()).await;
+    let operator = Receiver::start().await;
+    let r = stack
+        .http
+        .post(stack.api("/v1/webhooks"))
+        .bearer_auth(ADMIN_TOKEN)
+        .json(&json!({"url": operator.url(), "events": ["exit.withdrawn"]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let secret = r.json::<Value>().await.unwrap()["secret"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     let source = sdk_source(&stack, "expiring").await;
     let token = stack.enrollment_token_for("res-1", source, "DE").await;
     let i = stack.add_agent_with_token(&[ip("127.0.0.2")], token).await;
@@ -235,6 +253,26 @@ async fn consent_expiry_takes_effect_at_the_instant_without_any_event() {
     assert!(
         matches!(closed, Ok(Ok(0)) | Ok(Err(_))),
         "the open tunnel survived expiry"
+    );
+
+    let heard = eventually(
+        "exit.withdrawn (consent_expired) at the operator's receiver",
+        Duration::from_secs(20),
+        || async { operator.accepted("exit.withdrawn").into_iter().next() },
+    )
+    .await;
+    let body = verified(&secret, &heard);
+    assert_eq!(body["data"]["exit_id"], exit.to_string(), "{body}");
+    assert_eq!(body["data"]["cause"], "consent_expired");
+    let reason = body["data"]["reason"].as_str().unwrap();
+    assert!(
+        reason.starts_with("consent version 1 expired at "),
+        "{reason}"
+    );
+    assert_eq!(
+        operator.accepted("exit.withdrawn").len(),
+        1,
+        "announced once"
     );
 }
 

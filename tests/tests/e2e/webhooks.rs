@@ -5,187 +5,23 @@
 //! never answers holds up no other webhook; one that keeps failing is
 //! disabled until its owner enables it.
 //!
-//! Each receiver is a real HTTP server on 127.0.0.1 (the stack runs the
-//! control-api with `--webhook-allow-internal`; that loopback is refused
-//! without it is shown by `control-api`'s `webhooks::target` tests). The
-//! signature is checked with an HMAC written here from SHA-256, not with the
-//! server's code.
+//! Each receiver is a real HTTP server on 127.0.0.1
+//! (`proxynet_tests::webhook_receiver`; the stack runs the control-api with
+//! `--webhook-allow-internal`; that loopback is refused without it is shown
+//! by `control-api`'s `webhooks::target` tests). The signature is checked
+//! with an HMAC written there from SHA-256, not with the server's code.
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
 use proxynet_tests::process::eventually;
 use proxynet_tests::stack::{created_id, Stack, StackOptions, ADMIN_TOKEN};
+use proxynet_tests::webhook_receiver::{verified, Hit, Receiver};
 use serde_json::{json, Value};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use uuid::Uuid;
-
-/// One request a receiver got.
-#[derive(Debug, Clone)]
-struct Hit {
-    at: Instant,
-    event: String,
-    delivery: String,
-    signature: String,
-    body: String,
-    /// What the receiver answered.
-    answered: u16,
-}
-
-impl Hit {
-    fn json(&self) -> Value {
-        serde_json::from_str(&self.body).unwrap()
-    }
-}
-
-/// A webhook receiver: records every request; answers 500 to the first
-/// `fail_next` requests, then 200.
-#[derive(Clone)]
-struct Receiver {
-    addr: SocketAddr,
-    hits: Arc<Mutex<Vec<Hit>>>,
-    fail_next: Arc<AtomicUsize>,
-}
-
-impl Receiver {
-    async fn start() -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let receiver = Self {
-            addr: listener.local_addr().unwrap(),
-            hits: Arc::default(),
-            fail_next: Arc::default(),
-        };
-        let shared = receiver.clone();
-        tokio::spawn(async move {
-            while let Ok((stream, _)) = listener.accept().await {
-                let r = shared.clone();
-                tokio::spawn(async move {
-                    let service = service_fn(move |req| {
-                        let r = r.clone();
-                        async move { Ok::<_, std::convert::Infallible>(r.answer(req).await) }
-                    });
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
-                });
-            }
-        });
-        receiver
-    }
-
-    async fn answer(
-        &self,
-        req: hyper::Request<hyper::body::Incoming>,
-    ) -> hyper::Response<Full<Bytes>> {
-        let header = |name: &str| {
-            req.headers()
-                .get(name)
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or_default()
-                .to_owned()
-        };
-        let (event, delivery, signature) = (
-            header("proxynet-event"),
-            header("proxynet-delivery"),
-            header("proxynet-signature"),
-        );
-        let body = req.into_body().collect().await.unwrap().to_bytes();
-        let fail = self
-            .fail_next
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok();
-        let answered = if fail { 500 } else { 200 };
-        self.hits.lock().unwrap().push(Hit {
-            at: Instant::now(),
-            event,
-            delivery,
-            signature,
-            body: String::from_utf8(body.to_vec()).unwrap(),
-            answered,
-        });
-        let mut response = hyper::Response::new(Full::new(Bytes::from_static(if fail {
-            b"not yet"
-        } else {
-            b"ok"
-        })));
-        *response.status_mut() = hyper::StatusCode::from_u16(answered).unwrap();
-        response
-    }
-
-    fn url(&self) -> String {
-        format!("http://{}/hook?token=receiver-own-token", self.addr)
-    }
-
-    fn hits(&self) -> Vec<Hit> {
-        self.hits.lock().unwrap().clone()
-    }
-
-    /// The requests for `event` it accepted (answered 2xx).
-    fn accepted(&self, event: &str) -> Vec<Hit> {
-        self.hits()
-            .into_iter()
-            .filter(|h| h.event == event && h.answered == 200)
-            .collect()
-    }
-}
-
-/// HMAC-SHA256 (RFC 2104), written out: an independent check of the server's.
-fn hmac_sha256(key: &[u8], message: &[u8]) -> [u8; 32] {
-    use sha2::{Digest, Sha256};
-    let mut block = [0u8; 64];
-    if key.len() > 64 {
-        block[..32].copy_from_slice(&Sha256::digest(key));
-    } else {
-        block[..key.len()].copy_from_slice(key);
-    }
-    let pad = |byte: u8| block.iter().map(|b| b ^ byte).collect::<Vec<u8>>();
-    let inner = Sha256::new()
-        .chain_update(pad(0x36))
-        .chain_update(message)
-        .finalize();
-    Sha256::new()
-        .chain_update(pad(0x5c))
-        .chain_update(inner)
-        .finalize()
-        .into()
-}
-
-/// Checks `Proxynet-Signature: t=UNIX,v1=HEX` over "UNIX.BODY" with
-/// `secret`, and that the timestamp is now; the body as JSON.
-fn verified(secret: &str, hit: &Hit) -> Value {
-    let mut t = None;
-    let mut v1 = None;
-    for part in hit.signature.split(',') {
-        match part.split_once('=') {
-            Some(("t", value)) => t = Some(value.to_owned()),
-            Some(("v1", value)) => v1 = Some(value.to_owned()),
-            _ => {}
-        }
-    }
-    let (t, v1) = (t.expect("t="), v1.expect("v1="));
-    let expected = hex::encode(hmac_sha256(
-        secret.as_bytes(),
-        format!("{t}.{}", hit.body).as_bytes(),
-    ));
-    assert_eq!(v1, expected, "signature of {}", hit.body);
-    let sent: i64 = t.parse().unwrap();
-    let now = chrono::Utc::now().timestamp();
-    assert!((now - sent).abs() < 300, "timestamp {sent}, now {now}");
-    let body = hit.json();
-    assert_eq!(
-        body["type"], hit.event,
-        "Proxynet-Event names the body's type"
-    );
-    assert!(body["id"].as_str().unwrap().parse::<Uuid>().is_ok());
-    assert!(body["created_at"].is_string());
-    body
-}
 
 /// `POST path` with `token` and `{url, events}`: the status and body.
 async fn post_webhook(
@@ -1066,10 +902,25 @@ async fn a_receiver_that_keeps_failing_is_disabled_until_its_owner_enables_it() 
     .await;
     assert_eq!(customer.hits().last().unwrap().answered, 200);
 
-    // Paused by its owner: its reason says so, and events stop again.
-    let (status, info) = set_enabled(&stack, &key, &format!("{hooks}/{hook}"), false).await;
-    assert_eq!(status, 200, "{info}");
-    assert_eq!(info["enabled"], false);
+    // Paused by its owner, here with proxynetctl: its reason says so, and
+    // events stop again.
+    let out = tokio::process::Command::new(proxynet_tests::process::bin("proxynetctl"))
+        .args(["--output", "json", "webhooks", "disable"])
+        .arg(hook.to_string())
+        .args(["--account", &account.to_string()])
+        .env_clear()
+        .env("PROXYNET_API", &stack.api_url)
+        .env("PROXYNET_ADMIN_TOKEN", &key)
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let info: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(info["enabled"], false, "{info}");
     assert_eq!(
         info["disabled_reason"],
         format!("disabled by account:{account}")

@@ -2,49 +2,6 @@
 
 use super::*;
 
-/// An exit enrolled from `egress_ip` under a complete datacenter source:
-/// (exit id, its credential).
-async fn enrolled_exit(app: &Router, egress_ip: &str) -> (Uuid, String) {
-    let source = json!({
-        "name": "dc", "source_type": "dc", "channel": "owned", "supplier": "s",
-        "agreement_ref": "a", "notice_description": "n", "opt_out": "o",
-        "liable_party": "l", "abuse_contact": "abuse@example.test", "countries": ["DE"],
-    });
-    let (status, _, source) = call(
-        app,
-        Method::POST,
-        "/v1/sources",
-        Some(ADMIN),
-        Some(&source.to_string()),
-    )
-    .await;
-    assert_eq!(status, StatusCode::CREATED, "{source}");
-    let token = json!({"name": "e", "source_id": source["id"], "country": "DE"});
-    let (status, _, token) = call(
-        app,
-        Method::POST,
-        "/v1/enrollment-tokens",
-        Some(ADMIN),
-        Some(&token.to_string()),
-    )
-    .await;
-    assert_eq!(status, StatusCode::CREATED, "{token}");
-    let enroll = json!({"token": token["token"], "egress_ips": [egress_ip]});
-    let (status, _, enrolled) = call(
-        app,
-        Method::POST,
-        "/v1/agent/enroll",
-        None,
-        Some(&enroll.to_string()),
-    )
-    .await;
-    assert_eq!(status, StatusCode::CREATED, "{enrolled}");
-    (
-        enrolled["exit_id"].as_str().unwrap().parse().unwrap(),
-        enrolled["credential"].as_str().unwrap().to_owned(),
-    )
-}
-
 #[tokio::test]
 async fn an_egress_report_counts_only_signed_fresh_reflections_and_keeps_history() {
     use proxynet_wire::reflector::Reflection;

@@ -277,3 +277,46 @@ async fn every_protected_operation_refuses_a_caller_without_credentials_and_oper
     }
     assert!(checked > 40, "only {checked} protected operations");
 }
+
+/// An exit enrolled from `egress_ip` under a complete datacenter source:
+/// (exit id, its credential).
+async fn enrolled_exit(app: &Router, egress_ip: &str) -> (Uuid, String) {
+    let source = json!({
+        "name": "dc", "source_type": "dc", "channel": "owned", "supplier": "s",
+        "agreement_ref": "a", "notice_description": "n", "opt_out": "o",
+        "liable_party": "l", "abuse_contact": "abuse@example.test", "countries": ["DE"],
+    });
+    let (status, _, source) = call(
+        app,
+        Method::POST,
+        "/v1/sources",
+        Some(ADMIN),
+        Some(&source.to_string()),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{source}");
+    let token = json!({"name": "e", "source_id": source["id"], "country": "DE"});
+    let (status, _, token) = call(
+        app,
+        Method::POST,
+        "/v1/enrollment-tokens",
+        Some(ADMIN),
+        Some(&token.to_string()),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{token}");
+    let enroll = json!({"token": token["token"], "egress_ips": [egress_ip]});
+    let (status, _, enrolled) = call(
+        app,
+        Method::POST,
+        "/v1/agent/enroll",
+        None,
+        Some(&enroll.to_string()),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{enrolled}");
+    (
+        enrolled["exit_id"].as_str().unwrap().parse().unwrap(),
+        enrolled["credential"].as_str().unwrap().to_owned(),
+    )
+}

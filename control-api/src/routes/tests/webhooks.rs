@@ -236,3 +236,85 @@ async fn a_run_of_failures_disables_a_webhook_only_once_it_is_long_and_old_enoug
         .unwrap();
     assert_eq!(webhook().await.1, 3);
 }
+
+#[tokio::test]
+async fn an_expired_consent_is_announced_once_and_only_while_it_is_the_latest() {
+    let (app, state) = app_and_state().await;
+    let (exit, _) = enrolled_exit(&app, "198.51.100.9").await;
+    let hook = Uuid::new_v4();
+    sqlx::query(
+        "INSERT INTO webhooks (id, account_id, url, events, secret)
+         VALUES ($1, NULL, 'https://hooks.example.test/', ARRAY['exit.withdrawn'], 'pnwhsec_t')",
+    )
+    .bind(hook)
+    .execute(&state.db)
+    .await
+    .unwrap();
+    // The source requires consent. Version 1 expired a minute ago, but
+    // version 2, recorded after it, runs a day more: only the latest record
+    // counts, so nothing is announced.
+    sqlx::query("UPDATE sources SET consent_required = true")
+        .execute(&state.db)
+        .await
+        .unwrap();
+    sqlx::query("INSERT INTO consent_notices (version, body, sha256) VALUES ('n1', 'b', 'h')")
+        .execute(&state.db)
+        .await
+        .unwrap();
+    let record = |version: i32, expires: &'static str| {
+        let db = state.db.clone();
+        async move {
+            sqlx::query(&format!(
+                "INSERT INTO consent_records (exit_id, version, state, granted_at, method, notice_version,
+                                              notice_sha256, evidence_ref, opt_out, expires_at, recorded_by)
+                 VALUES ($1, $2, 'granted', now() - interval '1 day', 'signed_contract', 'n1', 'h',
+                         'e', 'o', {expires}, 'operator')"
+            ))
+            .bind(exit)
+            .bind(version)
+            .execute(&db)
+            .await
+            .unwrap();
+        }
+    };
+    let announced = || async {
+        sqlx::query_as::<_, (String,)>(
+            "SELECT body FROM webhook_deliveries WHERE webhook_id = $1 AND event = 'exit.withdrawn'",
+        )
+        .bind(hook)
+        .fetch_all(&state.db)
+        .await
+        .unwrap()
+    };
+    record(1, "now() - interval '1 minute'").await;
+    record(2, "now() + interval '1 day'").await;
+    assert_eq!(
+        crate::webhooks::consent::announce_expired(&state.db)
+            .await
+            .unwrap(),
+        0
+    );
+    // A third record that has expired: announced, once.
+    record(3, "now() - interval '1 second'").await;
+    assert_eq!(
+        crate::webhooks::consent::announce_expired(&state.db)
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        crate::webhooks::consent::announce_expired(&state.db)
+            .await
+            .unwrap(),
+        0
+    );
+    let bodies = announced().await;
+    assert_eq!(bodies.len(), 1);
+    let body: serde_json::Value = serde_json::from_str(&bodies[0].0).unwrap();
+    assert_eq!(body["data"]["exit_id"], exit.to_string());
+    assert_eq!(body["data"]["cause"], "consent_expired");
+    assert!(body["data"]["reason"]
+        .as_str()
+        .unwrap()
+        .starts_with("consent version 3 expired at "));
+}
