@@ -380,7 +380,7 @@ const WEBHOOKS: &[Col] = &[
     col("ACCOUNT", "account_id"),
     col("URL", "url"),
     col("EVENTS", "events"),
-    col("ENABLED", "enabled"),
+    fmt("ENABLED", "enabled", Fmt::YesNo),
     col("FAILED IN A ROW", "failed_deliveries_in_row"),
     fmt("CREATED", "created_at", Fmt::Time),
 ];

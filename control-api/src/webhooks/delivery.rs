@@ -505,18 +505,22 @@ impl Deliverer {
     ) -> Result<(), sqlx::Error> {
         let mut tx = self.db.begin().await?;
         // Ages are the database's: its clock set every time compared here.
+        // The SET expressions read the row as it is when locked (another
+        // instance's failure that committed first included): no count is lost.
         let run: Option<(i32, DateTime<Utc>, bool)> = sqlx::query_as(
-            "WITH old AS (SELECT id, failing_since IS NULL
-                                     OR last_failed_at < now() - make_interval(secs => $2) AS fresh
-                            FROM webhooks WHERE id = $1)
-             UPDATE webhooks w
-                SET failed_in_row = CASE WHEN old.fresh THEN 1 ELSE w.failed_in_row + 1 END,
-                    failing_since = CASE WHEN old.fresh THEN now() ELSE w.failing_since END,
+            "UPDATE webhooks
+                SET failed_in_row = CASE WHEN failing_since IS NULL
+                                           OR COALESCE(last_failed_at, failing_since)
+                                              < now() - make_interval(secs => $2)
+                                         THEN 1 ELSE failed_in_row + 1 END,
+                    failing_since = CASE WHEN failing_since IS NULL
+                                           OR COALESCE(last_failed_at, failing_since)
+                                              < now() - make_interval(secs => $2)
+                                         THEN now() ELSE failing_since END,
                     last_failed_at = now()
-               FROM old
-              WHERE w.id = old.id AND w.disabled_at IS NULL
-             RETURNING w.failed_in_row, w.failing_since,
-                       w.failing_since <= now() - make_interval(secs => $3)",
+              WHERE id = $1 AND disabled_at IS NULL
+             RETURNING failed_in_row, failing_since,
+                       failing_since <= now() - make_interval(secs => $3)",
         )
         .bind(webhook)
         .bind(RUN_GAP.as_secs_f64())

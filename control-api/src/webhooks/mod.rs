@@ -186,7 +186,8 @@ pub async fn keys_revoked(
     Ok(())
 }
 
-/// Why an exit left the pool for good (until reinstated).
+/// Why an exit left the pool: for good after an opt-out (until an operator
+/// reinstates it), or until a new consent is recorded (revoked, expired).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Withdrawal {
     /// The exit's owner ran `exit-agent opt-out`.

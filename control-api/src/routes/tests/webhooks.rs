@@ -318,3 +318,47 @@ async fn an_expired_consent_is_announced_once_and_only_while_it_is_the_latest() 
         .unwrap()
         .starts_with("consent version 3 expired at "));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failures_recorded_at_once_by_several_workers_are_all_counted() {
+    use crate::webhooks::DeliveryRules;
+    let (app, state) = app_and_state().await;
+    let (account, _) = account(&app, "busy-failing").await;
+    let hook = Uuid::new_v4();
+    sqlx::query(
+        "INSERT INTO webhooks (id, account_id, url, events, secret)
+         VALUES ($1, $2, 'https://hooks.example.test/', ARRAY['key.revoked'], 'pnwhsec_t')",
+    )
+    .bind(hook)
+    .bind(account)
+    .execute(&state.db)
+    .await
+    .unwrap();
+    let deliverer = crate::webhooks::Deliverer::new(
+        state.db.clone(),
+        crate::webhooks::target::policy(true, &state.protected),
+    )
+    .with_rules(DeliveryRules {
+        max_attempts: 1,
+        disable_after_failures: 100,
+        disable_after: std::time::Duration::ZERO,
+    });
+    // The first failure of a run, sixteen times at once: each counts.
+    let failures = (0..16).map(|_| {
+        let deliverer = deliverer.clone();
+        tokio::spawn(async move {
+            deliverer
+                .failed_delivery(hook, Some(account), "the receiver answered 500")
+                .await
+        })
+    });
+    for failure in futures_util::future::join_all(failures).await {
+        failure.unwrap().unwrap();
+    }
+    let (failed,): (i32,) = sqlx::query_as("SELECT failed_in_row FROM webhooks WHERE id = $1")
+        .bind(hook)
+        .fetch_one(&state.db)
+        .await
+        .unwrap();
+    assert_eq!(failed, 16);
+}
