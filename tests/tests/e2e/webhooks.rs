@@ -23,6 +23,26 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use uuid::Uuid;
 
+/// `method path` with `token` and a JSON `body`: the status and body.
+async fn send(
+    stack: &Stack,
+    method: reqwest::Method,
+    token: &str,
+    path: &str,
+    body: Value,
+) -> (u16, Value) {
+    let r = stack
+        .http
+        .request(method, stack.api(path))
+        .bearer_auth(token)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
 /// `POST path` with `token` and `{url, events}`: the status and body.
 async fn post_webhook(
     stack: &Stack,
@@ -31,16 +51,8 @@ async fn post_webhook(
     url: &str,
     events: &[&str],
 ) -> (u16, Value) {
-    let r = stack
-        .http
-        .post(stack.api(path))
-        .bearer_auth(token)
-        .json(&json!({ "url": url, "events": events }))
-        .send()
-        .await
-        .unwrap();
-    let status = r.status().as_u16();
-    (status, r.json().await.unwrap_or(Value::Null))
+    let body = json!({ "url": url, "events": events });
+    send(stack, reqwest::Method::POST, token, path, body).await
 }
 
 /// A webhook that must be created: (id, secret).
@@ -721,16 +733,8 @@ async fn revoke_a_key(stack: &Stack, account: Uuid) {
 
 /// `PATCH path {enabled}` with `token`: the status and body.
 async fn set_enabled(stack: &Stack, token: &str, path: &str, enabled: bool) -> (u16, Value) {
-    let r = stack
-        .http
-        .patch(stack.api(path))
-        .bearer_auth(token)
-        .json(&json!({ "enabled": enabled }))
-        .send()
-        .await
-        .unwrap();
-    let status = r.status().as_u16();
-    (status, r.json().await.unwrap_or(Value::Null))
+    let body = json!({ "enabled": enabled });
+    send(stack, reqwest::Method::PATCH, token, path, body).await
 }
 
 /// A receiver that keeps failing is disabled: here one attempt per delivery

@@ -2,6 +2,45 @@
 //! when failures disable a webhook.
 
 use super::*;
+use crate::webhooks::{Deliverer, DeliveryRules};
+
+/// A webhook row for `owner` (None: the operator's) subscribed to `event`,
+/// written as the webhook routes would (their URL check resolves names).
+async fn webhook_row(state: &crate::AppState, owner: Option<Uuid>, event: &str) -> Uuid {
+    let id = Uuid::new_v4();
+    sqlx::query(
+        "INSERT INTO webhooks (id, account_id, url, events, secret)
+         VALUES ($1, $2, 'https://hooks.example.test/', ARRAY[$3::text], 'pnwhsec_t')",
+    )
+    .bind(id)
+    .bind(owner)
+    .bind(event)
+    .execute(&state.db)
+    .await
+    .unwrap();
+    id
+}
+
+/// One due `key.revoked` delivery for `hook`.
+async fn pending_delivery(state: &crate::AppState, hook: Uuid) {
+    sqlx::query(
+        "INSERT INTO webhook_deliveries (id, webhook_id, event_id, event, body)
+         VALUES (gen_random_uuid(), $1, gen_random_uuid(), 'key.revoked', '{}')",
+    )
+    .bind(hook)
+    .execute(&state.db)
+    .await
+    .unwrap();
+}
+
+/// The delivery worker on this test's database, under `rules`.
+fn worker(state: &crate::AppState, rules: DeliveryRules) -> Deliverer {
+    Deliverer::new(
+        state.db.clone(),
+        crate::webhooks::target::policy(true, &state.protected),
+    )
+    .with_rules(rules)
+}
 
 #[tokio::test]
 async fn deleting_an_account_tells_the_operators_webhooks_of_each_key_it_revoked() {
@@ -16,20 +55,8 @@ async fn deleting_an_account_tells_the_operators_webhooks_of_each_key_it_revoked
     )
     .await;
     assert_eq!(status, StatusCode::CREATED);
-    // Written as the webhook routes would (their URL check resolves names).
-    let operator_hook = Uuid::new_v4();
-    let account_hook = Uuid::new_v4();
-    for (id, owner) in [(operator_hook, None), (account_hook, Some(account))] {
-        sqlx::query(
-            "INSERT INTO webhooks (id, account_id, url, events, secret)
-             VALUES ($1, $2, 'https://hooks.example.test/', ARRAY['key.revoked'], 'pnwhsec_t')",
-        )
-        .bind(id)
-        .bind(owner)
-        .execute(&state.db)
-        .await
-        .unwrap();
-    }
+    let operator_hook = webhook_row(&state, None, "key.revoked").await;
+    webhook_row(&state, Some(account), "key.revoked").await;
     let (status, _, _) = call(
         &app,
         Method::DELETE,
@@ -65,32 +92,13 @@ async fn a_claim_takes_each_webhooks_first_row_first_and_caps_an_account() {
     // Ten webhooks of one account and one of the operator's, three due
     // deliveries each.
     for owner in std::iter::repeat_n(Some(account), 10).chain([None]) {
-        let hook = Uuid::new_v4();
-        sqlx::query(
-            "INSERT INTO webhooks (id, account_id, url, events, secret)
-             VALUES ($1, $2, 'https://hooks.example.test/', ARRAY['key.revoked'], 'pnwhsec_t')",
-        )
-        .bind(hook)
-        .bind(owner)
-        .execute(&state.db)
-        .await
-        .unwrap();
+        let hook = webhook_row(&state, owner, "key.revoked").await;
         for _ in 0..3 {
-            sqlx::query(
-                "INSERT INTO webhook_deliveries (id, webhook_id, event_id, event, body)
-                 VALUES (gen_random_uuid(), $1, gen_random_uuid(), 'key.revoked', '{}')",
-            )
-            .bind(hook)
-            .execute(&state.db)
-            .await
-            .unwrap();
+            pending_delivery(&state, hook).await;
         }
         hooks.push(hook);
     }
-    let deliverer = crate::webhooks::Deliverer::new(
-        state.db.clone(),
-        crate::webhooks::target::policy(true, &state.protected),
-    );
+    let deliverer = worker(&state, DeliveryRules::default());
     let claimed = deliverer.claim(32, &[], &[]).await.unwrap();
     let of_account: Vec<_> = claimed
         .iter()
@@ -122,38 +130,19 @@ async fn a_claim_takes_each_webhooks_first_row_first_and_caps_an_account() {
 
 #[tokio::test]
 async fn a_run_of_failures_disables_a_webhook_only_once_it_is_long_and_old_enough() {
-    use crate::webhooks::DeliveryRules;
-    use std::time::Duration;
     let (app, state) = app_and_state().await;
     let (account, _) = account(&app, "failing").await;
-    let hook = Uuid::new_v4();
-    sqlx::query(
-        "INSERT INTO webhooks (id, account_id, url, events, secret)
-         VALUES ($1, $2, 'https://hooks.example.test/', ARRAY['key.revoked'], 'pnwhsec_t')",
-    )
-    .bind(hook)
-    .bind(account)
-    .execute(&state.db)
-    .await
-    .unwrap();
+    let hook = webhook_row(&state, Some(account), "key.revoked").await;
     // A delivery still pending when the webhook is disabled is given up.
-    sqlx::query(
-        "INSERT INTO webhook_deliveries (id, webhook_id, event_id, event, body)
-         VALUES (gen_random_uuid(), $1, gen_random_uuid(), 'key.revoked', '{}')",
-    )
-    .bind(hook)
-    .execute(&state.db)
-    .await
-    .unwrap();
-    let deliverer = crate::webhooks::Deliverer::new(
-        state.db.clone(),
-        crate::webhooks::target::policy(true, &state.protected),
-    )
-    .with_rules(DeliveryRules {
-        max_attempts: 1,
-        disable_after_failures: 3,
-        disable_after: Duration::from_secs(3600),
-    });
+    pending_delivery(&state, hook).await;
+    let deliverer = worker(
+        &state,
+        DeliveryRules {
+            max_attempts: 1,
+            disable_after_failures: 3,
+            disable_after: std::time::Duration::from_secs(3600),
+        },
+    );
     let webhook = || async {
         sqlx::query_as::<_, (Option<chrono::DateTime<chrono::Utc>>, i32)>(
             "SELECT disabled_at, failed_in_row FROM webhooks WHERE id = $1",
@@ -241,15 +230,7 @@ async fn a_run_of_failures_disables_a_webhook_only_once_it_is_long_and_old_enoug
 async fn an_expired_consent_is_announced_once_and_only_while_it_is_the_latest() {
     let (app, state) = app_and_state().await;
     let (exit, _) = enrolled_exit(&app, "198.51.100.9").await;
-    let hook = Uuid::new_v4();
-    sqlx::query(
-        "INSERT INTO webhooks (id, account_id, url, events, secret)
-         VALUES ($1, NULL, 'https://hooks.example.test/', ARRAY['exit.withdrawn'], 'pnwhsec_t')",
-    )
-    .bind(hook)
-    .execute(&state.db)
-    .await
-    .unwrap();
+    let hook = webhook_row(&state, None, "exit.withdrawn").await;
     // The source requires consent. Version 1 expired a minute ago, but
     // version 2, recorded after it, runs a day more: only the latest record
     // counts, so nothing is announced.
@@ -321,28 +302,17 @@ async fn an_expired_consent_is_announced_once_and_only_while_it_is_the_latest() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failures_recorded_at_once_by_several_workers_are_all_counted() {
-    use crate::webhooks::DeliveryRules;
     let (app, state) = app_and_state().await;
     let (account, _) = account(&app, "busy-failing").await;
-    let hook = Uuid::new_v4();
-    sqlx::query(
-        "INSERT INTO webhooks (id, account_id, url, events, secret)
-         VALUES ($1, $2, 'https://hooks.example.test/', ARRAY['key.revoked'], 'pnwhsec_t')",
-    )
-    .bind(hook)
-    .bind(account)
-    .execute(&state.db)
-    .await
-    .unwrap();
-    let deliverer = crate::webhooks::Deliverer::new(
-        state.db.clone(),
-        crate::webhooks::target::policy(true, &state.protected),
-    )
-    .with_rules(DeliveryRules {
-        max_attempts: 1,
-        disable_after_failures: 100,
-        disable_after: std::time::Duration::ZERO,
-    });
+    let hook = webhook_row(&state, Some(account), "key.revoked").await;
+    let deliverer = worker(
+        &state,
+        DeliveryRules {
+            max_attempts: 1,
+            disable_after_failures: 100,
+            disable_after: std::time::Duration::ZERO,
+        },
+    );
     // The first failure of a run, sixteen times at once: each counts.
     let failures = (0..16).map(|_| {
         let deliverer = deliverer.clone();
