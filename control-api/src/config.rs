@@ -141,14 +141,15 @@ pub struct Config {
     #[arg(
         long,
         env = "PROXYNET_WEBHOOK_DISABLE_AFTER_FAILURES",
-        default_value_t = 10
+        default_value_t = crate::webhooks::disable::DISABLE_AFTER_FAILURES
     )]
     pub webhook_disable_after_failures: u32,
 
     /// How old a webhook's run of failed deliveries must be before it
     /// disables the webhook, in seconds (3 days: an outage of a day or two
     /// does not).
-    #[arg(long, env = "PROXYNET_WEBHOOK_DISABLE_AFTER_SECS", default_value_t = 3 * 24 * 3600)]
+    #[arg(long, env = "PROXYNET_WEBHOOK_DISABLE_AFTER_SECS",
+          default_value_t = crate::webhooks::disable::DISABLE_AFTER_SECS)]
     pub webhook_disable_after_secs: u64,
 }
 

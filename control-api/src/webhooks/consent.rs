@@ -14,7 +14,7 @@
 //! a renewal or opt-out that committed meanwhile: neither is announced as
 //! an expiry. An instant more than [`LOOK_BACK`] past (this control plane
 //! was down all that time) is not announced late; marks a day older than
-//! that are pruned.
+//! that are pruned ([`prune_marks`], hourly with the outbox).
 
 use chrono::{DateTime, Utc};
 use proxynet_common::tasks::Stop;
@@ -39,17 +39,6 @@ pub async fn run(db: PgPool, stop: Stop) {
             Ok(0) => {}
             Ok(n) => tracing::info!(exits = n, "expired consents announced"),
             Err(e) => tracing::warn!(error = %e, "cannot announce expired consents; retrying"),
-        }
-        // The sweep never looks back further than LOOK_BACK: older marks
-        // only take room.
-        if let Err(e) = sqlx::query(&format!(
-            "DELETE FROM consent_expiry_notices
-              WHERE expires_at < now() - interval '{LOOK_BACK}' - interval '1 day'"
-        ))
-        .execute(&db)
-        .await
-        {
-            tracing::debug!(error = %e, "cannot prune consent expiry marks");
         }
     }
 }
@@ -111,4 +100,16 @@ pub async fn announce_expired(db: &PgPool) -> Result<u64, sqlx::Error> {
         super::wake();
     }
     Ok(u64::try_from(marked.len()).unwrap_or(u64::MAX))
+}
+
+/// Deletes the marks a day older than the sweep's look-back, which only take
+/// room (with the outbox's hourly prune).
+pub async fn prune_marks(db: &PgPool) -> Result<u64, sqlx::Error> {
+    Ok(sqlx::query(&format!(
+        "DELETE FROM consent_expiry_notices
+          WHERE expires_at < now() - interval '{LOOK_BACK}' - interval '1 day'"
+    ))
+    .execute(db)
+    .await?
+    .rows_affected())
 }

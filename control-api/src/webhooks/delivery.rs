@@ -17,16 +17,10 @@
 //! [`MAX_ATTEMPTS`] attempts or [`GIVE_UP_AFTER`] have passed (`failed`).
 //! Redirects are not followed (a 3xx is a failure).
 //!
-//! A webhook whose deliveries keep failing is disabled ([`DeliveryRules`]):
-//! after `disable_after_failures` failed deliveries in a row, the first of
-//! them at least `disable_after` old (failures more than [`RUN_GAP`] apart
-//! do not make one run: a rarely used webhook that failed once long ago is
-//! not disabled by a short outage now). Its pending deliveries are given up,
-//! no new events are queued for it, and `webhook.disabled` goes to the
-//! account's other webhooks and the operator's, until its owner enables it
-//! again (`PATCH …/webhooks/{wid}`).
+//! A delivery that ends `failed` counts against its webhook, which is
+//! disabled when its deliveries keep failing ([`super::disable`]).
 
-use chrono::{DateTime, Utc};
+use chrono::Utc;
 use hmac::{Hmac, Mac};
 use proxynet_common::egress::EgressPolicy;
 use proxynet_common::tasks::Stop;
@@ -38,8 +32,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use uuid::Uuid;
 
-use super::target;
-use crate::audit;
+use super::{disable, target};
 
 /// Most attempts of one delivery (by default; `--webhook-max-attempts`).
 pub const MAX_ATTEMPTS: i32 = 15;
@@ -63,10 +56,6 @@ const BATCH: i64 = 32;
 /// Attempts in flight at once for one account's webhooks (an account may
 /// have 10): accounts whose receivers hang cannot hold every slot.
 pub(crate) const PER_ACCOUNT: i64 = 8;
-/// Failures further apart than this start a new run (see the module doc).
-pub const RUN_GAP: Duration = Duration::from_secs(3 * 24 * 3600);
-/// Longest `disabled_reason` (the column's bound is 512 bytes).
-const REASON_BYTES: usize = 500;
 /// Bytes of the receiver's answer kept (for the delivery history).
 const SNIPPET_BYTES: usize = 256;
 /// Characters of an error kept.
@@ -127,8 +116,8 @@ impl Default for DeliveryRules {
     fn default() -> Self {
         Self {
             max_attempts: MAX_ATTEMPTS,
-            disable_after_failures: 10,
-            disable_after: Duration::from_secs(3 * 24 * 3600),
+            disable_after_failures: disable::DISABLE_AFTER_FAILURES,
+            disable_after: Duration::from_secs(disable::DISABLE_AFTER_SECS),
         }
     }
 }
@@ -136,28 +125,9 @@ impl Default for DeliveryRules {
 /// The delivery worker (one per control-api; any number side by side).
 #[derive(Clone)]
 pub struct Deliverer {
-    db: PgPool,
+    pub(super) db: PgPool,
     policy: Arc<EgressPolicy>,
-    rules: DeliveryRules,
-}
-
-/// Gives up `webhook`'s pending deliveries inside `tx` (it was disabled):
-/// they are `failed` with `why`, and an attempt in flight is not recorded
-/// over them.
-pub(crate) async fn give_up_pending(
-    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
-    webhook: Uuid,
-    why: &str,
-) -> Result<u64, sqlx::Error> {
-    Ok(sqlx::query(
-        "UPDATE webhook_deliveries SET status = 'failed', last_error = $2
-          WHERE webhook_id = $1 AND status = 'pending'",
-    )
-    .bind(webhook)
-    .bind(why)
-    .execute(&mut **tx)
-    .await?
-    .rows_affected())
+    pub(super) rules: DeliveryRules,
 }
 
 /// A claimed row and its webhook. No `Debug`: it holds the secret.
@@ -495,105 +465,18 @@ impl Deliverer {
         Ok(())
     }
 
-    /// Counts a delivery that ended failed against its webhook, and
-    /// disables the webhook when its run of failures is long and old enough.
-    pub(crate) async fn failed_delivery(
-        &self,
-        webhook: Uuid,
-        account: Option<Uuid>,
-        error: &str,
-    ) -> Result<(), sqlx::Error> {
-        let mut tx = self.db.begin().await?;
-        // Ages are the database's: its clock set every time compared here.
-        // The SET expressions read the row as it is when locked (another
-        // instance's failure that committed first included): no count is lost.
-        let run: Option<(i32, DateTime<Utc>, bool)> = sqlx::query_as(
-            "UPDATE webhooks
-                SET failed_in_row = CASE WHEN failing_since IS NULL
-                                           OR COALESCE(last_failed_at, failing_since)
-                                              < now() - make_interval(secs => $2)
-                                         THEN 1 ELSE failed_in_row + 1 END,
-                    failing_since = CASE WHEN failing_since IS NULL
-                                           OR COALESCE(last_failed_at, failing_since)
-                                              < now() - make_interval(secs => $2)
-                                         THEN now() ELSE failing_since END,
-                    last_failed_at = now()
-              WHERE id = $1 AND disabled_at IS NULL
-             RETURNING failed_in_row, failing_since,
-                       failing_since <= now() - make_interval(secs => $3)",
-        )
-        .bind(webhook)
-        .bind(RUN_GAP.as_secs_f64())
-        .bind(self.rules.disable_after.as_secs_f64())
-        .fetch_optional(&mut *tx)
-        .await?;
-        let Some((failed, since, old_enough)) = run else {
-            // Deleted, or disabled already.
-            return tx.commit().await;
-        };
-        let disable = self.rules.disable_after_failures > 0
-            && u32::try_from(failed).unwrap_or(0) >= self.rules.disable_after_failures
-            && old_enough;
-        if !disable {
-            return tx.commit().await;
-        }
-        let reason = format!(
-            "{failed} deliveries in a row failed (since {}); the last: {error}",
-            since.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
-        );
-        let reason = truncate(&reason, REASON_BYTES);
-        let (disabled_at,): (DateTime<Utc>,) = sqlx::query_as(
-            "UPDATE webhooks SET disabled_at = now(), disabled_reason = $2 WHERE id = $1
-             RETURNING disabled_at",
-        )
-        .bind(webhook)
-        .bind(&reason)
-        .fetch_one(&mut *tx)
-        .await?;
-        let given_up = give_up_pending(&mut tx, webhook, "the webhook was disabled").await?;
-        audit::record(
-            &mut tx,
-            "control-api",
-            "webhook.disable",
-            &webhook.to_string(),
-            serde_json::json!({"account_id": account, "cause": "failures",
-                               "failed_in_row": failed, "given_up": given_up}),
-        )
-        .await?;
-        super::emit(
-            &mut tx,
-            super::EventType::WebhookDisabled,
-            account,
-            serde_json::json!({
-                "webhook_id": webhook,
-                "account_id": account,
-                "cause": "failures",
-                "failed_deliveries": failed,
-                "failing_since": since,
-                "disabled_at": disabled_at,
-                "reason": reason,
-                "given_up": given_up,
-            }),
-        )
-        .await?;
-        tx.commit().await?;
-        super::wake();
-        metrics::counter!("proxynet_webhooks_disabled_total", "cause" => "failures").increment(1);
-        tracing::warn!(webhook = %webhook, account = ?account, failed_in_row = failed,
-            given_up, "webhook disabled: its deliveries keep failing");
-        Ok(())
-    }
-
     async fn prune(&self) -> Result<(), sqlx::Error> {
         // An event emitted while its webhook's disable committed can still
         // have queued a row (the emit read the webhook before): given up.
         sqlx::query(
-            "UPDATE webhook_deliveries d SET status = 'failed', last_error = 'the webhook was disabled'
+            "UPDATE webhook_deliveries d SET status = 'failed', last_error = $1
                FROM webhooks w
               WHERE w.id = d.webhook_id AND w.disabled_at IS NOT NULL AND d.status = 'pending'",
         )
+        .bind(disable::GIVEN_UP)
         .execute(&self.db)
         .await?;
+        super::consent::prune_marks(&self.db).await?;
         sqlx::query(&format!(
             "DELETE FROM webhook_deliveries WHERE status <> 'pending' AND created_at < now() - interval '{KEEP_DELIVERIES}'"
         ))
@@ -608,15 +491,6 @@ impl Deliverer {
         }
         Ok(())
     }
-}
-
-/// At most `bytes` of `text`, cut at a character boundary.
-fn truncate(text: &str, bytes: usize) -> String {
-    let mut end = text.len().min(bytes);
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    text[..end].to_owned()
 }
 
 /// 1.0 to 1.1: retries of many deliveries that failed together spread out.
@@ -709,17 +583,6 @@ mod tests {
         let total: Duration = (1..MAX_ATTEMPTS).map(backoff).sum();
         assert!(total < GIVE_UP_AFTER, "{total:?}");
         assert!(total > Duration::from_secs(4 * 3600), "{total:?}");
-    }
-
-    #[test]
-    fn a_reason_is_cut_at_a_character_boundary_within_its_bytes() {
-        assert_eq!(truncate("abc", 10), "abc");
-        assert_eq!(truncate("abcdef", 3), "abc");
-        // "é" is two bytes: never half of it.
-        assert_eq!(truncate("aé", 2), "a");
-        let long = "ü".repeat(400);
-        let cut = truncate(&long, REASON_BYTES);
-        assert!(cut.len() <= REASON_BYTES && cut.chars().all(|c| c == 'ü'));
     }
 
     #[test]

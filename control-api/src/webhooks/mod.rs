@@ -18,6 +18,7 @@
 
 pub mod consent;
 pub mod delivery;
+pub mod disable;
 pub mod quota;
 pub(crate) mod routes;
 pub mod target;

@@ -221,26 +221,11 @@ async fn update(
     let (enabled,) = was.ok_or(ApiError::NotFound("webhook"))?;
     if enabled != body.enabled {
         let given_up = if body.enabled {
-            sqlx::query(
-                "UPDATE webhooks SET disabled_at = NULL, disabled_reason = NULL,
-                                     failed_in_row = 0, failing_since = NULL, last_failed_at = NULL
-                  WHERE id = $1",
-            )
-            .bind(webhook)
-            .execute(&mut *tx)
-            .await?;
-            // Nothing queued while it was disabled is sent now, weeks late
-            // (an event emitted as the disable committed may have queued one).
-            super::delivery::give_up_pending(&mut tx, webhook, "the webhook was disabled").await?
+            super::disable::enable(&mut tx, webhook).await?
         } else {
-            sqlx::query(
-                "UPDATE webhooks SET disabled_at = now(), disabled_reason = $2 WHERE id = $1",
-            )
-            .bind(webhook)
-            .bind(format!("disabled by {actor}"))
-            .execute(&mut *tx)
-            .await?;
-            super::delivery::give_up_pending(&mut tx, webhook, "the webhook was disabled").await?
+            super::disable::disable(&mut tx, webhook, &format!("disabled by {actor}"))
+                .await?
+                .1
         };
         audit::record(
             &mut tx,
