@@ -196,9 +196,11 @@ async fn an_origin_answer_with_150_cookies_reaches_the_client_and_300_fields_are
     assert!(r.body.contains("more than 256 header fields"), "{}", r.body);
 }
 
-/// `GET ws://…` through the plain port: the upgrade is forwarded, the
-/// origin's `101` and its `Sec-WebSocket-Accept` reach the client, and a
-/// frame is echoed; an origin's refusal is relayed as it was sent.
+/// `GET http://…` and `GET ws://…` (as aiohttp's `ws_connect(proxy=…)`
+/// sends it) through the plain port: the upgrade is forwarded, the origin's
+/// `101` and its `Sec-WebSocket-Accept` reach the client, and a frame is
+/// echoed; an origin's refusal is relayed as it was sent; `wss://` is a 400
+/// that names CONNECT.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn websocket_upgrades_through_absolute_form_and_refusals_are_relayed() {
     use base64::Engine;
@@ -209,42 +211,56 @@ async fn websocket_upgrades_through_absolute_form_and_refusals_are_relayed() {
         proxynet_tests::stack::USERNAME,
         proxynet_tests::stack::PASSWORD
     ));
-    let upgrade = |path: &str| {
+    let upgrade_as = |scheme: &str, path: &str| {
         format!(
-            "GET http://{origin}{path} HTTP/1.1\r\nHost: {origin}\r\nProxy-Authorization: Basic {auth}\r\n\
+            "GET {scheme}://{origin}{path} HTTP/1.1\r\nHost: {origin}\r\nProxy-Authorization: Basic {auth}\r\n\
              Upgrade: websocket\r\nConnection: keep-alive, Upgrade\r\n\
              Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
         )
     };
-    let mut s = tokio::net::TcpStream::connect(stack.proxy_addrs.proxy)
+    let upgrade = |path: &str| upgrade_as("http", path);
+    for scheme in ["http", "ws"] {
+        let mut s = tokio::net::TcpStream::connect(stack.proxy_addrs.proxy)
+            .await
+            .unwrap();
+        s.write_all(upgrade_as(scheme, "/ws").as_bytes())
+            .await
+            .unwrap();
+        let head = proxynet_tests::client::read_head(&mut s).await;
+        assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+        let lower = head.to_ascii_lowercase();
+        // RFC 6455 §1.3's own example key and answer.
+        assert!(
+            lower.contains("sec-websocket-accept: s3pplmbitxaq9kygzzhzrbk+xoo="),
+            "{head}"
+        );
+        assert!(lower.contains("upgrade: websocket"), "{head}");
+        // A masked text frame "hello", as a client must send it.
+        let mask = [1u8, 2, 3, 4];
+        let mut frame = vec![0x81, 0x80 | 5];
+        frame.extend_from_slice(&mask);
+        frame.extend(b"hello".iter().enumerate().map(|(i, b)| b ^ mask[i % 4]));
+        s.write_all(&frame).await.unwrap();
+        let mut echoed = [0u8; 7];
+        tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            s.read_exact(&mut echoed),
+        )
         .await
+        .expect("the echo arrives")
         .unwrap();
-    s.write_all(upgrade("/ws").as_bytes()).await.unwrap();
-    let head = proxynet_tests::client::read_head(&mut s).await;
-    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
-    let lower = head.to_ascii_lowercase();
-    // RFC 6455 §1.3's own example key and answer.
-    assert!(
-        lower.contains("sec-websocket-accept: s3pplmbitxaq9kygzzhzrbk+xoo="),
-        "{head}"
-    );
-    assert!(lower.contains("upgrade: websocket"), "{head}");
-    // A masked text frame "hello", as a client must send it.
-    let mask = [1u8, 2, 3, 4];
-    let mut frame = vec![0x81, 0x80 | 5];
-    frame.extend_from_slice(&mask);
-    frame.extend(b"hello".iter().enumerate().map(|(i, b)| b ^ mask[i % 4]));
-    s.write_all(&frame).await.unwrap();
-    let mut echoed = [0u8; 7];
-    tokio::time::timeout(
+        assert_eq!(&echoed, b"\x81\x05hello");
+        drop(s);
+    }
+
+    let wss = proxynet_tests::client::raw_request(
+        stack.proxy_addrs.proxy,
+        upgrade_as("wss", "/ws").as_bytes(),
         std::time::Duration::from_secs(10),
-        s.read_exact(&mut echoed),
     )
-    .await
-    .expect("the echo arrives")
-    .unwrap();
-    assert_eq!(&echoed, b"\x81\x05hello");
-    drop(s);
+    .await;
+    assert_eq!(wss.status, 400, "{}", wss.head);
+    assert!(wss.body.contains("use CONNECT for wss"), "{}", wss.body);
 
     let refused = proxynet_tests::client::raw_request(
         stack.proxy_addrs.proxy,

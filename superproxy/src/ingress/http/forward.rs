@@ -110,11 +110,23 @@ pub async fn forward(
         ));
     }
     let uri = req.uri().clone();
-    if uri.scheme_str() != Some("http") {
-        return Err(ProxyError::new(
-            ErrorKind::BadRequest,
-            "only http:// URLs can be forwarded; use CONNECT for https",
-        ));
+    // `ws://` is how WebSocket clients (aiohttp's `ws_connect(proxy=…)`)
+    // spell the same upgrade request a browser sends as `http://` (RFC 6455
+    // §3); `wss://` is TLS to the origin, which only a CONNECT tunnel carries.
+    match uri.scheme_str() {
+        Some("http" | "ws") => {}
+        Some("wss") => {
+            return Err(ProxyError::new(
+                ErrorKind::BadRequest,
+                "wss:// URLs cannot be forwarded; use CONNECT for wss",
+            ))
+        }
+        _ => {
+            return Err(ProxyError::new(
+                ErrorKind::BadRequest,
+                "only http:// and ws:// URLs can be forwarded; use CONNECT for https",
+            ))
+        }
     }
     let authority = uri
         .authority()
