@@ -49,6 +49,18 @@ pub(crate) struct Global {
         value_name = "TOKEN"
     )]
     pub(crate) token: Option<String>,
+    /// Read the bearer token from this file (keeps it out of the process list and shell history)
+    #[arg(
+        long,
+        global = true,
+        env = "PROXYNET_ADMIN_TOKEN_FILE",
+        value_name = "PATH",
+        conflicts_with = "token"
+    )]
+    pub(crate) token_file: Option<PathBuf>,
+    /// Allow an http:// API on a host other than loopback (the token would cross the network in clear)
+    #[arg(long, global = true)]
+    pub(crate) allow_insecure_http: bool,
     /// Config file [default: $XDG_CONFIG_HOME/proxynet/ctl.toml or ~/.config/proxynet/ctl.toml]
     #[arg(long, global = true, value_name = "PATH")]
     pub(crate) config: Option<PathBuf>,

@@ -1,7 +1,10 @@
 //! Where the API is and what token to present: flags win over environment
 //! variables (clap merges those two), which win over the config file
 //! (`--config PATH`, default `$XDG_CONFIG_HOME/proxynet/ctl.toml` or
-//! `~/.config/proxynet/ctl.toml`).
+//! `~/.config/proxynet/ctl.toml`). The token may also come from a file of
+//! its own (`--token-file`); a token typed on the command line draws a
+//! warning, and an `http://` API beyond loopback needs
+//! `--allow-insecure-http`, since the token would cross the network in clear.
 //!
 //! The file is a two-key subset of TOML, read by a small parser here:
 //!
@@ -60,24 +63,49 @@ fn default_path(var: &dyn Fn(&str) -> Option<String>) -> Option<PathBuf> {
     Some(base.join("proxynet").join("ctl.toml"))
 }
 
+/// What clap gave (each a flag, else its environment variable).
+#[derive(Debug, Default)]
+pub(crate) struct Sources {
+    pub(crate) api: Option<String>,
+    pub(crate) token: Option<String>,
+    pub(crate) token_file: Option<PathBuf>,
+    pub(crate) config: Option<PathBuf>,
+    pub(crate) allow_insecure_http: bool,
+}
+
+/// Whether the arguments carry the token itself (`--token T` or
+/// `--token=T`), where every local user can read it.
+pub(crate) fn token_on_command_line(args: impl IntoIterator<Item = std::ffi::OsString>) -> bool {
+    args.into_iter()
+        .skip(1)
+        .take_while(|a| a != "--")
+        .any(|a| a == "--token" || a.to_string_lossy().starts_with("--token="))
+}
+
 /// Resolves the settings from what clap gave (flag, else environment) and
 /// the config file. An explicit `--config` must exist; the default file may
 /// be absent, and is only read when a flag or variable leaves something out.
-pub(crate) fn resolve(
-    api: Option<String>,
-    token: Option<String>,
-    explicit: Option<&Path>,
-) -> Result<Settings, Failure> {
-    resolve_with(api, token, explicit, &|name| std::env::var(name).ok())
+pub(crate) fn resolve(sources: Sources) -> Result<Settings, Failure> {
+    resolve_with(sources, &|name| std::env::var(name).ok())
 }
 
 fn resolve_with(
-    api: Option<String>,
-    token: Option<String>,
-    explicit: Option<&Path>,
+    sources: Sources,
     var: &dyn Fn(&str) -> Option<String>,
 ) -> Result<Settings, Failure> {
+    let Sources {
+        api,
+        token,
+        token_file,
+        config: explicit,
+        allow_insecure_http,
+    } = sources;
+    let explicit = explicit.as_deref();
     let api = api.filter(|a| !a.trim().is_empty());
+    let token = match token_file {
+        Some(path) => Some(read_token_file(&path)?),
+        None => token,
+    };
     // Tokens hold no white space: a trailing newline (`$(cat file)` keeps
     // none, but an editor's file does) is not part of one.
     let token = token.map(|t| t.trim().to_owned()).filter(|t| !t.is_empty());
@@ -95,7 +123,7 @@ fn resolve_with(
         )
     })?;
     Ok(Settings {
-        api: parse_api(&api)?,
+        api: parse_api(&api, allow_insecure_http)?,
         token: token
             .or(file.token.map(|t| t.trim().to_owned()))
             .filter(|t| !t.is_empty())
@@ -103,8 +131,9 @@ fn resolve_with(
     })
 }
 
-/// An http(s) base URL.
-fn parse_api(text: &str) -> Result<reqwest::Url, Failure> {
+/// An http(s) base URL; plain `http://` only to a loopback host unless
+/// `insecure` says the caller means it.
+fn parse_api(text: &str, insecure: bool) -> Result<reqwest::Url, Failure> {
     let url = reqwest::Url::parse(text.trim())
         .map_err(|e| Failure::usage(format!("--api {text:?}: {e} (e.g. http://127.0.0.1:8081)")))?;
     if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
@@ -117,7 +146,42 @@ fn parse_api(text: &str) -> Result<reqwest::Url, Failure> {
             "--api {text:?}: a base URL, without query or fragment"
         )));
     }
+    if url.scheme() == "http" && !insecure && !is_loopback(&url) {
+        return Err(Failure::usage(format!(
+            "--api {text:?}: http:// to a host other than loopback would send the token in clear; \
+             use https:// (with --cacert for a private CA), or pass --allow-insecure-http"
+        )));
+    }
     Ok(url)
+}
+
+/// `localhost`, 127.0.0.0/8 or `::1`.
+fn is_loopback(url: &reqwest::Url) -> bool {
+    let host = url.host_str().unwrap_or_default();
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    match bare.parse::<std::net::IpAddr>() {
+        Ok(ip) => ip.is_loopback(),
+        Err(_) => {
+            let name = host.trim_end_matches('.').to_ascii_lowercase();
+            name == "localhost" || name.ends_with(".localhost")
+        }
+    }
+}
+
+/// The token file's contents (one line; white space around it dropped); a
+/// file others can read draws the same warning as a shared config file.
+fn read_token_file(path: &Path) -> Result<String, Failure> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Failure::usage(format!("--token-file {}: {e}", path.display())))?;
+    let token = text.trim();
+    if token.is_empty() || token.contains(char::is_whitespace) {
+        return Err(Failure::usage(format!(
+            "--token-file {}: the file must hold the token alone",
+            path.display()
+        )));
+    }
+    warn_if_shared(path);
+    Ok(token.to_owned())
 }
 
 fn read(path: &Path) -> Result<FileConfig, Failure> {
@@ -253,13 +317,18 @@ mod tests {
         let path = dir.join("ctl.toml");
         std::fs::write(&path, "api = \"http://file:1\"\ntoken = \"from-file\"\n").unwrap();
         let none = |_: &str| None;
-        let s = resolve_with(None, None, Some(&path), &none).unwrap();
+        let from = |api: Option<&str>, token: Option<&str>, config: Option<&Path>| Sources {
+            api: api.map(str::to_owned),
+            token: token.map(str::to_owned),
+            config: config.map(Path::to_path_buf),
+            allow_insecure_http: true,
+            ..Sources::default()
+        };
+        let s = resolve_with(from(None, None, Some(&path)), &none).unwrap();
         assert_eq!(s.api.as_str(), "http://file:1/");
         assert_eq!(s.token.unwrap().expose(), "from-file");
         let s = resolve_with(
-            Some("http://flag:2".into()),
-            Some("from-flag".into()),
-            Some(&path),
+            from(Some("http://flag:2"), Some("from-flag"), Some(&path)),
             &none,
         )
         .unwrap();
@@ -270,7 +339,7 @@ mod tests {
         std::fs::rename(&path, dir.join("proxynet/ctl.toml")).unwrap();
         let xdg = dir.display().to_string();
         let var = move |name: &str| (name == "XDG_CONFIG_HOME").then(|| xdg.clone());
-        let s = resolve_with(Some("http://flag:2".into()), None, None, &var).unwrap();
+        let s = resolve_with(from(Some("http://flag:2"), None, None), &var).unwrap();
         assert_eq!(s.api.as_str(), "http://flag:2/");
         assert_eq!(s.token.unwrap().expose(), "from-file");
         std::fs::remove_dir_all(&dir).unwrap();
@@ -298,12 +367,91 @@ mod tests {
     #[test]
     fn an_api_is_an_http_base_url_and_required() {
         let none = |_: &str| None;
+        let api = |a: &str, insecure: bool| Sources {
+            api: Some(a.to_owned()),
+            allow_insecure_http: insecure,
+            ..Sources::default()
+        };
         for bad in ["ftp://x", "127.0.0.1:8081", "http://x/?a=b"] {
-            let e = resolve_with(Some(bad.into()), None, None, &none).unwrap_err();
+            let e = resolve_with(api(bad, true), &none).unwrap_err();
             assert_eq!(e.exit_code(), 2, "{bad}");
         }
-        let e = resolve_with(None, Some("t".into()), None, &none).unwrap_err();
+        let token_only = Sources {
+            token: Some("t".into()),
+            ..Sources::default()
+        };
+        let e = resolve_with(token_only, &none).unwrap_err();
         assert!(e.to_string().contains("PROXYNET_API"), "{e}");
+    }
+
+    #[test]
+    fn plain_http_beyond_loopback_needs_the_flag() {
+        let none = |_: &str| None;
+        let api = |a: &str, insecure: bool| Sources {
+            api: Some(a.to_owned()),
+            allow_insecure_http: insecure,
+            ..Sources::default()
+        };
+        for local in [
+            "http://127.0.0.1:8081",
+            "http://127.8.9.1",
+            "http://[::1]:8081",
+            "http://localhost:8081",
+            "http://api.localhost",
+            "https://control.example.net",
+        ] {
+            resolve_with(api(local, false), &none).unwrap();
+        }
+        let e = resolve_with(api("http://control.example.net", false), &none).unwrap_err();
+        assert_eq!(e.exit_code(), 2);
+        assert!(e.to_string().contains("--allow-insecure-http"), "{e}");
+        resolve_with(api("http://control.example.net", true), &none).unwrap();
+    }
+
+    #[test]
+    fn the_token_file_holds_the_token_alone() {
+        let none = |_: &str| None;
+        let dir = tempdir();
+        let path = dir.join("token");
+        std::fs::write(&path, "pnkey_abc\n").unwrap();
+        let sources = |file: &Path| Sources {
+            api: Some("http://127.0.0.1:1".into()),
+            token_file: Some(file.to_path_buf()),
+            ..Sources::default()
+        };
+        let s = resolve_with(sources(&path), &none).unwrap();
+        assert_eq!(s.token.unwrap().expose(), "pnkey_abc");
+        std::fs::write(&path, "two words\n").unwrap();
+        assert_eq!(
+            resolve_with(sources(&path), &none).unwrap_err().exit_code(),
+            2
+        );
+        let e = resolve_with(sources(&dir.join("absent")), &none).unwrap_err();
+        assert!(e.to_string().contains("--token-file"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_token_on_the_command_line_is_noticed() {
+        let args = |a: &[&str]| a.iter().map(std::ffi::OsString::from).collect::<Vec<_>>();
+        assert!(token_on_command_line(args(&[
+            "ctl", "--token", "t", "exits", "list"
+        ])));
+        assert!(token_on_command_line(args(&[
+            "ctl",
+            "exits",
+            "list",
+            "--token=t"
+        ])));
+        assert!(!token_on_command_line(args(&[
+            "ctl",
+            "--token-file",
+            "f",
+            "exits"
+        ])));
+        assert!(!token_on_command_line(args(&[
+            "ctl", "api", "--", "--token"
+        ])));
     }
 
     #[test]

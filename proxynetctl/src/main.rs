@@ -40,7 +40,21 @@ fn main() {
 
 fn run(cli: Cli) -> Result<(), Failure> {
     let global = cli.global;
-    let settings = config::resolve(global.api, global.token, global.config.as_deref())?;
+    if config::token_on_command_line(std::env::args_os()) {
+        // Every local user reads a process's arguments in /proc/PID/cmdline,
+        // and the shell's history keeps them.
+        eprintln!(
+            "warning: a token given with --token is visible to every local user (ps, /proc) and \
+             kept in shell history; use --token-file, PROXYNET_ADMIN_TOKEN or the config file"
+        );
+    }
+    let settings = config::resolve(config::Sources {
+        api: global.api,
+        token: global.token,
+        token_file: global.token_file,
+        config: global.config,
+        allow_insecure_http: global.allow_insecure_http,
+    })?;
     let client = client::Client::new(
         settings,
         global.verbose,

@@ -206,6 +206,9 @@ pub(crate) struct User {
     disabled_by_operator: bool,
     /// The user's own traffic policy (docs/policy.md).
     policy: sqlx::types::Json<proxynet_store::policy::TrafficPolicy>,
+    /// The policy was written by an operator: an account key cannot change
+    /// or clear it (nor delete the user to shed it).
+    policy_by_operator: bool,
     created_at: DateTime<Utc>,
     updated_at: DateTime<Utc>,
 }
@@ -214,7 +217,16 @@ const USER_COLUMNS: &str = "id, account_id, username, enabled, version, max_conc
      max_new_tunnels_per_second, bandwidth_bytes, quota_period, quota_warn_percent, \
      allowed_source_types, allowed_countries, allowed_channels, \
      ARRAY(SELECT c.cidr::text FROM user_source_cidrs c WHERE c.user_id = proxy_users.id ORDER BY c.cidr) \
-       AS allowed_source_cidrs, allowlist_options, ceilings, disabled_by_operator, policy, created_at, updated_at";
+       AS allowed_source_cidrs, allowlist_options, ceilings, disabled_by_operator, policy, policy_by_operator, created_at, updated_at";
+
+/// The answer to an account key that tries to change a policy an operator
+/// wrote on its user (an abusive customer must not lift the operator's
+/// denial); the same words as for the account's own policy.
+fn policy_set_by_operator() -> ApiError {
+    ApiError::Forbidden(
+        "policy: the operator set this user's policy; only an operator can change it".into(),
+    )
+}
 
 /// The account's entitlements, 404 if the account is absent or deleted.
 pub(crate) async fn entitlements(
@@ -415,6 +427,12 @@ pub(crate) async fn update(
                 "enabled: an operator disabled this user; only an operator can enable it".into(),
             ));
         }
+        if matches!(caller, Caller::Account(_))
+            && current.policy_by_operator
+            && body.policy.is_some()
+        {
+            return Err(policy_set_by_operator());
+        }
         (current.account_id, current.ceilings.0, current.username)
     };
     let entitled = entitlements(&state.db, account_id).await?;
@@ -456,7 +474,7 @@ pub(crate) async fn update(
     };
     let limits = stored.as_ref().map(|(limits, _)| limits);
     let mut tx = state.db.begin().await?;
-    let user: User = sqlx::query_as(&format!(
+    let user: Option<User> = sqlx::query_as(&format!(
         "UPDATE proxy_users
             SET enabled = COALESCE($2, enabled),
                 password_hash = COALESCE($3, password_hash),
@@ -473,8 +491,12 @@ pub(crate) async fn update(
                 disabled_by_operator = CASE WHEN $16 THEN COALESCE(NOT $2, disabled_by_operator)
                                             ELSE disabled_by_operator END,
                 policy = COALESCE($17, policy),
+                policy_by_operator = CASE WHEN $17 IS NULL THEN policy_by_operator
+                                          ELSE $16 AND $18 END,
                 updated_at = now()
           WHERE id = $1 AND deleted_at IS NULL AND ($7::uuid IS NULL OR account_id = $7)
+            -- an operator's policy written meanwhile still binds this key
+            AND ($16 OR $17 IS NULL OR NOT policy_by_operator)
         RETURNING {USER_COLUMNS}"
     ))
     .bind(id)
@@ -496,9 +518,15 @@ pub(crate) async fn update(
     ))
     .bind(caller == Caller::Operator)
     .bind(policy.as_ref().map(sqlx::types::Json))
+    // An operator's non-empty policy binds the account; `{}` releases it.
+    .bind(policy.as_ref().is_some_and(|p| !p.is_empty()))
     .fetch_optional(&mut *tx)
-    .await?
-    .ok_or(ApiError::NotFound("user"))?;
+    .await?;
+    let Some(user) = user else {
+        // Gone, or an operator's policy landed between the check and here.
+        fetch(&state, caller, id).await?;
+        return Err(policy_set_by_operator());
+    };
     let had_cidrs = !user.allowed_source_cidrs.is_empty();
     let user: User = match &body.allowed_source_cidrs {
         Some(cidrs) => {
@@ -543,9 +571,12 @@ pub(crate) async fn delete(
     // Deleting and re-creating a user must not shed what the operator set.
     if let Caller::Account(_) = caller {
         let user = fetch(&state, caller, id).await?;
-        if user.ceilings.0 != Limits::default() || user.disabled_by_operator {
+        if user.ceilings.0 != Limits::default()
+            || user.disabled_by_operator
+            || user.policy_by_operator
+        {
             return Err(ApiError::Forbidden(
-                "the operator set limits on this user (or disabled it): only an operator can delete it"
+                "the operator set limits or a policy on this user (or disabled it): only an operator can delete it"
                     .into(),
             ));
         }

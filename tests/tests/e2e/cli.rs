@@ -308,6 +308,93 @@ async fn cli_refusals_are_one_line_with_a_non_zero_code() {
     assert!(!help.stdout.contains(ADMIN_TOKEN));
 }
 
+/// The token kept off the command line: `--token-file` (and its variable)
+/// works, `--token` works but warns on stderr that every local user can
+/// read it, and an `http://` API beyond loopback is refused unless asked for.
+#[tokio::test]
+async fn cli_takes_the_token_from_a_file_and_warns_about_one_on_the_command_line() {
+    let stack = Stack::start().await;
+    let dir = std::env::temp_dir().join(format!("pn-ctl-token-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("token");
+    std::fs::write(&file, format!("{ADMIN_TOKEN}\n")).unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    let run = |args: Vec<String>, env: Vec<(&'static str, String)>| {
+        let out = std::process::Command::new(bin("proxynetctl"))
+            .args(&args)
+            .env_clear()
+            .env("PROXYNET_API", &stack.api_url)
+            .envs(env)
+            .output()
+            .unwrap();
+        Run {
+            code: out.status.code().unwrap_or(-1),
+            stdout: String::from_utf8(out.stdout).unwrap(),
+            stderr: String::from_utf8(out.stderr).unwrap(),
+        }
+    };
+    let path = file.display().to_string();
+    let by_flag = run(
+        vec![
+            "--token-file".into(),
+            path.clone(),
+            "exits".into(),
+            "list".into(),
+        ],
+        vec![],
+    )
+    .ok();
+    assert!(
+        by_flag.stdout.contains("exit-127.0.0.2"),
+        "{}",
+        by_flag.stdout
+    );
+    assert!(!by_flag.stderr.contains("warning"), "{}", by_flag.stderr);
+    run(
+        vec!["exits".into(), "list".into()],
+        vec![("PROXYNET_ADMIN_TOKEN_FILE", path)],
+    )
+    .ok();
+    let typed = run(
+        vec![
+            "--token".into(),
+            ADMIN_TOKEN.into(),
+            "exits".into(),
+            "list".into(),
+        ],
+        vec![],
+    )
+    .ok();
+    assert!(
+        typed
+            .stderr
+            .contains("warning: a token given with --token is visible"),
+        "{}",
+        typed.stderr
+    );
+    assert!(!typed.stderr.contains(ADMIN_TOKEN));
+    // Plain http:// to a host beyond loopback: a usage error before any request.
+    let far = run(
+        vec![
+            "--api".into(),
+            "http://control.example.net".into(),
+            "exits".into(),
+            "list".into(),
+        ],
+        vec![("PROXYNET_ADMIN_TOKEN", ADMIN_TOKEN.into())],
+    );
+    assert_eq!(far.code, 2, "{}", far.stderr);
+    assert!(
+        far.stderr.contains("--allow-insecure-http"),
+        "{}",
+        far.stderr
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn cli_completion_scripts_are_printed() {
     for shell in ["bash", "zsh", "fish"] {

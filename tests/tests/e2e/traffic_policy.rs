@@ -223,6 +223,81 @@ async fn a_users_denied_and_allowed_domains_refuse_before_any_exit_is_used() {
     assert_eq!(r.status(), 200);
 }
 
+/// A policy the operator wrote on a user binds the account's own key as
+/// the account's policy does: the key can neither clear it (`{}`), replace
+/// it, nor delete the user to shed it, and the denied domain stays denied;
+/// once the operator clears it, the key sets its own again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operators_user_policy_binds_the_accounts_key() {
+    let (stack, _dns) = stack_with_dns().await;
+    let account = stack.create_account("bound-acct").await;
+    let user = stack.create_user(account, "bounduser", PASS).await;
+    let port = stack.whoami.port();
+    let (key, _) = stack.account_key(account).await;
+
+    set_user_policy(&stack, user, json!({"denied_domains": ["localhost"]})).await;
+    eventually(
+        "the operator's denial to apply",
+        Duration::from_secs(5),
+        || async {
+            let head = connect(&stack, "bounduser", "localhost", port).await;
+            head.starts_with("HTTP/1.1 403").then_some(())
+        },
+    )
+    .await;
+    let shown: Value = stack.admin_get_json(&format!("/v1/users/{user}")).await;
+    assert_eq!(shown["policy_by_operator"], json!(true), "{shown}");
+
+    for attempt in [
+        json!({"policy": {}}),
+        json!({"policy": {"denied_domains": ["other.test"]}}),
+    ] {
+        let r = patch(&stack, &format!("/v1/users/{user}"), &key, attempt).await;
+        assert_eq!(r.status(), 403);
+        let text = r.text().await.unwrap();
+        assert!(
+            text.contains("policy") && text.contains("only an operator"),
+            "{text}"
+        );
+    }
+    // Deleting the user (to re-create it without the policy) is refused too.
+    let r = stack
+        .http
+        .delete(stack.api(&format!("/v1/users/{user}")))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
+    // Other fields stay the account's to change.
+    let r = patch(
+        &stack,
+        &format!("/v1/users/{user}"),
+        &key,
+        json!({"enabled": true}),
+    )
+    .await;
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    // Nothing the key tried let traffic through.
+    assert_denied(
+        &connect(&stack, "bounduser", "localhost", port).await,
+        "denied_domains entry \\\"localhost\\\"",
+    );
+
+    // The operator releases it with `{}`; then the account writes its own.
+    set_user_policy(&stack, user, json!({})).await;
+    let r = patch(
+        &stack,
+        &format!("/v1/users/{user}"),
+        &key,
+        json!({"policy": {"denied_domains": ["ads.example.test"]}}),
+    )
+    .await;
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["policy_by_operator"], json!(false), "{body}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_policy_change_cuts_the_open_tunnels_it_now_refuses() {
     let (stack, _dns) = stack_with_dns().await;
