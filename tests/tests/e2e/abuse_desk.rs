@@ -200,6 +200,57 @@ async fn a_tunnel_behind_nat_is_found_by_the_public_address_and_the_bound_one() 
             .any(|a| a["detail"]["rows"] == 1 && a["detail"]["at"] == at.as_str()),
         "{audit}"
     );
+
+    // A past customer does not keep seeing the exit's current address: its
+    // one tunnel, moved ten minutes before the address was first seen, no
+    // longer overlaps the observation, so its view names no address.
+    let past = stack.create_account("past-customer").await;
+    stack
+        .create_user(past, "pastuser", proxynet_tests::stack::PASSWORD)
+        .await;
+    let past_proxy = proxynet_tests::client::proxy_as("pastuser", stack.proxy_addrs.proxy);
+    let r = curl(&["-p", "-x", &past_proxy, &whoami.url(false)]).await;
+    assert_eq!(r.status, 200, "{}{}", r.headers, r.body);
+    let (past_key, _) = stack.account_key(past).await;
+    let db = sqlx::PgPool::connect(&stack.stores.database_url)
+        .await
+        .unwrap();
+    eventually(
+        "the past customer's usage to reach the ledger",
+        Duration::from_secs(20),
+        || async {
+            let (n,): (i64,) = sqlx::query_as(
+                "SELECT count(*) FROM usage_ledger WHERE account_id = $1 AND exit_id = $2",
+            )
+            .bind(past)
+            .bind(exit)
+            .fetch_one(&db)
+            .await
+            .unwrap();
+            (n > 0).then_some(())
+        },
+    )
+    .await;
+    let view = stack
+        .get_json_as(&past_key, &format!("/v1/exits/{exit}/provenance"))
+        .await;
+    assert_eq!(
+        view["egress"]["observed"],
+        serde_json::json!([public.to_string()]),
+        "while its tunnel is recent it sees the address: {view}"
+    );
+    sqlx::query(
+        "UPDATE usage_ledger SET minute = minute - interval '10 minutes' WHERE account_id = $1",
+    )
+    .bind(past)
+    .execute(&db)
+    .await
+    .unwrap();
+    let view = stack
+        .get_json_as(&past_key, &format!("/v1/exits/{exit}/provenance"))
+        .await;
+    assert_eq!(view["exit_id"], exit.to_string(), "still its exit: {view}");
+    assert_eq!(view["egress"]["observed"], serde_json::json!([]), "{view}");
 }
 
 /// A residential re-dial: the public address behind the NAT changes and the

@@ -1,5 +1,12 @@
 //! The exit's provenance as its viewer may see it: operators everything,
 //! an account the customer view of an exit that carried its traffic.
+//!
+//! A customer learns the exit's public address only for the times the exit
+//! carried that customer's traffic: an observation is shown when its time
+//! of validity (from its first sighting to the next address's, or now)
+//! overlaps a minute of the account's usage through the exit. A residential
+//! or mobile address is a person's line, so a customer sees its network
+//! (/24, /48), never the host.
 
 use super::*;
 
@@ -80,7 +87,17 @@ pub(crate) async fn exit_provenance(
         (Some(true), Some(_)) if row.expires_at.is_some_and(|e| e <= Utc::now()) => "expired",
         (Some(true), Some(_)) => "granted",
     };
-    let mut observed = row.observed_egress.clone();
+    let mut observed = match caller.scope() {
+        None => row.observed_egress.clone(),
+        Some(account) => {
+            let seen = observed_in_windows(&state, exit, account).await?;
+            if matches!(row.source_type.as_str(), "res" | "mobile") {
+                seen.iter().filter_map(|ip| network_of(ip)).collect()
+            } else {
+                seen
+            }
+        }
+    };
     observed.sort_unstable();
     observed.dedup();
     let mut view = serde_json::json!({
@@ -125,4 +142,65 @@ pub(crate) async fn exit_provenance(
         view["consent"]["evidence_ref"] = serde_json::json!(row.evidence_ref);
     }
     Ok(Json(view))
+}
+
+/// The public addresses observed for `exit` while it carried `account`'s
+/// traffic: each observation holds from its first sighting until the next
+/// observation of the same egress (the latest until now), and counts when
+/// one of the account's usage minutes through the exit overlaps that span.
+async fn observed_in_windows(
+    state: &AppState,
+    exit: Uuid,
+    account: Uuid,
+) -> Result<Vec<String>, ApiError> {
+    let rows: Vec<(String,)> = sqlx::query_as(
+        "WITH spans AS (
+             SELECT o.observed_ip, o.first_seen,
+                    COALESCE(LEAD(o.first_seen) OVER (PARTITION BY o.egress ORDER BY o.first_seen, o.id),
+                             now()) AS until
+               FROM exit_egress_observations o WHERE o.exit_id = $1)
+         SELECT DISTINCT host(s.observed_ip) FROM spans s
+          WHERE EXISTS (SELECT 1 FROM usage_ledger u
+                         WHERE u.account_id = $2 AND u.exit_id = $1
+                           AND u.minute < s.until
+                           AND u.minute + interval '1 minute' > s.first_seen)",
+    )
+    .bind(exit)
+    .bind(account)
+    .fetch_all(&state.db)
+    .await?;
+    Ok(rows.into_iter().map(|(ip,)| ip).collect())
+}
+
+/// The network a residential address is shown as: its /24 (IPv4) or /48
+/// (IPv6), as `198.51.100.0/24`.
+fn network_of(address: &str) -> Option<String> {
+    match address.parse::<std::net::IpAddr>().ok()? {
+        std::net::IpAddr::V4(v4) => {
+            let masked = u32::from(v4) & 0xffff_ff00;
+            Some(format!("{}/24", std::net::Ipv4Addr::from(masked)))
+        }
+        std::net::IpAddr::V6(v6) => {
+            let masked = u128::from(v6) & (!0u128 << 80);
+            Some(format!("{}/48", std::net::Ipv6Addr::from(masked)))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::network_of;
+
+    #[test]
+    fn a_residential_address_is_shown_as_its_network() {
+        assert_eq!(
+            network_of("198.51.100.77").as_deref(),
+            Some("198.51.100.0/24")
+        );
+        assert_eq!(
+            network_of("2001:db8:1234:5678::9").as_deref(),
+            Some("2001:db8:1234::/48")
+        );
+        assert_eq!(network_of("not an address"), None);
+    }
 }
