@@ -8,10 +8,20 @@
 //! Routes that must know *which* key is calling (minting a key records its
 //! parent; a dashboard session is bound to the key it logged in with) take
 //! [`KeyCaller`].
+//!
+//! Every API key has a request rate ([`KeyRates`]): past it, `429` with
+//! `Retry-After`. The bootstrap admin token has none (it is the operator's
+//! way in when everything else fails). A request is identified once: the
+//! caller is kept in the request's extensions, so a handler taking both
+//! [`Operator`] and [`KeyCaller`] looks the key up, and charges it, once.
 
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
+use governor::clock::Clock;
+use governor::{DefaultKeyedRateLimiter, Quota};
 use proxynet_common::secret::{constant_time_eq, sha256_hex};
+use std::num::NonZeroU32;
+use std::time::Duration;
 
 use crate::error::ApiError;
 use crate::AppState;
@@ -67,9 +77,106 @@ impl FromRequestParts<AppState> for KeyCaller {
         parts: &mut Parts,
         state: &AppState,
     ) -> Result<Self, Self::Rejection> {
+        if let Some(known) = parts.extensions.get::<KeyCaller>() {
+            return Ok(*known);
+        }
         let presented = bearer(parts).ok_or(ApiError::Unauthorized)?;
-        caller_for_key(state, presented).await
+        let caller = caller_for_key(state, presented).await?;
+        if let Some(key) = caller.key_id {
+            state
+                .key_rates
+                .charge(key, caller.caller == Caller::Operator)?;
+        }
+        parts.extensions.insert(caller);
+        Ok(caller)
     }
+}
+
+/// A rate: requests a second, and how many may come at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyRate {
+    /// Requests a second, sustained; 0: no limit.
+    pub per_second: u32,
+    /// Requests at once after a quiet spell (at least 1).
+    pub burst: u32,
+}
+
+/// One limiter per API key and its rate.
+struct Limiter {
+    limiter: DefaultKeyedRateLimiter<uuid::Uuid>,
+    rate: KeyRate,
+}
+
+impl Limiter {
+    fn new(rate: KeyRate) -> Option<Self> {
+        let per_second = NonZeroU32::new(rate.per_second)?;
+        let burst = NonZeroU32::new(rate.burst).unwrap_or(NonZeroU32::MIN);
+        Some(Self {
+            limiter: DefaultKeyedRateLimiter::keyed(
+                Quota::per_second(per_second).allow_burst(burst),
+            ),
+            rate,
+        })
+    }
+}
+
+/// Request rates of API keys, per key, on this control-api: account keys
+/// at one rate, operator keys at another (`--api-key-rate`,
+/// `--operator-key-rate`). Each instance counts its own requests, so N
+/// control-apis behind a balancer allow a key up to N times its rate.
+pub struct KeyRates {
+    account: Option<Limiter>,
+    operator: Option<Limiter>,
+}
+
+impl KeyRates {
+    pub fn new(account: KeyRate, operator: KeyRate) -> Self {
+        Self {
+            account: Limiter::new(account),
+            operator: Limiter::new(operator),
+        }
+    }
+
+    /// Charges one request to key `id` (an operator key if `operator`):
+    /// past its rate, `429` with how long until the next is allowed.
+    pub fn charge(&self, id: uuid::Uuid, operator: bool) -> Result<(), ApiError> {
+        let limiter = if operator {
+            &self.operator
+        } else {
+            &self.account
+        };
+        let Some(Limiter { limiter, rate }) = limiter else {
+            return Ok(());
+        };
+        let Err(not_until) = limiter.check_key(&id) else {
+            return Ok(());
+        };
+        let wait = not_until.wait_time_from(limiter.clock().now());
+        let kind = if operator { "operator" } else { "account" };
+        metrics::counter!("proxynet_api_rate_limited_total", "key" => kind).increment(1);
+        Err(ApiError::TooManyRequests {
+            detail: format!(
+                "this API key made more than {} requests a second (bursts of {}); retry in {} ms",
+                rate.per_second,
+                rate.burst.max(1),
+                wait.as_millis().max(1)
+            ),
+            retry_after: retry_after_secs(wait),
+        })
+    }
+
+    /// Forgets keys that are quiet again (bounded memory).
+    pub fn housekeeping(&self) {
+        for limiter in [&self.account, &self.operator].into_iter().flatten() {
+            limiter.limiter.retain_recent();
+        }
+    }
+}
+
+/// `Retry-After` for a wait: whole seconds, rounded up, at least 1.
+fn retry_after_secs(wait: Duration) -> u64 {
+    let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+    secs.max(1)
 }
 
 /// Who a presented key (the admin token or an API key) belongs to. A key is
@@ -232,6 +339,47 @@ mod tests {
             assert_eq!(bearer(&parts(Some(value))), None, "{value:?}");
         }
         assert_eq!(bearer(&parts(None)), None);
+    }
+
+    #[test]
+    fn a_key_past_its_burst_waits_for_its_rate_and_other_keys_do_not() {
+        let rates = KeyRates::new(
+            KeyRate {
+                per_second: 1,
+                burst: 3,
+            },
+            KeyRate {
+                per_second: 0,
+                burst: 0,
+            },
+        );
+        let (key, neighbour) = (uuid::Uuid::new_v4(), uuid::Uuid::new_v4());
+        for _ in 0..3 {
+            assert!(rates.charge(key, false).is_ok());
+        }
+        match rates.charge(key, false) {
+            Err(ApiError::TooManyRequests {
+                detail,
+                retry_after,
+            }) => {
+                assert_eq!(retry_after, 1, "{detail}");
+                assert!(detail.contains("1 requests a second"), "{detail}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(rates.charge(neighbour, false).is_ok(), "per key");
+        // Operator keys here have no limit.
+        for _ in 0..100 {
+            assert!(rates.charge(key, true).is_ok());
+        }
+    }
+
+    #[test]
+    fn retry_after_rounds_up_to_whole_seconds() {
+        assert_eq!(retry_after_secs(Duration::ZERO), 1);
+        assert_eq!(retry_after_secs(Duration::from_millis(10)), 1);
+        assert_eq!(retry_after_secs(Duration::from_millis(1000)), 1);
+        assert_eq!(retry_after_secs(Duration::from_millis(1001)), 2);
     }
 
     #[test]

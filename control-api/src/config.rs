@@ -151,6 +151,35 @@ pub struct Config {
     #[arg(long, env = "PROXYNET_WEBHOOK_DISABLE_AFTER_SECS",
           default_value_t = crate::webhooks::disable::DISABLE_AFTER_SECS)]
     pub webhook_disable_after_secs: u64,
+
+    /// Most pending deliveries one account's webhooks may hold together;
+    /// past it, new events are not queued for them (counted in
+    /// `proxynet_webhook_deliveries_dropped_total`) until some are sent or
+    /// given up. Operator webhooks are not capped; 0: no cap.
+    #[arg(long, env = "PROXYNET_WEBHOOK_MAX_PENDING_PER_ACCOUNT",
+          default_value_t = crate::webhooks::MAX_PENDING_PER_ACCOUNT)]
+    pub webhook_max_pending_per_account: u64,
+
+    /// Requests a second each account API key may make to this control-api,
+    /// sustained; past it and its burst, `429` with `Retry-After`. Counted
+    /// per instance; 0: no limit.
+    #[arg(long, env = "PROXYNET_API_KEY_RATE", default_value_t = 20)]
+    pub api_key_rate: u32,
+
+    /// Requests an account API key may make at once after a quiet spell
+    /// (then `--api-key-rate` a second).
+    #[arg(long, env = "PROXYNET_API_KEY_BURST", default_value_t = 100)]
+    pub api_key_burst: u32,
+
+    /// Requests a second each operator API key may make to this
+    /// control-api, sustained (the admin token has no limit); 0: no limit.
+    #[arg(long, env = "PROXYNET_OPERATOR_KEY_RATE", default_value_t = 100)]
+    pub operator_key_rate: u32,
+
+    /// Requests an operator API key may make at once after a quiet spell
+    /// (then `--operator-key-rate` a second).
+    #[arg(long, env = "PROXYNET_OPERATOR_KEY_BURST", default_value_t = 500)]
+    pub operator_key_burst: u32,
 }
 
 /// A reflector URL: plain `http://` (the answer is signed, and TLS in
@@ -225,6 +254,12 @@ mod tests {
         );
         assert_eq!(config.heartbeat_ttl(), 3 * config.heartbeat_interval());
         assert_eq!(config.instance_name, "control-api-1");
+        assert_eq!((config.api_key_rate, config.api_key_burst), (20, 100));
+        assert_eq!(
+            (config.operator_key_rate, config.operator_key_burst),
+            (100, 500)
+        );
+        assert_eq!(config.webhook_max_pending_per_account, 1000);
         assert_eq!(
             config.log_format,
             proxynet_common::telemetry::LogFormat::Text

@@ -21,6 +21,9 @@ pub enum ApiError {
     Conflict(String),
     #[error("{0}")]
     Unavailable(String),
+    /// A rate was exceeded: `429` with `Retry-After` (whole seconds).
+    #[error("{detail}")]
+    TooManyRequests { detail: String, retry_after: u64 },
     /// The request could not be read (malformed JSON, a bad path or query
     /// parameter, a missing content type): axum's own rejection, re-shaped.
     #[error("{detail}")]
@@ -59,6 +62,7 @@ impl ApiError {
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::TooManyRequests { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Rejected { status, .. } => *status,
             ApiError::Database(_) | ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -86,6 +90,11 @@ impl IntoResponse for ApiError {
             header::CONTENT_TYPE,
             header::HeaderValue::from_static("application/problem+json"),
         );
+        if let ApiError::TooManyRequests { retry_after, .. } = &self {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, header::HeaderValue::from(*retry_after));
+        }
         if status == StatusCode::UNAUTHORIZED {
             response.headers_mut().insert(
                 header::WWW_AUTHENTICATE,
@@ -173,6 +182,13 @@ mod tests {
                 StatusCode::SERVICE_UNAVAILABLE,
             ),
             (
+                ApiError::TooManyRequests {
+                    detail: "x".into(),
+                    retry_after: 1,
+                },
+                StatusCode::TOO_MANY_REQUESTS,
+            ),
+            (
                 ApiError::Rejected {
                     status: StatusCode::UNSUPPORTED_MEDIA_TYPE,
                     detail: "x".into(),
@@ -247,6 +263,21 @@ mod tests {
         );
         let forbidden = ApiError::Forbidden("no".into()).into_response();
         assert!(forbidden.headers().get(header::WWW_AUTHENTICATE).is_none());
+    }
+
+    #[test]
+    fn a_rate_refusal_says_when_to_retry() {
+        let response = ApiError::TooManyRequests {
+            detail: "slow down".into(),
+            retry_after: 3,
+        }
+        .into_response();
+        assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(response.headers()[header::RETRY_AFTER], "3");
+        assert_eq!(
+            response.headers()[header::CONTENT_TYPE],
+            "application/problem+json"
+        );
     }
 
     async fn problem(error: ApiError) -> serde_json::Value {

@@ -60,6 +60,8 @@ pub struct AppState {
     pub sessions: routes::dashboard::Sessions,
     /// When API keys were last used (debounced writes).
     pub key_use: Arc<auth::KeyUse>,
+    /// API keys' request rates on this instance.
+    pub key_rates: Arc<auth::KeyRates>,
 }
 
 /// Why the control-api could not start.
@@ -101,6 +103,17 @@ impl ControlApi {
                 "heartbeat TTL must be longer than the heartbeat interval".into(),
             ));
         }
+        webhooks::set_max_pending_per_account(config.webhook_max_pending_per_account);
+        let key_rates = auth::KeyRates::new(
+            auth::KeyRate {
+                per_second: config.api_key_rate,
+                burst: config.api_key_burst,
+            },
+            auth::KeyRate {
+                per_second: config.operator_key_rate,
+                burst: config.operator_key_burst,
+            },
+        );
         let db = connect_postgres(config.database_url.expose()).await?;
         sqlx::migrate!("../migrations").run(&db).await?;
         let redis_target = config.redis.target()?;
@@ -160,6 +173,7 @@ impl ControlApi {
                 observer: observe::Observer::default(),
                 sessions: routes::dashboard::Sessions::default(),
                 key_use: Arc::default(),
+                key_rates: Arc::new(key_rates),
             },
         })
     }
@@ -238,6 +252,16 @@ impl ControlApi {
             let limit = config.metrics_exit_limit;
             tasks.spawn("fleet sampler", move |stop| {
                 observer.run(projector, every, Duration::from_secs(3600), limit, stop)
+            });
+        }
+        {
+            // Keys quiet for a while take no memory.
+            let rates = state.key_rates.clone();
+            tasks.spawn("api key rate housekeeping", move |stop| async move {
+                let mut tick = tokio::time::interval(Duration::from_secs(60));
+                while stop.run_until_cancelled(tick.tick()).await.is_some() {
+                    rates.housekeeping();
+                }
             });
         }
         {

@@ -192,7 +192,7 @@ fn schemas() -> Value {
             "properties": {"url": {"type": "string", "format": "uri", "maxLength": 2048, "description": "http(s), no credentials; a public address unless --webhook-allow-internal"},
                 "events": {"type": "array", "minItems": 1, "items": {"enum": ["quota.warning", "quota.exhausted", "key.revoked", "exit.withdrawn", "webhook.disabled"]}}}},
         "UpdateWebhook": {"type": "object", "additionalProperties": false, "required": ["enabled"],
-            "description": "true: enable (its run of failures starts again); false: pause (its pending deliveries are given up)",
+            "description": "true: enable (its run of failures starts again; one the operator paused, operators only: 403 to the account's key); false: pause (its pending deliveries are given up)",
             "properties": {"enabled": {"type": "boolean"}}},
         "Enroll": {"type": "object", "additionalProperties": false, "required": ["token"],
             "description": "An exit needs at least one egress IP or egress prefix.",

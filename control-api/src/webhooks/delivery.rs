@@ -19,6 +19,15 @@
 //!
 //! A delivery that ends `failed` counts against its webhook, which is
 //! disabled when its deliveries keep failing ([`super::disable`]).
+//!
+//! Operator webhooks have a lane of their own, so no customer delays them:
+//! [`OPERATOR_SLOTS`] of the [`BATCH`] slots are theirs alone (customers'
+//! webhooks together hold at most the rest), a claim takes their due rows
+//! before any customer's, and within one operator webhook the due rows are
+//! taken round-robin over the accounts their events are about, the fleet's
+//! own events (`exit.withdrawn`) first in each round: an account whose loop
+//! queues a thousand events for the operator's webhook delays an
+//! `exit.withdrawn` by no more than one attempt.
 
 use chrono::Utc;
 use hmac::{Hmac, Mac};
@@ -56,6 +65,11 @@ const BATCH: i64 = 32;
 /// Attempts in flight at once for one account's webhooks (an account may
 /// have 10): accounts whose receivers hang cannot hold every slot.
 pub(crate) const PER_ACCOUNT: i64 = 8;
+/// Slots of the [`BATCH`] only operator webhooks' attempts may use:
+/// accounts' webhooks together hold at most `BATCH - OPERATOR_SLOTS`.
+pub(crate) const OPERATOR_SLOTS: i64 = 8;
+/// Attempts in flight at once for every account's webhooks together.
+pub(crate) const CUSTOMER_SLOTS: i64 = BATCH - OPERATOR_SLOTS;
 /// Bytes of the receiver's answer kept (for the delivery history).
 const SNIPPET_BYTES: usize = 256;
 /// Characters of an error kept.
@@ -202,8 +216,12 @@ impl Deliverer {
                     .iter()
                     .map(|(a, n)| (*a, PER_ACCOUNT - i64::try_from(*n).unwrap_or(PER_ACCOUNT)))
                     .collect();
+                let customers_busy: usize = busy_accounts.values().sum();
+                let customer_room = CUSTOMER_SLOTS
+                    .saturating_sub(i64::try_from(customers_busy).unwrap_or(CUSTOMER_SLOTS))
+                    .max(0);
                 match stop
-                    .run_until_cancelled(self.claim(room, &skip, &account_room))
+                    .run_until_cancelled(self.claim(room, &skip, &account_room, customer_room))
                     .await
                 {
                     None => return,
@@ -270,34 +288,52 @@ impl Deliverer {
     /// Claims up to `room` due rows: at most two per webhook and none of a
     /// webhook in `skip` (an attempt of its is in flight here); an
     /// account's webhooks together at most its room (`account_room` for one
-    /// with attempts in flight, else [`PER_ACCOUNT`]). Every webhook's first
-    /// due row comes before any webhook's second.
+    /// with attempts in flight, else [`PER_ACCOUNT`]), and every account's
+    /// together at most `customer_room`. Operator webhooks' rows come
+    /// first; then every webhook's first due row before any webhook's
+    /// second. Within a webhook, due rows are taken round-robin over the
+    /// accounts their events are about, the fleet's own events first in
+    /// each round.
     pub(crate) async fn claim(
         &self,
         room: usize,
         skip: &[Uuid],
         account_room: &[(Uuid, i64)],
+        customer_room: i64,
     ) -> Result<Vec<Claimed>, sqlx::Error> {
         let (accounts, rooms): (Vec<Uuid>, Vec<i64>) = account_room.iter().copied().unzip();
         sqlx::query_as(
-            "WITH per_webhook AS (
-                 SELECT d.id, d.next_attempt_at, w.account_id,
-                        row_number() OVER (PARTITION BY d.webhook_id ORDER BY d.next_attempt_at) AS nth
+            "WITH due_rows AS (
+                 SELECT d.id, d.webhook_id, d.next_attempt_at, d.source_account, w.account_id,
+                        row_number() OVER (PARTITION BY d.webhook_id, d.source_account
+                                           ORDER BY d.next_attempt_at) AS source_nth
                    FROM webhook_deliveries d JOIN webhooks w ON w.id = d.webhook_id
                   WHERE d.status = 'pending' AND d.next_attempt_at <= now()
                     AND w.disabled_at IS NULL AND d.webhook_id <> ALL ($3)),
+             per_webhook AS (
+                 SELECT id, next_attempt_at, account_id,
+                        row_number() OVER (PARTITION BY webhook_id
+                                           ORDER BY source_nth, source_account IS NOT NULL,
+                                                    next_attempt_at) AS nth
+                   FROM due_rows),
              per_account AS (
                  SELECT id, next_attempt_at, account_id, nth,
                         row_number() OVER (PARTITION BY account_id ORDER BY nth, next_attempt_at) AS account_nth
                    FROM per_webhook WHERE nth <= 2),
+             eligible AS (
+                 SELECT id, next_attempt_at, account_id, nth,
+                        row_number() OVER (PARTITION BY account_id IS NULL
+                                           ORDER BY nth, next_attempt_at) AS lane_nth
+                   FROM per_account r
+                  WHERE r.account_id IS NULL
+                     OR r.account_nth <= COALESCE(
+                            (SELECT a.room FROM unnest($4::uuid[], $5::bigint[]) AS a(account, room)
+                              WHERE a.account = r.account_id), $6)),
              due AS (
-                 SELECT d.id FROM webhook_deliveries d JOIN per_account r ON r.id = d.id
-                  WHERE (r.account_id IS NULL
-                         OR r.account_nth <= COALESCE(
-                                (SELECT a.room FROM unnest($4::uuid[], $5::bigint[]) AS a(account, room)
-                                  WHERE a.account = r.account_id), $6))
+                 SELECT d.id FROM webhook_deliveries d JOIN eligible r ON r.id = d.id
+                  WHERE (r.account_id IS NULL OR r.lane_nth <= $7)
                     AND d.status = 'pending' AND d.next_attempt_at <= now()
-                  ORDER BY r.nth, r.next_attempt_at
+                  ORDER BY r.account_id IS NOT NULL, r.nth, r.next_attempt_at
                   LIMIT $1
                   FOR UPDATE OF d SKIP LOCKED)
              UPDATE webhook_deliveries d
@@ -313,6 +349,7 @@ impl Deliverer {
         .bind(&accounts)
         .bind(&rooms)
         .bind(PER_ACCOUNT)
+        .bind(customer_room)
         .fetch_all(&self.db)
         .await
     }
@@ -332,7 +369,10 @@ impl Deliverer {
             Ok(a) => a,
             Err(e) => return failed(e),
         };
-        let addrs = match target::allowed(&self.policy, &target.host, &addrs) {
+        // The history of an account's webhook is the account's to read:
+        // the addresses its name resolved to are not (they go to the log).
+        let reveal = row.account_id.is_none();
+        let addrs = match target::allowed(&self.policy, &target.host, &addrs, reveal) {
             Ok(a) => a,
             Err(e) => return failed(e),
         };

@@ -10,6 +10,11 @@
 //! events for it and sends `webhook.disabled` to the account's other
 //! webhooks and the operator's, until its owner enables it again
 //! (`PATCH …/webhooks/{wid}`, which pauses it too, with [`disable`]).
+//!
+//! Who disabled it is kept ([`DisabledBy`]): a webhook the operator paused
+//! stays paused until an operator enables it (an abusive receiver must not
+//! be switched back on by the account that owns it); one its owner paused,
+//! or its failures disabled, its owner may enable.
 
 use chrono::{DateTime, Utc};
 use sqlx::{Postgres, Transaction};
@@ -31,20 +36,44 @@ const REASON_BYTES: usize = 500;
 /// What a given-up delivery's `last_error` says.
 pub(crate) const GIVEN_UP: &str = "the webhook was disabled";
 
-/// Disables `webhook` inside `tx` with `reason` and gives up its pending
-/// deliveries (an attempt in flight is not recorded over them): when, and
-/// how many were given up.
+/// Who disabled a webhook (`webhooks.disabled_by`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DisabledBy {
+    /// An operator paused it: only an operator enables it again.
+    Operator,
+    /// Its account's key paused it.
+    Owner,
+    /// Its deliveries kept failing.
+    Failures,
+}
+
+impl DisabledBy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DisabledBy::Operator => "operator",
+            DisabledBy::Owner => "owner",
+            DisabledBy::Failures => "failures",
+        }
+    }
+}
+
+/// Disables `webhook` inside `tx` with `reason`, recording `by`, and gives
+/// up its pending deliveries (an attempt in flight is not recorded over
+/// them): when, and how many were given up.
 pub(crate) async fn disable(
     tx: &mut Transaction<'_, Postgres>,
     webhook: Uuid,
     reason: &str,
+    by: DisabledBy,
 ) -> Result<(DateTime<Utc>, u64), sqlx::Error> {
     let (disabled_at,): (DateTime<Utc>,) = sqlx::query_as(
-        "UPDATE webhooks SET disabled_at = now(), disabled_reason = $2 WHERE id = $1
+        "UPDATE webhooks SET disabled_at = now(), disabled_reason = $2, disabled_by = $3
+          WHERE id = $1
          RETURNING disabled_at",
     )
     .bind(webhook)
     .bind(reason)
+    .bind(by.as_str())
     .fetch_one(&mut **tx)
     .await?;
     Ok((disabled_at, give_up_pending(tx, webhook).await?))
@@ -58,7 +87,7 @@ pub(crate) async fn enable(
     webhook: Uuid,
 ) -> Result<u64, sqlx::Error> {
     sqlx::query(
-        "UPDATE webhooks SET disabled_at = NULL, disabled_reason = NULL,
+        "UPDATE webhooks SET disabled_at = NULL, disabled_reason = NULL, disabled_by = NULL,
                              failed_in_row = 0, failing_since = NULL, last_failed_at = NULL
           WHERE id = $1",
     )
@@ -131,7 +160,8 @@ impl Deliverer {
             since.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
         );
         let reason = truncate(&reason, REASON_BYTES);
-        let (disabled_at, given_up) = disable(&mut tx, webhook, &reason).await?;
+        let (disabled_at, given_up) =
+            disable(&mut tx, webhook, &reason, DisabledBy::Failures).await?;
         audit::record(
             &mut tx,
             "control-api",

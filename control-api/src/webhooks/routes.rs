@@ -3,7 +3,14 @@
 //! `/v1/webhooks` (operator webhooks: every account's events and the
 //! operator-only `exit.withdrawn`). The secret is in the creation answer
 //! only; lists never carry it. `PATCH …/{wid}` `{enabled}` pauses a webhook
-//! or enables one its failures disabled.
+//! or enables one its failures disabled; a webhook the operator paused only
+//! an operator enables (`403` to the account's key, naming the field, as
+//! for a policy the operator set).
+//!
+//! A URL refused for what its host resolves to names the rule to an
+//! account's key, never the address (an internal name's address is the
+//! operator's business): the address goes to the log, and to an operator
+//! caller.
 
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
@@ -11,6 +18,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+use super::disable::DisabledBy;
 use super::{target, EventType};
 use crate::auth::{new_secret, Caller, Operator};
 use crate::error::ApiError;
@@ -53,17 +61,22 @@ pub(crate) struct WebhookInfo {
     url: String,
     events: Vec<String>,
     created_at: DateTime<Utc>,
-    /// False once disabled (by its failures or its owner): it gets no events.
+    /// False once disabled (by its failures, its owner or the operator): it
+    /// gets no events.
     enabled: bool,
     disabled_at: Option<DateTime<Utc>>,
     disabled_reason: Option<String>,
+    /// Who disabled it: `operator` (only an operator enables it again),
+    /// `owner` or `failures`; null while enabled.
+    disabled_by: Option<String>,
     /// Deliveries that ended failed since the last one delivered.
     failed_deliveries_in_row: i32,
 }
 
 /// The columns of [`WebhookInfo`].
 const INFO: &str = "id, account_id, url, events, created_at, disabled_at IS NULL AS enabled,
-                    disabled_at, disabled_reason, failed_in_row AS failed_deliveries_in_row";
+                    disabled_at, disabled_reason, disabled_by,
+                    failed_in_row AS failed_deliveries_in_row";
 
 #[derive(Serialize, sqlx::FromRow)]
 pub(crate) struct DeliveryInfo {
@@ -132,7 +145,8 @@ async fn create(
 ) -> Result<(StatusCode, Json<NewWebhook>), ApiError> {
     let events = events(&body.events, account.is_none())?;
     let policy = target::policy(state.config.webhook_allow_internal, &state.protected);
-    let target = target::validate(&policy, &body.url)
+    // The addresses a name resolves to are shown to operators only.
+    let target = target::validate(&policy, &body.url, caller == Caller::Operator)
         .await
         .map_err(ApiError::BadRequest)?;
     let id = Uuid::new_v4();
@@ -200,7 +214,9 @@ async fn list(state: &AppState, account: Option<Uuid>) -> Result<Vec<WebhookInfo
 /// Enables a webhook (its run of failures starts again from nothing) or
 /// pauses it (its pending deliveries are given up, as when its failures
 /// disable it). Enabling an enabled one, or pausing a paused one, changes
-/// nothing.
+/// nothing — except that an operator pausing a webhook its owner paused or
+/// its failures disabled makes it the operator's pause. An account key
+/// cannot enable a webhook the operator paused (403).
 async fn update(
     state: &AppState,
     caller: Caller,
@@ -209,21 +225,32 @@ async fn update(
     body: UpdateWebhook,
 ) -> Result<Json<WebhookInfo>, ApiError> {
     let actor = crate::routes::users::actor(caller);
+    let by = match caller {
+        Caller::Operator => DisabledBy::Operator,
+        Caller::Account(_) => DisabledBy::Owner,
+    };
     let mut tx = state.db.begin().await?;
-    let was: Option<(bool,)> = sqlx::query_as(
-        "SELECT disabled_at IS NULL FROM webhooks
+    let was: Option<(bool, Option<String>)> = sqlx::query_as(
+        "SELECT disabled_at IS NULL, disabled_by FROM webhooks
           WHERE id = $1 AND account_id IS NOT DISTINCT FROM $2 FOR UPDATE",
     )
     .bind(webhook)
     .bind(account)
     .fetch_optional(&mut *tx)
     .await?;
-    let (enabled,) = was.ok_or(ApiError::NotFound("webhook"))?;
-    if enabled != body.enabled {
+    let (enabled, disabled_by) = was.ok_or(ApiError::NotFound("webhook"))?;
+    let operators_pause = disabled_by.as_deref() == Some(DisabledBy::Operator.as_str());
+    if body.enabled && !enabled && operators_pause && by != DisabledBy::Operator {
+        return Err(ApiError::Forbidden(
+            "enabled: the operator paused this webhook; only an operator can enable it".into(),
+        ));
+    }
+    let take_over = !body.enabled && !enabled && by == DisabledBy::Operator && !operators_pause;
+    if enabled != body.enabled || take_over {
         let given_up = if body.enabled {
             super::disable::enable(&mut tx, webhook).await?
         } else {
-            super::disable::disable(&mut tx, webhook, &format!("disabled by {actor}"))
+            super::disable::disable(&mut tx, webhook, &format!("disabled by {actor}"), by)
                 .await?
                 .1
         };
@@ -236,7 +263,8 @@ async fn update(
                 "webhook.disable"
             },
             &webhook.to_string(),
-            serde_json::json!({"account_id": account, "given_up": given_up}),
+            serde_json::json!({"account_id": account, "given_up": given_up,
+                               "previously_disabled_by": disabled_by}),
         )
         .await?;
     }

@@ -9,6 +9,13 @@
 //! Checked when the webhook is created and again on every delivery, on the
 //! addresses actually dialled (a name that resolved to a public address at
 //! creation and to 127.0.0.1 now — DNS rebinding — is refused then).
+//!
+//! A refusal names the rule that refused, and the address only when asked
+//! to (`reveal`): what an internal name resolves to is a map of the
+//! operator's network, so a customer is told `db.internal resolves to an
+//! address that is refused: ...` and the address goes to the log (a warning
+//! with the host, the address and the rule). A URL whose host is an IP
+//! literal is answered with that literal: the customer wrote it.
 
 use proxynet_common::egress::{Cidr, EgressPolicy, EgressPolicyConfig, DEFAULT_DENIED_PORTS};
 use reqwest::Url;
@@ -106,23 +113,29 @@ pub async fn resolve(target: &Target) -> Result<Vec<SocketAddr>, String> {
     Ok(addrs)
 }
 
-/// Refuses `addrs` unless every one passes `policy`, naming the first that
-/// does not and why.
-pub fn check_all(policy: &EgressPolicy, host: &str, addrs: &[SocketAddr]) -> Result<(), String> {
+/// Refuses `addrs` unless every one passes `policy`, naming the rule that
+/// refused the first that does not (and the address, if `reveal`).
+pub fn check_all(
+    policy: &EgressPolicy,
+    host: &str,
+    addrs: &[SocketAddr],
+    reveal: bool,
+) -> Result<(), String> {
     for addr in addrs {
         if let Err(denial) = policy.check(*addr) {
-            return Err(denied(host, *addr, &denial));
+            return Err(denied(host, *addr, &denial, reveal));
         }
     }
     Ok(())
 }
 
 /// The addresses of `addrs` that pass `policy` (what a delivery may dial),
-/// or why there are none.
+/// or why there are none (naming the address only if `reveal`).
 pub fn allowed(
     policy: &EgressPolicy,
     host: &str,
     addrs: &[SocketAddr],
+    reveal: bool,
 ) -> Result<Vec<SocketAddr>, String> {
     let mut first_denial = None;
     let ok: Vec<SocketAddr> = addrs
@@ -131,7 +144,7 @@ pub fn allowed(
         .filter(|a| match policy.check(*a) {
             Ok(()) => true,
             Err(d) => {
-                first_denial.get_or_insert_with(|| denied(host, *a, &d));
+                first_denial.get_or_insert_with(|| denied(host, *a, &d, reveal));
                 false
             }
         })
@@ -143,21 +156,37 @@ pub fn allowed(
     }
 }
 
-fn denied(host: &str, addr: SocketAddr, denial: &proxynet_common::egress::Denial) -> String {
-    let what = if host == addr.ip().to_string() {
-        format!("{addr}")
+/// Why `addr` (of `host`) is refused. The address itself is logged, and
+/// named in the answer only for an IP literal (the caller wrote it) or when
+/// `reveal`.
+fn denied(
+    host: &str,
+    addr: SocketAddr,
+    denial: &proxynet_common::egress::Denial,
+    reveal: bool,
+) -> String {
+    let literal = host == addr.ip().to_string();
+    if !literal {
+        tracing::warn!(host, addr = %addr, rule = %denial,
+            "a webhook target's name resolves to an address the policy refuses");
+    }
+    let what = if literal {
+        format!("{addr} is refused")
+    } else if reveal {
+        format!("{host} ({addr}) is refused")
     } else {
-        format!("{host} ({addr})")
+        format!("{host} resolves to an address that is refused")
     };
-    format!("{what} is refused: {denial}; webhook targets must be public addresses")
+    format!("{what}: {denial}; webhook targets must be public addresses")
 }
 
 /// Everything a request's URL must pass before the webhook is stored: its
-/// form, then its host's addresses now.
-pub async fn validate(policy: &EgressPolicy, url: &str) -> Result<Target, String> {
+/// form, then its host's addresses now (named in a refusal only if
+/// `reveal`).
+pub async fn validate(policy: &EgressPolicy, url: &str, reveal: bool) -> Result<Target, String> {
     let target = parse(url)?;
     let addrs = resolve(&target).await.map_err(|e| format!("url: {e}"))?;
-    check_all(policy, &target.host, &addrs).map_err(|e| format!("url: {e}"))?;
+    check_all(policy, &target.host, &addrs, reveal).map_err(|e| format!("url: {e}"))?;
     Ok(target)
 }
 
@@ -220,26 +249,26 @@ mod tests {
             "192.0.2.10:443",
         ] {
             let addr: SocketAddr = addr.parse().unwrap();
-            let e = check_all(&policy, "h", &[addr]).unwrap_err();
+            let e = check_all(&policy, "h", &[addr], false).unwrap_err();
             assert!(e.contains("refused"), "{addr}: {e}");
         }
         let public: SocketAddr = "93.184.215.14:443".parse().unwrap();
-        assert!(check_all(&policy, "h", &[public]).is_ok());
+        assert!(check_all(&policy, "h", &[public], false).is_ok());
         // One internal address among public ones is enough to refuse.
         let mixed = [public, "127.0.0.1:443".parse().unwrap()];
-        assert!(check_all(&policy, "h", &mixed).is_err());
+        assert!(check_all(&policy, "h", &mixed, false).is_err());
         // SMTP ports are refused whatever the address.
-        assert!(check_all(&policy, "h", &["93.184.215.14:25".parse().unwrap()]).is_err());
+        assert!(check_all(&policy, "h", &["93.184.215.14:25".parse().unwrap()], false).is_err());
     }
 
     #[test]
     fn the_flag_allows_internal_targets_but_never_our_own_services() {
         let own: SocketAddr = "127.0.0.1:5432".parse().unwrap();
         let policy = policy(true, &[own]);
-        assert!(check_all(&policy, "h", &["127.0.0.1:8080".parse().unwrap()]).is_ok());
-        assert!(check_all(&policy, "h", &["10.0.0.1:80".parse().unwrap()]).is_ok());
-        assert!(check_all(&policy, "h", &[own]).is_err());
-        assert!(check_all(&policy, "h", &["127.0.0.1:25".parse().unwrap()]).is_err());
+        assert!(check_all(&policy, "h", &["127.0.0.1:8080".parse().unwrap()], false).is_ok());
+        assert!(check_all(&policy, "h", &["10.0.0.1:80".parse().unwrap()], false).is_ok());
+        assert!(check_all(&policy, "h", &[own], false).is_err());
+        assert!(check_all(&policy, "h", &["127.0.0.1:25".parse().unwrap()], false).is_err());
     }
 
     #[test]
@@ -248,29 +277,47 @@ mod tests {
         let public: SocketAddr = "93.184.215.14:443".parse().unwrap();
         let rebound: SocketAddr = "127.0.0.1:443".parse().unwrap();
         assert_eq!(
-            allowed(&policy, "h", &[rebound, public]).unwrap(),
+            allowed(&policy, "h", &[rebound, public], false).unwrap(),
             vec![public]
         );
-        let e = allowed(&policy, "h.example", &[rebound]).unwrap_err();
+        let e = allowed(&policy, "h.example", &[rebound], true).unwrap_err();
         assert!(e.contains("h.example (127.0.0.1:443)"), "{e}");
+    }
+
+    #[test]
+    fn a_refused_name_tells_the_rule_but_not_the_address_unless_asked() {
+        let policy = strict();
+        let internal: SocketAddr = "10.0.3.7:80".parse().unwrap();
+        let e = check_all(&policy, "db.internal", &[internal], false).unwrap_err();
+        assert!(e.contains("db.internal") && e.contains("private"), "{e}");
+        assert!(!e.contains("10.0.3.7"), "{e}");
+        let e = allowed(&policy, "db.internal", &[internal], false).unwrap_err();
+        assert!(!e.contains("10.0.3.7"), "{e}");
+        let e = check_all(&policy, "db.internal", &[internal], true).unwrap_err();
+        assert!(e.contains("db.internal (10.0.3.7:80)"), "{e}");
+        // A literal is the caller's own words.
+        let e = check_all(&policy, "10.0.3.7", &[internal], false).unwrap_err();
+        assert!(e.contains("10.0.3.7:80 is refused"), "{e}");
     }
 
     #[tokio::test]
     async fn an_ip_literal_url_is_refused_without_the_flag_and_taken_with_it() {
-        let e = validate(&strict(), "http://127.0.0.1:9/hook")
+        let e = validate(&strict(), "http://127.0.0.1:9/hook", false)
             .await
             .unwrap_err();
         assert!(e.contains("loopback"), "{e}");
-        let e = validate(&strict(), "http://[::1]:9/hook")
+        let e = validate(&strict(), "http://[::1]:9/hook", false)
             .await
             .unwrap_err();
         assert!(e.contains("refused"), "{e}");
-        let e = validate(&strict(), "http://localhost:9/hook")
+        let e = validate(&strict(), "http://localhost:9/hook", false)
             .await
             .unwrap_err();
         assert!(e.contains("refused") || e.contains("resolve"), "{e}");
-        assert!(validate(&policy(true, &[]), "http://127.0.0.1:9/hook")
-            .await
-            .is_ok());
+        assert!(
+            validate(&policy(true, &[]), "http://127.0.0.1:9/hook", false)
+                .await
+                .is_ok()
+        );
     }
 }

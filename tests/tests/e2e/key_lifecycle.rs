@@ -1,11 +1,12 @@
 //! API keys have lineage: a key records the key that minted it, an account
 //! lists and revokes its own keys, revoking a key revokes what it minted, and
 //! dashboard sessions end with the key they logged in with. Accounts and
-//! plans can be listed; a deleted account's users are cut at once.
+//! plans can be listed; a deleted account's users are cut at once. A key
+//! past its request rate is answered 429 with Retry-After.
 
 use proxynet_tests::client::connect_tunnel;
 use proxynet_tests::process::eventually;
-use proxynet_tests::stack::{Stack, ADMIN_TOKEN, PASSWORD, USERNAME};
+use proxynet_tests::stack::{Stack, StackOptions, ADMIN_TOKEN, PASSWORD, USERNAME};
 use serde_json::{json, Value};
 use std::time::Duration;
 use tokio::io::AsyncReadExt;
@@ -195,4 +196,79 @@ async fn operators_list_accounts_and_plans_and_a_deleted_accounts_tunnels_are_cu
         200,
         "the ledger is kept"
     );
+}
+
+/// An API key past its rate (here one request a second, five at once) is
+/// answered `429` with `Retry-After`; another key of the same account and
+/// the admin token are not held back, and the key is answered again after
+/// the wait it was told.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_api_key_past_its_rate_is_answered_429_with_retry_after() {
+    let stack = Stack::start_with(StackOptions {
+        egress_ips: vec![],
+        api_env: vec![
+            ("PROXYNET_API_KEY_RATE".into(), "1".into()),
+            ("PROXYNET_API_KEY_BURST".into(), "5".into()),
+        ],
+        ..Default::default()
+    })
+    .await;
+    let account = stack.create_account("hasty").await;
+    let (key, _, _) = mint(&stack, ADMIN_TOKEN, account, "hasty").await;
+    let (neighbour, _, _) = mint(&stack, ADMIN_TOKEN, account, "neighbour").await;
+    let path = format!("/v1/accounts/{account}");
+
+    let started = std::time::Instant::now();
+    let mut answered = Vec::new();
+    let mut refusal = None;
+    for _ in 0..30 {
+        let r = stack
+            .http
+            .get(stack.api(&path))
+            .bearer_auth(&key)
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        if status == 429 && refusal.is_none() {
+            let retry_after: u64 = r.headers()["retry-after"]
+                .to_str()
+                .unwrap()
+                .parse()
+                .unwrap();
+            let problem: Value = r.json().await.unwrap();
+            refusal = Some((retry_after, problem));
+        }
+        answered.push(status);
+    }
+    let elapsed = started.elapsed();
+    assert!(
+        answered[..5].iter().all(|s| *s == 200),
+        "the burst is answered: {answered:?}"
+    );
+    assert!(
+        answered.iter().all(|s| *s == 200 || *s == 429),
+        "{answered:?}"
+    );
+    let ok = answered.iter().filter(|s| **s == 200).count() as u64;
+    assert!(
+        ok <= 5 + elapsed.as_secs() + 1,
+        "{ok} answered in {elapsed:?}: {answered:?}"
+    );
+    let (retry_after, problem) = refusal.expect("a 429");
+    assert!((1..=2).contains(&retry_after), "Retry-After: {retry_after}");
+    assert_eq!(problem["status"], 429, "{problem}");
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .contains("requests a second"),
+        "{problem}"
+    );
+
+    // Per key: the account's other key and the admin token are answered.
+    assert_eq!(status_with(&stack, &neighbour, &path).await, 200);
+    assert_eq!(status_with(&stack, ADMIN_TOKEN, &path).await, 200);
+    tokio::time::sleep(Duration::from_secs(retry_after)).await;
+    assert_eq!(status_with(&stack, &key, &path).await, 200);
 }

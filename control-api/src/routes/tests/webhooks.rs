@@ -42,8 +42,46 @@ fn worker(state: &crate::AppState, rules: DeliveryRules) -> Deliverer {
     .with_rules(rules)
 }
 
+/// A due delivery of `event` for `hook` about `source` (None: the fleet's
+/// own), due since `age_secs` ago.
+async fn due_row(
+    state: &crate::AppState,
+    hook: Uuid,
+    event: &str,
+    source: Option<Uuid>,
+    age_secs: f64,
+) -> Uuid {
+    let id = Uuid::new_v4();
+    sqlx::query(
+        "INSERT INTO webhook_deliveries (id, webhook_id, event_id, event, body, source_account, next_attempt_at)
+         VALUES ($1, $2, gen_random_uuid(), $3, '{}', $4, now() - make_interval(secs => $5))",
+    )
+    .bind(id)
+    .bind(hook)
+    .bind(event)
+    .bind(source)
+    .bind(age_secs)
+    .execute(&state.db)
+    .await
+    .unwrap();
+    id
+}
+
+/// The bodies queued for `hook`, parsed.
+async fn bodies_for(state: &crate::AppState, hook: Uuid) -> Vec<serde_json::Value> {
+    let rows: Vec<(String,)> =
+        sqlx::query_as("SELECT body FROM webhook_deliveries WHERE webhook_id = $1")
+            .bind(hook)
+            .fetch_all(&state.db)
+            .await
+            .unwrap();
+    rows.into_iter()
+        .map(|(b,)| serde_json::from_str(&b).unwrap())
+        .collect()
+}
+
 #[tokio::test]
-async fn deleting_an_account_tells_the_operators_webhooks_of_each_key_it_revoked() {
+async fn deleting_an_account_tells_the_operators_webhooks_once_of_every_key_it_revoked() {
     let (app, state) = app_and_state().await;
     let (account, _) = account(&app, "leaving").await;
     let (status, _, _) = call(
@@ -72,20 +110,266 @@ async fn deleting_an_account_tells_the_operators_webhooks_of_each_key_it_revoked
     .fetch_all(&state.db)
     .await
     .unwrap();
-    assert_eq!(bodies.len(), 2, "one event per key: {bodies:?}");
-    for (hook, body) in &bodies {
-        assert_eq!(*hook, operator_hook, "a deleted account hears nothing more");
-        let body: serde_json::Value = serde_json::from_str(body).unwrap();
-        assert_eq!(body["data"]["account_id"], account.to_string(), "{body}");
-        assert_eq!(body["data"]["cause"], "account_deleted");
-        assert_eq!(body["data"]["revoked_by"], "operator");
-        assert!(body["data"]["cascade_from"].is_null());
+    assert_eq!(bodies.len(), 1, "one event for both keys: {bodies:?}");
+    let (hook, body) = &bodies[0];
+    assert_eq!(*hook, operator_hook, "a deleted account hears nothing more");
+    let body: serde_json::Value = serde_json::from_str(body).unwrap();
+    assert_eq!(body["data"]["account_id"], account.to_string(), "{body}");
+    assert_eq!(body["data"]["cause"], "account_deleted");
+    assert_eq!(body["data"]["revoked_by"], "operator");
+    assert!(body["data"]["cascade_from"].is_null());
+    let ids = body["data"]["revoked_key_ids"].as_array().unwrap();
+    assert_eq!(ids.len(), 2, "{body}");
+    assert_eq!(body["data"]["key_id"], ids[0], "the oldest key heads it");
+}
+
+#[tokio::test]
+async fn an_operator_keys_cascade_tells_each_account_of_its_own_keys_only() {
+    let (app, state) = app_and_state().await;
+    let (a, _) = account(&app, "cascade-a").await;
+    let (b, _) = account(&app, "cascade-b").await;
+    let (status, _, operator_key) = call(
+        &app,
+        Method::POST,
+        "/v1/api-keys",
+        Some(ADMIN),
+        Some(r#"{"name": "ops"}"#),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{operator_key}");
+    let operator_key_id = operator_key["id"].as_str().unwrap().to_owned();
+    let secret = operator_key["key"].as_str().unwrap().to_owned();
+    let mut minted = Vec::new();
+    for account in [a, b] {
+        let (status, _, key) = call(
+            &app,
+            Method::POST,
+            &format!("/v1/accounts/{account}/api-keys"),
+            Some(&secret),
+            Some(r#"{"name": "minted-by-ops"}"#),
+        )
+        .await;
+        assert_eq!(status, StatusCode::CREATED, "{key}");
+        minted.push(key["id"].as_str().unwrap().to_owned());
+    }
+    let operator_hook = webhook_row(&state, None, "key.revoked").await;
+    let hook_a = webhook_row(&state, Some(a), "key.revoked").await;
+    let hook_b = webhook_row(&state, Some(b), "key.revoked").await;
+    let (status, _, _) = call(
+        &app,
+        Method::DELETE,
+        &format!("/v1/api-keys/{operator_key_id}"),
+        Some(ADMIN),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+
+    let operator = bodies_for(&state, operator_hook).await;
+    assert_eq!(operator.len(), 1, "{operator:?}");
+    let data = &operator[0]["data"];
+    assert_eq!(data["key_id"], operator_key_id.as_str());
+    assert_eq!(data["cause"], "revoked");
+    assert_eq!(
+        data["revoked_key_ids"].as_array().unwrap().len(),
+        3,
+        "{data}"
+    );
+    for (hook, own) in [(hook_a, &minted[0]), (hook_b, &minted[1])] {
+        let bodies = bodies_for(&state, hook).await;
+        assert_eq!(bodies.len(), 1, "{bodies:?}");
+        let data = &bodies[0]["data"];
+        assert_eq!(data["key_id"], own.as_str(), "{data}");
+        assert_eq!(data["cause"], "cascade");
+        assert_eq!(data["cascade_from"], operator_key_id.as_str());
+        assert_eq!(
+            data["revoked_key_ids"],
+            json!([own]),
+            "its own keys only: {data}"
+        );
     }
 }
 
 #[tokio::test]
+async fn an_account_whose_webhooks_hold_the_cap_gets_no_more_queued() {
+    let (app, state) = app_and_state().await;
+    let (account, _) = account(&app, "backlogged").await;
+    let hook = webhook_row(&state, Some(account), "key.revoked").await;
+    let operator_hook = webhook_row(&state, None, "key.revoked").await;
+    let cap = crate::webhooks::max_pending_per_account();
+    assert!(cap > 0);
+    sqlx::query(
+        "INSERT INTO webhook_deliveries (id, webhook_id, event_id, event, body)
+         SELECT gen_random_uuid(), $1, gen_random_uuid(), 'key.revoked', '{}'
+           FROM generate_series(1, $2::bigint)",
+    )
+    .bind(hook)
+    .bind(i64::try_from(cap).unwrap())
+    .execute(&state.db)
+    .await
+    .unwrap();
+    let (status, _, key) = call(
+        &app,
+        Method::POST,
+        &format!("/v1/accounts/{account}/api-keys"),
+        Some(ADMIN),
+        Some(r#"{"name": "doomed"}"#),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED);
+    let (status, _, _) = call(
+        &app,
+        Method::DELETE,
+        &format!("/v1/api-keys/{}", key["id"].as_str().unwrap()),
+        Some(ADMIN),
+        None,
+    )
+    .await;
+    assert_eq!(
+        status,
+        StatusCode::NO_CONTENT,
+        "the revocation itself goes on"
+    );
+    let count = |hook: Uuid| {
+        let db = state.db.clone();
+        async move {
+            sqlx::query_as::<_, (i64,)>(
+                "SELECT count(*) FROM webhook_deliveries WHERE webhook_id = $1",
+            )
+            .bind(hook)
+            .fetch_one(&db)
+            .await
+            .unwrap()
+            .0
+        }
+    };
+    assert_eq!(
+        count(hook).await,
+        i64::try_from(cap).unwrap(),
+        "nothing more queued"
+    );
+    assert_eq!(
+        count(operator_hook).await,
+        1,
+        "operator webhooks are not capped"
+    );
+}
+
+#[tokio::test]
+async fn an_operators_pause_binds_the_account_key_and_an_owners_does_not() {
+    let (app, state) = app_and_state().await;
+    let (account, key) = account(&app, "paused").await;
+    let hook = webhook_row(&state, Some(account), "key.revoked").await;
+    let path = format!("/v1/accounts/{account}/webhooks/{hook}");
+    let patch = |token: String, enabled: bool| {
+        let (app, path) = (app.clone(), path.clone());
+        async move {
+            call(
+                &app,
+                Method::PATCH,
+                &path,
+                Some(&token),
+                Some(&json!({ "enabled": enabled }).to_string()),
+            )
+            .await
+        }
+    };
+
+    let (status, _, info) = patch(ADMIN.to_owned(), false).await;
+    assert_eq!(status, StatusCode::OK, "{info}");
+    assert_eq!(info["disabled_by"], "operator");
+    let (status, _, problem) = patch(key.clone(), true).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{problem}");
+    let detail = problem["detail"].as_str().unwrap();
+    assert!(
+        detail.starts_with("enabled: the operator paused"),
+        "{detail}"
+    );
+    // Pausing it again changes nothing, and still binds.
+    let (status, _, info) = patch(key.clone(), false).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(info["disabled_by"], "operator", "{info}");
+    let (status, _, info) = patch(ADMIN.to_owned(), true).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(info["enabled"], true);
+    assert!(info["disabled_by"].is_null(), "{info}");
+
+    // The owner's own pause it may lift; an operator's on top of it binds.
+    let (_, _, info) = patch(key.clone(), false).await;
+    assert_eq!(info["disabled_by"], "owner", "{info}");
+    let (status, _, info) = patch(key.clone(), true).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(info["enabled"], true);
+    patch(key.clone(), false).await;
+    let (_, _, info) = patch(ADMIN.to_owned(), false).await;
+    assert_eq!(info["disabled_by"], "operator", "{info}");
+    assert_eq!(info["disabled_reason"], "disabled by operator");
+    let (status, _, _) = patch(key.clone(), true).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+}
+
+#[tokio::test]
+async fn operator_webhooks_have_slots_of_their_own_and_take_fleet_events_first() {
+    use crate::webhooks::delivery::{CUSTOMER_SLOTS, PER_ACCOUNT};
+    let (app, state) = app_and_state().await;
+    // Four accounts, eight webhooks each, one due row each: 32 rows every
+    // account's cap allows, enough to fill every slot.
+    let mut accounts = Vec::new();
+    for i in 0..4 {
+        let (account, _) = account(&app, &format!("busy-{i}")).await;
+        for _ in 0..PER_ACCOUNT {
+            let hook = webhook_row(&state, Some(account), "key.revoked").await;
+            due_row(&state, hook, "key.revoked", Some(account), 30.0).await;
+        }
+        accounts.push(account);
+    }
+    // The operator's webhook: five older events of one account's loop, then
+    // an exit withdrawn.
+    let operator_hook = webhook_row(&state, None, "exit.withdrawn").await;
+    for _ in 0..5 {
+        due_row(
+            &state,
+            operator_hook,
+            "key.revoked",
+            Some(accounts[0]),
+            60.0,
+        )
+        .await;
+    }
+    let withdrawn = due_row(&state, operator_hook, "exit.withdrawn", None, 1.0).await;
+
+    let deliverer = worker(&state, DeliveryRules::default());
+    let claimed = deliverer.claim(32, &[], &[], CUSTOMER_SLOTS).await.unwrap();
+    let operator: Vec<_> = claimed.iter().filter(|c| c.account_id.is_none()).collect();
+    assert_eq!(operator.len(), 2, "two rows of the operator's webhook");
+    let customers = claimed.len() - operator.len();
+    assert_eq!(
+        customers as i64, CUSTOMER_SLOTS,
+        "customers leave the operator's slots"
+    );
+    let (withdrawn_claimed,): (i32,) =
+        sqlx::query_as("SELECT attempts FROM webhook_deliveries WHERE id = $1")
+            .bind(withdrawn)
+            .fetch_one(&state.db)
+            .await
+            .unwrap();
+    assert_eq!(withdrawn_claimed, 1, "the fleet's event went first");
+
+    // With the customers' slots all taken, only operator rows are claimed
+    // (the operator's webhook is free again here; the customers' are busy).
+    let busy: Vec<Uuid> = claimed
+        .iter()
+        .filter(|c| c.account_id.is_some())
+        .map(|c| c.webhook_id)
+        .collect();
+    let again = deliverer.claim(32, &busy, &[], 0).await.unwrap();
+    assert_eq!(again.len(), 2, "the operator's next two");
+    assert!(again.iter().all(|c| c.account_id.is_none()));
+}
+
+#[tokio::test]
 async fn a_claim_takes_each_webhooks_first_row_first_and_caps_an_account() {
-    use crate::webhooks::delivery::PER_ACCOUNT;
+    use crate::webhooks::delivery::{CUSTOMER_SLOTS, PER_ACCOUNT};
     let (app, state) = app_and_state().await;
     let (account, _) = account(&app, "ten-hooks").await;
     let mut hooks = Vec::new();
@@ -99,7 +383,7 @@ async fn a_claim_takes_each_webhooks_first_row_first_and_caps_an_account() {
         hooks.push(hook);
     }
     let deliverer = worker(&state, DeliveryRules::default());
-    let claimed = deliverer.claim(32, &[], &[]).await.unwrap();
+    let claimed = deliverer.claim(32, &[], &[], CUSTOMER_SLOTS).await.unwrap();
     let of_account: Vec<_> = claimed
         .iter()
         .filter(|c| c.account_id == Some(account))
@@ -121,9 +405,15 @@ async fn a_claim_takes_each_webhooks_first_row_first_and_caps_an_account() {
     // With those in flight: nothing more of the busy webhooks, and of the
     // account only what room it has left.
     let busy: Vec<Uuid> = claimed.iter().map(|c| c.webhook_id).collect();
-    let again = deliverer.claim(32, &busy, &[(account, 0)]).await.unwrap();
+    let again = deliverer
+        .claim(32, &busy, &[(account, 0)], CUSTOMER_SLOTS)
+        .await
+        .unwrap();
     assert!(again.is_empty(), "{} more", again.len());
-    let room = deliverer.claim(32, &busy, &[(account, 1)]).await.unwrap();
+    let room = deliverer
+        .claim(32, &busy, &[(account, 1)], CUSTOMER_SLOTS)
+        .await
+        .unwrap();
     assert_eq!(room.len(), 1);
     assert!(!busy.contains(&room[0].webhook_id));
 }
