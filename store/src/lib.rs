@@ -115,9 +115,10 @@ impl Keys {
 
     /// Written by every control-api instance every half heartbeat interval,
     /// expiring after one: while it exists, the control plane is taking
-    /// heartbeats; once it lapses, superproxies keep exits they hold live,
-    /// probed links to eligible for a bounded grace (the data plane outlives
-    /// the control plane). In the `{exits}` slot, read by the pool scripts.
+    /// heartbeats; once it lapses, superproxies keep the exits that were
+    /// live then, and to which they hold live, probed links, eligible for a
+    /// bounded grace (the data plane outlives the control plane). In the
+    /// `{exits}` slot, read by the pool scripts.
     pub fn control_plane_alive(&self) -> String {
         format!("{}{{exits}}:control-plane", self.prefix)
     }

@@ -10,19 +10,26 @@
 //!
 //! Until its first successful login a connection also holds a pre-auth slot
 //! of its source address ([`PreAuth`]): at most
-//! `max_unauthenticated_per_source` per address (IPv6 per /64), each cut
-//! `unauthenticated_timeout_ms` after accept if it has not logged in by then.
-//! One address cannot hold the connection slots with sockets that never speak.
+//! `max_unauthenticated_per_source` per address (IPv6 per /64),
+//! `known_source_factor` times that for an address that logged in lately,
+//! each cut `unauthenticated_timeout_ms` after accept if it has not logged
+//! in by then.
+//! Past that a new connection waits, accepted but unread, for a slot of its
+//! address to free, within the same deadline: a burst from one NAT address
+//! is served in turn, and one address still cannot hold more slots than its
+//! allowance with sockets that never speak.
 
 use proxynet_common::tasks::Stop;
+use std::collections::HashMap;
 use std::future::Future;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{ErrorKind, ProxyError};
@@ -93,12 +100,17 @@ impl ConnectionTicket {
     }
 
     /// The connection has logged in: it no longer counts against its
-    /// address's pre-auth bound nor runs against the pre-auth deadline.
+    /// address's pre-auth bound nor runs against the pre-auth deadline, and
+    /// (at its first login) its address counts as known for a while.
     pub fn authenticated(&self) {
         match &self.0.holds {
             TicketHolds::Connection { pre_auth, .. } => {
-                if let Ok(mut slot) = pre_auth.lock() {
-                    slot.take();
+                let slot = pre_auth.lock().ok().and_then(|mut slot| slot.take());
+                if let Some(slot) = slot {
+                    // Known first, then freed: the place goes to a waiter
+                    // of the larger allowance.
+                    slot.registry.logged_in(slot.source);
+                    drop(slot);
                 }
             }
             TicketHolds::Stream(place) => place.connection.authenticated(),
@@ -176,94 +188,403 @@ async fn accept_tls(
     }
 }
 
+/// The bounds [`PreAuth`] keeps (docs/tenancy.md, "Connection-level bounds").
+#[derive(Debug, Clone, Copy)]
+pub struct PreAuthLimits {
+    /// Slots one address (IPv6: one /64) may hold.
+    pub per_source: usize,
+    /// Slots an address one of whose connections logged in within
+    /// `known_for` may hold.
+    pub per_known_source: usize,
+    /// Connections one address may have waiting for a slot; beyond, new
+    /// ones are closed at once.
+    pub waiting_per_source: usize,
+    /// Slots held by every address together.
+    pub total: usize,
+    /// Connections waiting for a slot, from every address together.
+    pub waiting_total: usize,
+    /// How long after a login its address counts as known.
+    pub known_for: Duration,
+    /// From accept to the cut of a connection still not logged in, waiting
+    /// included.
+    pub timeout: Duration,
+}
+
 /// Connections that have not logged in yet, per source address.
+///
+/// A connection holds a slot of its address until its first login. Past its
+/// address's allowance a new connection waits, accepted but unread, for a
+/// slot to free (a login or a close), first come first served, until its
+/// deadline: a customer's burst through one NAT address is served in turn
+/// instead of closed, while silent sockets still hold no more than the
+/// allowance. Waiters are bounded too (per address and in all), so what a
+/// flood costs stays bounded; past those bounds connections are closed.
 pub struct PreAuth {
-    max_per_source: usize,
-    /// Most unauthenticated connections from everyone together: many
-    /// addresses (a /48, a botnet) cannot fill every connection slot either.
-    max_total: usize,
-    timeout: Duration,
+    limits: PreAuthLimits,
     state: std::sync::Mutex<PreAuthState>,
 }
 
 #[derive(Default)]
 struct PreAuthState {
-    per_source: std::collections::HashMap<std::net::IpAddr, usize>,
+    per_source: HashMap<IpAddr, Source>,
     /// Slot id → (deadline, the connection's cut token).
-    pending: std::collections::HashMap<u64, (tokio::time::Instant, CancellationToken)>,
+    pending: HashMap<u64, (Instant, CancellationToken)>,
     next_id: u64,
+    /// Connections waiting for a slot, from every address.
+    waiting: usize,
+    /// Addresses whose connections logged in, and when the last one did.
+    logins: HashMap<IpAddr, Instant>,
+}
+
+impl PreAuthState {
+    /// Forgets `source` once it holds and awaits nothing: the map stays as
+    /// small as what is pending.
+    fn tidy(&mut self, source: &IpAddr) {
+        if self
+            .per_source
+            .get(source)
+            .is_some_and(|s| s.held == 0 && s.waiting == 0)
+        {
+            self.per_source.remove(source);
+        }
+    }
+}
+
+/// One source address's slots and the connections waiting for one.
+struct Source {
+    /// As many permits as the address's allowance: a slot holds one, a
+    /// waiter queues for one (tokio's semaphore hands freed permits to
+    /// queued waiters first, in order).
+    slots: Arc<Semaphore>,
+    /// Permits `slots` holds in all (available, held or handed to a
+    /// waiter): the allowance as last set.
+    allowance: usize,
+    /// Slots held now.
+    held: usize,
+    /// Connections waiting now.
+    waiting: usize,
+}
+
+impl Source {
+    fn new(allowance: usize) -> Self {
+        Self {
+            slots: Arc::new(Semaphore::new(allowance)),
+            allowance,
+            held: 0,
+            waiting: 0,
+        }
+    }
+
+    /// Raises the allowance to `to` at once; the new permits go to the
+    /// waiters first.
+    fn grow_to(&mut self, to: usize) {
+        if to > self.allowance {
+            self.slots.add_permits(to - self.allowance);
+            self.allowance = to;
+        }
+    }
+
+    /// Lowers the allowance towards `to` by the permits no one holds; the
+    /// held ones are taken back as their slots free.
+    fn shrink_to(&mut self, to: usize) {
+        if self.allowance > to {
+            self.allowance -= self.slots.forget_permits(self.allowance - to);
+        }
+    }
 }
 
 /// One unauthenticated connection's place in [`PreAuth`]; dropping it frees
 /// the place.
 struct PreAuthSlot {
     registry: Arc<PreAuth>,
-    source: std::net::IpAddr,
+    source: IpAddr,
     id: u64,
+    /// Its address's permit (taken only when dropped).
+    permit: Option<OwnedSemaphorePermit>,
 }
 
 impl Drop for PreAuthSlot {
     fn drop(&mut self) {
-        if let Ok(mut state) = self.registry.state.lock() {
-            state.pending.remove(&self.id);
-            if let Some(n) = state.per_source.get_mut(&self.source) {
-                *n -= 1;
-                if *n == 0 {
-                    state.per_source.remove(&self.source);
+        let mut permit = self.permit.take();
+        let Ok(mut guard) = self.registry.state.lock() else {
+            return;
+        };
+        let state = &mut *guard;
+        state.pending.remove(&self.id);
+        let target = self
+            .registry
+            .allowance(&state.logins, &self.source, Instant::now());
+        if let Some(entry) = state.per_source.get_mut(&self.source) {
+            entry.held = entry.held.saturating_sub(1);
+            if entry.allowance > target {
+                if let Some(permit) = permit.take() {
+                    // The address is no longer known: its place is not
+                    // handed on, and its allowance is back towards the
+                    // plain one even while connections wait.
+                    permit.forget();
+                    entry.allowance -= 1;
                 }
             }
+        }
+        state.tidy(&self.source);
+        drop(guard);
+        // Freed after the bookkeeping, so the waiter it goes to finds this
+        // slot counted out.
+        drop(permit);
+    }
+}
+
+/// What [`PreAuth::admit`] makes of a new connection.
+enum Admission {
+    /// A slot now: the connection is served.
+    Slot(PreAuthSlot),
+    /// Its address holds every slot it may: wait for one, unread.
+    Wait(Waiting),
+    /// Closed at once, for this limit (the refusal counter's label).
+    Refused(&'static str),
+}
+
+/// A connection waiting for a slot of its address: counted among its
+/// address's waiters until it gets one or gives up.
+struct Waiting {
+    registry: Arc<PreAuth>,
+    source: IpAddr,
+    slots: Arc<Semaphore>,
+    /// The connection's pre-auth deadline, counted from its accept.
+    deadline: Instant,
+    /// Still counted among the waiters (until seated).
+    counted: bool,
+}
+
+impl Waiting {
+    /// Waits for a slot until the connection's deadline, its cut or the
+    /// listeners closing (`closing`); `None` when it got none (the
+    /// connection is then closed, never read).
+    async fn slot(
+        mut self,
+        cut: &CancellationToken,
+        closing: &CancellationToken,
+    ) -> Option<PreAuthSlot> {
+        // A timer per waiter: each waits on its own task anyway, and
+        // waiters are bounded.
+        let acquired = tokio::select! {
+            permit = self.slots.clone().acquire_owned() => permit.ok(),
+            () = tokio::time::sleep_until(self.deadline) => {
+                metrics::counter!("proxynet_limit_refusals_total", "limit" => "unauthenticated_timeout")
+                    .increment(1);
+                None
+            }
+            () = cut.cancelled() => None,
+            () = closing.cancelled() => None,
+        };
+        let permit = acquired?;
+        let registry = self.registry.clone();
+        registry.seat(&mut self, permit, cut)
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        if !self.counted {
+            return;
+        }
+        if let Ok(mut state) = self.registry.state.lock() {
+            state.waiting = state.waiting.saturating_sub(1);
+            if let Some(entry) = state.per_source.get_mut(&self.source) {
+                entry.waiting = entry.waiting.saturating_sub(1);
+            }
+            state.tidy(&self.source);
         }
     }
 }
 
+/// Logins remembered at most (addresses that logged in within
+/// `known_for`): beyond, a new address is not remembered, so the map stays
+/// bounded whoever logs in.
+const MAX_KNOWN_SOURCES: usize = 100_000;
+
+/// Logins past `known_for` are forgotten every this many deadline sweeps
+/// (10 s): walking the map every quarter second would be waste.
+const PRUNE_EVERY: u64 = 40;
+
 impl PreAuth {
-    pub fn new(max_per_source: usize, max_total: usize, timeout: Duration) -> Arc<Self> {
+    pub fn new(limits: PreAuthLimits) -> Arc<Self> {
+        let per_source = limits.per_source.clamp(1, Semaphore::MAX_PERMITS);
         Arc::new(Self {
-            max_per_source: max_per_source.max(1),
-            max_total: max_total.max(1),
-            timeout,
+            limits: PreAuthLimits {
+                per_source,
+                per_known_source: limits
+                    .per_known_source
+                    .clamp(per_source, Semaphore::MAX_PERMITS),
+                total: limits.total.max(1),
+                ..limits
+            },
             state: Default::default(),
         })
     }
 
-    /// A place for one more unauthenticated connection from `peer`, or
-    /// `None` when its address holds the most already.
-    fn admit(self: &Arc<Self>, peer: SocketAddr, cut: &CancellationToken) -> Option<PreAuthSlot> {
+    /// The slots `source` may hold now: more while it is known.
+    fn allowance(&self, logins: &HashMap<IpAddr, Instant>, source: &IpAddr, now: Instant) -> usize {
+        let known = logins
+            .get(source)
+            .is_some_and(|at| now.saturating_duration_since(*at) < self.limits.known_for);
+        if known {
+            self.limits.per_known_source
+        } else {
+            self.limits.per_source
+        }
+    }
+
+    /// A slot for a connection from `peer` accepted at `accepted`, a place
+    /// among its address's waiters, or a refusal.
+    fn admit(
+        self: &Arc<Self>,
+        peer: SocketAddr,
+        cut: &CancellationToken,
+        accepted: Instant,
+    ) -> Admission {
         let source = crate::limits::limit_key(peer.ip());
-        let mut state = self.state.lock().ok()?;
-        if state.pending.len() >= self.max_total {
+        let deadline = accepted + self.limits.timeout;
+        let Ok(mut guard) = self.state.lock() else {
+            return Admission::Refused("unauthenticated_per_source");
+        };
+        let state = &mut *guard;
+        if state.pending.len() >= self.limits.total {
+            return Admission::Refused("unauthenticated_total");
+        }
+        let allowance = self.allowance(&state.logins, &source, accepted);
+        let waiting_full = state.waiting >= self.limits.waiting_total;
+        let entry = state
+            .per_source
+            .entry(source)
+            .or_insert_with(|| Source::new(allowance));
+        // A permit is free only while nobody waits: freed ones go to the
+        // waiters first, so a newcomer never jumps the queue.
+        match entry.slots.clone().try_acquire_owned() {
+            Ok(permit) => {
+                entry.held += 1;
+                Admission::Slot(self.register(state, source, deadline, cut, permit))
+            }
+            // A fresh entry always has a permit, so nothing is left to tidy.
+            Err(_) if waiting_full => Admission::Refused("unauthenticated_total"),
+            Err(_) if entry.waiting >= self.limits.waiting_per_source => {
+                Admission::Refused("unauthenticated_per_source")
+            }
+            Err(_) => {
+                entry.waiting += 1;
+                let slots = entry.slots.clone();
+                state.waiting += 1;
+                Admission::Wait(Waiting {
+                    registry: self.clone(),
+                    source,
+                    slots,
+                    deadline,
+                    counted: true,
+                })
+            }
+        }
+    }
+
+    /// Gives `waiting` the slot its address's `permit` stands for; `None`
+    /// when every address together holds the most slots already.
+    fn seat(
+        self: &Arc<Self>,
+        waiting: &mut Waiting,
+        permit: OwnedSemaphorePermit,
+        cut: &CancellationToken,
+    ) -> Option<PreAuthSlot> {
+        let mut guard = self.state.lock().ok()?;
+        let state = &mut *guard;
+        if state.pending.len() >= self.limits.total {
+            metrics::counter!("proxynet_limit_refusals_total", "limit" => "unauthenticated_total")
+                .increment(1);
             return None;
         }
-        let held = state.per_source.entry(source).or_insert(0);
-        if *held >= self.max_per_source {
-            return None;
-        }
-        *held += 1;
+        let entry = state.per_source.get_mut(&waiting.source)?;
+        entry.waiting = entry.waiting.saturating_sub(1);
+        entry.held += 1;
+        state.waiting = state.waiting.saturating_sub(1);
+        waiting.counted = false;
+        Some(self.register(state, waiting.source, waiting.deadline, cut, permit))
+    }
+
+    /// Enters a slot in the deadline sweep's list.
+    fn register(
+        self: &Arc<Self>,
+        state: &mut PreAuthState,
+        source: IpAddr,
+        deadline: Instant,
+        cut: &CancellationToken,
+        permit: OwnedSemaphorePermit,
+    ) -> PreAuthSlot {
         state.next_id += 1;
         let id = state.next_id;
-        state.pending.insert(
-            id,
-            (tokio::time::Instant::now() + self.timeout, cut.clone()),
-        );
-        Some(PreAuthSlot {
+        state.pending.insert(id, (deadline, cut.clone()));
+        PreAuthSlot {
             registry: self.clone(),
             source,
             id,
-        })
+            permit: Some(permit),
+        }
     }
 
-    /// Unauthenticated connections held now (for tests and metrics).
+    /// A connection from `source` logged in: the address is known for
+    /// `known_for`, and its larger allowance applies at once (its waiters
+    /// first).
+    fn logged_in(&self, source: IpAddr) {
+        let Ok(mut guard) = self.state.lock() else {
+            return;
+        };
+        let state = &mut *guard;
+        if state.logins.len() >= MAX_KNOWN_SOURCES && !state.logins.contains_key(&source) {
+            return;
+        }
+        state.logins.insert(source, Instant::now());
+        if let Some(entry) = state.per_source.get_mut(&source) {
+            entry.grow_to(self.limits.per_known_source);
+        }
+    }
+
+    /// Lowers the allowance of addresses no longer known (by the permits no
+    /// one holds; held ones are taken back as they free), and forgets
+    /// logins past `known_for` when `prune`.
+    fn settle(&self, now: Instant, prune: bool) {
+        let Ok(mut guard) = self.state.lock() else {
+            return;
+        };
+        let state = &mut *guard;
+        if prune {
+            let known_for = self.limits.known_for;
+            state
+                .logins
+                .retain(|_, at| now.saturating_duration_since(*at) < known_for);
+        }
+        for (source, entry) in state.per_source.iter_mut() {
+            let target = self.allowance(&state.logins, source, now);
+            entry.shrink_to(target);
+        }
+    }
+
+    /// Unauthenticated connections holding a slot now (for tests and metrics).
     pub fn held(&self) -> usize {
         self.state.lock().map(|s| s.pending.len()).unwrap_or(0)
     }
 
+    /// Connections waiting for a slot now (for tests and metrics).
+    pub fn waiting(&self) -> usize {
+        self.state.lock().map(|s| s.waiting).unwrap_or(0)
+    }
+
     /// Cuts connections past their pre-auth deadline, every quarter second:
-    /// one sweep for all connections instead of a timer each.
+    /// one sweep for all connections instead of a timer each. Also lowers
+    /// the allowance of addresses no longer known and keeps the gauges.
     pub async fn run_deadlines(self: Arc<Self>, stop: Stop) {
         let mut tick = tokio::time::interval(Duration::from_millis(250));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut sweeps = 0u64;
         while stop.run_until_cancelled(tick.tick()).await.is_some() {
-            let now = tokio::time::Instant::now();
+            sweeps += 1;
+            let now = Instant::now();
             // Cut under the lock: a login landing meanwhile (which takes
             // the slot out under the same lock) is never cut after it.
             let cut = match self.state.lock() {
@@ -283,6 +604,8 @@ impl PreAuth {
                 metrics::counter!("proxynet_limit_refusals_total", "limit" => "unauthenticated_timeout")
                     .increment(cut);
             }
+            self.settle(now, sweeps % PRUNE_EVERY == 0);
+            crate::metrics::unauthenticated(self.held(), self.waiting());
         }
     }
 }
@@ -296,14 +619,36 @@ pub struct Gate {
     pre_auth: Arc<PreAuth>,
 }
 
-/// Why a connection got no ticket.
-enum NoTicket {
-    /// `max_connections` are open.
-    Full,
-    /// Its source address holds the most unauthenticated connections.
-    SourceBusy,
-    /// Draining.
-    Closing,
+/// What turns a connection with a pre-auth slot into one with a ticket: a
+/// connection permit and a place in the drain count. A waiting connection's
+/// task holds one, so shutdown waits for it too (waiters are let go when the
+/// listeners close).
+struct Issuer {
+    permits: Arc<Semaphore>,
+    alive: mpsc::Sender<()>,
+}
+
+impl Issuer {
+    /// The connection's ticket; `None` when `max_connections` are open.
+    fn ticket(
+        self,
+        peer: SocketAddr,
+        cut: CancellationToken,
+        slot: PreAuthSlot,
+    ) -> Option<ConnectionTicket> {
+        let permit = self.permits.try_acquire_owned().ok()?;
+        Some(ConnectionTicket(Arc::new(TicketInner {
+            peer,
+            cut,
+            streams: AtomicUsize::new(0),
+            holds: TicketHolds::Connection {
+                _counted: OpenConnection::new(),
+                pre_auth: std::sync::Mutex::new(Some(slot)),
+                _permit: permit,
+                _alive: self.alive,
+            },
+        })))
+    }
 }
 
 impl Gate {
@@ -318,31 +663,12 @@ impl Gate {
         }
     }
 
-    fn ticket(&self, peer: SocketAddr) -> Result<ConnectionTicket, NoTicket> {
-        let cut = self.cut_all.child_token();
-        // The per-source bound first: a flood from one address is closed
-        // without taking (or even asking for) a connection slot.
-        let slot = self
-            .pre_auth
-            .admit(peer, &cut)
-            .ok_or(NoTicket::SourceBusy)?;
-        let permit = self
-            .permits
-            .clone()
-            .try_acquire_owned()
-            .map_err(|_| NoTicket::Full)?;
-        let alive = self.alive.clone().ok_or(NoTicket::Closing)?;
-        Ok(ConnectionTicket(Arc::new(TicketInner {
-            peer,
-            cut,
-            streams: AtomicUsize::new(0),
-            holds: TicketHolds::Connection {
-                _counted: OpenConnection::new(),
-                pre_auth: std::sync::Mutex::new(Some(slot)),
-                _permit: permit,
-                _alive: alive,
-            },
-        })))
+    /// `None` once draining.
+    fn issuer(&self) -> Option<Issuer> {
+        Some(Issuer {
+            permits: self.permits.clone(),
+            alive: self.alive.clone()?,
+        })
     }
 
     /// Connections (and tunnels) still open.
@@ -373,6 +699,9 @@ pub async fn run<H: ConnectionHandler + Clone + Send + 'static>(
     stop: impl Future<Output = ()>,
 ) {
     tokio::pin!(stop);
+    // Cancelled when the listeners close: connections still waiting for a
+    // pre-auth slot are closed then (never read, they lose nothing).
+    let closing = CancellationToken::new();
     loop {
         let (accepted, door) = tokio::select! {
             () = &mut stop => break,
@@ -389,57 +718,103 @@ pub async fn run<H: ConnectionHandler + Clone + Send + 'static>(
                 continue;
             }
         };
-        let ticket = match gate.ticket(peer) {
-            Ok(ticket) => ticket,
-            Err(NoTicket::Full) => {
-                metrics::counter!("proxynet_limit_refusals_total", "limit" => "connections")
-                    .increment(1);
-                // Over TLS a plain-text answer would be noise: just close.
-                if !matches!(door, Door::Tls) {
-                    tokio::spawn(refuse_over_limit(stream, matches!(door, Door::Socks)));
-                }
-                continue;
-            }
-            Err(NoTicket::SourceBusy) => {
-                // Closed at once, unanswered: answering would cost the
-                // flooding address more of our time than its connection.
-                metrics::counter!("proxynet_limit_refusals_total", "limit" => "unauthenticated_per_source")
-                    .increment(1);
-                drop(stream);
-                continue;
-            }
-            Err(NoTicket::Closing) => continue,
+        let Some(issuer) = gate.issuer() else {
+            continue;
         };
-        match door {
-            Door::Socks => {
-                tokio::spawn(handler.socks(stream, ticket));
-            }
-            Door::Proxy => {
-                tokio::spawn(handler.proxy(stream, ticket));
-            }
-            Door::Tls => {
-                let Some(acceptor) = listeners.tls.as_ref().map(|(_, a)| a.clone()) else {
-                    continue;
-                };
+        let cut = gate.cut_all.child_token();
+        // The per-source bound first: a flood from one address is closed,
+        // or left waiting, without taking a connection slot.
+        match gate.pre_auth.admit(peer, &cut, Instant::now()) {
+            Admission::Slot(slot) => match issuer.ticket(peer, cut, slot) {
+                Some(ticket) => serve(handler, door, stream, ticket, tls_acceptor(&listeners)),
+                None => {
+                    tokio::spawn(over_limit(stream, door));
+                }
+            },
+            Admission::Wait(waiting) => {
                 let handler = handler.clone();
+                let tls = match door {
+                    Door::Tls => tls_acceptor(&listeners).cloned(),
+                    Door::Proxy | Door::Socks => None,
+                };
+                let closing = closing.clone();
                 tokio::spawn(async move {
-                    // The pre-auth deadline bounds the handshake too.
-                    let handshake = tokio::select! {
-                        done = acceptor.accept(stream) => Some(done),
-                        () = ticket.cut().cancelled() => None,
+                    // Nothing is read off the connection before it has its
+                    // slot; its deadline runs from accept all the same.
+                    let Some(slot) = waiting.slot(&cut, &closing).await else {
+                        return;
                     };
-                    match handshake {
-                        Some(Ok(tls)) => handler.tls(tls, ticket).await,
-                        Some(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
-                        None => {
-                            tracing::debug!(%peer, "TLS handshake not done before the pre-auth deadline")
-                        }
+                    match issuer.ticket(peer, cut, slot) {
+                        // On a task of its own: this one stays as small as
+                        // a waiter, which is all it was.
+                        Some(ticket) => serve(&handler, door, stream, ticket, tls.as_ref()),
+                        None => over_limit(stream, door).await,
                     }
                 });
             }
+            Admission::Refused(limit) => {
+                // Closed at once, unanswered: answering would cost the
+                // flooding address more of our time than its connection.
+                metrics::counter!("proxynet_limit_refusals_total", "limit" => limit).increment(1);
+                drop(stream);
+            }
         }
     }
+    closing.cancel();
     drop(listeners);
+}
+
+fn tls_acceptor(listeners: &Listeners) -> Option<&tokio_rustls::TlsAcceptor> {
+    listeners.tls.as_ref().map(|(_, acceptor)| acceptor)
+}
+
+/// Serves a connection that has its ticket, on a task of its own, in the
+/// protocol of the listener it came in on.
+fn serve<H: ConnectionHandler + Clone + Send + 'static>(
+    handler: &H,
+    door: Door,
+    stream: TcpStream,
+    ticket: ConnectionTicket,
+    tls: Option<&tokio_rustls::TlsAcceptor>,
+) {
+    match door {
+        Door::Socks => {
+            tokio::spawn(handler.socks(stream, ticket));
+        }
+        Door::Proxy => {
+            tokio::spawn(handler.proxy(stream, ticket));
+        }
+        Door::Tls => {
+            let Some(acceptor) = tls.cloned() else {
+                return;
+            };
+            let handler = handler.clone();
+            let peer = ticket.peer();
+            tokio::spawn(async move {
+                // The pre-auth deadline bounds the handshake too.
+                let handshake = tokio::select! {
+                    done = acceptor.accept(stream) => Some(done),
+                    () = ticket.cut().cancelled() => None,
+                };
+                match handshake {
+                    Some(Ok(tls)) => handler.tls(tls, ticket).await,
+                    Some(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+                    None => {
+                        tracing::debug!(%peer, "TLS handshake not done before the pre-auth deadline")
+                    }
+                }
+            });
+        }
+    }
+}
+
+/// A connection over `max_connections`: counted, and answered where an
+/// answer can be read (over TLS a plain-text one would be noise: closed).
+async fn over_limit(stream: TcpStream, door: Door) {
+    metrics::counter!("proxynet_limit_refusals_total", "limit" => "connections").increment(1);
+    if !matches!(door, Door::Tls) {
+        refuse_over_limit(stream, matches!(door, Door::Socks)).await;
+    }
 }
 
 /// Answers a connection over the limit: an HTTP 503 with `Proxy-Status` and
@@ -457,4 +832,196 @@ async fn refuse_over_limit(mut stream: TcpStream, socks_only: bool) {
         }
     }
     let _ = stream.shutdown().await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits() -> PreAuthLimits {
+        PreAuthLimits {
+            per_source: 2,
+            per_known_source: 4,
+            waiting_per_source: 3,
+            total: 100,
+            waiting_total: 100,
+            known_for: Duration::from_secs(300),
+            timeout: Duration::from_secs(10),
+        }
+    }
+
+    fn peer(last: u8) -> SocketAddr {
+        SocketAddr::from(([192, 0, 2, last], 40_000))
+    }
+
+    /// A connection from `from` accepted now, with its own cut token.
+    fn admit(pre_auth: &Arc<PreAuth>, from: SocketAddr) -> (Admission, CancellationToken) {
+        let cut = CancellationToken::new();
+        (pre_auth.admit(from, &cut, Instant::now()), cut)
+    }
+
+    fn slot(pre_auth: &Arc<PreAuth>, from: SocketAddr) -> PreAuthSlot {
+        match admit(pre_auth, from).0 {
+            Admission::Slot(slot) => slot,
+            Admission::Wait(_) => panic!("waits, expected a slot"),
+            Admission::Refused(why) => panic!("refused ({why}), expected a slot"),
+        }
+    }
+
+    /// A waiter of `from` on a task of its own, queued before this returns.
+    async fn queue_waiter(
+        pre_auth: &Arc<PreAuth>,
+        from: SocketAddr,
+    ) -> (
+        tokio::task::JoinHandle<Option<PreAuthSlot>>,
+        CancellationToken,
+    ) {
+        let (admission, cut) = admit(pre_auth, from);
+        let Admission::Wait(waiting) = admission else {
+            panic!("expected to wait");
+        };
+        let task = {
+            let (cut, closing) = (cut.clone(), CancellationToken::new());
+            tokio::spawn(async move { waiting.slot(&cut, &closing).await })
+        };
+        // Let it take its place in the queue: freed slots go in order.
+        tokio::task::yield_now().await;
+        (task, cut)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn past_the_bound_connections_wait_for_a_slot_instead_of_being_closed() {
+        let pre_auth = PreAuth::new(limits());
+        let from = peer(1);
+        let first = slot(&pre_auth, from);
+        let _second = slot(&pre_auth, from);
+        let mut waiters = Vec::new();
+        for _ in 0..3 {
+            waiters.push(queue_waiter(&pre_auth, from).await.0);
+        }
+        assert_eq!((pre_auth.held(), pre_auth.waiting()), (2, 3));
+        // Waiting is bounded too: the next one is closed at once.
+        assert!(matches!(
+            admit(&pre_auth, from).0,
+            Admission::Refused("unauthenticated_per_source")
+        ));
+        // Another address is not held up.
+        let _other = slot(&pre_auth, peer(2));
+        // A slot freed goes to the first waiter, and only to it.
+        drop(first);
+        let seated = waiters.remove(0).await.unwrap();
+        assert!(seated.is_some(), "the first waiter takes the freed slot");
+        tokio::task::yield_now().await;
+        assert!(waiters.iter().all(|w| !w.is_finished()));
+        assert_eq!((pre_auth.held(), pre_auth.waiting()), (3, 2));
+        // Nor does a newcomer jump the queue.
+        assert!(matches!(admit(&pre_auth, from).0, Admission::Wait(_)));
+        drop(seated);
+        assert!(waiters.remove(0).await.unwrap().is_some());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_waiter_gives_up_at_its_deadline_from_accept_and_leaves_nothing_behind() {
+        let pre_auth = PreAuth::new(limits());
+        let from = peer(1);
+        let started = Instant::now();
+        let held = [slot(&pre_auth, from), slot(&pre_auth, from)];
+        let (waiter, _cut) = queue_waiter(&pre_auth, from).await;
+        assert!(waiter.await.unwrap().is_none(), "no slot freed in time");
+        assert!(started.elapsed() >= limits().timeout);
+        assert_eq!(pre_auth.waiting(), 0);
+        drop(held);
+        let state = pre_auth.state.lock().unwrap();
+        assert!(state.per_source.is_empty() && state.pending.is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_waiter_cut_gives_up_its_place() {
+        let pre_auth = PreAuth::new(limits());
+        let from = peer(1);
+        let _held = [slot(&pre_auth, from), slot(&pre_auth, from)];
+        let (waiter, cut) = queue_waiter(&pre_auth, from).await;
+        cut.cancel();
+        assert!(waiter.await.unwrap().is_none());
+        assert_eq!(pre_auth.waiting(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_seated_waiter_keeps_the_deadline_counted_from_its_accept() {
+        let pre_auth = PreAuth::new(limits());
+        let stop = CancellationToken::new();
+        tokio::spawn(pre_auth.clone().run_deadlines(stop.clone()));
+        let from = peer(1);
+        let first = slot(&pre_auth, from);
+        let _second = slot(&pre_auth, from);
+        let (waiter, cut) = queue_waiter(&pre_auth, from).await;
+        tokio::time::sleep(Duration::from_secs(6)).await;
+        drop(first);
+        let _seated = waiter.await.unwrap().expect("a slot freed in time");
+        assert!(!cut.is_cancelled());
+        tokio::time::sleep(Duration::from_millis(4_500)).await;
+        assert!(
+            cut.is_cancelled(),
+            "cut 10 s after its accept, not after it got its slot"
+        );
+        stop.cancel();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_address_that_logged_in_lately_gets_the_larger_allowance_for_a_while() {
+        // A deadline past everything here: only the allowance is at stake.
+        let pre_auth = PreAuth::new(PreAuthLimits {
+            timeout: Duration::from_secs(3_600),
+            ..limits()
+        });
+        let from = peer(1);
+        let first = slot(&pre_auth, from);
+        let _second = slot(&pre_auth, from);
+        let (waiter, _cut) = queue_waiter(&pre_auth, from).await;
+        // The first connection logs in (what `ConnectionTicket::authenticated`
+        // does): the waiter is let in, and two more straight away.
+        pre_auth.logged_in(first.source);
+        drop(first);
+        let _seated = waiter.await.unwrap().expect("let in at the login");
+        let _third = slot(&pre_auth, from);
+        let fourth = slot(&pre_auth, from);
+        let (late, _cut) = queue_waiter(&pre_auth, from).await;
+        assert_eq!(pre_auth.held(), 4);
+        // Past `known_for` without a login, freed slots are taken back to
+        // the plain allowance before a waiter gets one.
+        tokio::time::advance(Duration::from_secs(301)).await;
+        drop(fourth);
+        tokio::task::yield_now().await;
+        assert!(!late.is_finished(), "4 → 3 slots: still above the plain 2");
+        assert_eq!(pre_auth.waiting(), 1);
+        // An idle permit is taken back by the sweep's settling.
+        let known = peer(2);
+        let one = slot(&pre_auth, known);
+        pre_auth.logged_in(one.source);
+        pre_auth.settle(Instant::now(), false);
+        let _more = [slot(&pre_auth, known), slot(&pre_auth, known)];
+        tokio::time::advance(Duration::from_secs(301)).await;
+        pre_auth.settle(Instant::now(), true);
+        assert!(matches!(admit(&pre_auth, known).0, Admission::Wait(_)));
+        assert!(pre_auth.state.lock().unwrap().logins.is_empty(), "pruned");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn waiting_from_every_address_together_is_bounded() {
+        let pre_auth = PreAuth::new(PreAuthLimits {
+            per_source: 1,
+            waiting_total: 2,
+            ..limits()
+        });
+        let _a = slot(&pre_auth, peer(1));
+        let _waiting_a = [
+            queue_waiter(&pre_auth, peer(1)).await,
+            queue_waiter(&pre_auth, peer(1)).await,
+        ];
+        let _b = slot(&pre_auth, peer(2));
+        assert!(matches!(
+            admit(&pre_auth, peer(2)).0,
+            Admission::Refused("unauthenticated_total")
+        ));
+    }
 }

@@ -42,14 +42,41 @@ pub struct Config {
     pub max_connections: usize,
 
     /// Most connections one source address (IPv6: one /64) may hold before
-    /// it has authenticated; beyond it new ones are closed at once, so one
-    /// address cannot sit on the connection slots with silent sockets.
+    /// they have authenticated; beyond it new ones wait, accepted but not
+    /// read, until one of these logs in or closes (or the unauthenticated
+    /// timeout, counted from accept, closes them), so one address cannot sit
+    /// on the connection slots with silent sockets and a burst from one NAT
+    /// address is still served.
     #[arg(
         long,
         env = "PROXYNET_MAX_UNAUTHENTICATED_PER_SOURCE",
         default_value_t = 64
     )]
     pub max_unauthenticated_per_source: usize,
+
+    /// Most connections one source address may have waiting for a place
+    /// under `--max-unauthenticated-per-source`; beyond it new ones are
+    /// closed at once. Half of `--max-connections` may wait from all
+    /// addresses together.
+    #[arg(
+        long,
+        env = "PROXYNET_MAX_UNAUTHENTICATED_WAITING_PER_SOURCE",
+        default_value_t = 1_024
+    )]
+    pub max_unauthenticated_waiting_per_source: usize,
+
+    /// An address one of whose connections logged in within
+    /// `--known-source-secs` may hold this many times
+    /// `--max-unauthenticated-per-source` before authentication: a
+    /// customer's bursts are read sooner, a stranger's silent sockets hold
+    /// no more than the plain bound.
+    #[arg(long, env = "PROXYNET_KNOWN_SOURCE_FACTOR", default_value_t = 4)]
+    pub known_source_factor: usize,
+
+    /// How long after a successful login its source address counts as
+    /// known (see `--known-source-factor`), s.
+    #[arg(long, env = "PROXYNET_KNOWN_SOURCE_SECS", default_value_t = 300)]
+    pub known_source_secs: u64,
 
     /// A connection that has not authenticated this long after it was
     /// accepted (TLS handshake and first head included) is closed, ms.
@@ -220,8 +247,10 @@ pub struct Config {
     pub usage_flush_ms: u64,
 
     /// While the control plane is silent (no control-api takes heartbeats),
-    /// exits whose heartbeat liveness lapses stay eligible this long if this
-    /// superproxy holds a live link to them that passes its probes, s.
+    /// exits that were live when it fell silent stay eligible this long
+    /// after their heartbeat liveness lapses if this superproxy holds a live
+    /// link to them that passes its probes, s. An exit whose liveness had
+    /// lapsed before stays out.
     #[arg(long, env = "PROXYNET_CONTROL_PLANE_GRACE_SECS", default_value_t = 600)]
     pub control_plane_grace_secs: u64,
 
@@ -294,6 +323,20 @@ pub struct Config {
 impl Config {
     pub fn unauthenticated_timeout(&self) -> Duration {
         Duration::from_millis(self.unauthenticated_timeout_ms.max(100))
+    }
+    pub fn pre_auth_limits(&self) -> crate::accept::PreAuthLimits {
+        let per_source = self.max_unauthenticated_per_source.max(1);
+        let waiting_per_source = self.max_unauthenticated_waiting_per_source;
+        crate::accept::PreAuthLimits {
+            per_source,
+            per_known_source: per_source.saturating_mul(self.known_source_factor.max(1)),
+            waiting_per_source,
+            // Half the connection slots, but never below one address's share.
+            total: (self.max_connections / 2).max(per_source),
+            waiting_total: (self.max_connections / 2).max(waiting_per_source),
+            known_for: Duration::from_secs(self.known_source_secs),
+            timeout: self.unauthenticated_timeout(),
+        }
     }
     pub fn header_read_timeout(&self) -> Duration {
         Duration::from_millis(self.header_read_timeout_ms)

@@ -364,12 +364,7 @@ impl Superproxy {
         let usage = parts.usage.clone();
         let every = config.usage_flush();
         flusher.spawn("usage flush", |stop| usage.run(every, stop));
-        let pre_auth = accept::PreAuth::new(
-            config.max_unauthenticated_per_source,
-            // Half the connection slots, but never below one address's share.
-            (config.max_connections / 2).max(config.max_unauthenticated_per_source),
-            config.unauthenticated_timeout(),
-        );
+        let pre_auth = accept::PreAuth::new(config.pre_auth_limits());
         let mut background = Tasks::new();
         {
             let (pool, period) = (pool.clone(), config.pool_refresh());

@@ -112,6 +112,13 @@ pub fn connections_open(delta: f64) {
     gauge!("proxynet_connections_open").increment(delta);
 }
 
+/// Connections not logged in yet: holding a pre-auth slot of their address,
+/// and waiting (unread) for one.
+pub fn unauthenticated(held: usize, waiting: usize) {
+    gauge!("proxynet_unauthenticated_connections", "state" => "held").set(held as f64);
+    gauge!("proxynet_unauthenticated_connections", "state" => "waiting").set(waiting as f64);
+}
+
 pub fn link_event(event: &'static str) {
     counter!("proxynet_link_events_total", "event" => event).increment(1);
 }

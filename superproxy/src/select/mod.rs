@@ -26,13 +26,17 @@
 //! **The data plane outlives the control plane.** Liveness in Redis is
 //! written by the control-api's heartbeat handler. When the control plane
 //! falls silent (its presence key lapses: every instance is down, stopped
-//! or cut off), exits whose liveness then lapses stay eligible for
-//! `control_plane_grace` as long as this superproxy holds a live link to
-//! them that passes its probes: the link and the probes are the data
-//! plane's own evidence that the exit is there. Everything else the
-//! control plane decided and this instance knows (disabled, drained,
-//! consent, provenance) keeps applying. Provenance blocks, and the cuts
-//! they cause, are judged over every linked exit, live or not.
+//! or cut off), exits that were live then and whose liveness lapses since
+//! stay eligible for `control_plane_grace` as long as this superproxy holds
+//! a live link to them that passes its probes: the link and the probes are
+//! the data plane's own evidence that the exit is there. An exit whose
+//! liveness had lapsed before (its agent stopped beating while the control
+//! plane took heartbeats: a hung control connection, a withdrawn host) was
+//! out for a reason the control plane saw, and the outage does not bring it
+//! back, link or no link. Everything else the control plane decided and
+//! this instance knows (disabled, drained, consent, provenance) keeps
+//! applying. Provenance blocks, and the cuts they cause, are judged over
+//! every linked exit, live or not.
 //!
 //! The same evidence bridges a store that lost its liveness (a Redis that
 //! restarted empty, a flush): the control-api re-projects the records
@@ -95,8 +99,13 @@ pub struct Pool {
 
 impl Known {
     /// Records whether the control plane's presence key was there; true
-    /// when that changed (a rebuild is due).
-    fn note_control(&mut self, present: bool) -> bool {
+    /// when that changed (a rebuild is due). Called before the read's own
+    /// changes are applied, so the exits live when the control plane fell
+    /// silent are those of the last read that still saw it; `first_live` is
+    /// the live set of the very first read, when there is no earlier one
+    /// (no heartbeat lands while the control plane is silent, so what the
+    /// store still lists was live when it fell silent).
+    fn note_control(&mut self, present: bool, first_live: Option<&HashSet<Uuid>>) -> bool {
         match (present, self.control_silent_since) {
             (true, Some(since)) => {
                 tracing::info!(
@@ -104,14 +113,113 @@ impl Known {
                     "the control plane is back"
                 );
                 self.control_silent_since = None;
+                self.live_at_silence = HashSet::new();
                 true
             }
             (false, None) => {
-                tracing::warn!("the control plane is silent: exits with live, probed links stay eligible for the grace period");
+                self.live_at_silence = first_live.unwrap_or(&self.live).clone();
+                tracing::warn!(
+                    live = self.live_at_silence.len(),
+                    "the control plane is silent: exits live now stay eligible for the grace period while their links are up and pass their probes"
+                );
                 self.control_silent_since = Some(Instant::now());
                 true
             }
             _ => false,
+        }
+    }
+
+    /// Whether `id`'s link and probes may stand in for its heartbeats now:
+    /// under the control plane's grace if it was live when the control
+    /// plane fell silent, or held after a store reset lost its liveness.
+    fn held_by_link(&self, id: &Uuid, now: Instant, grace: Duration) -> bool {
+        let in_grace = self
+            .control_silent_since
+            .is_some_and(|since| now.saturating_duration_since(since) < grace);
+        let reset_hold = self.reset_hold_until.is_some_and(|until| now < until);
+        (in_grace && self.live_at_silence.contains(id))
+            || (reset_hold && self.lost_in_reset.contains(id))
+    }
+
+    /// Applies a read; true if the pool changed.
+    fn apply(&mut self, read: Read) -> bool {
+        let was_degraded = self.degraded;
+        self.last_success = Some(Instant::now());
+        self.degraded = false;
+        match read {
+            Read::Full {
+                now_ms,
+                cursor,
+                live,
+                agent_draining,
+                records,
+                control_present,
+            } => {
+                let first = self.cursor.is_none().then_some(&live);
+                let control_changed = self.note_control(control_present, first);
+                crate::metrics::pool_read("full", live.len());
+                if self.cursor.is_some() {
+                    // We had a place: this read replaces a view that was
+                    // current, so what it lacks the store may have lost.
+                    let lost: HashSet<Uuid> = self.live.difference(&live).copied().collect();
+                    if !lost.is_empty() {
+                        tracing::info!(
+                            exits = lost.len(),
+                            "the store no longer lists exits that were live (restart or flush); linked, probed ones stay eligible while their agents beat again"
+                        );
+                        self.reset_hold_until = Some(Instant::now() + RESET_HOLD);
+                    }
+                    self.lost_in_reset = lost;
+                }
+                self.live = live;
+                self.agent_draining = agent_draining;
+                self.records = records;
+                self.cursor = Some(cursor);
+                self.read_at_ms = now_ms;
+                let _ = control_changed;
+                true
+            }
+            Read::Delta {
+                now_ms,
+                cursor,
+                expired,
+                changed,
+                control_present,
+            } => {
+                let control_changed = self.note_control(control_present, None);
+                crate::metrics::pool_read("delta", changed.len() + expired.len());
+                let any = !changed.is_empty() || !expired.is_empty();
+                for c in changed {
+                    // Live again, or lapsed again: either way its own news
+                    // from now on.
+                    self.lost_in_reset.remove(&c.id);
+                    if c.live {
+                        self.live.insert(c.id);
+                    } else {
+                        self.live.remove(&c.id);
+                    }
+                    if c.agent_draining {
+                        self.agent_draining.insert(c.id);
+                    } else {
+                        self.agent_draining.remove(&c.id);
+                    }
+                    match c.record {
+                        Some(record) => {
+                            self.records.insert(c.id, Arc::new(record));
+                        }
+                        None => {
+                            self.records.remove(&c.id);
+                        }
+                    }
+                }
+                for id in expired {
+                    self.lost_in_reset.remove(&id);
+                    self.live.remove(&id);
+                }
+                self.cursor = Some(cursor);
+                self.read_at_ms = now_ms;
+                any || was_degraded || control_changed
+            }
         }
     }
 }
@@ -130,6 +238,9 @@ struct Known {
     read_at_ms: i64,
     /// Since when the control plane's presence key has been missing.
     control_silent_since: Option<Instant>,
+    /// Exits live when the control plane fell silent: the only ones its
+    /// grace may hold (empty while it is present).
+    live_at_silence: HashSet<Uuid>,
     /// Exits live before a full read that replaced our place in the change
     /// stream and not live in it (the store lost them), and until when their
     /// links may hold them.
@@ -350,85 +461,9 @@ impl Pool {
 
     /// Applies a read; true if the pool changed.
     fn apply(&self, read: Read) -> bool {
-        let Ok(mut known) = self.known.write() else {
-            return false;
-        };
-        let was_degraded = known.degraded;
-        known.last_success = Some(Instant::now());
-        known.degraded = false;
-        match read {
-            Read::Full {
-                now_ms,
-                cursor,
-                live,
-                agent_draining,
-                records,
-                control_present,
-            } => {
-                let control_changed = known.note_control(control_present);
-                crate::metrics::pool_read("full", live.len());
-                if known.cursor.is_some() {
-                    // We had a place: this read replaces a view that was
-                    // current, so what it lacks the store may have lost.
-                    let lost: HashSet<Uuid> = known.live.difference(&live).copied().collect();
-                    if !lost.is_empty() {
-                        tracing::info!(
-                            exits = lost.len(),
-                            "the store no longer lists exits that were live (restart or flush); linked, probed ones stay eligible while their agents beat again"
-                        );
-                        known.reset_hold_until = Some(Instant::now() + RESET_HOLD);
-                    }
-                    known.lost_in_reset = lost;
-                }
-                known.live = live;
-                known.agent_draining = agent_draining;
-                known.records = records;
-                known.cursor = Some(cursor);
-                known.read_at_ms = now_ms;
-                let _ = control_changed;
-                true
-            }
-            Read::Delta {
-                now_ms,
-                cursor,
-                expired,
-                changed,
-                control_present,
-            } => {
-                let control_changed = known.note_control(control_present);
-                crate::metrics::pool_read("delta", changed.len() + expired.len());
-                let any = !changed.is_empty() || !expired.is_empty();
-                for c in changed {
-                    // Live again, or lapsed again: either way its own news
-                    // from now on.
-                    known.lost_in_reset.remove(&c.id);
-                    if c.live {
-                        known.live.insert(c.id);
-                    } else {
-                        known.live.remove(&c.id);
-                    }
-                    if c.agent_draining {
-                        known.agent_draining.insert(c.id);
-                    } else {
-                        known.agent_draining.remove(&c.id);
-                    }
-                    match c.record {
-                        Some(record) => {
-                            known.records.insert(c.id, Arc::new(record));
-                        }
-                        None => {
-                            known.records.remove(&c.id);
-                        }
-                    }
-                }
-                for id in expired {
-                    known.lost_in_reset.remove(&id);
-                    known.live.remove(&id);
-                }
-                known.cursor = Some(cursor);
-                known.read_at_ms = now_ms;
-                any || was_degraded || control_changed
-            }
+        match self.known.write() {
+            Ok(mut known) => known.apply(read),
+            Err(_) => false,
         }
     }
 
@@ -456,14 +491,6 @@ impl Pool {
         let mut held_by_links = 0;
         let (eligible, live, degraded, silent_since) = match self.known.read() {
             Ok(known) => {
-                // While the control plane is silent (and within the grace),
-                // a linked exit that passes its probes is live whatever its
-                // heartbeat key says.
-                let grace = known
-                    .control_silent_since
-                    .filter(|since| now.duration_since(*since) < self.control_plane_grace)
-                    .is_some();
-                let reset_hold = known.reset_hold_until.is_some_and(|until| now < until);
                 let mut eligible = Vec::new();
                 // Every linked exit with a record: provenance is judged for
                 // all of them (a block cuts tunnels through any linked exit),
@@ -481,8 +508,12 @@ impl Pool {
                         blocked.push((record.clone(), why));
                         continue;
                     }
+                    // While the control plane is silent (and within the
+                    // grace), a linked exit that was live when it fell
+                    // silent and passes its probes is live whatever its
+                    // heartbeat key says.
                     let heartbeat_live = known.live.contains(id);
-                    let held = grace || (reset_hold && known.lost_in_reset.contains(id));
+                    let held = known.held_by_link(id, now, self.control_plane_grace);
                     let link_live = held && self.health.exit(*id).available(now);
                     if !(heartbeat_live || link_live) {
                         continue;
@@ -538,5 +569,86 @@ impl Pool {
                 held_by_links,
             });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GRACE: Duration = Duration::from_secs(600);
+
+    fn full(live: &[Uuid], control_present: bool) -> Read {
+        Read::Full {
+            now_ms: 0,
+            cursor: "0-0".into(),
+            live: live.iter().copied().collect(),
+            agent_draining: HashSet::new(),
+            records: HashMap::new(),
+            control_present,
+        }
+    }
+
+    fn delta(expired: &[Uuid], control_present: bool) -> Read {
+        Read::Delta {
+            now_ms: 0,
+            cursor: "1-0".into(),
+            expired: expired.to_vec(),
+            changed: Vec::new(),
+            control_present,
+        }
+    }
+
+    #[test]
+    fn the_grace_holds_only_exits_live_when_the_control_plane_fell_silent() {
+        let (was_live, lapsed_before) = (Uuid::new_v4(), Uuid::new_v4());
+        let mut known = Known::default();
+        known.apply(full(&[was_live, lapsed_before], true));
+        // Its agent stopped beating while the control plane took heartbeats.
+        known.apply(delta(&[lapsed_before], true));
+        // The control plane falls silent; the other exit lapses after.
+        assert!(known.apply(delta(&[], false)), "the silence is news");
+        known.apply(delta(&[was_live], false));
+        let now = Instant::now();
+        assert!(known.held_by_link(&was_live, now, GRACE));
+        assert!(
+            !known.held_by_link(&lapsed_before, now, GRACE),
+            "an exit out before the outage stays out"
+        );
+        assert!(
+            !known.held_by_link(&was_live, now + GRACE, GRACE),
+            "not past the grace"
+        );
+        // The control plane is back: heartbeats alone decide again.
+        assert!(known.apply(delta(&[], true)));
+        assert!(!known.held_by_link(&was_live, Instant::now(), GRACE));
+        // Silent once more: only what was live then counts, and nothing is.
+        known.apply(delta(&[], false));
+        assert!(!known.held_by_link(&was_live, Instant::now(), GRACE));
+    }
+
+    #[test]
+    fn an_exit_lapsing_in_the_read_that_finds_the_silence_was_live_before_it() {
+        // One read's window is the resolution: the last read that saw the
+        // control plane listed it live.
+        let exit = Uuid::new_v4();
+        let mut known = Known::default();
+        known.apply(full(&[exit], true));
+        known.apply(delta(&[exit], false));
+        assert!(known.held_by_link(&exit, Instant::now(), GRACE));
+    }
+
+    #[test]
+    fn a_first_read_during_the_silence_holds_what_the_store_still_lists_live() {
+        let (listed, lapsed) = (Uuid::new_v4(), Uuid::new_v4());
+        let mut known = Known::default();
+        known.apply(full(&[listed], false));
+        known.apply(delta(&[listed], false));
+        let now = Instant::now();
+        assert!(known.held_by_link(&listed, now, GRACE));
+        assert!(
+            !known.held_by_link(&lapsed, now, GRACE),
+            "nothing says it was live when the control plane fell silent"
+        );
     }
 }

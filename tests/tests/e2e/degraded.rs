@@ -1,6 +1,7 @@
 //! Store outages: with Redis gone, superproxies keep serving the users and
 //! exits they know; when it returns (empty), everything reconverges without a
-//! restart.
+//! restart. And what the control plane's silence holds: the exits that were
+//! live when it fell silent, not one that had lapsed before.
 
 use proxynet_tests::client::curl;
 use proxynet_tests::process::eventually;
@@ -172,4 +173,96 @@ async fn a_store_that_restarts_empty_keeps_linked_exits_until_their_agents_beat_
         },
     )
     .await;
+}
+
+/// The exit ids a `/v1/pool` answer lists as eligible.
+fn eligible_ids(pool: &serde_json::Value) -> Vec<String> {
+    pool["eligible"]
+        .as_array()
+        .map(|exits| {
+            exits
+                .iter()
+                .filter_map(|e| e["exit_id"].as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// An exit whose agent stopped beating while the control plane still took
+/// heartbeats (its control connection blackholed; its link to the
+/// superproxy up and answering probes) was out before the control plane
+/// fell silent. The grace holds the exit that was live then, not that one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_control_plane_grace_keeps_out_an_exit_that_lapsed_before_the_silence() {
+    let mut stack = Stack::start_with(StackOptions {
+        egress_ips: vec!["127.0.0.2".parse().unwrap()],
+        ..Default::default()
+    })
+    .await;
+    let held = stack.agents[0].addrs.exit_id.to_string();
+    let api: SocketAddr = stack.api_url.trim_start_matches("http://").parse().unwrap();
+    let control_link = proxynet_tests::faults::FaultyLink::start(api).await;
+    let token = stack.enrollment_token("lapsed-before").await;
+    stack
+        .add_agent_via(
+            &format!("http://{}", control_link.addr),
+            &["127.0.0.3".parse().unwrap()],
+            token,
+        )
+        .await;
+    stack.wait_eligible(2).await;
+    let lapsed = stack.agents[1].addrs.exit_id;
+
+    // Its heartbeats stop landing while the control plane is there: its
+    // liveness lapses and it leaves the pool, its link still up.
+    control_link.blackhole();
+    eventually(
+        "the blackholed exit's liveness to lapse",
+        Duration::from_secs(20),
+        || async {
+            let pool = stack.pool().await;
+            (pool["live"] == 1 && pool["links"] == 2 && eligible_ids(&pool) == [held.clone()])
+                .then_some(())
+        },
+    )
+    .await;
+
+    // The control plane falls silent; the other exit's liveness lapses in
+    // turn and its link holds it.
+    stack.api.signal(libc::SIGSTOP);
+    let pool = eventually(
+        "the grace to hold the exit live at the silence",
+        Duration::from_secs(20),
+        || async {
+            let pool = stack.pool().await;
+            (!pool["control_plane_silent_s"].is_null()
+                && pool["live"] == 0
+                && pool["held_by_links"] == 1)
+                .then_some(pool)
+        },
+    )
+    .await;
+    assert_eq!(eligible_ids(&pool), [held.clone()], "{pool}");
+    assert_eq!(pool["links"], 2, "both links are up: {pool}");
+    let ip = ok_via(stack.proxy_addrs.proxy, USERNAME, &stack.whoami_url())
+        .await
+        .expect("the held exit carries traffic");
+    assert_eq!(ip, "127.0.0.2");
+    let pinned = format!("{USERNAME}-exit-{}", lapsed.simple());
+    assert!(
+        ok_via(stack.proxy_addrs.proxy, &pinned, &stack.whoami_url())
+            .await
+            .is_err(),
+        "the exit that lapsed before the silence is not routed to"
+    );
+    // And it stays out while the silence lasts (the view is rebuilt at
+    // least every 5 s).
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let pool = stack.pool().await;
+    assert_eq!(eligible_ids(&pool), [held.clone()], "{pool}");
+
+    // Both back: heartbeats refill the live set, nothing needs a restart.
+    stack.api.signal(libc::SIGCONT);
+    control_link.restore();
+    stack.wait_eligible(2).await;
 }
