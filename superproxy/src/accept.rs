@@ -604,7 +604,7 @@ impl PreAuth {
                 metrics::counter!("proxynet_limit_refusals_total", "limit" => "unauthenticated_timeout")
                     .increment(cut);
             }
-            self.settle(now, sweeps % PRUNE_EVERY == 0);
+            self.settle(now, sweeps.is_multiple_of(PRUNE_EVERY));
             crate::metrics::unauthenticated(self.held(), self.waiting());
         }
     }
