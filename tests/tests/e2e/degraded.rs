@@ -242,7 +242,7 @@ async fn the_control_plane_grace_keeps_out_an_exit_that_lapsed_before_the_silenc
         },
     )
     .await;
-    assert_eq!(eligible_ids(&pool), [held.clone()], "{pool}");
+    assert_eq!(eligible_ids(&pool), std::slice::from_ref(&held), "{pool}");
     assert_eq!(pool["links"], 2, "both links are up: {pool}");
     let ip = ok_via(stack.proxy_addrs.proxy, USERNAME, &stack.whoami_url())
         .await
@@ -259,7 +259,7 @@ async fn the_control_plane_grace_keeps_out_an_exit_that_lapsed_before_the_silenc
     // least every 5 s).
     tokio::time::sleep(Duration::from_secs(6)).await;
     let pool = stack.pool().await;
-    assert_eq!(eligible_ids(&pool), [held.clone()], "{pool}");
+    assert_eq!(eligible_ids(&pool), std::slice::from_ref(&held), "{pool}");
 
     // Both back: heartbeats refill the live set, nothing needs a restart.
     stack.api.signal(libc::SIGCONT);
