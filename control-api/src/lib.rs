@@ -145,11 +145,15 @@ impl ControlApi {
             addr: config.listen,
             source,
         })?;
+        // The reflectors agents are told to ask are protected like the
+        // stores: no exit may reach one through another exit's tunnel (it
+        // would sign that exit's address for the asker).
         let mut protected = protected_addresses(
             bound,
             &redis_target
                 .urls()
                 .chain([config.database_url.expose()])
+                .chain(config.reflector_urls.iter().map(String::as_str))
                 .collect::<Vec<_>>(),
         )
         .await;
@@ -361,7 +365,8 @@ async fn protected_addresses(api: SocketAddr, store_urls: &[&str]) -> Vec<Socket
 }
 
 /// `scheme://[user[:pass]@]host[:port][/...]` → (host, port), with the
-/// scheme's default port (Redis 6379, Postgres 5432).
+/// scheme's default port (Redis 6379, Postgres 5432, a reflector's plain
+/// HTTP 80).
 fn url_host_port(url: &str) -> Option<(String, u16)> {
     let (scheme, rest) = url.split_once("://")?;
     let authority = rest.split(['/', '?']).next()?;
@@ -369,6 +374,7 @@ fn url_host_port(url: &str) -> Option<(String, u16)> {
     let default = match scheme {
         "redis" | "rediss" => 6379,
         "postgres" | "postgresql" => 5432,
+        "http" => 80,
         _ => return None,
     };
     if let Some(v6) = hostport.strip_prefix('[') {
@@ -400,6 +406,10 @@ mod tests {
         assert_eq!(
             url_host_port("redis://[::1]:7000"),
             Some(("::1".into(), 7000))
+        );
+        assert_eq!(
+            url_host_port("http://192.0.2.9:8099/whoami"),
+            Some(("192.0.2.9".into(), 8099))
         );
     }
 }

@@ -35,8 +35,13 @@ struct Admitted {
 const FLIP_GAP: Duration = Duration::from_secs(1);
 
 /// How often an unchanged admin address is written again (repairs a Redis
-/// that lost it).
-const ADMIN_ADDRS_REFRESH: Duration = Duration::from_secs(3600);
+/// that lost it, and keeps its entry younger than the projector's pruning
+/// horizon, `AGENT_ADMIN_KEPT`).
+pub const ADMIN_ADDRS_REFRESH: Duration = Duration::from_secs(3600);
+
+/// What an exit's admin addresses came to: those protected fleet-wide and
+/// those ignored as unverified.
+type AdminClaims = (Vec<std::net::SocketAddr>, Vec<std::net::SocketAddr>);
 
 /// The latest heartbeat of one exit, not yet in Postgres.
 #[derive(Debug, Clone, Copy)]
@@ -47,10 +52,10 @@ struct Beat {
 }
 
 pub struct HeartbeatBook {
-    /// The admin addresses each exit last reported, and when they were last
+    /// What each exit's admin addresses last came to, and when it was last
     /// written to Redis (rewritten every [`ADMIN_ADDRS_REFRESH`] so their
     /// entries outlive the pruning horizon).
-    admin_addrs: Mutex<HashMap<Uuid, (Vec<std::net::SocketAddr>, std::time::Instant)>>,
+    admin_addrs: Mutex<HashMap<Uuid, (AdminClaims, std::time::Instant)>>,
     /// Each exit's last beat let through [`Self::pace`].
     admitted: Mutex<HashMap<Uuid, Admitted>>,
     unsaved: Mutex<HashMap<Uuid, Beat>>,
@@ -125,20 +130,30 @@ impl HeartbeatBook {
         Ok(())
     }
 
-    /// Whether `addrs` (an exit's admin listener) must be written to Redis
-    /// now: new or changed for this exit, or last written long ago. Bounded
-    /// by the number of enrolled exits.
-    pub fn admin_addrs_due(&self, exit: Uuid, addrs: &[std::net::SocketAddr]) -> bool {
+    /// Whether an exit's admin listener, `protected` fleet-wide and
+    /// `unverified` (ignored), must be written to Redis now: new or changed
+    /// for this exit (a claim newly verified included), or last written
+    /// long ago. Bounded by the number of enrolled exits.
+    pub fn admin_addrs_due(
+        &self,
+        exit: Uuid,
+        protected: &[std::net::SocketAddr],
+        unverified: &[std::net::SocketAddr],
+    ) -> bool {
         let Ok(mut known) = self.admin_addrs.lock() else {
             return true;
         };
         let now = std::time::Instant::now();
         match known.get(&exit) {
-            Some((last, at)) if last == addrs && now.duration_since(*at) < ADMIN_ADDRS_REFRESH => {
+            Some(((last, ignored), at))
+                if last == protected
+                    && ignored == unverified
+                    && now.duration_since(*at) < ADMIN_ADDRS_REFRESH =>
+            {
                 false
             }
             _ => {
-                known.insert(exit, (addrs.to_vec(), now));
+                known.insert(exit, ((protected.to_vec(), unverified.to_vec()), now));
                 true
             }
         }
@@ -302,14 +317,18 @@ mod tests {
         let exit = Uuid::new_v4();
         let first: [std::net::SocketAddr; 1] = ["127.0.0.1:9091".parse().unwrap()];
         let moved: [std::net::SocketAddr; 1] = ["127.0.0.1:9191".parse().unwrap()];
-        assert!(book.admin_addrs_due(exit, &first));
-        assert!(!book.admin_addrs_due(exit, &first));
-        assert!(book.admin_addrs_due(exit, &moved));
-        assert!(!book.admin_addrs_due(exit, &moved));
+        assert!(book.admin_addrs_due(exit, &first, &[]));
+        assert!(!book.admin_addrs_due(exit, &first, &[]));
+        assert!(book.admin_addrs_due(exit, &moved, &[]));
+        assert!(!book.admin_addrs_due(exit, &moved, &[]));
+        // The same claims sorted otherwise (an egress verified meanwhile).
+        assert!(book.admin_addrs_due(exit, &[], &moved));
+        assert!(!book.admin_addrs_due(exit, &[], &moved));
+        assert!(book.admin_addrs_due(exit, &moved, &[]));
         // The Redis write failed: the next beat writes again.
         book.forget_admin_addrs(exit);
-        assert!(book.admin_addrs_due(exit, &moved));
-        assert!(book.admin_addrs_due(Uuid::new_v4(), &moved));
+        assert!(book.admin_addrs_due(exit, &moved, &[]));
+        assert!(book.admin_addrs_due(Uuid::new_v4(), &moved, &[]));
     }
 
     #[test]

@@ -203,7 +203,8 @@ fn schemas() -> Value {
         "EgressReport": egress_report,
         "Heartbeat": {"type": "object", "additionalProperties": false,
             "properties": {"draining": {"type": "boolean"}, "active_tunnels": {"type": "integer", "minimum": 0},
-                "admin_addrs": {"type": "array", "items": {"type": "string"}, "maxItems": 16},
+                "admin_addrs": {"type": "array", "items": {"type": "string"}, "maxItems": 16,
+                    "description": "the agent's admin listener; every exit is told to deny only those on addresses the reflector verified the exit holds (at most 8), the rest are ignored and shown on GET /v1/exits/{id}"},
                 "internal_targets": {"type": "boolean"}}}
     })
 }

@@ -128,10 +128,13 @@ impl Keys {
         format!("{}{{exits}}:draining", self.prefix)
     }
 
-    /// Hash: exit id → JSON list of its agent's admin listener addresses
-    /// (each replaced by the exit's next report). Every exit is told to deny
-    /// these, so a tunnel through one exit cannot reach a neighbour's admin
-    /// routes.
+    /// Hash: exit id → JSON of its agent's admin listener addresses
+    /// (`{"protected", "unverified", "at_ms"}`, each replaced by the exit's
+    /// next report). Every exit is told to deny the protected ones, so a
+    /// tunnel through one exit cannot reach a neighbour's admin routes; only
+    /// addresses the control plane verified the exit holds are protected
+    /// (the control-api's heartbeat), the rest are kept to be shown. Entries
+    /// not rewritten for hours (the exit stopped beating) are pruned.
     pub fn agent_admin_addrs(&self) -> String {
         format!("{}agent-admin", self.prefix)
     }
@@ -651,6 +654,13 @@ pub struct ExitRecord {
     /// that instant, without any event.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub consent_expires_at_ms: Option<i64>,
+    /// The addresses the control plane verified the exit holds: for each
+    /// declared egress whose latest reflector observation saw the exit's
+    /// traffic leave from inside it, the address seen. Only on these does
+    /// an agent's admin listener enter the fleet's protected set (the
+    /// control-api's heartbeat); routing does not read it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub verified_egress: Vec<IpAddr>,
 }
 
 impl ExitRecord {
@@ -1009,6 +1019,9 @@ mod tests {
         assert!(back.has_egress_family(false) && back.has_egress_family(true));
         // A record without a region (written before exits declared one) has none.
         assert_eq!(back.region, None);
+        // Nor verified egress until the reflector saw some.
+        assert!(back.verified_egress.is_empty());
+        assert!(!json_has(&back, "verified_egress"));
         assert!(!json_has(&back, "region"));
         record.region = Some("DE-BY".into());
         let json = serde_json::to_value(&record).unwrap();

@@ -67,6 +67,7 @@ fn view(n: usize, link: &Link) -> PoolView {
                 channel: None,
                 blocked: None,
                 consent_expires_at_ms: None,
+                verified_egress: Vec::new(),
             }),
             link: link.clone(),
         })

@@ -62,10 +62,18 @@ impl Announcer {
 
 /// Every address the listeners in `bound` answer on, for agents to protect: a
 /// specific bind as is, an unspecified one (`0.0.0.0`, `[::]`) as every
-/// address of this host (loopback included) and the advertised link address.
-pub fn service_addresses(bound: &crate::Addresses, advertised: SocketAddr) -> Vec<SocketAddr> {
+/// address of this host (loopback included) and the advertised link address,
+/// and the address the reflector is announced at (`reflector`). The
+/// reflector is among them so that no exit reaches it through a tunnel:
+/// what it signs must be what the asking exit's own line looks like.
+pub fn service_addresses(
+    bound: &crate::Addresses,
+    advertised: SocketAddr,
+    reflector: Option<SocketAddr>,
+) -> Vec<SocketAddr> {
     let host = host_interface_addresses();
     let mut out = vec![advertised];
+    out.extend(reflector);
     for addr in [bound.proxy, bound.socks, bound.admin, bound.link]
         .into_iter()
         .chain(bound.tls)

@@ -228,6 +228,9 @@ impl Superproxy {
                     .into_iter()
                     .chain(tls_addr)
                     .chain(reflector_addr)
+                    // The address agents dial for the reflector, when it
+                    // differs from the bound one (a NAT in front).
+                    .chain(config.reflector_advertise)
                     .collect::<Vec<_>>(),
             ),
         );
@@ -347,7 +350,11 @@ impl Superproxy {
                 id,
                 link_addr: advertise,
                 cert_sha256: self.identity.cert_sha256.clone(),
-                service_addrs: announce::service_addresses(&self.addresses, advertise),
+                service_addrs: announce::service_addresses(
+                    &self.addresses,
+                    advertise,
+                    reflector_advertise,
+                ),
                 reflector: reflector_advertise,
             },
             interval: config.announce_interval(),
@@ -443,7 +450,11 @@ impl Superproxy {
                 let key = key.clone();
                 background.spawn("reflector key refresh", |stop| key.run(stop));
             }
-            let reflector = reflector::Reflector { listener, key };
+            let reflector = reflector::Reflector {
+                listener,
+                key,
+                exits: reflector::ExitCredentials::new(self.redis.clone(), self.keys.clone()),
+            };
             background.spawn("egress reflector", |stop| reflector.run(stop));
         }
         if let Some(cert) = self.tls_cert {

@@ -1,19 +1,33 @@
-//! The egress reflector (`--reflector-listen`, off unless set): `GET
-//! /whoami` answers `200 {"address": PEER, "at", "exit", "proof"}`, the
-//! address the connection came from, signed with the reflector key that the
+//! The egress reflector (`--reflector-listen`, off unless set): agents ask
+//! it from each of their egress addresses to learn the public address
+//! their traffic leaves from (behind NAT it is not the one they bind), and
+//! pass the signed answer to the control-api, which records it for the
+//! abuse desk, checks declared egress against it and lets an exit's admin
+//! listener on a verified address into the fleet's protected set
+//! (docs/provenance.md). We run it ourselves so that no third party learns
+//! our exits' addresses.
+//!
+//! It signs only for the exit that asks, proven by the exit's credential
+//! over a fresh challenge ([`proxynet_wire::reflector`]):
+//! `GET /whoami/challenge` answers `{"challenge"}`, stateless (time, nonce
+//! and the caller's address under the reflector key); `GET
+//! /whoami?exit=ID&challenge=C&proof=P` from the same address within 30 s
+//! answers `200 {"address": PEER, "at", "exit", "proof"}`, the address the
+//! connection came from, signed with the reflector key that the
 //! superproxies and the control-api share through Redis
-//! ([`proxynet_store::reflector_key`]). Agents ask it from each of their
-//! egress addresses to learn the public address their traffic leaves from
-//! (behind NAT it is not the one they bind), and pass the signed answer to
-//! the control-api, which records it for the abuse desk and checks declared
-//! egress against it (docs/provenance.md). We run it ourselves so that no
-//! third party learns our exits' addresses.
+//! ([`proxynet_store::reflector_key`]). The proof is checked against the
+//! credential digest in the exit's record in Redis: a missing or wrong
+//! proof, an unknown exit, a stale challenge or one issued to another
+//! address is `403`. Its own addresses are in the protected set every exit
+//! denies (`announce.rs`), so a request tunnelled through another exit
+//! never reaches it.
 //!
 //! It faces the internet, so it is bounded like nothing else here needs to
 //! be: at most [`MAX_IN_FLIGHT`] connections (more are closed at once), one
 //! request each (no keep-alive), the head within [`HEAD_TIMEOUT`] and the
-//! whole exchange within [`CONNECTION_DEADLINE`]. Anything but `GET
-//! /whoami` is `404`.
+//! whole exchange within [`CONNECTION_DEADLINE`]. The challenge costs one
+//! MAC and no state; an ask costs a MAC, and one Redis read only once its
+//! challenge holds. Anything else is `404`.
 
 use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
@@ -22,8 +36,12 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use proxynet_common::tasks::Stop;
 use proxynet_store::redis_target::RedisConnection;
-use proxynet_store::Keys;
-use proxynet_wire::reflector::{Reflection, WHOAMI_PATH};
+use proxynet_store::{ExitRecord, Keys};
+use proxynet_wire::reflector::{
+    challenge_holds, exit_proof_holds, Challenge, Reflection, CHALLENGE_PATH, CHALLENGE_TTL_SECS,
+    WHOAMI_PATH,
+};
+use redis::AsyncCommands;
 use std::convert::Infallible;
 use std::net::IpAddr;
 use std::sync::{Arc, RwLock};
@@ -40,9 +58,11 @@ pub const CONNECTION_DEADLINE: Duration = Duration::from_secs(10);
 /// How often the key is re-read from Redis: a Redis that lost it gets a new
 /// one from whichever process asks first, and every signer follows within this.
 const KEY_REFRESH: Duration = Duration::from_secs(30);
+/// Longest `challenge` and `proof` parameters read (both are far shorter).
+const MAX_PARAM: usize = 256;
 
 /// The reflector key as last read from Redis (`None` until the first read
-/// succeeds: answers then carry no proof, which the control-api refuses).
+/// succeeds: the reflector then answers `503`).
 pub struct ReflectorKey {
     redis: RedisConnection,
     keys: Keys,
@@ -87,10 +107,36 @@ impl ReflectorKey {
     }
 }
 
-/// The reflector's listener and the key it signs with.
+/// Where the reflector finds what an exit's proof is checked against: the
+/// SHA-256 of its credential, in the exit's record in Redis (the digest the
+/// link listener checks hellos against).
+#[derive(Clone)]
+pub struct ExitCredentials {
+    redis: RedisConnection,
+    keys: Keys,
+}
+
+impl ExitCredentials {
+    pub fn new(redis: RedisConnection, keys: Keys) -> Self {
+        Self { redis, keys }
+    }
+
+    /// The credential digest of `exit` (`None`: no such exit).
+    async fn digest(&self, exit: Uuid) -> Result<Option<String>, redis::RedisError> {
+        let mut redis = self.redis.clone();
+        let json: Option<String> = redis.get(self.keys.exit(exit)).await?;
+        Ok(json
+            .and_then(|j| serde_json::from_str::<ExitRecord>(&j).ok())
+            .map(|record| record.credential_sha256))
+    }
+}
+
+/// The reflector's listener, the key it signs with and where it checks
+/// exits' proofs.
 pub struct Reflector {
     pub listener: TcpListener,
     pub key: Arc<ReflectorKey>,
+    pub exits: ExitCredentials,
 }
 
 impl Reflector {
@@ -110,21 +156,21 @@ impl Reflector {
                 metrics::counter!("proxynet_reflector_refused_total").increment(1);
                 continue;
             };
-            let key = self.key.clone();
+            let (key, exits) = (self.key.clone(), self.exits.clone());
             tokio::spawn(async move {
                 let _slot = slot;
                 // An IPv4 client of a dual-stack listener arrives as
                 // `::ffff:a.b.c.d`: the address it sent from is the IPv4 one.
                 let peer = peer.ip().to_canonical();
                 let service = service_fn(move |req| {
+                    // Everything the answer needs is taken off the request
+                    // here: nothing of it is held across the Redis read.
+                    let route = route(&req);
                     let key = key.current();
+                    let exits = exits.clone();
                     async move {
-                        Ok::<_, Infallible>(respond(
-                            &req,
-                            peer,
-                            unix_now(),
-                            key.as_deref().map(Vec::as_slice),
-                        ))
+                        let key = key.as_deref().map(Vec::as_slice);
+                        Ok::<_, Infallible>(serve(route, peer, unix_now(), key, &exits).await)
                     }
                 });
                 let serving = hyper::server::conn::http1::Builder::new()
@@ -145,58 +191,178 @@ fn unix_now() -> i64 {
         .map_or(0, |d| d.as_secs() as i64)
 }
 
-/// The answer to one request from `peer` at `now`, signed with `key`.
-fn respond<B>(
-    req: &Request<B>,
+/// What a request asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Route {
+    /// `GET /whoami/challenge`.
+    Challenge,
+    /// `GET /whoami` with an exit, a challenge and a proof.
+    Ask(Ask),
+    /// `GET /whoami` without the exit's proof: refused, with the reason.
+    Unproven(&'static str),
+    /// `GET /whoami` whose `exit` is not an exit id.
+    BadExit,
+    NotFound,
+}
+
+/// The parameters of step two, unchecked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Ask {
+    exit: Uuid,
+    challenge: String,
+    proof: String,
+}
+
+fn route<B>(req: &Request<B>) -> Route {
+    if req.method() != Method::GET {
+        return Route::NotFound;
+    }
+    match req.uri().path() {
+        CHALLENGE_PATH => Route::Challenge,
+        WHOAMI_PATH => ask_of(req.uri().query().unwrap_or_default()),
+        _ => Route::NotFound,
+    }
+}
+
+/// The ask in `query` (`exit=ID&challenge=C&proof=P`, in any order; other
+/// parameters are ignored).
+fn ask_of(query: &str) -> Route {
+    let (mut exit, mut challenge, mut proof) = (None, None, None);
+    for pair in query.split('&') {
+        if let Some(v) = pair.strip_prefix("exit=") {
+            exit = Some(v);
+        } else if let Some(v) = pair.strip_prefix("challenge=") {
+            challenge = Some(v);
+        } else if let Some(v) = pair.strip_prefix("proof=") {
+            proof = Some(v);
+        }
+    }
+    let Some(exit) = exit else {
+        return Route::Unproven("a reflection is signed only for an exit that proves it is one: GET /whoami/challenge, then /whoami?exit=ID&challenge=C&proof=P");
+    };
+    let Ok(exit) = exit.parse::<Uuid>() else {
+        return Route::BadExit;
+    };
+    match (challenge, proof) {
+        (Some(challenge), Some(proof))
+            if !challenge.is_empty()
+                && !proof.is_empty()
+                && challenge.len() <= MAX_PARAM
+                && proof.len() <= MAX_PARAM =>
+        {
+            Route::Ask(Ask {
+                exit,
+                challenge: challenge.to_owned(),
+                proof: proof.to_owned(),
+            })
+        }
+        _ => Route::Unproven("the exit's proof is missing: GET /whoami/challenge first, then /whoami?exit=ID&challenge=C&proof=P"),
+    }
+}
+
+/// The answer to `route` from `peer` at `now`, signed with `key`.
+async fn serve(
+    route: Route,
     peer: IpAddr,
     now: i64,
     key: Option<&[u8]>,
+    exits: &ExitCredentials,
 ) -> Response<Full<Bytes>> {
-    if req.method() != Method::GET || req.uri().path() != WHOAMI_PATH {
-        return answer(
-            StatusCode::NOT_FOUND,
-            "text/plain; charset=utf-8",
-            "not found\n".into(),
-        );
-    }
-    let exit = match exit_of(req.uri().query()) {
-        Ok(exit) => exit,
-        Err(()) => {
-            return answer(
-                StatusCode::BAD_REQUEST,
-                "text/plain; charset=utf-8",
-                "exit: an exit id\n".into(),
+    let (ask, key) = match decide(route, peer, now, key) {
+        Ok(checked) => checked,
+        Err(answer) => return answer,
+    };
+    match exits.digest(ask.exit).await {
+        Ok(digest) => reflect(&ask, digest.as_deref(), peer, now, key),
+        Err(e) => {
+            tracing::warn!(error = %e, "the reflector cannot read an exit's record");
+            text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "cannot check the exit's proof right now",
             )
         }
+    }
+}
+
+/// Everything decided before Redis is asked: the answer, or an ask whose
+/// challenge holds (with the key), left for its proof to be checked. The
+/// cheap check comes first, so a flood of made-up asks costs no Redis read.
+fn decide(
+    route: Route,
+    peer: IpAddr,
+    now: i64,
+    key: Option<&[u8]>,
+) -> Result<(Ask, &[u8]), Response<Full<Bytes>>> {
+    let ask = match route {
+        Route::NotFound => return Err(text(StatusCode::NOT_FOUND, "not found")),
+        Route::BadExit => return Err(text(StatusCode::BAD_REQUEST, "exit: an exit id")),
+        Route::Unproven(why) => return Err(refused(why)),
+        Route::Challenge => return Err(challenge(peer, now, key)),
+        Route::Ask(ask) => ask,
     };
-    let reflection = match key {
-        Some(key) => Reflection::signed(key, peer, now, exit),
-        None => Reflection {
-            address: peer,
-            at: now,
-            exit,
-            proof: None,
-        },
+    let Some(key) = key else {
+        return Err(no_key());
     };
-    match serde_json::to_string(&reflection) {
+    if !challenge_holds(key, &ask.challenge, peer, now) {
+        return Err(refused(&format!(
+            "the challenge is not one this reflector issued to this address in the last {CHALLENGE_TTL_SECS} seconds"
+        )));
+    }
+    Ok((ask, key))
+}
+
+/// `GET /whoami/challenge`: a challenge for `peer`.
+fn challenge(peer: IpAddr, now: i64, key: Option<&[u8]>) -> Response<Full<Bytes>> {
+    let Some(key) = key else {
+        return no_key();
+    };
+    let nonce = Uuid::new_v4().simple().to_string();
+    match Challenge::issue(key, peer, now, &nonce).map(|c| serde_json::to_string(&c)) {
+        Some(Ok(body)) => answer(StatusCode::OK, "application/json", body),
+        _ => text(StatusCode::INTERNAL_SERVER_ERROR, "cannot make a challenge"),
+    }
+}
+
+/// Step two once the challenge holds: the reflection of `peer`, signed for
+/// the exit when its proof holds under `digest` (its credential's SHA-256;
+/// `None`: no such exit, answered like a wrong proof).
+fn reflect(
+    ask: &Ask,
+    digest: Option<&str>,
+    peer: IpAddr,
+    now: i64,
+    key: &[u8],
+) -> Response<Full<Bytes>> {
+    let proven = digest.is_some_and(|d| exit_proof_holds(d, ask.exit, &ask.challenge, &ask.proof));
+    if !proven {
+        return refused("unknown exit or wrong proof");
+    }
+    metrics::counter!("proxynet_reflector_asks_total", "result" => "reflected").increment(1);
+    match serde_json::to_string(&Reflection::signed(key, peer, now, Some(ask.exit))) {
         Ok(body) => answer(StatusCode::OK, "application/json", body),
-        Err(_) => answer(
+        Err(_) => text(
             StatusCode::INTERNAL_SERVER_ERROR,
-            "text/plain; charset=utf-8",
-            "cannot encode the answer\n".into(),
+            "cannot encode the answer",
         ),
     }
 }
 
-/// The `exit` query parameter, if given (an exit id, or the request is bad).
-fn exit_of(query: Option<&str>) -> Result<Option<Uuid>, ()> {
-    let Some(query) = query else {
-        return Ok(None);
-    };
-    match query.split('&').find_map(|pair| pair.strip_prefix("exit=")) {
-        None => Ok(None),
-        Some(id) => id.parse().map(Some).map_err(|_| ()),
-    }
+/// `403` with the reason: no reflection without the exit's proof.
+fn refused(why: &str) -> Response<Full<Bytes>> {
+    metrics::counter!("proxynet_reflector_asks_total", "result" => "refused").increment(1);
+    text(StatusCode::FORBIDDEN, why)
+}
+
+/// Without the key there is neither a challenge nor a signature to give.
+fn no_key() -> Response<Full<Bytes>> {
+    text(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "the reflector has no key yet",
+    )
+}
+
+fn text(status: StatusCode, body: &str) -> Response<Full<Bytes>> {
+    answer(status, "text/plain; charset=utf-8", format!("{body}\n"))
 }
 
 fn answer(status: StatusCode, content_type: &'static str, body: String) -> Response<Full<Bytes>> {
@@ -212,6 +378,7 @@ fn answer(status: StatusCode, content_type: &'static str, body: String) -> Respo
 mod tests {
     use super::*;
     use http_body_util::BodyExt;
+    use proxynet_wire::reflector::exit_proof;
 
     fn get(uri: &str) -> Request<()> {
         Request::builder().uri(uri).body(()).unwrap()
@@ -221,57 +388,136 @@ mod tests {
         String::from_utf8(r.into_body().collect().await.unwrap().to_bytes().to_vec()).unwrap()
     }
 
+    const KEY: &[u8] = b"reflector key for the unit test";
+    const DIGEST: &str = "2c26b46b68ffc68ff99b453c1d30413413422d706483bfa0f98a5e886266e7ae";
+
+    /// Step one's challenge for `peer` at `now`.
+    async fn challenge_for(peer: IpAddr, now: i64) -> String {
+        let r = challenge(peer, now, Some(KEY));
+        assert_eq!(r.status(), StatusCode::OK);
+        serde_json::from_str::<Challenge>(&body(r).await)
+            .unwrap()
+            .challenge
+    }
+
+    fn ask(exit: Uuid, challenge: &str, digest: &str) -> Ask {
+        Ask {
+            exit,
+            challenge: challenge.to_owned(),
+            proof: exit_proof(digest, exit, challenge).unwrap(),
+        }
+    }
+
     #[tokio::test]
-    async fn whoami_answers_the_peer_address_signed_for_the_exit_that_asked() {
-        let key = b"reflector key for the unit test";
+    async fn whoami_answers_the_peer_address_signed_for_the_exit_that_proves_it_asked() {
         let exit = Uuid::new_v4();
         let peer: IpAddr = "203.0.113.9".parse().unwrap();
-        let r = respond(
-            &get(&format!("/whoami?exit={exit}")),
-            peer,
-            1_800_000_000,
-            Some(key),
-        );
+        let now = 1_800_000_000;
+        let c = challenge_for(peer, now).await;
+        let r = reflect(&ask(exit, &c, DIGEST), Some(DIGEST), peer, now + 1, KEY);
         assert_eq!(r.status(), StatusCode::OK);
         assert_eq!(r.headers()[header::CONTENT_TYPE], "application/json");
         let seen: Reflection = serde_json::from_str(&body(r).await).unwrap();
         assert_eq!(
             (seen.address, seen.at, seen.exit),
-            (peer, 1_800_000_000, Some(exit))
+            (peer, now + 1, Some(exit))
         );
-        assert!(seen.verify(key));
+        assert!(seen.verify(KEY));
 
-        // Without a key yet it still says what it saw, unproven.
-        let r = respond(&get("/whoami"), peer, 1, None);
-        let seen: Reflection = serde_json::from_str(&body(r).await).unwrap();
-        assert_eq!((seen.exit, seen.proof), (None, None));
+        // A proof made without the exit's credential, another exit's, or
+        // for an exit Redis does not know: refused.
+        let wrong = "fcde2b2edba56bf408601fb721fe9b5c338d10ee429ea04fae5511b68fbf8fb9";
+        for (a, digest) in [
+            (ask(exit, &c, wrong), Some(DIGEST)),
+            (ask(Uuid::new_v4(), &c, DIGEST), Some(wrong)),
+            (ask(exit, &c, DIGEST), None),
+        ] {
+            let r = reflect(&a, digest, peer, now, KEY);
+            assert_eq!(r.status(), StatusCode::FORBIDDEN);
+        }
     }
 
     #[tokio::test]
-    async fn anything_but_get_whoami_is_404_and_a_bad_exit_400() {
-        let peer: IpAddr = "192.0.2.1".parse().unwrap();
-        for uri in ["/", "/whoami/", "/metrics", "/whoamix"] {
-            assert_eq!(
-                respond(&get(uri), peer, 0, None).status(),
-                StatusCode::NOT_FOUND,
-                "{uri}"
-            );
+    async fn an_ask_needs_a_fresh_challenge_issued_to_the_same_address() {
+        let exit = Uuid::new_v4();
+        let peer: IpAddr = "203.0.113.9".parse().unwrap();
+        let other: IpAddr = "203.0.113.10".parse().unwrap();
+        let now = 1_800_000_000;
+        let c = challenge_for(peer, now).await;
+        let route = || Route::Ask(ask(exit, &c, DIGEST));
+        assert!(decide(route(), peer, now + 2, Some(KEY)).is_ok());
+        // Issued to another address, or too long ago: refused before Redis
+        // is asked.
+        for (from, at) in [(other, now), (peer, now + CHALLENGE_TTL_SECS + 1)] {
+            let Err(r) = decide(route(), from, at, Some(KEY)) else {
+                panic!("a challenge of {peer} at {now} held for {from} at {at}");
+            };
+            assert_eq!(r.status(), StatusCode::FORBIDDEN);
+            assert!(body(r).await.contains("issued to this address"));
+        }
+        // Two challenges for one address differ (a nonce each).
+        assert_ne!(c, challenge_for(peer, now).await);
+        // No key yet: neither a challenge nor a reflection.
+        assert_eq!(
+            challenge(peer, now, None).status(),
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        let Err(r) = decide(route(), peer, now, None) else {
+            panic!("an ask held without a key");
+        };
+        assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+        // Without a proof, whatever else it says: refused.
+        let Err(r) = decide(ask_of(&format!("exit={exit}")), peer, now, Some(KEY)) else {
+            panic!("an ask without a proof held");
+        };
+        assert_eq!(r.status(), StatusCode::FORBIDDEN);
+    }
+
+    #[test]
+    fn requests_are_routed_and_whoami_without_a_proof_is_unproven() {
+        let exit = Uuid::new_v4();
+        for uri in [
+            "/",
+            "/whoami/",
+            "/metrics",
+            "/whoamix",
+            "/whoami/challenge/x",
+        ] {
+            assert_eq!(route(&get(uri)), Route::NotFound, "{uri}");
         }
         let post = Request::builder()
             .method(Method::POST)
             .uri("/whoami")
             .body(())
             .unwrap();
+        assert_eq!(route(&post), Route::NotFound);
+        assert_eq!(route(&get("/whoami/challenge")), Route::Challenge);
+        assert_eq!(route(&get("/whoami?exit=nope")), Route::BadExit);
+        for unproven in [
+            "/whoami".to_owned(),
+            "/whoami?x=1".to_owned(),
+            format!("/whoami?exit={exit}"),
+            format!("/whoami?exit={exit}&challenge=1.ab.cd"),
+            format!("/whoami?exit={exit}&challenge=&proof=ab"),
+            format!(
+                "/whoami?exit={exit}&challenge=1.ab.cd&proof={}",
+                "a".repeat(300)
+            ),
+        ] {
+            assert!(
+                matches!(route(&get(&unproven)), Route::Unproven(_)),
+                "{unproven}"
+            );
+        }
         assert_eq!(
-            respond(&post, peer, 0, None).status(),
-            StatusCode::NOT_FOUND
-        );
-        let bad = respond(&get("/whoami?exit=nope"), peer, 0, None);
-        assert_eq!(bad.status(), StatusCode::BAD_REQUEST);
-        // Other parameters are ignored.
-        assert_eq!(
-            respond(&get("/whoami?x=1"), peer, 0, None).status(),
-            StatusCode::OK
+            route(&get(&format!(
+                "/whoami?proof=ff&x=1&exit={exit}&challenge=1.ab.cd"
+            ))),
+            Route::Ask(Ask {
+                exit,
+                challenge: "1.ab.cd".into(),
+                proof: "ff".into()
+            })
         );
     }
 }

@@ -16,6 +16,7 @@ pub mod metrics;
 pub mod netns;
 pub mod process;
 pub mod protocol_bench;
+pub mod reflector;
 pub mod stack;
 pub mod stores;
 pub mod targets;

@@ -64,6 +64,11 @@ pub struct StackOptions {
     /// (default 127.0.0.1): agents in a network namespace reach them on an
     /// exit host's root-side address ([`crate::netns::ExitHost::stack_options`]).
     pub service_ip: Option<IpAddr>,
+    /// Run the superproxy's egress reflector on loopback (on unless the
+    /// test places one itself or the stack serves a network namespace), as
+    /// the demo does: the agents' loopback egress is then verified, which is
+    /// what lets their admin listeners into the fleet's protected set.
+    pub reflector: bool,
 }
 
 impl Default for StackOptions {
@@ -85,6 +90,7 @@ impl Default for StackOptions {
             agent_args: Vec::new(),
             control_apis: 1,
             service_ip: None,
+            reflector: true,
         }
     }
 }
@@ -215,6 +221,12 @@ impl Stack {
             .flat_map(|addr| ["--egress-protected".to_owned(), addr.clone()])
             .collect();
         protect_args.extend(options.superproxy_args.iter().cloned());
+        if options.reflector
+            && options.service_ip.is_none()
+            && !protect_args.iter().any(|a| a == "--reflector-listen")
+        {
+            protect_args.extend(["--reflector-listen".into(), "127.0.0.1:0".into()]);
+        }
         if let Some(files) = &tls {
             protect_args.extend([
                 "--tls-listen".into(),
@@ -457,6 +469,54 @@ impl Stack {
             .as_str()
             .unwrap()
             .to_owned()
+    }
+
+    /// An exit enrolled by the test itself, with no agent behind it
+    /// (`POST /v1/agent/enroll` with a fresh token of the complete
+    /// datacenter source): its id and credential, so the test can speak
+    /// as its agent, honest or not ([`Self::beat_as`], [`crate::reflector`]).
+    pub async fn enroll_by_hand(&self, name: &str, egress_ips: &[IpAddr]) -> (Uuid, String) {
+        let token = self.enrollment_token(name).await;
+        let r = self
+            .http
+            .post(self.api("/v1/agent/enroll"))
+            .json(&json!({ "token": token, "egress_ips": egress_ips, "hostname": name }))
+            .send()
+            .await
+            .unwrap();
+        let status = r.status();
+        let body: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(status, 201, "enroll {name}: {body}");
+        (
+            body["exit_id"].as_str().unwrap().parse().unwrap(),
+            body["credential"].as_str().unwrap().to_owned(),
+        )
+    }
+
+    /// One heartbeat as `exit`'s agent with `credential`: the status and
+    /// the reply (`null` unless 200). Beats closer than a quarter interval
+    /// apart are answered 429.
+    pub async fn beat_as(
+        &self,
+        exit: Uuid,
+        credential: &str,
+        body: serde_json::Value,
+    ) -> (u16, serde_json::Value) {
+        let r = self
+            .http
+            .post(self.api(&format!("/v1/agent/exits/{exit}/heartbeat")))
+            .bearer_auth(credential)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        let reply = if status == 200 {
+            r.json().await.unwrap()
+        } else {
+            serde_json::Value::Null
+        };
+        (status, reply)
     }
 
     /// Arguments for an agent serving `egress_ip`, with the test widening of loopback.

@@ -125,8 +125,9 @@ impl Receiver {
     }
 }
 
-/// HMAC-SHA256 (RFC 2104), written out: an independent check of the server's.
-fn hmac_sha256(key: &[u8], message: &[u8]) -> [u8; 32] {
+/// HMAC-SHA256 (RFC 2104), written out: an independent check of the
+/// server's (webhook signatures, the reflector's exit proofs).
+pub fn hmac_sha256(key: &[u8], message: &[u8]) -> [u8; 32] {
     use sha2::{Digest, Sha256};
     let mut block = [0u8; 64];
     if key.len() > 64 {

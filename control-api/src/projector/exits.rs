@@ -42,6 +42,8 @@ pub struct ExitRow {
     pub egress_verification: String,
     /// The public address the reflector last saw, per declared egress.
     pub observed_egress: Vec<String>,
+    /// The addresses the reflector verified the exit holds (`routes/egress.rs`).
+    pub verified_egress: Vec<String>,
 }
 
 impl ExitRow {
@@ -97,7 +99,7 @@ impl ExitRow {
     }
 
     pub fn to_record(&self, strict_egress: bool) -> ExitRecord {
-        ExitRecord {
+        let mut record = ExitRecord {
             id: self.id,
             name: self.name.clone(),
             egress_ips: self
@@ -126,7 +128,18 @@ impl ExitRow {
                 .consent_expires_at
                 .filter(|_| self.consent_required == Some(true))
                 .map(|t| t.timestamp_millis()),
-        }
+            verified_egress: Vec::new(),
+        };
+        // Only what lies inside the declared egress: the column is written
+        // from observations of declared egress alone, and this keeps it so.
+        let verified: Vec<IpAddr> = self
+            .verified_egress
+            .iter()
+            .filter_map(|ip| ip.parse::<IpAddr>().ok())
+            .filter(|ip| record.can_egress_from(*ip))
+            .collect();
+        record.verified_egress = verified;
+        record
     }
 }
 
@@ -139,7 +152,7 @@ pub(super) const EXIT_SELECT: &str = "SELECT e.id, e.name, e.source_type, e.owne
      e.withdrawn_at IS NOT NULL AS withdrawn, s.channel, s.supplier, s.agreement_ref, \
      s.notice_description, s.opt_out AS source_opt_out, s.liable_party, s.abuse_contact, \
      s.countries, s.consent_required, c.state AS consent_state, c.expires_at AS consent_expires_at, \
-     e.last_heartbeat_at, e.egress_verification, \
+     e.last_heartbeat_at, e.egress_verification, e.verified_egress, \
      ARRAY(SELECT DISTINCT ON (o.egress) host(o.observed_ip) FROM exit_egress_observations o \
             WHERE o.exit_id = e.id ORDER BY o.egress, o.first_seen DESC, o.id DESC) AS observed_egress \
      FROM exits e LEFT JOIN sources s ON s.id = e.source_id \

@@ -5,6 +5,49 @@
 
 use super::*;
 use proxynet_common::tasks::Stop;
+use std::net::SocketAddr;
+
+/// How long an exit's admin addresses stay protected after they were last
+/// written: every control-api rewrites a beating exit's entry every
+/// [`crate::liveness::ADMIN_ADDRS_REFRESH`], so an older one belongs to an
+/// exit that stopped beating hours ago, and goes.
+const AGENT_ADMIN_KEPT: Duration =
+    Duration::from_secs(crate::liveness::ADMIN_ADDRS_REFRESH.as_secs() * 3);
+
+/// Stale entries removed per read of the agents' admin addresses.
+const AGENT_ADMIN_PRUNED: usize = 1_000;
+
+/// `KEYS[1]` the hash, `ARGV[1]` the field, `ARGV[2]` its value as read:
+/// removes the field only if it still holds that value.
+const HDEL_IF_UNCHANGED_SCRIPT: &str = r"
+if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then
+  return redis.call('HDEL', KEYS[1], ARGV[1])
+end
+return 0
+";
+
+/// One exit's entry under [`Keys::agent_admin_addrs`]: what its agent's
+/// admin listener came to at its last report.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct AgentAdmin {
+    /// On addresses the control plane verified the exit holds: every exit
+    /// is told to deny these.
+    #[serde(default)]
+    pub protected: Vec<SocketAddr>,
+    /// Claimed on addresses it has not verified: ignored.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unverified: Vec<SocketAddr>,
+    /// When it was written (Unix ms, the writing control-api's clock).
+    pub at_ms: i64,
+}
+
+impl AgentAdmin {
+    /// Whether the entry is younger than [`AGENT_ADMIN_KEPT`] at `now_ms`.
+    fn is_current(&self, now_ms: i64) -> bool {
+        let kept = i64::try_from(AGENT_ADMIN_KEPT.as_millis()).unwrap_or(i64::MAX);
+        now_ms.saturating_sub(self.at_ms) <= kept
+    }
+}
 
 impl Projector {
     /// One agent heartbeat: the exit is alive for `ttl` from now (Redis
@@ -67,20 +110,28 @@ impl Projector {
         Ok(reply)
     }
 
-    /// Records exit `exit`'s admin listener addresses (see
-    /// [`Keys::agent_admin_addrs`]), replacing what it reported before: one
-    /// exit can only ever hold its own few entries.
+    /// Records what exit `exit`'s admin listener came to (see
+    /// [`Keys::agent_admin_addrs`]): the addresses every exit denies and the
+    /// unverified claims ignored, replacing what it reported before (one
+    /// exit can only ever hold its own few entries) and stamped with the
+    /// time, so the entry of an exit that stopped beating is pruned.
     pub async fn record_agent_admin(
         &self,
         exit: Uuid,
-        addrs: &[std::net::SocketAddr],
+        protected: &[SocketAddr],
+        unverified: &[SocketAddr],
     ) -> Result<(), ProjectionError> {
         let mut redis = self.redis.clone();
         let key = self.keys.agent_admin_addrs();
-        if addrs.is_empty() {
+        if protected.is_empty() && unverified.is_empty() {
             let _: i64 = redis.hdel(&key, exit.to_string()).await?;
         } else {
-            let json = serde_json::to_string(addrs)?;
+            let entry = AgentAdmin {
+                protected: protected.to_vec(),
+                unverified: unverified.to_vec(),
+                at_ms: chrono::Utc::now().timestamp_millis(),
+            };
+            let json = serde_json::to_string(&entry)?;
             let _: i64 = redis.hset(&key, exit.to_string(), json).await?;
         }
         // This instance's next reply reads them afresh (replies are rebuilt
@@ -91,9 +142,25 @@ impl Projector {
         Ok(())
     }
 
-    /// Every agent's admin addresses, deduplicated (most agents listen on
-    /// the same loopback port), read at most every [`AGENT_ADMIN_REUSE`].
-    async fn agent_admin_addrs(&self) -> Result<Vec<std::net::SocketAddr>, ProjectionError> {
+    /// What exit `exit`'s agent last reported of its admin listener, as
+    /// recorded (`None`: nothing, or nothing since long ago).
+    pub async fn agent_admin_of(&self, exit: Uuid) -> Result<Option<AgentAdmin>, ProjectionError> {
+        let mut redis = self.redis.clone();
+        let json: Option<String> = redis
+            .hget(self.keys.agent_admin_addrs(), exit.to_string())
+            .await?;
+        Ok(json
+            .and_then(|j| serde_json::from_str::<AgentAdmin>(&j).ok())
+            .filter(|entry| entry.is_current(chrono::Utc::now().timestamp_millis())))
+    }
+
+    /// Every agent's protected admin addresses, deduplicated (most agents
+    /// listen on the same loopback port), read at most every
+    /// [`AGENT_ADMIN_REUSE`]. Entries written more than [`AGENT_ADMIN_KEPT`]
+    /// ago (the exit stopped beating: it is gone) and entries this release
+    /// cannot read (a release before verification wrote them, accepting any
+    /// declared egress) are left out and removed.
+    async fn agent_admin_addrs(&self) -> Result<Vec<SocketAddr>, ProjectionError> {
         if let Ok(cached) = self.agent_admin.lock() {
             if let Some((at, addrs)) = cached.as_ref() {
                 if at.elapsed() < AGENT_ADMIN_REUSE {
@@ -103,17 +170,56 @@ impl Projector {
         }
         let mut redis = self.redis.clone();
         let all: HashMap<String, String> = redis.hgetall(self.keys.agent_admin_addrs()).await?;
-        let mut addrs: Vec<std::net::SocketAddr> = all
-            .values()
-            .filter_map(|json| serde_json::from_str::<Vec<std::net::SocketAddr>>(json).ok())
-            .flatten()
-            .collect();
+        let now_ms = chrono::Utc::now().timestamp_millis();
+        let mut addrs: Vec<SocketAddr> = Vec::new();
+        let mut stale: Vec<(&String, &String)> = Vec::new();
+        for (exit, json) in &all {
+            match serde_json::from_str::<AgentAdmin>(json) {
+                Ok(entry) if entry.is_current(now_ms) => addrs.extend(entry.protected),
+                _ => stale.push((exit, json)),
+            }
+        }
+        self.prune_agent_admin(&stale).await;
         addrs.sort_unstable();
         addrs.dedup();
         if let Ok(mut cached) = self.agent_admin.lock() {
             *cached = Some((std::time::Instant::now(), addrs.clone()));
         }
         Ok(addrs)
+    }
+
+    /// Removes `stale` entries (exit, value as read), each only if it still
+    /// holds the value read: an exit that beat meanwhile keeps its new one.
+    /// Best effort, at most [`AGENT_ADMIN_PRUNED`] a read: the next read
+    /// takes the rest.
+    async fn prune_agent_admin(&self, stale: &[(&String, &String)]) {
+        if stale.is_empty() {
+            return;
+        }
+        let mut redis = self.redis.clone();
+        let script = redis::Script::new(HDEL_IF_UNCHANGED_SCRIPT);
+        let mut removed = 0u64;
+        for (exit, json) in stale.iter().take(AGENT_ADMIN_PRUNED) {
+            let result: Result<i64, _> = script
+                .key(self.keys.agent_admin_addrs())
+                .arg(exit.as_str())
+                .arg(json.as_str())
+                .invoke_async(&mut redis)
+                .await;
+            match result {
+                Ok(n) => removed += u64::try_from(n).unwrap_or(0),
+                Err(e) => {
+                    tracing::debug!(error = %e, "cannot prune agent admin addresses; retried at the next read");
+                    break;
+                }
+            }
+        }
+        if removed > 0 {
+            tracing::info!(
+                removed,
+                "removed the admin addresses of exits gone quiet or recorded before verification"
+            );
+        }
     }
 
     pub async fn live_superproxies(&self) -> Result<Vec<SuperproxyRecord>, ProjectionError> {

@@ -27,6 +27,7 @@ pub use exits::ExitRow;
 use exits::EXIT_SELECT;
 
 pub use fleet::FleetHealth;
+pub use heartbeats::AgentAdmin;
 
 use proxynet_store::redis_target::RedisConnection;
 use proxynet_store::{

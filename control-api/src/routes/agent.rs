@@ -17,9 +17,9 @@ use axum::response::IntoResponse;
 use chrono::{DateTime, Utc};
 use proxynet_common::egress::{check_egress_prefix, Cidr};
 use proxynet_common::secret::{constant_time_eq, sha256_hex, Secret};
-use proxynet_store::SuperproxyRecord;
+use proxynet_store::{ExitRecord, SuperproxyRecord};
 use serde::{Deserialize, Serialize};
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use uuid::Uuid;
 
 use crate::auth::{bearer, new_secret, Operator};
@@ -305,6 +305,51 @@ fn truncate(s: &str, max: usize) -> String {
 
 use proxynet_wire::heartbeat::{HeartbeatReply, HeartbeatRequest as Heartbeat, MAX_ADMIN_ADDRS};
 
+/// Most admin addresses of one exit that enter the fleet's protected set
+/// (an agent listens on one port, on a few addresses at most).
+pub(crate) const MAX_PROTECTED_ADMIN_ADDRS: usize = 8;
+
+/// An exit's reported admin addresses, sorted by what the fleet does with
+/// them.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct AdminClaims {
+    /// Every exit is told to deny these.
+    pub(crate) protected: Vec<SocketAddr>,
+    /// Claimed on an address the control plane has not verified the exit
+    /// holds: ignored (logged, and shown on `GET /v1/exits/{id}`).
+    pub(crate) unverified: Vec<SocketAddr>,
+}
+
+/// Sorts `reported` (an agent's admin addresses) against `record`. An
+/// address is protected fleet-wide only when the exit holds it as far as
+/// the control plane knows: it is one the reflector verified
+/// ([`ExitRecord::verified_egress`]: seen as the exit's own, not merely
+/// declared), or a loopback address of an exit the reflector saw on
+/// loopback (it shares the reflector's host, a demo or test stack, where
+/// its neighbours' tunnels could reach its loopback listener; anywhere
+/// else another host's loopback is no concern of the fleet's). Anything
+/// else would let an exit put any address on every exit's deny list and
+/// refuse it to every customer. At most [`MAX_PROTECTED_ADMIN_ADDRS`].
+pub(crate) fn sort_admin_claims(record: &ExitRecord, reported: &[SocketAddr]) -> AdminClaims {
+    let verified = &record.verified_egress;
+    let seen_on_loopback = verified.iter().any(|ip| ip.is_loopback());
+    let mut claims = AdminClaims::default();
+    for addr in reported.iter().take(MAX_ADMIN_ADDRS) {
+        let ip = addr.ip().to_canonical();
+        let held = verified.contains(&ip) || (ip.is_loopback() && seen_on_loopback);
+        let list = if held {
+            &mut claims.protected
+        } else {
+            &mut claims.unverified
+        };
+        if !list.contains(addr) {
+            list.push(*addr);
+        }
+    }
+    claims.protected.truncate(MAX_PROTECTED_ADMIN_ADDRS);
+    claims
+}
+
 /// The reply's deny list and superproxy records from what the projector read.
 fn deny_list(
     own: &[std::net::SocketAddr],
@@ -316,6 +361,9 @@ fn deny_list(
     for s in &mut superproxies {
         deny.extend(std::mem::take(&mut s.service_addrs));
         deny.push(s.link_addr);
+        // The reflector the agent is told to ask: no exit may reach it
+        // through another exit's tunnel (it would sign that exit's address).
+        deny.extend(s.reflector);
     }
     deny.extend(inputs.agent_admin);
     if !internal {
@@ -392,25 +440,32 @@ pub(super) async fn heartbeat(
     state
         .heartbeats
         .beat(exit_id, body.draining, body.active_tunnels);
-    // An agent's admin listener is on its own host: loopback or a private
-    // address, or one of the exit's egress addresses. Anything else would
-    // let one exit put a third party's address on every exit's deny list.
-    let own_address = |ip: IpAddr| egress.as_ref().is_some_and(|r| r.can_egress_from(ip));
-    let admin_addrs: Vec<std::net::SocketAddr> = body
-        .admin_addrs
-        .iter()
-        .copied()
-        .filter(|a| proxynet_common::egress::in_special_range(a.ip()) || own_address(a.ip()))
-        .take(MAX_ADMIN_ADDRS)
-        .collect();
-    if state.heartbeats.admin_addrs_due(exit_id, &admin_addrs) {
-        if let Err(e) = state
-            .projector
-            .record_agent_admin(exit_id, &admin_addrs)
-            .await
+    // An agent's admin listener is protected fleet-wide only on an address
+    // the control plane verified the exit holds (`sort_admin_claims`). Without
+    // the exit's record (Redis restarted empty) nothing is known of it: what
+    // was recorded before stands until the record is back.
+    if let Some(record) = egress.as_ref() {
+        let claims = sort_admin_claims(record, &body.admin_addrs);
+        if state
+            .heartbeats
+            .admin_addrs_due(exit_id, &claims.protected, &claims.unverified)
         {
-            tracing::warn!(error = %e, "cannot record the agent's admin address; retried at its next beat");
-            state.heartbeats.forget_admin_addrs(exit_id);
+            if !claims.unverified.is_empty() {
+                tracing::warn!(
+                    exit = %exit_id,
+                    unverified = ?claims.unverified,
+                    verified_egress = ?record.verified_egress,
+                    "admin addresses on egress the control plane has not verified the exit holds are ignored: no other exit is told to deny them"
+                );
+            }
+            if let Err(e) = state
+                .projector
+                .record_agent_admin(exit_id, &claims.protected, &claims.unverified)
+                .await
+            {
+                tracing::warn!(error = %e, "cannot record the agent's admin address; retried at its next beat");
+                state.heartbeats.forget_admin_addrs(exit_id);
+            }
         }
     }
     // Internal service addresses go only to an agent that says its policy
@@ -487,5 +542,63 @@ mod tests {
         with_public.agent_admin.push(a("93.184.216.34:9091"));
         let (_, public) = deny_list(&own, with_public, false);
         assert_eq!(public, vec![a("93.184.216.34:9091")]);
+        // A superproxy's announced reflector is denied, and still announced.
+        let mut with_reflector = inputs();
+        with_reflector.superproxies[0].reflector = Some(a("93.184.216.40:8099"));
+        let (records, public) = deny_list(&own, with_reflector, false);
+        assert_eq!(public, vec![a("93.184.216.40:8099")]);
+        assert_eq!(records[0].reflector, Some(a("93.184.216.40:8099")));
+    }
+
+    fn record(verified: &[&str]) -> ExitRecord {
+        let json = serde_json::json!({
+            "id": Uuid::nil(), "name": "x", "egress_ips": ["93.184.216.34", "127.0.0.9"],
+            "egress_prefixes": ["2001:db8:7::/48"],
+            "source_type": "dc", "country": "DE", "owner": "o", "draining": false,
+            "disabled": false, "credential_sha256": "", "verified_egress": verified,
+        });
+        serde_json::from_value(json).unwrap()
+    }
+
+    #[test]
+    fn only_admin_addresses_on_verified_egress_are_protected() {
+        let a = |s: &str| -> SocketAddr { s.parse().unwrap() };
+        let reported = [
+            a("93.184.216.34:443"),
+            a("[2001:db8:7::5]:9091"),
+            a("127.0.0.1:9091"),
+            a("10.0.0.7:9091"),
+            a("93.184.216.34:443"),
+        ];
+        // Declared is not verified: nothing is protected, all is shown.
+        let claims = sort_admin_claims(&record(&[]), &reported);
+        assert!(claims.protected.is_empty(), "{claims:?}");
+        assert_eq!(claims.unverified, reported[..4].to_vec(), "once each");
+        // The reflector saw the exit at 93.184.216.34 and inside the prefix:
+        // those addresses, exactly, are its own.
+        let claims = sort_admin_claims(&record(&["93.184.216.34", "2001:db8:7::5"]), &reported);
+        assert_eq!(
+            claims.protected,
+            vec![a("93.184.216.34:443"), a("[2001:db8:7::5]:9091")]
+        );
+        assert_eq!(
+            claims.unverified,
+            vec![a("127.0.0.1:9091"), a("10.0.0.7:9091")]
+        );
+        let other_in_prefix = sort_admin_claims(
+            &record(&["2001:db8:7::5"]),
+            &[a("[2001:db8:7::6]:9091"), a("[::ffff:93.184.216.34]:443")],
+        );
+        assert!(other_in_prefix.protected.is_empty(), "{other_in_prefix:?}");
+        // Seen on loopback (the reflector's own host): its loopback listener
+        // is protected, for the neighbours on that host.
+        let claims = sort_admin_claims(&record(&["127.0.0.9"]), &reported);
+        assert_eq!(claims.protected, vec![a("127.0.0.1:9091")]);
+        // At most MAX_PROTECTED_ADMIN_ADDRS.
+        let many: Vec<SocketAddr> = (0..12)
+            .map(|port| SocketAddr::new("127.0.0.1".parse().unwrap(), 9000 + port))
+            .collect();
+        let claims = sort_admin_claims(&record(&["127.0.0.9"]), &many);
+        assert_eq!(claims.protected, many[..MAX_PROTECTED_ADMIN_ADDRS].to_vec());
     }
 }

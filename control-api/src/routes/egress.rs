@@ -18,6 +18,12 @@
 //! NAT declared) blocks the exit as `egress_unverified` when the operator
 //! runs with `--strict-egress-verification`. No observation at all is
 //! `unobserved`, never a block: a reflector outage must not empty the pool.
+//!
+//! So are the addresses verified to be the exit's ([`verified_addresses`]):
+//! the address seen for each declared egress whose latest observation lies
+//! inside it. They are the only ones on which the exit's admin listener
+//! enters the fleet's protected set (`agent.rs`): a declared egress is the
+//! agent's word, an observation is the reflector's.
 
 use crate::extract::{Json, Path};
 use axum::extract::State;
@@ -96,6 +102,21 @@ pub(crate) fn verdict(
         .unwrap_or(Verification::Unobserved)
 }
 
+/// The addresses the latest observations verify the exit holds: for each
+/// declared egress seen from inside itself, the address seen (sorted, once
+/// each). An egress seen elsewhere (behind NAT, a mismatch) verifies
+/// nothing: the address seen there is shared or someone else's.
+pub(crate) fn verified_addresses(declared: &[Cidr], latest: &[(Cidr, IpAddr)]) -> Vec<IpAddr> {
+    let mut out: Vec<IpAddr> = latest
+        .iter()
+        .filter(|(egress, seen)| declared.contains(egress) && egress.contains(*seen))
+        .map(|(_, seen)| *seen)
+        .collect();
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
 /// An exit's declared egress: its egress IPs (as /32, /128) and prefixes.
 pub(crate) fn declared(egress_ips: &[String], egress_prefixes: &[String]) -> Vec<Cidr> {
     egress_ips
@@ -136,6 +157,7 @@ struct ExitEgressRow {
     egress_prefixes: Vec<String>,
     behind_nat: bool,
     egress_verification: String,
+    verified_egress: Vec<String>,
 }
 
 /// Why one observation is not recorded, if it is not.
@@ -182,7 +204,8 @@ pub(crate) async fn report(
     let mut tx = state.db.begin().await?;
     // Locked: two reports of one exit extend its history one after the other.
     let row: Option<ExitEgressRow> = sqlx::query_as(
-        "SELECT credential_sha256, egress_ips, egress_prefixes, behind_nat, egress_verification
+        "SELECT credential_sha256, egress_ips, egress_prefixes, behind_nat, egress_verification,
+                verified_egress
            FROM exits WHERE id = $1 FOR UPDATE",
     )
     .bind(exit)
@@ -246,6 +269,10 @@ pub(crate) async fn report(
         .filter_map(|(e, ip)| Some((e.parse::<Cidr>().ok()?.masked(), ip.parse().ok()?)))
         .collect();
     let verification = verdict(&declared, row.behind_nat, &latest);
+    let verified: Vec<String> = verified_addresses(&declared, &latest)
+        .iter()
+        .map(ToString::to_string)
+        .collect();
     let unobserved: Vec<serde_json::Value> = body
         .unobserved
         .iter()
@@ -258,15 +285,21 @@ pub(crate) async fn report(
         })
         .collect();
     sqlx::query(
-        "UPDATE exits SET egress_verification = $2, egress_reported_at = now(), egress_unobserved = $3
+        "UPDATE exits SET egress_verification = $2, egress_reported_at = now(), egress_unobserved = $3,
+                          verified_egress = $4
           WHERE id = $1",
     )
     .bind(exit)
     .bind(verification.as_str())
     .bind(serde_json::Value::Array(unobserved))
+    .bind(&verified)
     .execute(&mut *tx)
     .await?;
     let changed = row.egress_verification != verification.as_str();
+    // The heartbeat reads the verified addresses from the projected record:
+    // a change there is projected at once too (the admin listener on a newly
+    // verified address is protected from the exit's next beat).
+    let verified_changed = row.verified_egress != verified;
     if changed {
         audit::record(
             &mut tx,
@@ -278,11 +311,16 @@ pub(crate) async fn report(
         .await?;
     }
     tx.commit().await?;
-    if changed {
+    if changed || verified_changed {
         // The verdict is projected: with the strict policy it blocks or
         // frees the exit within the superproxies' next pool refresh.
         state.projector.exit(exit).await;
+    }
+    if changed {
         tracing::info!(exit = %exit, from = %row.egress_verification, to = verification.as_str(), "egress verification changed");
+    }
+    if verified_changed {
+        tracing::info!(exit = %exit, verified = ?verified, "addresses verified to be the exit's changed");
     }
     Ok(Json(ReportAnswer {
         accepted,
@@ -507,6 +545,28 @@ mod tests {
         );
         assert_eq!(egress_text(&v4), "198.18.0.1");
         assert_eq!(egress_text(&prefix), "198.19.0.0/28");
+    }
+
+    #[test]
+    fn only_an_egress_seen_from_inside_itself_verifies_an_address() {
+        let declared = declared(
+            &["198.18.0.1".into(), "198.18.0.2".into()],
+            &["198.19.0.0/28".into()],
+        );
+        let (first, second, prefix) = (declared[0], declared[1], declared[2]);
+        let latest = [
+            (first, ip("198.18.0.1")),
+            // Behind NAT or a mismatch: the address seen is not the exit's.
+            (second, ip("203.0.113.7")),
+            (prefix, ip("198.19.0.9")),
+            // Not declared (a report cannot record it; ignored all the same).
+            (cidr("93.184.216.34/32"), ip("93.184.216.34")),
+        ];
+        assert_eq!(
+            verified_addresses(&declared, &latest),
+            vec![ip("198.18.0.1"), ip("198.19.0.9")]
+        );
+        assert!(verified_addresses(&declared, &[]).is_empty());
     }
 
     #[test]

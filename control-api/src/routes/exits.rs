@@ -1,6 +1,8 @@
 //! Exits as the operator sees them: provenance, egress IPs and prefixes
 //! (declared), the public addresses the reflector saw them leave from
-//! (observed, `egress.rs`), liveness.
+//! (observed, `egress.rs`), liveness, and (one exit) its agent's admin
+//! listener: the addresses every exit denies, and those claimed on egress
+//! the control plane has not verified, which are ignored (`agent.rs`).
 
 use crate::extract::Json;
 use crate::extract::{Path, Query};
@@ -61,6 +63,15 @@ pub(super) struct ExitView {
     /// Declared against observed: what the reflector saw the exit's traffic
     /// leave from.
     egress: EgressView,
+    /// The agent's admin listener addresses every exit is told to deny: only
+    /// on addresses the reflector verified the exit holds (`GET
+    /// /v1/exits/{id}` only; absent when Redis cannot say).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    admin_addresses: Option<Vec<std::net::SocketAddr>>,
+    /// Admin addresses the agent reported on egress the control plane has
+    /// not verified it holds: ignored, no exit denies them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    admin_addresses_unverified: Option<Vec<std::net::SocketAddr>>,
 }
 
 #[derive(Serialize)]
@@ -128,6 +139,16 @@ pub(super) async fn get_one(
     let mut views = views(&state, vec![row]).await?;
     let mut view = views.pop().ok_or(ApiError::NotFound("exit"))?;
     view.egress.history = Some(super::egress::history(&state.db, id, HISTORY_SHOWN).await?);
+    match state.projector.agent_admin_of(id).await {
+        Ok(entry) => {
+            let entry = entry.unwrap_or_default();
+            view.admin_addresses = Some(entry.protected);
+            view.admin_addresses_unverified = Some(entry.unverified);
+        }
+        Err(e) => {
+            tracing::debug!(error = %e, exit = %id, "cannot read the agent's admin addresses")
+        }
+    }
     Ok(Json(view))
 }
 
@@ -165,6 +186,8 @@ async fn views(state: &AppState, rows: Vec<ExitRow>) -> Result<Vec<ExitView>, Ap
                     unobserved: row.egress_unobserved.0.clone(),
                     history: None,
                 },
+                admin_addresses: None,
+                admin_addresses_unverified: None,
                 row,
             }
         })

@@ -14,10 +14,21 @@
 //!
 //! Reflectors come from the heartbeat replies (every superproxy's, plus the
 //! control-api's `--reflector-url`s) unless `--reflector-url` names them.
+//!
+//! A reflector signs only for the exit that proves it is one, so asking is
+//! two requests from the same bound address: `GET /whoami/challenge`, then
+//! `GET /whoami?exit=ID&challenge=C&proof=P`, `P` a MAC over the exit id and
+//! `C` keyed with the SHA-256 of this exit's credential
+//! ([`proxynet_wire::reflector::exit_proof`]). The credential itself never
+//! leaves the agent.
 
 use proxynet_common::egress::Cidr;
+use proxynet_common::secret::sha256_hex;
 use proxynet_common::tasks::Stop;
-use proxynet_wire::reflector::{EgressObservation, EgressReport, EgressUnobserved, Reflection};
+use proxynet_wire::reflector::{
+    exit_proof, Challenge, EgressObservation, EgressReport, EgressUnobserved, Reflection,
+    CHALLENGE_PATH,
+};
 use rand::Rng;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -31,7 +42,8 @@ use crate::tunnel::TunnelContext;
 
 pub mod watch;
 
-/// Connect, ask and read the answer within this, per egress.
+/// Connect, ask and read the answers (challenge and reflection) within
+/// this, per egress.
 const ASK_TIMEOUT: Duration = Duration::from_secs(5);
 /// Largest reflector answer read (it is a few hundred bytes).
 const MAX_ANSWER: u64 = 8 * 1024;
@@ -102,6 +114,28 @@ struct Reflector {
     addrs: Vec<SocketAddr>,
 }
 
+impl Reflector {
+    /// Where this reflector issues challenges: its path with the last
+    /// segment (`/whoami`) replaced by [`CHALLENGE_PATH`], so a reflector
+    /// named under a prefix is asked under it too; the query is not carried
+    /// over.
+    fn challenge_path(&self) -> String {
+        let path = self.path.split('?').next().unwrap_or_default();
+        match path.rsplit_once('/') {
+            Some((base, _)) => format!("{base}{CHALLENGE_PATH}"),
+            None => CHALLENGE_PATH.to_owned(),
+        }
+    }
+}
+
+/// Who asks: the exit's id and the SHA-256 (hex) of its credential, the
+/// key of its proofs.
+#[derive(Clone)]
+struct Asker {
+    exit: uuid::Uuid,
+    credential_sha256: Arc<str>,
+}
+
 /// Resolves `urls` (skipping, with a warning, what does not parse or
 /// resolve).
 async fn reflectors(urls: &[String]) -> Vec<Reflector> {
@@ -163,14 +197,17 @@ fn egress_to_observe(ctx: &TunnelContext) -> Vec<(Cidr, IpAddr, bool)> {
 /// Asks a reflector from every egress, [`IN_FLIGHT`] at a time.
 async fn observe(ctx: &Arc<TunnelContext>, urls: &[String]) -> EgressReport {
     let reflectors = Arc::new(reflectors(urls).await);
-    let exit = ctx.identity.exit_id;
+    let asker = Asker {
+        exit: ctx.identity.exit_id,
+        credential_sha256: Arc::from(sha256_hex(ctx.identity.credential.expose())),
+    };
     let slots = Arc::new(tokio::sync::Semaphore::new(IN_FLIGHT));
     let mut asking = tokio::task::JoinSet::new();
     for (egress, bound, freebind) in egress_to_observe(ctx) {
-        let (reflectors, slots) = (reflectors.clone(), slots.clone());
+        let (reflectors, slots, asker) = (reflectors.clone(), slots.clone(), asker.clone());
         asking.spawn(async move {
             let _slot = slots.acquire_owned().await;
-            let answer = ask_any(&reflectors, bound, freebind, exit).await;
+            let answer = ask_any(&reflectors, bound, freebind, &asker).await;
             (egress, bound, answer)
         });
     }
@@ -207,7 +244,7 @@ async fn ask_any(
     reflectors: &[Reflector],
     bound: IpAddr,
     freebind: bool,
-    exit: uuid::Uuid,
+    asker: &Asker,
 ) -> Result<Reflection, String> {
     let mut last = format!(
         "no reflector has an {} address",
@@ -220,7 +257,7 @@ async fn ask_any(
             .filter(|a| a.is_ipv4() == bound.is_ipv4())
         {
             let asked =
-                tokio::time::timeout(ASK_TIMEOUT, ask(reflector, *addr, bound, freebind, exit))
+                tokio::time::timeout(ASK_TIMEOUT, ask(reflector, *addr, bound, freebind, asker))
                     .await;
             match asked {
                 Ok(Ok(reflection)) => return Ok(reflection),
@@ -232,14 +269,49 @@ async fn ask_any(
     Err(last)
 }
 
-/// One `GET /whoami` to `addr`, sent from `bound`.
+/// One ask of the reflector at `addr`, sent from `bound`: a challenge,
+/// then the reflection with the exit's proof over it. Both from `bound`:
+/// a challenge holds only for the address it was issued to.
 async fn ask(
     reflector: &Reflector,
     addr: SocketAddr,
     bound: IpAddr,
     freebind: bool,
-    exit: uuid::Uuid,
+    asker: &Asker,
 ) -> Result<Reflection, String> {
+    let challenge: Challenge = parse_answer(
+        &get(
+            reflector,
+            addr,
+            bound,
+            freebind,
+            &reflector.challenge_path(),
+        )
+        .await?,
+    )
+    .map_err(|e| format!("challenge: {e}"))?;
+    let proof = exit_proof(&asker.credential_sha256, asker.exit, &challenge.challenge)
+        .ok_or_else(|| "cannot compute the exit's proof".to_owned())?;
+    let separator = if reflector.path.contains('?') {
+        '&'
+    } else {
+        '?'
+    };
+    let path = format!(
+        "{}{separator}exit={}&challenge={}&proof={proof}",
+        reflector.path, asker.exit, challenge.challenge
+    );
+    parse_answer(&get(reflector, addr, bound, freebind, &path).await?)
+}
+
+/// One `GET path` to `addr`, sent from `bound`: the raw answer.
+async fn get(
+    reflector: &Reflector,
+    addr: SocketAddr,
+    bound: IpAddr,
+    freebind: bool,
+    path: &str,
+) -> Result<Vec<u8>, String> {
     let socket = if bound.is_ipv4() {
         TcpSocket::new_v4()
     } else {
@@ -256,14 +328,8 @@ async fn ask(
         .connect(addr)
         .await
         .map_err(|e| format!("connect: {e}"))?;
-    let separator = if reflector.path.contains('?') {
-        '&'
-    } else {
-        '?'
-    };
     let request = format!(
-        "GET {}{separator}exit={exit} HTTP/1.1\r\nHost: {}\r\nUser-Agent: proxynet-exit-agent/{}\r\nConnection: close\r\n\r\n",
-        reflector.path,
+        "GET {path} HTTP/1.1\r\nHost: {}\r\nUser-Agent: proxynet-exit-agent/{}\r\nConnection: close\r\n\r\n",
         reflector.authority,
         env!("CARGO_PKG_VERSION"),
     );
@@ -277,20 +343,24 @@ async fn ask(
         .read_to_end(&mut answer)
         .await
         .map_err(|e| format!("read: {e}"))?;
-    parse_answer(&answer)
+    Ok(answer)
 }
 
-/// The reflection in a reflector's HTTP answer (a `200` with a JSON body).
-fn parse_answer(answer: &[u8]) -> Result<Reflection, String> {
+/// The JSON body of a reflector's HTTP answer (a `200`): a challenge or a
+/// reflection.
+fn parse_answer<T: serde::de::DeserializeOwned>(answer: &[u8]) -> Result<T, String> {
     let text = std::str::from_utf8(answer).map_err(|_| "the answer is not text".to_owned())?;
     let (head, body) = text
         .split_once("\r\n\r\n")
         .ok_or_else(|| "the answer has no complete head".to_owned())?;
     let status = head.lines().next().unwrap_or_default();
     if status.split_whitespace().nth(1) != Some("200") {
-        return Err(format!("the reflector answered {status:?}"));
+        // A refusal says why in its body (an old agent's ask, a stale
+        // challenge): worth the log line.
+        let why: String = body.trim().chars().take(200).collect();
+        return Err(format!("the reflector answered {status:?}: {why}"));
     }
-    serde_json::from_str(body).map_err(|e| format!("the answer is not a reflection: {e}"))
+    serde_json::from_str(body).map_err(|e| format!("the answer is not what was asked for: {e}"))
 }
 
 #[cfg(test)]
@@ -302,13 +372,28 @@ mod tests {
     #[test]
     fn a_reflector_answer_parses_only_when_it_is_a_200_reflection() {
         let ok = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\r\n{\"address\":\"203.0.113.4\",\"at\":7,\"proof\":\"ab\"}";
-        let seen = parse_answer(ok).unwrap();
+        let seen: Reflection = parse_answer(ok).unwrap();
         assert_eq!(seen.address.to_string(), "203.0.113.4");
         assert_eq!(seen.proof.as_deref(), Some("ab"));
-        let not_found = b"HTTP/1.1 404 Not Found\r\n\r\nnot found\n";
-        assert!(parse_answer(not_found).unwrap_err().contains("404"));
-        assert!(parse_answer(b"HTTP/1.1 200 OK\r\n\r\n{}").is_err());
-        assert!(parse_answer(b"HTTP/1.1 200 OK\r\n").is_err());
+        let refused = b"HTTP/1.1 403 Forbidden\r\n\r\nunknown exit or wrong proof\n";
+        let why = parse_answer::<Reflection>(refused).unwrap_err();
+        assert!(why.contains("403") && why.contains("wrong proof"), "{why}");
+        assert!(parse_answer::<Reflection>(b"HTTP/1.1 200 OK\r\n\r\n{}").is_err());
+        assert!(parse_answer::<Reflection>(b"HTTP/1.1 200 OK\r\n").is_err());
+        let challenge: Challenge =
+            parse_answer(b"HTTP/1.1 200 OK\r\n\r\n{\"challenge\":\"1.ab.cd\"}").unwrap();
+        assert_eq!(challenge.challenge, "1.ab.cd");
+    }
+
+    #[tokio::test]
+    async fn the_challenge_is_asked_where_the_reflector_is_mounted() {
+        let found = reflectors(&[
+            "http://127.0.0.1:81/whoami?v=1".into(),
+            "http://127.0.0.1:82/edge/whoami".into(),
+        ])
+        .await;
+        assert_eq!(found[0].challenge_path(), "/whoami/challenge");
+        assert_eq!(found[1].challenge_path(), "/edge/whoami/challenge");
     }
 
     #[test]

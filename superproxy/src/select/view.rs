@@ -247,6 +247,7 @@ mod tests {
             channel,
             blocked: None,
             consent_expires_at_ms: None,
+            verified_egress: Vec::new(),
         }
     }
 

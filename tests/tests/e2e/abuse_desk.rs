@@ -7,12 +7,15 @@
 //! the old one stays in the history, each answering for its own time; an
 //! exit that declares an address the reflector does not see, without
 //! declaring NAT, is flagged and, under the strict policy, not routable.
+//! The reflector signs only for the exit that proves it is one, and no exit
+//! reaches it through another exit.
 
 use chrono::{SecondsFormat, Utc};
-use proxynet_tests::client::curl;
+use proxynet_tests::client::{curl, raw_request};
 use proxynet_tests::netns::ExitHost;
 use proxynet_tests::process::eventually;
-use proxynet_tests::stack::{Stack, StackOptions, ADMIN_TOKEN, USERNAME};
+use proxynet_tests::reflector;
+use proxynet_tests::stack::{Stack, StackOptions, ADMIN_TOKEN, PASSWORD, USERNAME};
 use proxynet_tests::whoami::Seen;
 use serde_json::Value;
 use std::net::IpAddr;
@@ -425,4 +428,106 @@ async fn an_egress_ip_the_reflector_does_not_see_is_flagged_and_strictly_not_rou
         )),
         "{page}"
     );
+}
+
+/// A reflection says which address an exit's own line sends from, so only
+/// the exit may ask for one: without its proof (over a fresh challenge,
+/// from the address the challenge was issued to) the reflector refuses,
+/// and a tunnel through another exit never reaches the reflector at all
+/// (it would sign that exit's address for the asker).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reflection_needs_the_exits_proof_and_never_arrives_through_another_exit() {
+    let stack = Stack::start().await;
+    let at = stack
+        .proxy_addrs
+        .reflector
+        .expect("the test stack runs the reflector on loopback");
+    let from: IpAddr = "127.0.0.9".parse().unwrap();
+    let (exit, credential) = stack.enroll_by_hand("asker", &[from]).await;
+
+    // No proof, whatever else the request says: refused.
+    for path in [
+        "/whoami".to_owned(),
+        format!("/whoami?exit={exit}"),
+        format!("/whoami?exit={exit}&challenge=1.00.00"),
+    ] {
+        let (status, body) = reflector::get(from, at, &path).await;
+        assert_eq!(status, 403, "{path}: {body}");
+    }
+    // A proof made without the exit's credential, a proof for another exit,
+    // a made-up challenge, a challenge issued to another address: refused.
+    let challenge = reflector::challenge(from, at).await;
+    let forged = reflector::exit_proof("not the credential", exit, &challenge);
+    let (status, body) = reflector::ask(from, at, exit, &challenge, &forged).await;
+    assert_eq!(status, 403, "forged proof: {body}");
+    let neighbour = stack.agents[0].addrs.exit_id;
+    let mine = reflector::exit_proof(&credential, exit, &challenge);
+    let (status, body) = reflector::ask(from, at, neighbour, &challenge, &mine).await;
+    assert_eq!(status, 403, "another exit's reflection: {body}");
+    let made_up = format!("{}.00ff.00ff", Utc::now().timestamp());
+    let proof = reflector::exit_proof(&credential, exit, &made_up);
+    let (status, body) = reflector::ask(from, at, exit, &made_up, &proof).await;
+    assert_eq!(status, 403, "made-up challenge: {body}");
+    let elsewhere: IpAddr = "127.0.0.10".parse().unwrap();
+    let (status, body) = reflector::ask(elsewhere, at, exit, &challenge, &mine).await;
+    assert_eq!(status, 403, "a challenge of another address: {body}");
+
+    // With the proof, from the address it was issued to: the address seen,
+    // signed for this exit, which the control-api takes as the exit's.
+    let (status, body) = reflector::ask(from, at, exit, &challenge, &mine).await;
+    assert_eq!(status, 200, "{body}");
+    let reflection: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(reflection["address"], from.to_string(), "{reflection}");
+    assert_eq!(reflection["exit"], exit.to_string());
+    let report = serde_json::json!({"observed": [
+        {"egress": from.to_string(), "bound": from.to_string(), "reflection": reflection}
+    ]});
+    let answer: Value = stack
+        .http
+        .post(stack.api(&format!("/v1/agent/exits/{exit}/egress")))
+        .bearer_auth(&credential)
+        .json(&report)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(answer["accepted"], 1, "{answer}");
+    assert_eq!(answer["verification"], "verified");
+
+    // Through an exit: the superproxy refuses the literal address, and the
+    // exit refuses the name (the reflector is in every exit's deny list).
+    let basic = {
+        use base64::Engine;
+        base64::engine::general_purpose::STANDARD.encode(format!("{USERNAME}:{PASSWORD}"))
+    };
+    let connect =
+        format!("CONNECT {at} HTTP/1.1\r\nHost: x\r\nProxy-Authorization: Basic {basic}\r\n\r\n");
+    let r = raw_request(
+        stack.proxy_addrs.proxy,
+        connect.as_bytes(),
+        Duration::from_secs(10),
+    )
+    .await;
+    assert_eq!(r.status, 403, "{r:?}");
+    assert!(r.head.contains("destination_ip_prohibited"), "{r:?}");
+    for agent in &stack.agents {
+        let user = format!("{USERNAME}-exit-{}", agent.addrs.exit_id.simple());
+        let proxy = proxynet_tests::client::proxy_as(&user, stack.proxy_addrs.proxy);
+        eventually(
+            "the exit to refuse the reflector by name",
+            Duration::from_secs(10),
+            || async {
+                let r = curl(&[
+                    "-x",
+                    &proxy,
+                    &format!("http://localhost:{}/whoami/challenge", at.port()),
+                ])
+                .await;
+                (r.status == 403 && r.headers.contains("destination_ip_prohibited")).then_some(())
+            },
+        )
+        .await;
+    }
 }

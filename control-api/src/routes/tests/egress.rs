@@ -279,3 +279,92 @@ async fn the_desk_takes_networks_of_bounded_width_and_exports_bounded_ranges() {
         assert_eq!(status, want, "window {window}: {body}");
     }
 }
+
+#[tokio::test]
+async fn an_admin_address_reaches_the_deny_list_only_once_the_reflector_verified_it() {
+    use proxynet_wire::reflector::Reflection;
+    let (app, state) = app_and_state().await;
+    // A public address: every exit's reply lists it once it is protected.
+    let (exit, credential) = enrolled_exit(&app, "93.184.216.34").await;
+    let claimed = "93.184.216.34:443";
+    let heartbeat = format!("/v1/agent/exits/{exit}/heartbeat");
+    let beat = json!({"admin_addrs": [claimed]}).to_string();
+    let view = || async {
+        call(
+            &app,
+            Method::GET,
+            &format!("/v1/exits/{exit}"),
+            Some(ADMIN),
+            None,
+        )
+        .await
+        .2
+    };
+
+    // Declared, never seen: ignored, and shown as such.
+    let (status, _, reply) = call(
+        &app,
+        Method::POST,
+        &heartbeat,
+        Some(&credential),
+        Some(&beat),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{reply}");
+    assert!(
+        !reply["protected"]
+            .as_array()
+            .unwrap()
+            .contains(&json!(claimed)),
+        "{reply}"
+    );
+    let shown = view().await;
+    assert_eq!(shown["admin_addresses"], json!([]), "{shown}");
+    assert_eq!(shown["admin_addresses_unverified"], json!([claimed]));
+
+    // The reflector saw the exit's traffic leave from the address itself.
+    let key = proxynet_store::reflector_key(&mut state.redis.clone(), state.projector.keys())
+        .await
+        .unwrap();
+    let reflection = Reflection::signed(
+        &key,
+        "93.184.216.34".parse().unwrap(),
+        chrono::Utc::now().timestamp(),
+        Some(exit),
+    );
+    let report = json!({"observed": [
+        {"egress": "93.184.216.34", "bound": "93.184.216.34", "reflection": reflection}
+    ]});
+    let (_, _, answer) = call(
+        &app,
+        Method::POST,
+        &format!("/v1/agent/exits/{exit}/egress"),
+        Some(&credential),
+        Some(&report.to_string()),
+    )
+    .await;
+    assert_eq!(answer["accepted"], 1, "{answer}");
+
+    // Past the heartbeat pacing and the reply's reuse: now every exit is
+    // told to deny it.
+    tokio::time::sleep(std::time::Duration::from_millis(1_100)).await;
+    let (status, _, reply) = call(
+        &app,
+        Method::POST,
+        &heartbeat,
+        Some(&credential),
+        Some(&beat),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{reply}");
+    assert!(
+        reply["protected"]
+            .as_array()
+            .unwrap()
+            .contains(&json!(claimed)),
+        "{reply}"
+    );
+    let shown = view().await;
+    assert_eq!(shown["admin_addresses"], json!([claimed]), "{shown}");
+    assert_eq!(shown["admin_addresses_unverified"], json!([]));
+}
