@@ -270,7 +270,7 @@ async fn serve(
 ) -> Response<Full<Bytes>> {
     let (ask, key) = match decide(route, peer, now, key) {
         Ok(checked) => checked,
-        Err(answer) => return answer,
+        Err(answer) => return *answer,
     };
     match exits.digest(ask.exit).await {
         Ok(digest) => reflect(&ask, digest.as_deref(), peer, now, key),
@@ -284,6 +284,9 @@ async fn serve(
     }
 }
 
+/// A reflector's answer (boxed where it is a function's early return).
+type Answer = Response<Full<Bytes>>;
+
 /// Everything decided before Redis is asked: the answer, or an ask whose
 /// challenge holds (with the key), left for its proof to be checked. The
 /// cheap check comes first, so a flood of made-up asks costs no Redis read.
@@ -292,21 +295,21 @@ fn decide(
     peer: IpAddr,
     now: i64,
     key: Option<&[u8]>,
-) -> Result<(Ask, &[u8]), Response<Full<Bytes>>> {
+) -> Result<(Ask, &[u8]), Box<Answer>> {
     let ask = match route {
-        Route::NotFound => return Err(text(StatusCode::NOT_FOUND, "not found")),
-        Route::BadExit => return Err(text(StatusCode::BAD_REQUEST, "exit: an exit id")),
-        Route::Unproven(why) => return Err(refused(why)),
-        Route::Challenge => return Err(challenge(peer, now, key)),
+        Route::NotFound => return Err(Box::new(text(StatusCode::NOT_FOUND, "not found"))),
+        Route::BadExit => return Err(Box::new(text(StatusCode::BAD_REQUEST, "exit: an exit id"))),
+        Route::Unproven(why) => return Err(Box::new(refused(why))),
+        Route::Challenge => return Err(Box::new(challenge(peer, now, key))),
         Route::Ask(ask) => ask,
     };
     let Some(key) = key else {
-        return Err(no_key());
+        return Err(Box::new(no_key()));
     };
     if !challenge_holds(key, &ask.challenge, peer, now) {
-        return Err(refused(&format!(
+        return Err(Box::new(refused(&format!(
             "the challenge is not one this reflector issued to this address in the last {CHALLENGE_TTL_SECS} seconds"
-        )));
+        ))));
     }
     Ok((ask, key))
 }
@@ -453,7 +456,7 @@ mod tests {
                 panic!("a challenge of {peer} at {now} held for {from} at {at}");
             };
             assert_eq!(r.status(), StatusCode::FORBIDDEN);
-            assert!(body(r).await.contains("issued to this address"));
+            assert!(body(*r).await.contains("issued to this address"));
         }
         // Two challenges for one address differ (a nonce each).
         assert_ne!(c, challenge_for(peer, now).await);
