@@ -229,7 +229,8 @@ impl Keys {
         format!("{}operator-policy", self.prefix)
     }
 
-    /// Per-domain rate state: `scope` is `op`, `a:ACCOUNT` or `u:USER`. The
+    /// Per-domain rate state of one owner: `scope` is `a:ACCOUNT` or
+    /// `u:USER` (the operator's aggregate is [`Keys::shared_domain`]). The
     /// domain is hashed so any name makes a bounded key.
     pub fn domain_rate(&self, scope: &str, domain: &str) -> String {
         format!(
@@ -243,6 +244,21 @@ impl Keys {
     pub fn domain_leases(&self, scope: &str, domain: &str) -> String {
         format!(
             "{}domain-leases:{scope}:{}",
+            self.prefix,
+            short_digest(domain)
+        )
+    }
+
+    /// The common stem of the operator's aggregate per-domain limit's keys,
+    /// shared fairly between accounts (docs/policy.md): `STEM:leases` (the
+    /// lease set, members `ACCOUNT|LEASE`), `STEM:holders` (leases held per
+    /// account), `STEM:rate` (the aggregate GCRA), `STEM:rate:ACCOUNT` (one
+    /// account's share of it) and `STEM:askers` (accounts that asked in the
+    /// last second). The domain's digest is the hash tag, so every key of
+    /// one domain is in one slot and one script reads and writes them all.
+    pub fn shared_domain(&self, domain: &str) -> String {
+        format!(
+            "{}domain-shared:{{op:{}}}",
             self.prefix,
             short_digest(domain)
         )

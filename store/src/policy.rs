@@ -61,19 +61,34 @@ impl TrafficPolicy {
     /// Whether the target may be reached under these rules; the refusal
     /// names the rule.
     pub fn permits(&self, target: &PolicyTarget<'_>) -> Result<(), Refusal> {
-        let [denied, allowed] = self.matchers.get(|| {
-            [
-                Matcher::new(&self.denied_domains),
-                Matcher::new(&self.allowed_domains),
-            ]
-        });
-        if let Some(i) = denied.first(target) {
-            return Err(Refusal::Denied(self.denied_domains[i].clone()));
-        }
+        self.denies(target)?;
+        let [_, allowed] = self.matchers();
         if !self.allowed_domains.is_empty() && allowed.first(target).is_none() {
             return Err(Refusal::NotAllowed);
         }
         Ok(())
+    }
+
+    /// Whether `denied_domains` refuses the target, the allow-list aside:
+    /// for a name learnt after the target itself was judged (the server
+    /// name a TLS client sends through a tunnel to an address, which the
+    /// allow-list already let through).
+    pub fn denies(&self, target: &PolicyTarget<'_>) -> Result<(), Refusal> {
+        let [denied, _] = self.matchers();
+        match denied.first(target) {
+            Some(i) => Err(Refusal::Denied(self.denied_domains[i].clone())),
+            None => Ok(()),
+        }
+    }
+
+    /// `denied_domains` and `allowed_domains`, made ready on first use.
+    fn matchers(&self) -> &[Matcher; 2] {
+        self.matchers.get(|| {
+            [
+                Matcher::new(&self.denied_domains),
+                Matcher::new(&self.allowed_domains),
+            ]
+        })
     }
 
     /// Whether the domain limits set anything (a Redis round trip is only

@@ -50,14 +50,106 @@ redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[3]) * 2)
 return 1
 ";
 
-/// `KEYS[1]` leases, `ARGV[1]` ttl ms, `ARGV[2..]` lease ids to extend.
+/// `KEYS[1]` leases (and, for a shared set, `KEYS[2]` its holders, kept
+/// alive with it), `ARGV[1]` ttl ms, `ARGV[2..]` lease ids to extend.
 const RENEW_SCRIPT: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 for i = 2, #ARGV do
   redis.call('ZADD', KEYS[1], 'XX', now + tonumber(ARGV[1]), ARGV[i])
 end
-redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[1]) * 2)
+for k = 1, #KEYS do
+  redis.call('PEXPIRE', KEYS[k], tonumber(ARGV[1]) * 2)
+end
+return 1
+";
+
+/// The operator's aggregate per-domain rate, shared fairly between
+/// accounts. `KEYS[1]` the aggregate GCRA state, `KEYS[2]` this account's,
+/// `KEYS[3]` the accounts that asked in the last second (account → ms);
+/// `ARGV[1]` tunnels per second, `ARGV[2]` the account. The asker is noted
+/// first (a refused ask counts: it is what makes the others yield), then a
+/// tunnel must fit both the account's share (the rate divided by the
+/// accounts asking) and the aggregate; only then are both charged. Each
+/// bucket holds one second of its rate, at least one tunnel. 0 when
+/// allowed, else milliseconds until it would fit.
+const SHARED_RATE_SCRIPT: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZADD', KEYS[3], now, ARGV[2])
+redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now - 1000)
+redis.call('PEXPIRE', KEYS[3], 2000)
+local askers = redis.call('ZCARD', KEYS[3])
+local rate = tonumber(ARGV[1])
+local function gcra(key, per_second)
+  local emission = 1000 / per_second
+  local burst = math.max(1000, emission)
+  local tat = tonumber(redis.call('GET', key) or now)
+  if tat < now then tat = now end
+  local new_tat = tat + emission
+  local allow_at = new_tat - burst
+  if allow_at > now then return math.ceil(allow_at - now), new_tat, emission end
+  return 0, new_tat, emission
+end
+local wait_mine, tat_mine, emission_mine = gcra(KEYS[2], rate / askers)
+if wait_mine > 0 then return wait_mine end
+local wait_all, tat_all, emission_all = gcra(KEYS[1], rate)
+if wait_all > 0 then return wait_all end
+redis.call('SET', KEYS[2], string.format('%d', math.floor(tat_mine)), 'PX', 2000 + math.ceil(emission_mine))
+redis.call('SET', KEYS[1], string.format('%d', math.floor(tat_all)), 'PX', 2000 + math.ceil(emission_all))
+return 0
+";
+
+/// The operator's aggregate per-domain concurrency, shared fairly between
+/// accounts. `KEYS[1]` the lease set (members `ACCOUNT|ID`, scored by
+/// expiry), `KEYS[2]` leases held per account; `ARGV[1]` the account,
+/// `ARGV[2]` the new member, `ARGV[3]` the limit, `ARGV[4]` ttl ms.
+/// Expired leases are dropped (and their accounts' counts with them); with
+/// `n` accounts holding leases, the asker included, `share` is
+/// `ceil(limit / (n + 1))`, what each would hold if one more account came,
+/// and `headroom` is a tenth of the limit (at least one place): the asker
+/// gets a lease while the total is under the limit and either it holds
+/// fewer than `share`, or `headroom` places stay free after it — kept for
+/// an account below its share. 1 granted, 0 the limit is reached, -1 the
+/// account's share is.
+const SHARED_ACQUIRE_SCRIPT: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)
+for _, member in ipairs(expired) do
+  local account = string.match(member, '^([^|]*)|')
+  if account and redis.call('HINCRBY', KEYS[2], account, -1) <= 0 then
+    redis.call('HDEL', KEYS[2], account)
+  end
+end
+if #expired > 0 then redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now) end
+local total = redis.call('ZCARD', KEYS[1])
+if total == 0 then redis.call('DEL', KEYS[2]) end
+local limit = tonumber(ARGV[3])
+if total >= limit then return 0 end
+local mine = tonumber(redis.call('HGET', KEYS[2], ARGV[1]) or '0')
+local holders = redis.call('HLEN', KEYS[2])
+if mine == 0 then holders = holders + 1 end
+local share = math.ceil(limit / (holders + 1))
+local headroom = math.max(1, math.ceil(limit / 10))
+if mine >= share and total + 1 > limit - headroom then return -1 end
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[4]), ARGV[2])
+redis.call('HINCRBY', KEYS[2], ARGV[1], 1)
+redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[4]) * 2)
+redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[4]) * 2)
+return 1
+";
+
+/// `KEYS[1]` a shared lease set, `KEYS[2]` its holders, `ARGV[1]` the
+/// member to release: removed, and its account's count with it (only if it
+/// was still there: an expired lease was already taken off by the acquire).
+const SHARED_RELEASE_SCRIPT: &str = r"
+if redis.call('ZREM', KEYS[1], ARGV[1]) == 1 then
+  local account = string.match(ARGV[1], '^([^|]*)|')
+  if account and redis.call('HINCRBY', KEYS[2], account, -1) <= 0 then
+    redis.call('HDEL', KEYS[2], account)
+  end
+end
 return 1
 ";
 
@@ -68,12 +160,20 @@ pub struct Admission {
     lease_ttl: Duration,
     /// Tunnels a user without a concurrency limit of its own may hold here.
     default_user_max: usize,
-    /// This instance's leases per lease set (a user's or an account's):
-    /// renewed by [`Self::run_renewals`], and the fallback count while Redis
-    /// is away.
-    held: Mutex<HashMap<String, HashSet<String>>>,
+    /// This instance's leases per lease set (a user's, an account's, a
+    /// domain's): renewed by [`Self::run_renewals`], and the fallback count
+    /// while Redis is away.
+    held: Mutex<HashMap<String, HeldSet>>,
     /// Tunnels held here per user without a limit of its own.
     local: Mutex<HashMap<Uuid, usize>>,
+}
+
+/// This instance's leases in one set.
+#[derive(Default)]
+struct HeldSet {
+    ids: HashSet<String>,
+    /// The per-account counts beside a shared set (renewed with it).
+    holders: Option<String>,
 }
 
 /// A concurrency slot in one lease set; released when dropped.
@@ -81,30 +181,46 @@ pub struct Lease {
     admission: Arc<Admission>,
     set: String,
     id: String,
+    /// For a lease of a shared set (the operator's aggregate per-domain
+    /// limit): the per-account counts its release must decrement.
+    holders: Option<String>,
 }
 
 impl Drop for Lease {
     fn drop(&mut self) {
         if let Ok(mut held) = self.admission.held.lock() {
-            if let Some(ids) = held.get_mut(&self.set) {
-                ids.remove(&self.id);
-                if ids.is_empty() {
+            if let Some(entry) = held.get_mut(&self.set) {
+                entry.ids.remove(&self.id);
+                if entry.ids.is_empty() {
                     held.remove(&self.set);
                 }
             }
         }
-        let (admission, set, id) = (
+        let (admission, set, id, holders) = (
             self.admission.clone(),
             std::mem::take(&mut self.set),
             std::mem::take(&mut self.id),
+            self.holders.take(),
         );
         tokio::spawn(async move {
             let mut redis = admission.redis.clone();
-            let _: Result<i64, _> = redis::cmd("ZREM")
-                .arg(set)
-                .arg(id)
-                .query_async(&mut redis)
-                .await;
+            let _: Result<i64, _> = match holders {
+                Some(holders) => {
+                    redis::Script::new(SHARED_RELEASE_SCRIPT)
+                        .key(set)
+                        .key(holders)
+                        .arg(id)
+                        .invoke_async(&mut redis)
+                        .await
+                }
+                None => {
+                    redis::cmd("ZREM")
+                        .arg(set)
+                        .arg(id)
+                        .query_async(&mut redis)
+                        .await
+                }
+            };
         });
     }
 }
@@ -144,6 +260,12 @@ impl Leases {
     pub fn with_domain(mut self, domain: Vec<Lease>) -> Self {
         self._domain = domain;
         self
+    }
+
+    /// Per-domain leases taken after the tunnel opened (the judgement of a
+    /// tunnel to an address by its first bytes), held alongside.
+    pub fn add_domain(&mut self, domain: Vec<Lease>) {
+        self._domain.extend(domain);
     }
 }
 
@@ -211,14 +333,25 @@ impl Admission {
                 1000,
             ));
         }
+        Ok(self.hold(set, id, None))
+    }
+
+    /// Notes a granted lease as this instance's (for renewal and the
+    /// fallback count) and makes the value that releases it.
+    fn hold(self: &Arc<Self>, set: String, id: String, holders: Option<String>) -> Lease {
         if let Ok(mut held) = self.held.lock() {
-            held.entry(set.clone()).or_default().insert(id.clone());
+            let entry = held.entry(set.clone()).or_default();
+            entry.ids.insert(id.clone());
+            if entry.holders.is_none() {
+                entry.holders.clone_from(&holders);
+            }
         }
-        Ok(Lease {
+        Lease {
             admission: self.clone(),
             set,
             id,
-        })
+            holders,
+        }
     }
 
     /// Admits one new tunnel for `user` of `account` or says why not (429 +
@@ -261,9 +394,10 @@ impl Admission {
         Ok(leases)
     }
 
-    /// One per-domain limit (`scope`: `op` for the operator's aggregate,
-    /// `a:ACCOUNT`, `u:USER`): its rate, then a lease in its concurrency
-    /// set, shared by every superproxy like the user limits.
+    /// One owner's per-domain limit (`scope`: `a:ACCOUNT`, `u:USER`): its
+    /// rate, then a lease in its concurrency set, shared by every superproxy
+    /// like the user limits. The operator's aggregate is
+    /// [`Self::admit_shared_domain`].
     pub async fn admit_domain(
         self: &Arc<Self>,
         scope: &str,
@@ -289,6 +423,78 @@ impl Admission {
                 .await?,
             )),
             None => Ok(None),
+        }
+    }
+
+    /// The operator's aggregate limit on one domain (`domain`: the key it is
+    /// counted under), shared fairly between the accounts using it
+    /// (docs/policy.md): `account`'s share of the rate, then a lease within
+    /// its share of the concurrency. One script call each, as for an
+    /// owner's limit. While Redis is away the rate lets tunnels through and
+    /// the concurrency counts this instance's leases, as for the others.
+    pub async fn admit_shared_domain(
+        self: &Arc<Self>,
+        domain: &str,
+        limit: proxynet_store::policy::Limit,
+        account: Uuid,
+        whose: &str,
+    ) -> Result<Option<Lease>, ProxyError> {
+        let stem = self.keys.shared_domain(domain);
+        if let Some(rate) = limit.new_tunnels_per_second {
+            let mut redis = self.redis.clone();
+            let wait_ms: Result<i64, _> = redis::Script::new(SHARED_RATE_SCRIPT)
+                .key(format!("{stem}:rate"))
+                .key(format!("{stem}:rate:{account}"))
+                .key(format!("{stem}:askers"))
+                .arg(rate)
+                .arg(account.to_string())
+                .invoke_async(&mut redis)
+                .await;
+            if let Ok(ms) = wait_ms {
+                if ms > 0 {
+                    return Err(limited(
+                        format!("{whose} per-domain ({domain}) new-tunnel rate limit ({rate}/s) reached"),
+                        ms as u64,
+                    ));
+                }
+            }
+        }
+        let Some(max) = limit.max_concurrent_tunnels else {
+            return Ok(None);
+        };
+        let set = format!("{stem}:leases");
+        let holders = format!("{stem}:holders");
+        let id = format!(
+            "{account}|{}:{}",
+            self.superproxy_id,
+            Uuid::new_v4().simple()
+        );
+        let mut redis = self.redis.clone();
+        let acquired: Result<i64, _> = redis::Script::new(SHARED_ACQUIRE_SCRIPT)
+            .key(&set)
+            .key(&holders)
+            .arg(account.to_string())
+            .arg(&id)
+            .arg(max)
+            .arg(self.lease_ttl.as_millis() as u64)
+            .invoke_async(&mut redis)
+            .await;
+        let refusal = match acquired {
+            Ok(1) => None,
+            Ok(-1) => Some(format!(
+                "{whose} per-domain ({domain}) concurrent tunnel limit ({max}): the account's fair share is in use"
+            )),
+            Ok(_) => Some(format!(
+                "{whose} per-domain ({domain}) concurrent tunnel limit ({max}) reached"
+            )),
+            // Redis away: hold the line with what this instance alone holds.
+            Err(_) => (self.held_by_us(&set) >= max as usize).then(|| {
+                format!("{whose} per-domain ({domain}) concurrent tunnel limit ({max}) reached")
+            }),
+        };
+        match refusal {
+            Some(detail) => Err(limited(detail, 1000)),
+            None => Ok(Some(self.hold(set, id, Some(holders)))),
         }
     }
 
@@ -319,7 +525,7 @@ impl Admission {
     fn held_by_us(&self, set: &str) -> usize {
         self.held
             .lock()
-            .map(|h| h.get(set).map_or(0, HashSet::len))
+            .map(|h| h.get(set).map_or(0, |entry| entry.ids.len()))
             .unwrap_or(0)
     }
 
@@ -327,12 +533,18 @@ impl Admission {
     pub async fn run_renewals(self: Arc<Self>, stop: Stop) {
         let mut tick = tokio::time::interval(self.lease_ttl / 3);
         while stop.run_until_cancelled(tick.tick()).await.is_some() {
-            let snapshot: Vec<(String, Vec<String>)> = self
+            let snapshot: Vec<(String, Option<String>, Vec<String>)> = self
                 .held
                 .lock()
                 .map(|h| {
                     h.iter()
-                        .map(|(set, ids)| (set.clone(), ids.iter().cloned().collect()))
+                        .map(|(set, entry)| {
+                            (
+                                set.clone(),
+                                entry.holders.clone(),
+                                entry.ids.iter().cloned().collect(),
+                            )
+                        })
                         .collect()
                 })
                 .unwrap_or_default();
@@ -341,8 +553,11 @@ impl Admission {
             }
             let mut redis = self.redis.clone();
             let script = redis::Script::new(RENEW_SCRIPT);
-            for (set, ids) in snapshot {
+            for (set, holders, ids) in snapshot {
                 let mut invocation = script.key(set);
+                if let Some(holders) = holders {
+                    invocation.key(holders);
+                }
                 invocation.arg(self.lease_ttl.as_millis() as u64);
                 for id in &ids {
                     invocation.arg(id);

@@ -104,6 +104,13 @@ pub fn udp_datagram(direction: &'static str, outcome: &'static str) {
         .increment(1);
 }
 
+/// One destination of a UDP association to be written to the target log at
+/// its first sight in a minute: `recorded`, or `rate_limited` (the
+/// association's record rate was spent; its next datagram tries again).
+pub fn udp_target_record(outcome: &'static str) {
+    counter!("proxynet_udp_target_records_total", "outcome" => outcome).increment(1);
+}
+
 pub fn tunnels_active(delta: f64) {
     gauge!("proxynet_tunnels_active").increment(delta);
 }

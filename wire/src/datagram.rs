@@ -32,7 +32,7 @@ const ATYP_NAME: u8 = 3;
 const ATYP_V6: u8 = 4;
 
 /// A datagram's destination (agent-bound) or source (superproxy-bound).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum DatagramAddr {
     Ip(SocketAddr),
     /// A host name the agent resolves, and a port.

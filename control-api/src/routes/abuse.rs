@@ -74,12 +74,14 @@ pub(crate) struct LookupRow {
 
 /// The record's rows in `[from, to)` matching `$5` (bound or observed; NULL:
 /// every row), with the public address observed for each. `$3`/`$4` filter
-/// by target, `$6` is the window in minutes, `$7` the row limit.
+/// by target (`$3`: the host's forms, [`host_forms`], matched against the
+/// recorded host in lower case without a trailing dot), `$6` is the window
+/// in minutes, `$7` the row limit.
 const MATCHING_ROWS: &str = "
 WITH t AS (
     SELECT * FROM target_log
      WHERE minute >= $1 AND minute < $2
-       AND ($3::text IS NULL OR target_host = $3)
+       AND ($3::text[] IS NULL OR lower(rtrim(target_host, '.')) = ANY($3::text[]))
        AND ($4::int IS NULL OR target_port = $4)
        AND ($5::inet IS NULL OR egress_ip <<= $5::inet
             OR exit_id IN (SELECT exit_id FROM exit_egress_observations WHERE observed_ip <<= $5::inet))
@@ -140,32 +142,40 @@ fn egress_query(s: &str) -> Result<Cidr, ApiError> {
     Ok(cidr.masked())
 }
 
-/// `host` or `host:port` as a complaint names it.
-fn target_filter(target: Option<&str>) -> Result<(Option<String>, Option<u16>), ApiError> {
-    Ok(match target {
-        None | Some("") => (None, None),
+/// `host` or `host:port` as a complaint names it: the forms of the host to
+/// match ([`host_forms`]) and the port.
+fn target_filter(target: Option<&str>) -> Result<(Option<Vec<String>>, Option<u16>), ApiError> {
+    let (host, port) = match target {
+        None | Some("") => return Ok((None, None)),
         Some(t) => match t.rsplit_once(':') {
             Some((h, p)) if !h.contains(':') || h.ends_with(']') => (
-                Some(
-                    h.trim_start_matches('[')
-                        .trim_end_matches(']')
-                        .to_ascii_lowercase(),
-                ),
+                h,
                 Some(
                     p.parse::<u16>()
                         .map_err(|_| ApiError::BadRequest("target: host or host:port".into()))?,
                 ),
             ),
-            _ => (
-                Some(
-                    t.trim_start_matches('[')
-                        .trim_end_matches(']')
-                        .to_ascii_lowercase(),
-                ),
-                None,
-            ),
+            _ => (t, None),
         },
-    })
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    Ok((Some(host_forms(host)), port))
+}
+
+/// The forms a host named in a complaint may be recorded in, each folded as
+/// the query folds the recorded host (lower case, no trailing dot), so case
+/// and a trailing dot never hide a row: as the superproxies record targets
+/// now (normalised as policies match names, `proxynet_store::policy`: IDNA
+/// to ASCII, canonical addresses), and as written (older rows kept the
+/// name as the client sent it).
+fn host_forms(host: &str) -> Vec<String> {
+    let mut forms = vec![host.strip_suffix('.').unwrap_or(host).to_lowercase()];
+    if let Ok(normalized) = proxynet_store::policy::normalize_host(host) {
+        if !forms.contains(&normalized) {
+            forms.push(normalized);
+        }
+    }
+    forms
 }
 
 /// The operator using the desk, and the key it presented (audited; `None`:
@@ -544,4 +554,33 @@ fn urlencode(s: &str) -> String {
             }
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::target_filter;
+
+    #[test]
+    fn a_target_is_matched_whatever_its_case_and_trailing_dot() {
+        let forms = |t: &str| target_filter(Some(t)).unwrap();
+        assert_eq!(forms("VM."), (Some(vec!["vm".to_owned()]), None));
+        assert_eq!(forms("vm:53"), (Some(vec!["vm".to_owned()]), Some(53)));
+        assert_eq!(
+            forms("[::FFFF:127.0.0.1]:53"),
+            (
+                Some(vec!["::ffff:127.0.0.1".to_owned(), "127.0.0.1".to_owned()]),
+                Some(53)
+            )
+        );
+        // An IDN as written and as recorded (ASCII).
+        assert_eq!(
+            forms("Пример.РФ.").0,
+            Some(vec![
+                "пример.рф".to_owned(),
+                "xn--e1afmkfd.xn--p1ai".to_owned()
+            ])
+        );
+        assert_eq!(forms(""), (None, None));
+        assert!(target_filter(Some("vm:port")).is_err());
+    }
 }

@@ -79,7 +79,7 @@ pub async fn serve_connection(
             return;
         }
     };
-    let tunnel = match pipeline
+    let mut tunnel = match pipeline
         .open_as(
             client,
             Ingress::Socks5,
@@ -98,7 +98,7 @@ pub async fn serve_connection(
     };
     // The bound address is the exit's, which the client has no use for and
     // we do not disclose; RFC 1928 allows zeros.
-    let client = match proto
+    let mut client = match proto
         .reply_success(SocketAddr::from(([0, 0, 0, 0], 0)))
         .await
     {
@@ -108,6 +108,12 @@ pub async fn serve_connection(
             return;
         }
     };
+    // A tunnel to an address whose domain rules wait for the server name in
+    // its first bytes is judged by them now (refused: closed; at once for
+    // every other tunnel).
+    if !pipeline.judge_first_bytes(&mut tunnel, &mut client).await {
+        return;
+    }
     let outcome = tunnel.splice(client, limits.tunnel).await;
     tracing::debug!(up = outcome.up, down = outcome.down, end = ?outcome.end, "SOCKS tunnel closed");
 }

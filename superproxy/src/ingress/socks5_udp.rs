@@ -24,6 +24,11 @@
 //!   on TCP; a datagram to a destination the exit then denies is billed
 //!   (the exit counts it, the superproxy cannot know).
 //!
+//! Per destination ([`flows`]): each new flow (destination and port) is
+//! held to the per-domain limits a tunnel to it would be, and each
+//! destination is written to the abuse desk's target log, normalised, at
+//! its first sight in a minute, bounded by a rate rather than a count.
+//!
 //! The association ends when its TCP control connection closes (RFC 1928),
 //! when nothing crosses it for the tunnel idle timeout, at the tunnel
 //! lifetime, when it is cut (revocation, drain), or when a quota is spent.
@@ -42,15 +47,15 @@ use tokio::time::Instant;
 
 use crate::pipeline::{Pipeline, Tunnel};
 
+mod flows;
+
+use flows::{Destinations, Flows, FLOW_SWEEP};
+
 /// Datagrams per second one association may send (and its burst).
 const DATAGRAMS_PER_SECOND: u32 = 2000;
 const DATAGRAM_BURST: u32 = 500;
 /// Capsules waiting for the exit stream; beyond, datagrams are dropped.
 const QUEUE_CAPSULES: usize = 256;
-/// Distinct destinations of one association written to the target log
-/// (the abuse desk's record); a scan past them is in the access log's
-/// byte counts, not one row per address.
-const RECORDED_DESTINATIONS: usize = 64;
 /// Room for the SOCKS header in front of the largest payload.
 const RECV_BUFFER: usize = datagram::MAX_PAYLOAD + 3 + 1 + 1 + 255 + 2 + 1;
 
@@ -100,9 +105,12 @@ pub async fn relay(
         let _ = exit_write.shutdown().await;
         End::Closed
     };
+    let mut destinations = Destinations::new();
     let relay = async {
         let mut client_addr: Option<SocketAddr> = None;
-        let mut recorded: Vec<DatagramAddr> = Vec::new();
+        let mut flows = Flows::new(pipeline.flows_limited(&holds));
+        let mut sweep = tokio::time::interval(FLOW_SWEEP);
+        sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut from_client = vec![0u8; RECV_BUFFER];
         let mut from_exit = BytesMut::with_capacity(64 * 1024);
         let mut control_byte = [0u8; 64];
@@ -125,11 +133,16 @@ pub async fn relay(
                         // stranger spraying the port does not.
                         Err(drop_reason) => crate::metrics::udp_datagram("up", drop_reason),
                         Ok((addr, payload)) => {
-                            last_activity = Instant::now();
-                            if recorded.len() < RECORDED_DESTINATIONS && !recorded.contains(&addr) {
-                                pipeline.record_datagram_target(&holds, other_family, &addr);
-                                recorded.push(addr.clone());
+                            let now = Instant::now();
+                            // The per-domain limits, per flow: a refused
+                            // flow's datagram neither leaves nor keeps the
+                            // association alive.
+                            if let Err(drop_reason) = flows.admit(&pipeline, &holds, &addr, now).await {
+                                crate::metrics::udp_datagram("up", drop_reason);
+                                continue;
                             }
+                            last_activity = now;
+                            destinations.see(&pipeline, &holds, other_family, &addr);
                             if meter.is_cut() {
                                 return End::Error(std::io::ErrorKind::ConnectionAborted);
                             }
@@ -178,6 +191,7 @@ pub async fn relay(
                         }
                     }
                 },
+                _ = sweep.tick() => flows.refresh(pipeline.flows_limited(&holds), Instant::now()),
                 () = tokio::time::sleep_until(idle_ends) => return End::Idle,
                 () = tokio::time::sleep_until(lifetime_ends) => return End::Lifetime,
                 () = &mut cut => return End::Cut,
@@ -195,6 +209,17 @@ pub async fn relay(
         ?end,
         "UDP association closed"
     );
+    let unrecorded = destinations.unrecorded();
+    if unrecorded > 0 {
+        // The abuse desk's record of this association is incomplete: say so
+        // where an operator answering a complaint can find it.
+        tracing::warn!(
+            account = %holds.account_id(),
+            user_id = %holds.user_id(),
+            unrecorded,
+            "UDP association sent to more new destinations than the target log's rate records; datagrams to unrecorded ones counted"
+        );
+    }
     drop(meter_handle);
     end
 }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Instant;
 use uuid::Uuid;
 
-use crate::error::ProxyError;
+use crate::error::{ErrorKind, ProxyError};
 use crate::request::{Client, Ingress};
 use crate::usage::Meter;
 
@@ -29,10 +29,38 @@ pub(super) struct AccessLog {
     pub(super) setup_ms: f64,
     pub(super) meter: Arc<Meter>,
     pub(super) end: Option<End>,
+    /// Refused after it opened (by the server name in its first bytes):
+    /// the error kind and the detail the line gives instead of an end.
+    pub(super) refused: Option<(ErrorKind, String)>,
 }
 
 impl Drop for AccessLog {
     fn drop(&mut self) {
+        if let Some((kind, detail)) = &self.refused {
+            // The `200` was sent, but nothing reached the target: a refusal,
+            // with what the exit's stream carried (nothing of the client's).
+            tracing::info!(
+                target: "proxynet::access",
+                tunnel = %self.id,
+                ingress = self.ingress.as_str(),
+                account = %self.account_id,
+                user_id = %self.user_id,
+                user = %self.username,
+                exit = %self.exit_id,
+                egress_ip = %self.egress_ip,
+                target_addr = %self.target,
+                client = %self.peer,
+                outcome = kind.proxy_status_error(),
+                status = kind.status().as_u16(),
+                cause = %detail,
+                bytes_up = self.meter.up(),
+                bytes_down = self.meter.down(),
+                setup_ms = self.setup_ms,
+                duration_ms = self.started.elapsed().as_secs_f64() * 1000.0,
+                "tunnel refused"
+            );
+            return;
+        }
         let outcome = match self.end {
             None | Some(End::Closed) => "closed",
             Some(End::Idle) => "idle_timeout",

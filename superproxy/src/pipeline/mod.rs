@@ -12,12 +12,19 @@
 //! credentials and the target off the wire and how they answer; they all call
 //! [`Pipeline::open`] and get back a [`Tunnel`] that owns everything the
 //! tunnel holds for exactly as long as the bytes flow.
+//!
+//! One stage may come after the answer: a `CONNECT` to an IP literal, while
+//! some domain rule could apply, has its per-domain rules judged by the
+//! server name in its client's TLS ClientHello ([`sni`]), read after the
+//! `200` and before any client byte reaches the exit
+//! ([`Pipeline::judge_first_bytes`]).
 
 mod access_log;
 mod admit;
 mod authenticate;
 mod authorize;
 pub mod open;
+pub mod sni;
 mod target_policy;
 mod tunnel;
 
@@ -30,7 +37,8 @@ pub use tunnel::{Holds, Tunnel};
 use proxynet_wire::datagram::DatagramAddr;
 use std::net::IpAddr;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use uuid::Uuid;
 
 use crate::accept::ConnectionTicket;
@@ -39,6 +47,10 @@ use crate::metrics::Stats;
 use crate::open_tunnels::OpenTunnels;
 use crate::request::{Client, Credentials, Ingress, TargetSpec};
 use crate::usage::{Metered, UsageRecorder};
+
+/// How long a client's first bytes are waited for when a tunnel is judged
+/// by them ([`Pipeline::judge_first_bytes`]); then it is judged without.
+const FIRST_BYTES_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What the last stage keeps of the target: as logged, as policies match
 /// it (for cutting it on a policy change), and the registrable domain its
@@ -113,7 +125,19 @@ impl Pipeline {
             self.opener.check_literal(&target)?;
             let judged = self.target_policy.check(&client, &target)?;
             let (lease, quotas) = self.admit.admit(&client).await?;
-            let permitted = self.target_policy.limit(&client, judged).await?;
+            // A tunnel to an address may carry its real destination in a
+            // TLS server name: its per-domain rules wait for it.
+            let first_bytes = matches!(
+                ingress,
+                Ingress::Connect | Ingress::H2Connect | Ingress::Socks5
+            ) && self
+                .target_policy
+                .judges_server_name(&client.record, &target);
+            let permitted = if first_bytes {
+                self.target_policy.defer(judged)
+            } else {
+                self.target_policy.limit(&client, judged).await?
+            };
             let lease = lease.with_domain(permitted.leases);
             let opened = self.opener.open(Purpose::Tunnel(&target), &client).await?;
             let held = HeldTarget {
@@ -121,10 +145,10 @@ impl Pipeline {
                 policy_host: Some((permitted.host, target.port)),
                 domain: Some(permitted.domain),
             };
-            Ok::<_, ProxyError>((target, held, lease, quotas, opened))
+            Ok::<_, ProxyError>((target, held, lease, quotas, opened, first_bytes))
         }
         .await;
-        let (target, held, lease, quotas, opened) = match opened {
+        let (target, held, lease, quotas, opened, first_bytes) = match opened {
             Ok(done) => done,
             Err(e) => {
                 self.stats.tunnel_failed(ingress, e.kind);
@@ -132,17 +156,99 @@ impl Pipeline {
                 return Err(e);
             }
         };
+        // The host as policies match it (lower case, no trailing dot, IDNA
+        // to ASCII), as the abuse desk looks it up.
+        let recorded_host = held
+            .policy_host
+            .as_ref()
+            .map_or_else(|| target.host_string(), |(host, _)| host.clone());
         self.usage.record_target(
             client.account_id,
             client.user_id,
             opened.exit_id,
             opened.egress_ip,
-            target.host_string(),
+            recorded_host,
             target.port,
         );
-        Ok(self.hold(
+        let mut tunnel = self.hold(
             client, ingress, held, lease, quotas, opened, ticket, started,
-        ))
+        );
+        if first_bytes {
+            if let crate::target::Host::Ip(ip) = target.host {
+                tunnel.first_bytes = Some((ip, target.port));
+            }
+        }
+        Ok(tunnel)
+    }
+
+    /// For a tunnel opened to an IP literal while some domain rule could
+    /// apply ([`Tunnel::judges_first_bytes`]; for any other tunnel this
+    /// returns at once): its per-domain rules, judged by what its client
+    /// sends first, after the `200` and before any of it reaches the exit.
+    ///
+    /// The client's first TLS record is read (at most
+    /// [`sni::MAX_RECORD`] bytes, for at most [`FIRST_BYTES_TIMEOUT`]; less
+    /// when it is not a handshake record, or when the exit speaks first —
+    /// a protocol whose server talks first has no ClientHello to wait for).
+    /// With a server name in it, the denied domains apply to that name and
+    /// the per-domain limits count the tunnel under its registrable domain;
+    /// without, the limits count it under the address's /24 or /64
+    /// ([`TargetPolicy`]). Admitted: the leases join the tunnel's, what the
+    /// exit sent goes to the client and what the client sent to the exit,
+    /// and `true` (splice on). Refused: the access log says so, the error
+    /// is counted, and `false`: the caller drops the tunnel, which closes
+    /// the connection (the `200` is already sent; nothing of the client's
+    /// reached the target). `false` too when either side failed meanwhile.
+    pub async fn judge_first_bytes<C>(&self, tunnel: &mut Tunnel, client: &mut C) -> bool
+    where
+        C: AsyncRead + AsyncWrite + Unpin,
+    {
+        let Some(target) = tunnel.first_bytes.take() else {
+            return true;
+        };
+        let (from_client, from_exit) = read_first_bytes(client, &mut tunnel.io).await;
+        let server_name = sni::server_name(&from_client);
+        let holds = &mut tunnel.holds;
+        let judged = self
+            .target_policy
+            .judge_server_name(
+                holds.log.account_id,
+                holds.log.user_id,
+                &holds.record,
+                target,
+                server_name.as_deref(),
+            )
+            .await;
+        match judged {
+            Ok(leases) => holds._lease.add_domain(leases),
+            Err(e) => {
+                tracing::debug!(error = %e, server_name = ?server_name, "tunnel refused by its first bytes");
+                self.stats.tunnel_failed(holds.log.ingress, e.kind);
+                holds.refused(&e);
+                return false;
+            }
+        }
+        if !from_exit.is_empty() {
+            let written = async {
+                client.write_all(&from_exit).await?;
+                client.flush().await
+            };
+            if let Err(e) = written.await {
+                tunnel
+                    .holds
+                    .ended(proxynet_common::splice::End::Error(e.kind()));
+                return false;
+            }
+        }
+        if !from_client.is_empty() {
+            if let Err(e) = tunnel.io.write_all(&from_client).await {
+                tunnel
+                    .holds
+                    .ended(proxynet_common::splice::End::Error(e.kind()));
+                return false;
+            }
+        }
+        true
     }
 
     /// The stages after authentication for a SOCKS5 UDP association: it is
@@ -206,10 +312,40 @@ impl Pipeline {
                 .permits_datagram(&holds.record, destination)
     }
 
+    /// Whether any per-domain limit could apply to the association's
+    /// datagrams now: only then does its relay keep a table of flows
+    /// ([`Pipeline::admit_flow`]). Memory only.
+    pub fn flows_limited(&self, holds: &Holds) -> bool {
+        self.target_policy.any_domain_limit(&holds.record)
+    }
+
+    /// Admits one new flow of an association (its first datagram to a
+    /// destination and port) under the per-domain limits, as a tunnel to
+    /// that destination would be; the leases it holds while it is active.
+    /// A refusal says why (429 with `Retry-After` for a limit).
+    pub async fn admit_flow(
+        &self,
+        holds: &Holds,
+        destination: &DatagramAddr,
+    ) -> Result<Vec<crate::admission::Lease>, ProxyError> {
+        self.target_policy
+            .limit_datagram(
+                holds.log.account_id,
+                holds.log.user_id,
+                &holds.record,
+                destination,
+            )
+            .await
+    }
+
     /// Records one destination of an association in the target log (the
     /// abuse desk's record), as a tunnel's target is recorded, under the
     /// egress address it leaves from: the one of its family; for a name
-    /// (resolved at the exit, family unknown here) each of the two.
+    /// (resolved at the exit, family unknown here) each of the two. Names
+    /// are recorded as policies match them (lower case, no trailing dot,
+    /// IDNA to ASCII; a name that cannot be normalised in lower case
+    /// without its trailing dot), addresses canonical, so a lookup finds
+    /// `VM.` as `vm`.
     pub fn record_datagram_target(
         &self,
         holds: &Holds,
@@ -224,11 +360,17 @@ impl Pipeline {
                     Some(other) if log.egress_ip.is_ipv4() != v4 => other,
                     _ => log.egress_ip,
                 };
-                (addr.ip().to_string(), addr.port(), [Some(source), None])
+                (
+                    addr.ip().to_canonical().to_string(),
+                    addr.port(),
+                    [Some(source), None],
+                )
             }
-            DatagramAddr::Name(name, port) => {
-                (name.clone(), *port, [Some(log.egress_ip), other_family])
-            }
+            DatagramAddr::Name(name, port) => (
+                recorded_name(name),
+                *port,
+                [Some(log.egress_ip), other_family],
+            ),
         };
         for source in sources.into_iter().flatten() {
             self.usage.record_target(
@@ -299,6 +441,7 @@ impl Pipeline {
                     setup_ms: started.elapsed().as_secs_f64() * 1000.0,
                     meter: meter_view,
                     end: None,
+                    refused: None,
                 },
                 _lease: lease,
                 _in_flight: opened.in_flight,
@@ -306,6 +449,7 @@ impl Pipeline {
                 ticket: ticket.clone(),
                 record: client.record.clone(),
             },
+            first_bytes: None,
         }
     }
 
@@ -347,5 +491,61 @@ impl Pipeline {
             access_log::refused(ingress, ticket.peer(), started, None, e);
         }
         result
+    }
+}
+
+/// Reads what a client sends first through a tunnel judged by it: its first
+/// TLS record, whole, or what it sent before that proved not to be one, or
+/// before the exit spoke first (whose bytes come back too), or before
+/// [`FIRST_BYTES_TIMEOUT`]. Never more than [`sni::MAX_RECORD`] bytes of
+/// the client's (a read may take some of what follows the record; it is
+/// all forwarded); the rest stays in its connection for the splice.
+async fn read_first_bytes<C, E>(client: &mut C, exit: &mut E) -> (Vec<u8>, Vec<u8>)
+where
+    C: AsyncRead + Unpin,
+    E: AsyncRead + Unpin,
+{
+    let deadline = tokio::time::Instant::now() + FIRST_BYTES_TIMEOUT;
+    let mut from_client = Vec::new();
+    let mut from_exit = Vec::new();
+    let mut chunk = [0u8; 2048];
+    while sni::first_record(&from_client) == sni::FirstRecord::Partial {
+        // Partial: fewer than MAX_RECORD bytes so far.
+        let room = (sni::MAX_RECORD - from_client.len()).min(chunk.len());
+        tokio::select! {
+            read = client.read(&mut chunk[..room]) => match read {
+                Ok(n) if n > 0 => from_client.extend_from_slice(&chunk[..n]),
+                // The client closed or failed: judged by what came.
+                _ => break,
+            },
+            // The server spoke first (or closed): no ClientHello comes
+            // before the client has read it.
+            _ = exit.read_buf(&mut from_exit) => break,
+            () = tokio::time::sleep_until(deadline) => break,
+        }
+    }
+    (from_client, from_exit)
+}
+
+/// A datagram's destination name as the target log keeps it: normalised as
+/// policies match names ([`proxynet_store::policy::normalize_host`]), or, for
+/// what cannot be a host name, in lower case without its trailing dot (the
+/// abuse desk's lookup folds the same way).
+fn recorded_name(name: &str) -> String {
+    proxynet_store::policy::normalize_host(name)
+        .unwrap_or_else(|_| name.strip_suffix('.').unwrap_or(name).to_ascii_lowercase())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::recorded_name;
+
+    #[test]
+    fn datagram_names_are_recorded_as_policies_match_them() {
+        assert_eq!(recorded_name("VM."), "vm");
+        assert_eq!(recorded_name("Www.Example.TEST"), "www.example.test");
+        assert_eq!(recorded_name("0x7f.1"), "127.0.0.1");
+        // Not a host name: folded all the same.
+        assert_eq!(recorded_name("A..B."), "a..b");
     }
 }

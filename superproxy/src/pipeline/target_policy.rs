@@ -6,6 +6,15 @@
 //! used, so a refused name is never even resolved. Rules and matching:
 //! `proxynet_store::policy`; docs/policy.md.
 //!
+//! The operator's aggregate is shared fairly between the accounts using a
+//! domain ([`Admission::admit_shared_domain`]); the account's and the
+//! user's are each one owner's. A SOCKS5 UDP association's flows (one per
+//! new destination) are held to the same limits as tunnels
+//! ([`TargetPolicy::limit_datagram`]). A `CONNECT` to an IP literal, while
+//! some domain rule could apply, is judged again by the server name its
+//! client's TLS ClientHello carries, or else counted by its address block
+//! ([`TargetPolicy::judge_server_name`]).
+//!
 //! Without any domain limit set (the default) this stage costs no Redis
 //! round trip: the denials are matched against lists already in memory.
 
@@ -16,6 +25,7 @@ use proxynet_store::UserRecord;
 use proxynet_wire::datagram::DatagramAddr;
 use std::net::IpAddr;
 use std::sync::Arc;
+use uuid::Uuid;
 
 use crate::admission::{Admission, Lease};
 use crate::error::{ErrorKind, ProxyError};
@@ -105,6 +115,11 @@ pub fn customer_refuses(record: &UserRecord, host: &str) -> bool {
     customer_refusal(record, &PolicyTarget::from_normalized(host)).is_some()
 }
 
+/// Whether the operator's policy limits any domain at all.
+fn operator_limits_any(operator: &OperatorPolicy) -> bool {
+    !operator.domain_limits.is_empty() || operator.default_domain_limit.is_some_and(|l| l.is_set())
+}
+
 /// No denial anywhere (the default): nothing to match.
 fn denies_nothing(operator: &OperatorPolicy, record: &UserRecord) -> bool {
     let open = |p: &TrafficPolicy| p.allowed_domains.is_empty() && p.denied_domains.is_empty();
@@ -156,33 +171,13 @@ impl TargetPolicy {
             domain,
             operator,
         } = judged;
-        let mut leases = Vec::new();
-        if let Some((key, limit)) = operator.limit_for(&host.policy_target()) {
-            leases.extend(
-                self.admission
-                    .admit_domain("op", &key, limit, "the network's")
-                    .await?,
-            );
-        }
-        let record = &client.record;
-        if record.account_policy.has_domain_limits() {
-            let scope = format!("a:{}", client.account_id);
-            let limit = domain_limit(&record.account_policy);
-            leases.extend(
-                self.admission
-                    .admit_domain(&scope, &domain, limit, "the account's")
-                    .await?,
-            );
-        }
-        if record.policy.has_domain_limits() {
-            let scope = format!("u:{}", client.user_id);
-            let limit = domain_limit(&record.policy);
-            leases.extend(
-                self.admission
-                    .admit_domain(&scope, &domain, limit, "the user's")
-                    .await?,
-            );
-        }
+        let owner = Owner {
+            account: client.account_id,
+            user: client.user_id,
+            record: &client.record,
+        };
+        let operator_limit = operator.limit_for(&host.policy_target());
+        let leases = self.limits(owner, operator_limit, &domain).await?;
         Ok(Permitted {
             leases,
             host: host.text,
@@ -190,9 +185,181 @@ impl TargetPolicy {
         })
     }
 
+    /// Whether a tunnel to `target` should be judged again by the first
+    /// bytes its client sends: the target is an IP literal (a name in a
+    /// TLS ClientHello may say where it really goes) and some domain rule
+    /// could apply to this client (a denied domain, or a domain limit).
+    /// Memory only; false, and nothing peeked, in the default setup.
+    pub(super) fn judges_server_name(&self, record: &UserRecord, target: &Target) -> bool {
+        if !matches!(target.host, Host::Ip(_)) {
+            return false;
+        }
+        let operator = self.operator.current();
+        !operator.denied_domains.is_empty()
+            || !record.policy.denied_domains.is_empty()
+            || !record.account_policy.denied_domains.is_empty()
+            || record.policy.has_domain_limits()
+            || record.account_policy.has_domain_limits()
+            || operator_limits_any(&operator)
+    }
+
+    /// What a tunnel to an IP literal is let through with before its first
+    /// bytes are in: the denials of the address passed; its per-domain
+    /// limits wait for [`Self::judge_server_name`]. Usage is counted under
+    /// the address's registrable domain, as for any literal.
+    pub(super) fn defer(&self, judged: Judged) -> Permitted {
+        Permitted {
+            leases: Vec::new(),
+            host: judged.host.text,
+            domain: judged.domain,
+        }
+    }
+
+    /// The deferred judgement of a tunnel to `ip`:`port`, once its client's
+    /// first bytes are in. With a server name (`server_name`, as the
+    /// ClientHello carries it; one that does not normalise to a host name
+    /// counts as none): the operator's and the customer's denied domains
+    /// apply to it (the allow-list already let the address through), and
+    /// the per-domain limits count the tunnel under its registrable domain.
+    /// Without one: the limits count it under the address's block, its /24
+    /// (IPv4) or /64 (IPv6), so walking a block's addresses makes no fresh
+    /// budgets (an operator limit on a network covering the address is
+    /// counted as that entry).
+    pub(super) async fn judge_server_name(
+        &self,
+        account: Uuid,
+        user: Uuid,
+        record: &UserRecord,
+        (ip, port): (IpAddr, u16),
+        server_name: Option<&str>,
+    ) -> Result<Vec<Lease>, ProxyError> {
+        let operator = self.operator.current();
+        let owner = Owner {
+            account,
+            user,
+            record,
+        };
+        let name = server_name
+            .and_then(|name| normalize_host(name).ok())
+            .filter(|name| matches!(PolicyTarget::from_normalized(name), PolicyTarget::Name(_)));
+        match name {
+            Some(name) => {
+                let target = PolicyTarget::Name(&name);
+                operator
+                    .permits(&target, port)
+                    .map_err(|r| denied("the operator's", &r))?;
+                for (whose, policy) in [
+                    ("the account's", &record.account_policy),
+                    ("the user's", &record.policy),
+                ] {
+                    policy.denies(&target).map_err(|r| denied(whose, &r))?;
+                }
+                let domain = target.registrable_domain();
+                self.limits(owner, operator.limit_for(&target), &domain)
+                    .await
+            }
+            None => {
+                let target = PolicyTarget::Ip(ip.to_canonical());
+                let block = address_block(ip);
+                // The default limit counts per registrable domain, which for
+                // an address is itself: its block instead.
+                let default_key = target.registrable_domain();
+                let operator_limit = operator.limit_for(&target).map(|(key, limit)| {
+                    if key == default_key {
+                        (block.clone(), limit)
+                    } else {
+                        (key, limit)
+                    }
+                });
+                self.limits(owner, operator_limit, &block).await
+            }
+        }
+    }
+
+    /// Every per-domain limit that applies for `owner`: the operator's
+    /// aggregate (`operator_limit`: the key it is counted under and the
+    /// limit, [`OperatorPolicy::limit_for`]), shared fairly between
+    /// accounts, then the account's and the user's, counted under `domain`
+    /// (the target's registrable domain). Nothing is allocated and Redis is
+    /// not asked unless one is set.
+    async fn limits(
+        &self,
+        owner: Owner<'_>,
+        operator_limit: Option<(String, proxynet_store::policy::Limit)>,
+        domain: &str,
+    ) -> Result<Vec<Lease>, ProxyError> {
+        let mut leases = Vec::new();
+        if let Some((key, limit)) = operator_limit {
+            leases.extend(
+                self.admission
+                    .admit_shared_domain(&key, limit, owner.account, "the network's")
+                    .await?,
+            );
+        }
+        let record = owner.record;
+        if record.account_policy.has_domain_limits() {
+            let scope = format!("a:{}", owner.account);
+            let limit = domain_limit(&record.account_policy);
+            leases.extend(
+                self.admission
+                    .admit_domain(&scope, domain, limit, "the account's")
+                    .await?,
+            );
+        }
+        if record.policy.has_domain_limits() {
+            let scope = format!("u:{}", owner.user);
+            let limit = domain_limit(&record.policy);
+            leases.extend(
+                self.admission
+                    .admit_domain(&scope, domain, limit, "the user's")
+                    .await?,
+            );
+        }
+        Ok(leases)
+    }
+
+    /// Whether any per-domain limit could apply to the traffic of `record`
+    /// now (the operator's, its account's or its own). Memory only: a UDP
+    /// association keeps a table of its flows only while this holds.
+    pub(super) fn any_domain_limit(&self, record: &UserRecord) -> bool {
+        record.policy.has_domain_limits()
+            || record.account_policy.has_domain_limits()
+            || operator_limits_any(&self.operator.current())
+    }
+
+    /// The per-domain limits for one new flow of a UDP association (its
+    /// first datagram to a destination and port): the same limits, counted
+    /// under the same registrable domain, as a tunnel to it. The leases
+    /// are held as long as the flow is.
+    pub(super) async fn limit_datagram(
+        &self,
+        account: Uuid,
+        user: Uuid,
+        record: &UserRecord,
+        destination: &DatagramAddr,
+    ) -> Result<Vec<Lease>, ProxyError> {
+        let host = match destination {
+            DatagramAddr::Ip(addr) => NormalizedHost::ip(addr.ip()),
+            DatagramAddr::Name(name, _) => normalize_host(name)
+                .map(|text| NormalizedHost { text, ip: None })
+                .map_err(|e| {
+                    ProxyError::new(ErrorKind::BadRequest, format!("datagram destination: {e}"))
+                })?,
+        };
+        let target = host.policy_target();
+        let domain = target.registrable_domain();
+        let operator_limit = self.operator.current().limit_for(&target);
+        let owner = Owner {
+            account,
+            user,
+            record,
+        };
+        self.limits(owner, operator_limit, &domain).await
+    }
+
     /// Whether a datagram may leave for its destination (by name or
-    /// address): the same denials as a tunnel, no domain limits (an
-    /// association is admitted once, like one tunnel).
+    /// address): the same denials as a tunnel. The domain limits are the
+    /// flow's, asked once per new flow ([`Self::limit_datagram`]).
     pub fn permits_datagram(&self, record: &UserRecord, destination: &DatagramAddr) -> bool {
         let operator = self.operator.current();
         if denies_nothing(&operator, record) {
@@ -210,9 +377,42 @@ impl TargetPolicy {
     }
 }
 
+/// Whose per-domain limits a tunnel or flow is held to.
+#[derive(Clone, Copy)]
+struct Owner<'a> {
+    account: Uuid,
+    user: Uuid,
+    record: &'a UserRecord,
+}
+
+/// The block an address is counted under when no name is known: its /24
+/// (IPv4) or /64 (IPv6).
+fn address_block(ip: IpAddr) -> String {
+    match ip.to_canonical() {
+        IpAddr::V4(v4) => {
+            let [a, b, c, _] = v4.octets();
+            format!("{a}.{b}.{c}.0/24")
+        }
+        v6 => PolicyTarget::Ip(v6).registrable_domain(),
+    }
+}
+
 fn domain_limit(policy: &TrafficPolicy) -> proxynet_store::policy::Limit {
     proxynet_store::policy::Limit {
         new_tunnels_per_second: policy.domain_new_tunnels_per_second,
         max_concurrent_tunnels: policy.domain_max_concurrent_tunnels,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::address_block;
+
+    #[test]
+    fn an_address_without_a_name_counts_as_its_block() {
+        let block = |ip: &str| address_block(ip.parse().unwrap());
+        assert_eq!(block("192.0.2.77"), "192.0.2.0/24");
+        assert_eq!(block("::ffff:192.0.2.1"), "192.0.2.0/24");
+        assert_eq!(block("2001:db8:1:2:3:4:5:6"), "2001:db8:1:2::/64");
     }
 }

@@ -26,6 +26,9 @@ pub struct Tunnel {
     /// Set for sticky sessions.
     pub pin: Option<Pin>,
     pub holds: Holds,
+    /// A tunnel to this address and port whose per-domain rules wait for
+    /// its client's first bytes ([`super::Pipeline::judge_first_bytes`]).
+    pub(super) first_bytes: Option<(std::net::IpAddr, u16)>,
 }
 
 /// What a tunnel holds until its bytes stop flowing; dropping it releases
@@ -60,6 +63,16 @@ impl Holds {
         )
     }
 
+    /// The account the tunnel runs for.
+    pub fn account_id(&self) -> Uuid {
+        self.log.account_id
+    }
+
+    /// The user the tunnel runs for.
+    pub fn user_id(&self) -> Uuid {
+        self.log.user_id
+    }
+
     /// Resolves when the tunnel must end now (revocation, drain deadline).
     pub fn cut(&self) -> tokio_util::sync::WaitForCancellationFuture<'_> {
         self.ticket.cut().cancelled()
@@ -69,9 +82,21 @@ impl Holds {
     pub fn ended(&mut self, end: End) {
         self.log.end = Some(end);
     }
+
+    /// Records that the tunnel was refused after it opened, for its
+    /// access-log line (a refusal, not an end).
+    pub(super) fn refused(&mut self, error: &crate::error::ProxyError) {
+        self.log.refused = Some((error.kind, error.detail.to_string()));
+    }
 }
 
 impl Tunnel {
+    /// Whether the pipeline waits for the client's first bytes to judge
+    /// this tunnel ([`super::Pipeline::judge_first_bytes`]).
+    pub fn judges_first_bytes(&self) -> bool {
+        self.first_bytes.is_some()
+    }
+
     /// Splices `client` and the exit until the tunnel ends or is cut.
     pub async fn splice<C>(self, client: C, limits: TunnelLimits) -> SpliceOutcome
     where

@@ -12,6 +12,7 @@ use proxynet_tests::netns::ExitHost;
 use proxynet_tests::process::eventually;
 use proxynet_tests::stack::{Stack, StackOptions, ADMIN_TOKEN};
 use proxynet_tests::targets::udp_echo;
+use serde_json::Value;
 use std::net::SocketAddr;
 use std::time::Duration;
 use tokio::io::AsyncReadExt;
@@ -331,6 +332,198 @@ async fn udp_associate_relays_datagrams_through_an_exit_and_bills_them() {
         .collect();
     ups.sort_unstable();
     assert_eq!(ups, vec![sniffed_up, control_up], "{lines:?}");
+}
+
+/// Sends one datagram to `host:port` and says whether it went unanswered
+/// (dropped on the way) for a second and a half.
+async fn unanswered(client: &UdpSocket, relay: SocketAddr, host: &str, port: u16) -> bool {
+    let mut packet = header(host, port);
+    packet.extend_from_slice(b"unanswered?");
+    client.send_to(&packet, relay).await.unwrap();
+    let mut buf = vec![0u8; 2048];
+    tokio::time::timeout(Duration::from_millis(1500), client.recv_from(&mut buf))
+        .await
+        .is_err()
+}
+
+/// Sets a user's traffic policy and waits until the superproxy has it (its
+/// `marker.test` denial refuses a SOCKS5 CONNECT).
+async fn set_policy_and_wait(stack: &Stack, user_id: uuid::Uuid, user: &str, mut policy: Value) {
+    policy["denied_domains"] = serde_json::json!(["marker.test"]);
+    let r = stack
+        .http
+        .patch(stack.api(&format!("/v1/users/{user_id}")))
+        .bearer_auth(ADMIN_TOKEN)
+        .json(&serde_json::json!({ "policy": policy }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    eventually(
+        "the user's policy to apply",
+        Duration::from_secs(5),
+        || async {
+            let mut s = socks5::login(stack.proxy_addrs.socks, user, PASS)
+                .await
+                .ok()?;
+            (socks5::request(&mut s, 1, "marker.test", 80).await == 2).then_some(())
+        },
+    )
+    .await;
+}
+
+/// Datagrams are held to the per-domain limits a tunnel is: each new flow
+/// (destination and port) of an association counts once against the rate
+/// and holds a lease of the concurrency while it lasts. Under a limit of two
+/// concurrent, the third association's flow to the domain is dropped (and
+/// counted) until another association ends and frees its lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn udp_flows_count_against_the_per_domain_limits() {
+    let dns = TestDns::start(vec!["127.0.0.1".parse().unwrap()]).await;
+    let stack = Stack::start_with(StackOptions {
+        agent_args: vec!["--dns-server".into(), dns.addr.to_string()],
+        ..Default::default()
+    })
+    .await;
+    let account = stack.create_account("udp-flows").await;
+    let user = stack.create_user(account, "udpflows", PASS).await;
+    let (echo, _) = udp_echo().await;
+    set_policy_and_wait(
+        &stack,
+        user,
+        "udpflows",
+        serde_json::json!({"domain_max_concurrent_tunnels": 2}),
+    )
+    .await;
+
+    let mut associations = Vec::new();
+    for _ in 0..3 {
+        let mut control = socks5::login(stack.proxy_addrs.socks, "udpflows", PASS)
+            .await
+            .unwrap();
+        let (reply, relay) = associate(&mut control).await;
+        assert_eq!(reply, 0, "the association itself is admitted");
+        let client = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        associations.push((control, relay, client));
+    }
+    for (i, (_, relay, client)) in associations[..2].iter().enumerate() {
+        let (source, echoed) = round_trip(client, *relay, "echo.flows.test", echo.port(), b"fits")
+            .await
+            .unwrap_or_else(|| panic!("association {i}'s flow fits the limit"));
+        assert_eq!((source, echoed.as_slice()), (echo, &b"fits"[..]));
+    }
+    let (_, relay, client) = &associations[2];
+    // Another name of the same registrable domain is the same budget.
+    assert!(
+        unanswered(client, *relay, "other.flows.test", echo.port()).await,
+        "a third flow to flows.test is dropped"
+    );
+    let http = reqwest::Client::new();
+    eventually(
+        "the refused flow's datagram to be counted",
+        Duration::from_secs(5),
+        || async {
+            let text = scrape(&http, stack.proxy_addrs.admin).await;
+            (sample(
+                &text,
+                "proxynet_udp_datagrams_total",
+                &["outcome=\"domain_limited\""],
+            ) >= 1.0)
+                .then_some(())
+        },
+    )
+    .await;
+    // Another domain has its own budget, in the same association.
+    let (source, _) = round_trip(client, *relay, "127.0.0.1", echo.port(), b"elsewhere")
+        .await
+        .expect("a flow to another domain");
+    assert_eq!(source, echo);
+
+    // The first association ends, and its flow's lease with it: the refused
+    // flow asks again (after its Retry-After) and is admitted.
+    let first = associations.remove(0);
+    drop(first);
+    let (_, relay, client) = &associations[1];
+    eventually(
+        "the refused flow to be admitted once a lease is free",
+        Duration::from_secs(15),
+        || async {
+            round_trip(client, *relay, "other.flows.test", echo.port(), b"later")
+                .await
+                .map(|(_, echoed)| echoed)
+                .filter(|echoed| echoed == b"later")
+        },
+    )
+    .await;
+}
+
+/// The abuse desk's record of an association: every destination at its
+/// first sight, however many came before it (64 decoys do not hide the
+/// 65th), and names as policies match them, so a lookup finds a target
+/// whatever case or trailing dot it was written with.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn udp_destinations_are_recorded_normalised_past_any_decoys() {
+    use chrono::{SecondsFormat, Utc};
+    let dns = TestDns::start(vec!["127.0.0.1".parse().unwrap()]).await;
+    let stack = Stack::start_with(StackOptions {
+        agent_args: vec!["--dns-server".into(), dns.addr.to_string()],
+        ..Default::default()
+    })
+    .await;
+    let account = stack.create_account("udp-record").await;
+    stack.create_user(account, "udprecord", PASS).await;
+    let (echo, _) = udp_echo().await;
+    let mut control = socks5::login(stack.proxy_addrs.socks, "udprecord", PASS)
+        .await
+        .unwrap();
+    let (reply, relay) = associate(&mut control).await;
+    assert_eq!(reply, 0);
+    let client = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    // The first datagram fixes the client's address; then 63 more decoys,
+    // each its own destination port, and the real target, written `VM.`.
+    let (source, _) = round_trip(&client, relay, "127.0.0.1", echo.port(), b"first")
+        .await
+        .expect("the first datagram");
+    assert_eq!(source, echo);
+    for i in 0..63u16 {
+        let mut decoy = header("127.0.0.1", 20_000 + i);
+        decoy.extend_from_slice(b"decoy");
+        client.send_to(&decoy, relay).await.unwrap();
+    }
+    let mut real = header("VM.", echo.port());
+    real.extend_from_slice(b"the real one");
+    client.send_to(&real, relay).await.unwrap();
+    let at = Utc::now().to_rfc3339_opts(SecondsFormat::Secs, true);
+
+    let lookup =
+        |target: &str| format!("/v1/abuse/lookup?egress_ip=127.0.0.0/16&at={at}&target={target}");
+    let rows = eventually(
+        "the target log to have the 65th destination",
+        Duration::from_secs(20),
+        || async {
+            let rows = stack.admin_get_json(&lookup("vm")).await;
+            (!rows.as_array()?.is_empty()).then_some(rows)
+        },
+    )
+    .await;
+    assert_eq!(rows[0]["target_host"], "vm", "{rows}");
+    assert_eq!(rows[0]["target_port"], echo.port(), "{rows}");
+    assert_eq!(rows[0]["username"], "udprecord", "{rows}");
+    // As written, with its port, and in another case.
+    for target in [format!("VM.:{}", echo.port()), "Vm".to_owned()] {
+        let rows = stack.admin_get_json(&lookup(&target)).await;
+        assert!(!rows.as_array().unwrap().is_empty(), "{target}: {rows}");
+    }
+    // The decoys are all there too: 64 destinations of 127.0.0.1.
+    let rows = stack.admin_get_json(&lookup("127.0.0.1")).await;
+    let ports: std::collections::HashSet<i64> = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|r| r["target_port"].as_i64())
+        .collect();
+    assert_eq!(ports.len(), 64, "{rows}");
+    drop(control);
 }
 
 /// The association's other ends: idle for the tunnel idle timeout, and its

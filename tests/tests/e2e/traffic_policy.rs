@@ -453,6 +453,192 @@ async fn the_operators_denied_domains_and_aggregate_limits_bind_every_account() 
     assert!(!audit.as_array().unwrap().is_empty(), "{audit}");
 }
 
+/// The operator's aggregate is one budget shared fairly, not first come
+/// first served: an account alone keeps room for the next one, so one
+/// tenant's idle tunnels cannot lock every other tenant out of a domain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_operators_aggregate_concurrency_is_shared_fairly_between_accounts() {
+    let (stack, _dns) = stack_with_dns().await;
+    let port = stack.whoami.port();
+    for name in ["fairone", "fairtwo"] {
+        let account = stack.create_account(name).await;
+        stack.create_user(account, name, PASS).await;
+    }
+    put_operator_policy(
+        &stack,
+        json!({"denied_domains": ["marker.test"],
+               "domain_limits": [{"domain": "fair.test", "max_concurrent_tunnels": 2}]}),
+    )
+    .await;
+    eventually(
+        "the operator policy to apply",
+        Duration::from_secs(5),
+        || async {
+            connect(&stack, "fairone", "marker.test", port)
+                .await
+                .starts_with("HTTP/1.1 403")
+                .then_some(())
+        },
+    )
+    .await;
+
+    // The first account's tunnel, held open.
+    let (held, head) = connect_stream(&stack, "fairone", "a.fair.test", port).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    // A second would leave no room for another account: refused, though
+    // the aggregate has a place left.
+    let head = connect(&stack, "fairone", "b.fair.test", port).await;
+    assert!(head.starts_with("HTTP/1.1 429"), "{head}");
+    assert!(
+        head.contains("the network's per-domain (fair.test)"),
+        "{head}"
+    );
+    assert!(head.contains("fair share"), "{head}");
+    // The other account gets its tunnel while the first holds its share.
+    let (other, head) = connect_stream(&stack, "fairtwo", "fair.test", port).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    // Now the aggregate itself is spent, for both.
+    for user in ["fairone", "fairtwo"] {
+        let head = connect(&stack, user, "c.fair.test", port).await;
+        assert!(head.starts_with("HTTP/1.1 429"), "{head}");
+        assert!(head.to_ascii_lowercase().contains("retry-after:"), "{head}");
+    }
+    // Another domain is not limited by it.
+    assert!(connect(&stack, "fairone", "other.test", port)
+        .await
+        .starts_with("HTTP/1.1 200"));
+    drop((held, other));
+}
+
+/// A TLS client's first flight, as rustls sends it: its ClientHello naming
+/// `name`.
+fn client_hello(name: &'static str) -> Vec<u8> {
+    use std::sync::Arc;
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(rustls::RootCertStore::empty())
+    .with_no_client_auth();
+    let server = rustls::pki_types::ServerName::try_from(name).unwrap();
+    let mut client = rustls::ClientConnection::new(Arc::new(config), server).unwrap();
+    let mut bytes = Vec::new();
+    client.write_tls(&mut bytes).unwrap();
+    bytes
+}
+
+/// A CONNECT to `127.0.0.1:port` (an echo) as `user` that sends `first`
+/// after the `200`: whether it came back (the tunnel was let through), or
+/// the connection closed without it (refused after the `200`).
+async fn echoed_through_address(stack: &Stack, user: &str, port: u16, first: &[u8]) -> bool {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (mut s, head) = connect_stream(stack, user, "127.0.0.1", port).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    s.write_all(first).await.unwrap();
+    let mut back = vec![0u8; first.len()];
+    match tokio::time::timeout(Duration::from_secs(10), s.read_exact(&mut back)).await {
+        Ok(Ok(_)) => {
+            assert_eq!(back, first, "the first bytes reach the target first, whole");
+            true
+        }
+        Ok(Err(_)) => false,
+        Err(_) => panic!("neither echoed nor closed"),
+    }
+}
+
+/// A tunnel to an IP literal carries its real destination in the TLS server
+/// name: the per-domain rules judge that name (the `200` is already sent, so
+/// a refusal closes the tunnel before any byte reaches the target, and the
+/// access log says it was refused). Without a ClientHello the tunnel is let
+/// through as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connect_to_an_address_is_judged_by_its_tls_server_name() {
+    let dns = TestDns::start(vec!["127.0.0.1".parse().unwrap()]).await;
+    let logs = tempfile::tempdir().unwrap();
+    let log = logs.path().join("superproxy.log");
+    let stack = Stack::start_with(StackOptions {
+        agent_args: vec!["--dns-server".into(), dns.addr.to_string()],
+        superproxy_log: Some(log.clone()),
+        ..Default::default()
+    })
+    .await;
+    stack.wait_eligible(2).await;
+    let port = stack.whoami.port();
+    let account = stack.create_account("sni-acct").await;
+    let user = stack.create_user(account, "sniuser", PASS).await;
+    let echo = proxynet_tests::targets::echo_server().await;
+    put_operator_policy(
+        &stack,
+        json!({"denied_domains": ["marker.test"],
+               "domain_limits": [{"domain": "sni.example.test", "new_tunnels_per_second": 1}]}),
+    )
+    .await;
+    eventually(
+        "the operator policy to apply",
+        Duration::from_secs(5),
+        || async {
+            connect(&stack, "sniuser", "marker.test", port)
+                .await
+                .starts_with("HTTP/1.1 403")
+                .then_some(())
+        },
+    )
+    .await;
+
+    // Six at once to the address, all naming the limited domain: the
+    // network's 1/s lets about one through, the others are closed.
+    let hello = client_hello("www.sni.example.test");
+    let through = futures_util::future::join_all(
+        (0..6).map(|_| echoed_through_address(&stack, "sniuser", echo.port(), &hello)),
+    )
+    .await;
+    let passed = through.iter().filter(|t| **t).count();
+    assert!((1..=2).contains(&passed), "{through:?}");
+    // Plain bytes are no ClientHello: let through, counted by the address.
+    for _ in 0..3 {
+        assert!(echoed_through_address(&stack, "sniuser", echo.port(), b"plain bytes first").await);
+    }
+
+    // The customer's denied domains apply to the server name too.
+    set_user_policy(
+        &stack,
+        user,
+        json!({"denied_domains": ["denied.example.test"]}),
+    )
+    .await;
+    let denied = client_hello("api.denied.example.test");
+    let allowed = client_hello("fine.example.test");
+    eventually(
+        "the user's denial to apply to the server name",
+        Duration::from_secs(5),
+        || async {
+            (!echoed_through_address(&stack, "sniuser", echo.port(), &denied).await).then_some(())
+        },
+    )
+    .await;
+    assert!(echoed_through_address(&stack, "sniuser", echo.port(), &allowed).await);
+
+    // Each refusal is a refused tunnel in the access log, naming the rule.
+    eventually(
+        "the refusals in the access log",
+        Duration::from_secs(10),
+        || async {
+            let text = proxynet_tests::process::read_log(&log);
+            let refused = |what: &str| {
+                text.lines().any(|l| {
+                    l.contains("proxynet::access")
+                        && l.contains("tunnel refused")
+                        && l.contains(what)
+                })
+            };
+            (refused("per-domain (sni.example.test)") && refused("denied.example.test"))
+                .then_some(())
+        },
+    )
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn usage_groups_by_domain_and_country_from_the_ledger() {
     let (stack, _dns) = stack_with_dns().await;

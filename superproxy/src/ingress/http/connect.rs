@@ -1,9 +1,12 @@
 //! `CONNECT host:port`: a tunnel through an exit for any TCP protocol.
 //!
 //! The tunnel is fully open before `200` is sent, so every failure still has a
-//! status and a `Proxy-Status`. From the `200` on, the client connection
-//! carries tunnel bytes; bytes the client pipelined behind its request head
-//! were held by the head guard and reach the tunnel first. On HTTP/2 the
+//! status and a `Proxy-Status` — except one: a tunnel to an IP literal whose
+//! domain rules wait for the server name in its client's first bytes
+//! ([`Pipeline::judge_first_bytes`]) is refused by closing it. From the
+//! `200` on, the client connection carries tunnel bytes; bytes the client
+//! pipelined behind its request head were held by the head guard and reach
+//! the tunnel first. On HTTP/2 the
 //! same code serves one stream (RFC 9113 §8.5): there is no head guard, and
 //! the stream's DATA frames are the tunnel bytes.
 
@@ -39,7 +42,7 @@ pub async fn connect(
         .ok_or_else(|| ProxyError::new(ErrorKind::BadRequest, "CONNECT needs host:port"))?
         .as_str()
         .to_owned();
-    let tunnel = pipeline
+    let mut tunnel = pipeline
         .open(
             ingress,
             super::credentials(&req),
@@ -50,10 +53,17 @@ pub async fn connect(
     // The head guard is engaged by `handle` once it sees this 2xx.
     let response = connect_established(&tunnel).map(|()| empty_body());
     let on_client_upgrade = hyper::upgrade::on(req);
+    let judge = tunnel.judges_first_bytes().then(|| pipeline.clone());
     tokio::spawn(async move {
         match on_client_upgrade.await {
             Ok(upgraded) => {
-                let outcome = tunnel.splice(Plain(TokioIo::new(upgraded)), limits).await;
+                let mut client = TokioIo::new(upgraded);
+                if let Some(pipeline) = judge {
+                    if !pipeline.judge_first_bytes(&mut tunnel, &mut client).await {
+                        return;
+                    }
+                }
+                let outcome = tunnel.splice(Plain(client), limits).await;
                 tracing::debug!(up = outcome.up, down = outcome.down, end = ?outcome.end, "tunnel closed");
             }
             Err(e) => tracing::debug!(error = %e, "client went away before the tunnel started"),

@@ -81,7 +81,7 @@ where
         () = ticket.cut().cancelled() => return Remaining::Done,
     };
     match opened {
-        Ok(tunnel) => {
+        Ok(mut tunnel) => {
             let answer = {
                 let (head, ()) = connect_established(&tunnel).into_parts();
                 serialize_response(head.status, &head.headers, &[])
@@ -95,10 +95,19 @@ where
                 return Remaining::Done;
             }
             drop(answer);
+            // A tunnel to an address whose domain rules wait for its first
+            // bytes is judged by them in its own task, before the splice
+            // (refused: dropped, which closes the connection).
+            let judge = tunnel.judges_first_bytes().then(|| pipeline.clone());
             // The splice gets a small task of its own, as on hyper's path:
             // this one is sized for every ingress's state (hyper's
             // connection, TLS, SOCKS) and would hold ~10 KB per idle tunnel.
             tokio::spawn(async move {
+                if let Some(pipeline) = judge {
+                    if !pipeline.judge_first_bytes(&mut tunnel, &mut guarded).await {
+                        return;
+                    }
+                }
                 let outcome = tunnel.splice(Plain(guarded), limits.tunnel).await;
                 tracing::debug!(up = outcome.up, down = outcome.down, end = ?outcome.end, "tunnel closed");
             });
