@@ -17,6 +17,7 @@
 
 pub mod policy;
 pub mod redis_target;
+pub mod site_cooldowns;
 
 use serde::{Deserialize, Serialize};
 use std::net::{IpAddr, SocketAddr};
