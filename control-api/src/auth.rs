@@ -83,9 +83,7 @@ impl FromRequestParts<AppState> for KeyCaller {
         let presented = bearer(parts).ok_or(ApiError::Unauthorized)?;
         let caller = caller_for_key(state, presented).await?;
         if let Some(key) = caller.key_id {
-            state
-                .key_rates
-                .charge(key, caller.caller == Caller::Operator)?;
+            state.key_rates.charge(key, caller.caller)?;
         }
         parts.extensions.insert(caller);
         Ok(caller)
@@ -127,24 +125,52 @@ impl Limiter {
 pub struct KeyRates {
     account: Option<Limiter>,
     operator: Option<Limiter>,
+    /// All of one account's keys together, at [`ACCOUNT_RATE_FACTOR`] times
+    /// a key's rate: minting more keys (an account may hold hundreds) does
+    /// not multiply what an account may ask.
+    whole_account: Option<Limiter>,
 }
+
+/// How many keys' worth of requests one account's keys share.
+pub const ACCOUNT_RATE_FACTOR: u32 = 2;
 
 impl KeyRates {
     pub fn new(account: KeyRate, operator: KeyRate) -> Self {
+        let whole = KeyRate {
+            per_second: account.per_second.saturating_mul(ACCOUNT_RATE_FACTOR),
+            burst: account.burst.saturating_mul(ACCOUNT_RATE_FACTOR),
+        };
         Self {
             account: Limiter::new(account),
             operator: Limiter::new(operator),
+            whole_account: Limiter::new(whole),
         }
     }
 
-    /// Charges one request to key `id` (an operator key if `operator`):
-    /// past its rate, `429` with how long until the next is allowed.
-    pub fn charge(&self, id: uuid::Uuid, operator: bool) -> Result<(), ApiError> {
-        let limiter = if operator {
-            &self.operator
-        } else {
-            &self.account
-        };
+    /// Charges one request to key `id` of `caller` (and an account key's
+    /// request to its account too): past a rate, `429` with how long until
+    /// the next is allowed.
+    pub fn charge(&self, id: uuid::Uuid, caller: Caller) -> Result<(), ApiError> {
+        match caller {
+            Caller::Operator => Self::charge_one(&self.operator, id, "operator", "this API key"),
+            Caller::Account(account) => {
+                Self::charge_one(&self.account, id, "account", "this API key")?;
+                Self::charge_one(
+                    &self.whole_account,
+                    account,
+                    "whole_account",
+                    "this account's API keys together",
+                )
+            }
+        }
+    }
+
+    fn charge_one(
+        limiter: &Option<Limiter>,
+        id: uuid::Uuid,
+        kind: &'static str,
+        who: &str,
+    ) -> Result<(), ApiError> {
         let Some(Limiter { limiter, rate }) = limiter else {
             return Ok(());
         };
@@ -152,11 +178,10 @@ impl KeyRates {
             return Ok(());
         };
         let wait = not_until.wait_time_from(limiter.clock().now());
-        let kind = if operator { "operator" } else { "account" };
         metrics::counter!("proxynet_api_rate_limited_total", "key" => kind).increment(1);
         Err(ApiError::TooManyRequests {
             detail: format!(
-                "this API key made more than {} requests a second (bursts of {}); retry in {} ms",
+                "{who} made more than {} requests a second (bursts of {}); retry in {} ms",
                 rate.per_second,
                 rate.burst.max(1),
                 wait.as_millis().max(1)
@@ -167,7 +192,10 @@ impl KeyRates {
 
     /// Forgets keys that are quiet again (bounded memory).
     pub fn housekeeping(&self) {
-        for limiter in [&self.account, &self.operator].into_iter().flatten() {
+        for limiter in [&self.account, &self.operator, &self.whole_account]
+            .into_iter()
+            .flatten()
+        {
             limiter.limiter.retain_recent();
         }
     }
@@ -353,11 +381,12 @@ mod tests {
                 burst: 0,
             },
         );
+        let account = Caller::Account(uuid::Uuid::new_v4());
         let (key, neighbour) = (uuid::Uuid::new_v4(), uuid::Uuid::new_v4());
         for _ in 0..3 {
-            assert!(rates.charge(key, false).is_ok());
+            assert!(rates.charge(key, account).is_ok());
         }
-        match rates.charge(key, false) {
+        match rates.charge(key, account) {
             Err(ApiError::TooManyRequests {
                 detail,
                 retry_after,
@@ -367,10 +396,30 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
-        assert!(rates.charge(neighbour, false).is_ok(), "per key");
+        // Per key: a neighbour of the same account has its own budget, but
+        // the account's keys together have ACCOUNT_RATE_FACTOR times one.
+        for _ in 0..3 {
+            assert!(rates.charge(neighbour, account).is_ok(), "per key");
+        }
+        let third = uuid::Uuid::new_v4();
+        match rates.charge(third, account) {
+            Err(ApiError::TooManyRequests { detail, .. }) => {
+                assert!(
+                    detail.contains("this account's API keys together"),
+                    "{detail}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            rates
+                .charge(third, Caller::Account(uuid::Uuid::new_v4()))
+                .is_ok(),
+            "another account is not charged"
+        );
         // Operator keys here have no limit.
         for _ in 0..100 {
-            assert!(rates.charge(key, true).is_ok());
+            assert!(rates.charge(key, Caller::Operator).is_ok());
         }
     }
 

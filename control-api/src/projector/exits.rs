@@ -152,7 +152,11 @@ pub(super) const EXIT_SELECT: &str = "SELECT e.id, e.name, e.source_type, e.owne
      e.withdrawn_at IS NOT NULL AS withdrawn, s.channel, s.supplier, s.agreement_ref, \
      s.notice_description, s.opt_out AS source_opt_out, s.liable_party, s.abuse_contact, \
      s.countries, s.consent_required, c.state AS consent_state, c.expires_at AS consent_expires_at, \
-     e.last_heartbeat_at, e.egress_verification, e.verified_egress, \
+     e.last_heartbeat_at, e.egress_verification, \
+     ARRAY(SELECT v FROM unnest(e.verified_egress) v WHERE EXISTS \
+            (SELECT 1 FROM exit_egress_observations o WHERE o.exit_id = e.id \
+              AND host(o.observed_ip) = v AND o.last_seen > now() - interval '24 hours')) \
+       AS verified_egress, \
      ARRAY(SELECT DISTINCT ON (o.egress) host(o.observed_ip) FROM exit_egress_observations o \
             WHERE o.exit_id = e.id ORDER BY o.egress, o.first_seen DESC, o.id DESC) AS observed_egress \
      FROM exits e LEFT JOIN sources s ON s.id = e.source_id \

@@ -172,14 +172,15 @@ impl Projector {
         let all: HashMap<String, String> = redis.hgetall(self.keys.agent_admin_addrs()).await?;
         let now_ms = chrono::Utc::now().timestamp_millis();
         let mut addrs: Vec<SocketAddr> = Vec::new();
-        let mut stale: Vec<(&String, &String)> = Vec::new();
-        for (exit, json) in &all {
-            match serde_json::from_str::<AgentAdmin>(json) {
+        let mut stale: Vec<(String, String)> = Vec::new();
+        for (exit, json) in all {
+            match serde_json::from_str::<AgentAdmin>(&json) {
                 Ok(entry) if entry.is_current(now_ms) => addrs.extend(entry.protected),
-                _ => stale.push((exit, json)),
+                _ if stale.len() < AGENT_ADMIN_PRUNED => stale.push((exit, json)),
+                _ => {}
             }
         }
-        self.prune_agent_admin(&stale).await;
+        self.prune_agent_admin(stale);
         addrs.sort_unstable();
         addrs.dedup();
         if let Ok(mut cached) = self.agent_admin.lock() {
@@ -190,36 +191,41 @@ impl Projector {
 
     /// Removes `stale` entries (exit, value as read), each only if it still
     /// holds the value read: an exit that beat meanwhile keeps its new one.
-    /// Best effort, at most [`AGENT_ADMIN_PRUNED`] a read: the next read
-    /// takes the rest.
-    async fn prune_agent_admin(&self, stale: &[(&String, &String)]) {
-        if stale.is_empty() {
+    /// Best effort, in the background and one prune at a time (heartbeat
+    /// replies never wait on it, and many replies built at once during an
+    /// upgrade start one prune, not one each), in one pipeline of at most
+    /// [`AGENT_ADMIN_PRUNED`]: the next read takes the rest.
+    fn prune_agent_admin(&self, stale: Vec<(String, String)>) {
+        use std::sync::atomic::Ordering;
+        if stale.is_empty() || self.pruning_agent_admin.swap(true, Ordering::AcqRel) {
             return;
         }
         let mut redis = self.redis.clone();
-        let script = redis::Script::new(HDEL_IF_UNCHANGED_SCRIPT);
-        let mut removed = 0u64;
-        for (exit, json) in stale.iter().take(AGENT_ADMIN_PRUNED) {
-            let result: Result<i64, _> = script
-                .key(self.keys.agent_admin_addrs())
-                .arg(exit.as_str())
-                .arg(json.as_str())
-                .invoke_async(&mut redis)
-                .await;
+        let key = self.keys.agent_admin_addrs();
+        let pruning = self.pruning_agent_admin.clone();
+        tokio::spawn(async move {
+            let script = redis::Script::new(HDEL_IF_UNCHANGED_SCRIPT);
+            let mut pipe = redis::pipe();
+            for (exit, json) in &stale {
+                pipe.invoke_script(script.key(&key).arg(exit).arg(json));
+            }
+            let result: Result<Vec<i64>, _> = pipe.query_async(&mut redis).await;
             match result {
-                Ok(n) => removed += u64::try_from(n).unwrap_or(0),
+                Ok(counts) => {
+                    let removed: i64 = counts.iter().sum();
+                    if removed > 0 {
+                        tracing::info!(
+                            removed,
+                            "removed the admin addresses of exits gone quiet or recorded before verification"
+                        );
+                    }
+                }
                 Err(e) => {
-                    tracing::debug!(error = %e, "cannot prune agent admin addresses; retried at the next read");
-                    break;
+                    tracing::debug!(error = %e, "cannot prune agent admin addresses; retried at the next read")
                 }
             }
-        }
-        if removed > 0 {
-            tracing::info!(
-                removed,
-                "removed the admin addresses of exits gone quiet or recorded before verification"
-            );
-        }
+            pruning.store(false, Ordering::Release);
+        });
     }
 
     pub async fn live_superproxies(&self) -> Result<Vec<SuperproxyRecord>, ProjectionError> {

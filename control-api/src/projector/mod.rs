@@ -54,6 +54,9 @@ pub struct Projector {
     replies: std::sync::Arc<std::sync::Mutex<[Option<CachedReply>; 2]>>,
     /// The agents' admin addresses as last read.
     agent_admin: std::sync::Arc<std::sync::Mutex<Option<CachedAddrs>>>,
+    /// A prune of stale admin entries is under way (one at a time, off the
+    /// heartbeat reply's path).
+    pruning_agent_admin: std::sync::Arc<std::sync::atomic::AtomicBool>,
     /// `--strict-egress-verification`: a contradicted declared egress blocks
     /// the exit.
     strict_egress: bool,
@@ -126,6 +129,7 @@ impl Projector {
             keys,
             replies: Default::default(),
             agent_admin: Default::default(),
+            pruning_agent_admin: Default::default(),
             strict_egress: false,
         }
     }

@@ -336,7 +336,9 @@ pub(crate) fn sort_admin_claims(record: &ExitRecord, reported: &[SocketAddr]) ->
     let mut claims = AdminClaims::default();
     for addr in reported.iter().take(MAX_ADMIN_ADDRS) {
         let ip = addr.ip().to_canonical();
-        let held = verified.contains(&ip) || (ip.is_loopback() && seen_on_loopback);
+        let held = verified.contains(&ip)
+            || (ip.is_loopback() && seen_on_loopback)
+            || is_private_network(ip);
         let list = if held {
             &mut claims.protected
         } else {
@@ -348,6 +350,18 @@ pub(crate) fn sort_admin_claims(record: &ExitRecord, reported: &[SocketAddr]) ->
     }
     claims.protected.truncate(MAX_PROTECTED_ADMIN_ADDRS);
     claims
+}
+
+/// A private network's address (RFC 1918, IPv6 unique-local): the egress
+/// policy refuses these to every customer unless the operator made an exit
+/// `internal`, so protecting one takes nothing from anybody, and it keeps a
+/// NAT'd exit's admin listener from its LAN neighbours' tunnels (such an
+/// address can never be verified by the reflector).
+fn is_private_network(ip: std::net::IpAddr) -> bool {
+    match ip {
+        std::net::IpAddr::V4(v4) => v4.is_private(),
+        std::net::IpAddr::V6(v6) => (v6.segments()[0] & 0xfe00) == 0xfc00,
+    }
 }
 
 /// The reply's deny list and superproxy records from what the projector read.
@@ -570,21 +584,24 @@ mod tests {
             a("10.0.0.7:9091"),
             a("93.184.216.34:443"),
         ];
-        // Declared is not verified: nothing is protected, all is shown.
+        // Declared is not verified: nothing public is protected, all is
+        // shown; a private network's address is protected (customers never
+        // reach one unless the operator made an exit internal).
         let claims = sort_admin_claims(&record(&[]), &reported);
-        assert!(claims.protected.is_empty(), "{claims:?}");
-        assert_eq!(claims.unverified, reported[..4].to_vec(), "once each");
+        assert_eq!(claims.protected, vec![a("10.0.0.7:9091")], "{claims:?}");
+        assert_eq!(claims.unverified, reported[..3].to_vec(), "once each");
         // The reflector saw the exit at 93.184.216.34 and inside the prefix:
         // those addresses, exactly, are its own.
         let claims = sort_admin_claims(&record(&["93.184.216.34", "2001:db8:7::5"]), &reported);
         assert_eq!(
             claims.protected,
-            vec![a("93.184.216.34:443"), a("[2001:db8:7::5]:9091")]
+            vec![
+                a("93.184.216.34:443"),
+                a("[2001:db8:7::5]:9091"),
+                a("10.0.0.7:9091")
+            ]
         );
-        assert_eq!(
-            claims.unverified,
-            vec![a("127.0.0.1:9091"), a("10.0.0.7:9091")]
-        );
+        assert_eq!(claims.unverified, vec![a("127.0.0.1:9091")]);
         let other_in_prefix = sort_admin_claims(
             &record(&["2001:db8:7::5"]),
             &[a("[2001:db8:7::6]:9091"), a("[::ffff:93.184.216.34]:443")],
@@ -593,7 +610,10 @@ mod tests {
         // Seen on loopback (the reflector's own host): its loopback listener
         // is protected, for the neighbours on that host.
         let claims = sort_admin_claims(&record(&["127.0.0.9"]), &reported);
-        assert_eq!(claims.protected, vec![a("127.0.0.1:9091")]);
+        assert_eq!(
+            claims.protected,
+            vec![a("127.0.0.1:9091"), a("10.0.0.7:9091")]
+        );
         // At most MAX_PROTECTED_ADMIN_ADDRS.
         let many: Vec<SocketAddr> = (0..12)
             .map(|port| SocketAddr::new("127.0.0.1".parse().unwrap(), 9000 + port))

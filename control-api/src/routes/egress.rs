@@ -259,7 +259,8 @@ pub(crate) async fn report(
     }
     let latest: Vec<(String, String)> = sqlx::query_as(
         "SELECT DISTINCT ON (egress) egress::text, host(observed_ip)
-           FROM exit_egress_observations WHERE exit_id = $1 ORDER BY egress, first_seen DESC, id DESC",
+           FROM exit_egress_observations WHERE exit_id = $1
+          ORDER BY egress, first_seen DESC, id DESC",
     )
     .bind(exit)
     .fetch_all(&mut *tx)
@@ -269,7 +270,26 @@ pub(crate) async fn report(
         .filter_map(|(e, ip)| Some((e.parse::<Cidr>().ok()?.masked(), ip.parse().ok()?)))
         .collect();
     let verification = verdict(&declared, row.behind_nat, &latest);
-    let verified: Vec<String> = verified_addresses(&declared, &latest)
+    // An address verifies only while it is seen: one not reflected for a
+    // day (released, perhaps someone else's now) no longer protects an
+    // admin listener (the projection applies the same day, projector/exits.rs).
+    let recent: Vec<(String,)> = sqlx::query_as(
+        "SELECT DISTINCT host(observed_ip) FROM exit_egress_observations
+          WHERE exit_id = $1 AND last_seen > now() - interval '24 hours'",
+    )
+    .bind(exit)
+    .fetch_all(&mut *tx)
+    .await?;
+    let recent: Vec<(Cidr, IpAddr)> = latest
+        .iter()
+        .filter(|(_, ip)| {
+            recent
+                .iter()
+                .any(|(r,)| r.parse::<IpAddr>().ok() == Some(*ip))
+        })
+        .copied()
+        .collect();
+    let verified: Vec<String> = verified_addresses(&declared, &recent)
         .iter()
         .map(ToString::to_string)
         .collect();

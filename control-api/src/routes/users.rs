@@ -568,9 +568,20 @@ pub(crate) async fn delete(
     State(state): State<AppState>,
     Path(id): Path<Uuid>,
 ) -> Result<StatusCode, ApiError> {
+    let mut tx = state.db.begin().await?;
     // Deleting and re-creating a user must not shed what the operator set.
+    // The row is locked while this is judged, so an operator's write landing
+    // between the look and the delete is seen (it waits, then binds).
     if let Caller::Account(_) = caller {
-        let user = fetch(&state, caller, id).await?;
+        let user: User = sqlx::query_as(&format!(
+            "SELECT {USER_COLUMNS} FROM proxy_users
+              WHERE id = $1 AND deleted_at IS NULL AND account_id = $2 FOR UPDATE"
+        ))
+        .bind(id)
+        .bind(caller.scope())
+        .fetch_optional(&mut *tx)
+        .await?
+        .ok_or(ApiError::NotFound("user"))?;
         if user.ceilings.0 != Limits::default()
             || user.disabled_by_operator
             || user.policy_by_operator
@@ -581,7 +592,6 @@ pub(crate) async fn delete(
             ));
         }
     }
-    let mut tx = state.db.begin().await?;
     let row: Option<(String,)> = sqlx::query_as(
         "UPDATE proxy_users SET deleted_at = now(), enabled = false, updated_at = now()
           WHERE id = $1 AND deleted_at IS NULL AND ($2::uuid IS NULL OR account_id = $2) RETURNING username",

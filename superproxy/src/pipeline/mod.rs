@@ -133,8 +133,9 @@ impl Pipeline {
             ) && self
                 .target_policy
                 .judges_server_name(&client.record, &target);
-            let permitted = if first_bytes {
-                self.target_policy.defer(judged)
+            let permitted = if let (true, crate::target::Host::Ip(ip)) = (first_bytes, &target.host)
+            {
+                self.target_policy.defer(&client, judged, *ip).await?
             } else {
                 self.target_policy.limit(&client, judged).await?
             };
@@ -203,6 +204,18 @@ impl Pipeline {
     where
         C: AsyncRead + AsyncWrite + Unpin,
     {
+        if tunnel.first_bytes.is_none() {
+            return true;
+        }
+        // Boxed: every tunnel's task awaits this, and inline its buffers and
+        // Redis futures would enlarge each idle tunnel's task for good.
+        Box::pin(self.judge_first_bytes_now(tunnel, client)).await
+    }
+
+    async fn judge_first_bytes_now<C>(&self, tunnel: &mut Tunnel, client: &mut C) -> bool
+    where
+        C: AsyncRead + AsyncWrite + Unpin,
+    {
         let Some(target) = tunnel.first_bytes.take() else {
             return true;
         };
@@ -215,7 +228,7 @@ impl Pipeline {
                 holds.log.account_id,
                 holds.log.user_id,
                 &holds.record,
-                target,
+                target.1,
                 server_name.as_deref(),
             )
             .await;

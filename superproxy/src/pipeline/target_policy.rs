@@ -205,75 +205,86 @@ impl TargetPolicy {
 
     /// What a tunnel to an IP literal is let through with before its first
     /// bytes are in: the denials of the address passed; its per-domain
-    /// limits wait for [`Self::judge_server_name`]. Usage is counted under
-    /// the address's registrable domain, as for any literal.
-    pub(super) fn defer(&self, judged: Judged) -> Permitted {
-        Permitted {
-            leases: Vec::new(),
+    /// limits are charged now under the address's block — its /24 (IPv4) or
+    /// /64 (IPv6), so walking a block's addresses makes no fresh budgets; an
+    /// operator limit on a network covering the address counts as that
+    /// entry — before any exit is asked to connect, so a refused tunnel
+    /// never reaches the target. A server name the client's first bytes
+    /// carry adds its own limits on top ([`Self::judge_server_name`]); it
+    /// never replaces these. Usage is counted under the address's
+    /// registrable domain, as for any literal.
+    pub(super) async fn defer(
+        &self,
+        client: &Client,
+        judged: Judged,
+        ip: IpAddr,
+    ) -> Result<Permitted, ProxyError> {
+        let owner = Owner {
+            account: client.account_id,
+            user: client.user_id,
+            record: &client.record,
+        };
+        let target = PolicyTarget::Ip(ip.to_canonical());
+        let block = address_block(ip);
+        // The default limit counts per registrable domain, which for an
+        // address is itself: its block instead.
+        let default_key = target.registrable_domain();
+        let operator_limit = judged.operator.limit_for(&target).map(|(key, limit)| {
+            if key == default_key {
+                (block.clone(), limit)
+            } else {
+                (key, limit)
+            }
+        });
+        let leases = self.limits(owner, operator_limit, &block).await?;
+        Ok(Permitted {
+            leases,
             host: judged.host.text,
             domain: judged.domain,
-        }
+        })
     }
 
-    /// The deferred judgement of a tunnel to `ip`:`port`, once its client's
+    /// The deferred judgement of a tunnel to an address, once its client's
     /// first bytes are in. With a server name (`server_name`, as the
     /// ClientHello carries it; one that does not normalise to a host name
     /// counts as none): the operator's and the customer's denied domains
     /// apply to it (the allow-list already let the address through), and
-    /// the per-domain limits count the tunnel under its registrable domain.
-    /// Without one: the limits count it under the address's block, its /24
-    /// (IPv4) or /64 (IPv6), so walking a block's addresses makes no fresh
-    /// budgets (an operator limit on a network covering the address is
-    /// counted as that entry).
+    /// the per-domain limits count the tunnel under its registrable domain
+    /// as well — on top of the address's, charged by [`Self::defer`].
+    /// Without one there is nothing more to charge.
     pub(super) async fn judge_server_name(
         &self,
         account: Uuid,
         user: Uuid,
         record: &UserRecord,
-        (ip, port): (IpAddr, u16),
+        port: u16,
         server_name: Option<&str>,
     ) -> Result<Vec<Lease>, ProxyError> {
+        let name = server_name
+            .and_then(|name| normalize_host(name).ok())
+            .filter(|name| matches!(PolicyTarget::from_normalized(name), PolicyTarget::Name(_)));
+        let Some(name) = name else {
+            return Ok(Vec::new());
+        };
         let operator = self.operator.current();
         let owner = Owner {
             account,
             user,
             record,
         };
-        let name = server_name
-            .and_then(|name| normalize_host(name).ok())
-            .filter(|name| matches!(PolicyTarget::from_normalized(name), PolicyTarget::Name(_)));
-        match name {
-            Some(name) => {
-                let target = PolicyTarget::Name(&name);
-                operator
-                    .permits(&target, port)
-                    .map_err(|r| denied("the operator's", &r))?;
-                for (whose, policy) in [
-                    ("the account's", &record.account_policy),
-                    ("the user's", &record.policy),
-                ] {
-                    policy.denies(&target).map_err(|r| denied(whose, &r))?;
-                }
-                let domain = target.registrable_domain();
-                self.limits(owner, operator.limit_for(&target), &domain)
-                    .await
-            }
-            None => {
-                let target = PolicyTarget::Ip(ip.to_canonical());
-                let block = address_block(ip);
-                // The default limit counts per registrable domain, which for
-                // an address is itself: its block instead.
-                let default_key = target.registrable_domain();
-                let operator_limit = operator.limit_for(&target).map(|(key, limit)| {
-                    if key == default_key {
-                        (block.clone(), limit)
-                    } else {
-                        (key, limit)
-                    }
-                });
-                self.limits(owner, operator_limit, &block).await
-            }
+        let target = PolicyTarget::Name(&name);
+        operator
+            .permits(&target, port)
+            .map_err(|r| denied("the operator's", &r))?;
+        for (whose, policy) in [
+            ("the account's", &record.account_policy),
+            ("the user's", &record.policy),
+        ] {
+            policy.denies(&target).map_err(|r| denied(whose, &r))?;
         }
+        let domain = target.registrable_domain();
+        self.limits(owner, operator.limit_for(&target), &domain)
+            .await
     }
 
     /// Every per-domain limit that applies for `owner`: the operator's

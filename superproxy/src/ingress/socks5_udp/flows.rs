@@ -155,6 +155,23 @@ impl Flows {
     }
 }
 
+/// New destination records a second from every association of this
+/// superproxy together (and the burst): a thousand associations each
+/// within their own rate must not flood the target log either. A record
+/// the rate turns away is tried again at the destination's next datagram.
+const ALL_RECORDS_PER_SECOND: u32 = 2_000;
+const ALL_RECORDS_BURST: u32 = 20_000;
+
+fn all_associations() -> &'static DefaultDirectRateLimiter {
+    static LIMITER: std::sync::OnceLock<DefaultDirectRateLimiter> = std::sync::OnceLock::new();
+    LIMITER.get_or_init(|| {
+        let quota =
+            Quota::per_second(NonZeroU32::new(ALL_RECORDS_PER_SECOND).unwrap_or(NonZeroU32::MIN))
+                .allow_burst(NonZeroU32::new(ALL_RECORDS_BURST).unwrap_or(NonZeroU32::MIN));
+        DefaultDirectRateLimiter::direct(quota)
+    })
+}
+
 /// An association's record of its destinations (see the module's
 /// documentation).
 pub(super) struct Destinations {
@@ -200,7 +217,7 @@ impl Destinations {
         if self.seen.contains(destination) {
             return;
         }
-        if self.rate.check().is_err() {
+        if self.rate.check().is_err() || all_associations().check().is_err() {
             self.unrecorded += 1;
             crate::metrics::udp_target_record("rate_limited");
             return;
