@@ -259,8 +259,8 @@ impl LedgerConsumer {
             };
             sqlx::query(
                 "INSERT INTO usage_ledger (batch_id, account_id, user_id, exit_id, minute, bytes_up, bytes_down,
-                                           source_type, plan_id, cents_per_gb, domain, country)
-                 VALUES ($1, $2, $3, $4, to_timestamp($5), $6, $7, $8, $9, $10, $11, $12)",
+                                           source_type, plan_id, cents_per_gb, domain, country, billable)
+                 VALUES ($1, $2, $3, $4, to_timestamp($5), $6, $7, $8, $9, $10, $11, $12, $13)",
             )
             .bind(batch.batch_id)
             .bind(row.account_id)
@@ -274,6 +274,9 @@ impl LedgerConsumer {
             .bind(cents)
             .bind(domains.name(row))
             .bind(countries.get(&row.exit_id))
+            // Priced all the same (what the bytes would have cost); the
+            // invoice leaves them out.
+            .bind(row.billable)
             .execute(&mut *tx)
             .await?;
         }

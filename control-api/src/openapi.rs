@@ -111,7 +111,20 @@ fn schemas() -> Value {
                 "unobserved": {"type": "array", "maxItems": 320, "items": {"type": "object", "additionalProperties": false,
                     "required": ["egress", "bound", "reason"],
                     "properties": {"egress": {"type": "string"}, "bound": {"type": "string"}, "reason": {"type": "string"}}}}}});
-    json!({
+    // Inserted below, not in the document's literal: one more entry there
+    // would pass the `json!` macro's recursion limit.
+    let retry_rules = json!({"type": "array", "maxItems": 20,
+        "description": "Ban rules (docs/policy.md): the first whose sites cover the target decides, the user's before the account's before the operator's",
+        "items": {"type": "object", "additionalProperties": false,
+            "properties": {
+                "sites": {"type": "array", "maxItems": 100, "items": {"type": "string"},
+                    "description": "domain entries as in the policies; empty: every site"},
+                "statuses": {"type": "array", "items": {"type": "integer", "minimum": 100, "maximum": 599}},
+                "header": {"type": ["string", "null"], "pattern": "^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,64}$",
+                    "description": "a response header whose presence means a ban (stored lower case)"},
+                "retry": {"type": "integer", "minimum": 0, "maximum": 3},
+                "cool": {"type": "boolean"}}}});
+    let mut schemas = json!({
         "Problem": {"type": "object", "description": "RFC 9457 problem details",
             "properties": {"type": {"type": "string"}, "title": {"type": "string"}, "status": {"type": "integer"}, "detail": {"type": "string"}}},
         "CreateAccount": {"type": "object", "additionalProperties": false, "required": ["name"],
@@ -134,7 +147,8 @@ fn schemas() -> Value {
                 "limits": {"$ref": "#/components/schemas/Limits"},
                 "allowed_source_cidrs": {"type": "array", "items": {"type": "string"}, "maxItems": 256},
                 "allowlist_options": {"type": "string", "pattern": "^[A-Za-z0-9_-]{0,200}$"},
-                "policy": {"$ref": "#/components/schemas/TrafficPolicy"}}},
+                "policy": {"$ref": "#/components/schemas/TrafficPolicy"},
+                "retry_rules": {"$ref": "#/components/schemas/RetryRules"}}},
         "TrafficPolicy": {"type": "object", "additionalProperties": false,
             "description": "A customer's rules by target (docs/policy.md): entries are host names (covering their subdomains) or IP networks",
             "properties": {"allowed_domains": {"type": "array", "items": {"type": "string"}, "maxItems": 1000},
@@ -142,7 +156,8 @@ fn schemas() -> Value {
                 "domain_new_tunnels_per_second": {"type": "integer", "minimum": 1, "maximum": 1000000},
                 "domain_max_concurrent_tunnels": {"type": "integer", "minimum": 1, "maximum": 1000000}}},
         "UpdateAccount": {"type": "object", "additionalProperties": false,
-            "properties": {"policy": {"$ref": "#/components/schemas/TrafficPolicy"}}},
+            "properties": {"policy": {"$ref": "#/components/schemas/TrafficPolicy"},
+                "retry_rules": {"$ref": "#/components/schemas/RetryRules"}}},
         "DomainLimitValues": {"type": "object", "additionalProperties": false,
             "properties": {"new_tunnels_per_second": {"type": "integer", "minimum": 1, "maximum": 1000000},
                 "max_concurrent_tunnels": {"type": "integer", "minimum": 1, "maximum": 1000000}}},
@@ -154,7 +169,8 @@ fn schemas() -> Value {
                     "required": ["domain"], "properties": {"domain": {"type": "string"},
                         "new_tunnels_per_second": {"type": "integer", "minimum": 1, "maximum": 1000000},
                         "max_concurrent_tunnels": {"type": "integer", "minimum": 1, "maximum": 1000000}}}},
-                "default_domain_limit": {"$ref": "#/components/schemas/DomainLimitValues"}}},
+                "default_domain_limit": {"$ref": "#/components/schemas/DomainLimitValues"},
+                "retry_rules": {"$ref": "#/components/schemas/RetryRules"}}},
         "SetSessionTime": {"type": "object", "additionalProperties": false, "required": ["sesstime_minutes"],
             "properties": {"sesstime_minutes": {"type": "integer", "minimum": 1, "maximum": 1440, "description": "the pin's remaining life, from now"}}},
         "CreateKey": {"type": "object", "additionalProperties": false, "properties": {"name": {"type": "string", "maxLength": 200}}},
@@ -206,7 +222,9 @@ fn schemas() -> Value {
                 "admin_addrs": {"type": "array", "items": {"type": "string"}, "maxItems": 16,
                     "description": "the agent's admin listener; every exit is told to deny only those on addresses the reflector verified the exit holds (at most 8), the rest are ignored and shown on GET /v1/exits/{id}"},
                 "internal_targets": {"type": "boolean"}}}
-    })
+    });
+    schemas["RetryRules"] = retry_rules;
+    schemas
 }
 
 /// The document of `operations` (the router's own table).

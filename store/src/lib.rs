@@ -342,6 +342,13 @@ pub struct UserRecord {
     /// limits count the account's tunnels together.
     #[serde(default, skip_serializing_if = "policy::TrafficPolicy::is_empty")]
     pub account_policy: policy::TrafficPolicy,
+    /// The user's own ban rules, tried before the account's and the
+    /// operator's ([`policy::rule_for`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub retry_rules: Vec<policy::RetryRule>,
+    /// The account's ban rules.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub account_retry_rules: Vec<policy::RetryRule>,
 }
 
 /// An account's totals over all of its users, from its entitlements.
@@ -759,6 +766,21 @@ pub struct UsageRow {
     /// absent for a UDP association and from older superproxies.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub domain: Option<String>,
+    /// Whether the bytes are billed: `false` for an attempt the gateway
+    /// gave up on and retried through another exit (docs/usage.md). Only
+    /// `false` is written, so readers that predate it see what they saw.
+    #[serde(default = "billable_default", skip_serializing_if = "is_billable")]
+    pub billable: bool,
+}
+
+/// [`UsageRow::billable`] when a row does not say: billed.
+fn billable_default() -> bool {
+    true
+}
+
+/// Serde's `skip_serializing_if` for [`UsageRow::billable`].
+fn is_billable(billable: &bool) -> bool {
+    *billable
 }
 
 /// Something a data-plane process saw that belongs in the control plane's
@@ -980,6 +1002,41 @@ pub fn redact_url(url: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn usage_rows_are_billable_unless_they_say_otherwise() {
+        let old = serde_json::json!({
+            "account_id": Uuid::nil(), "user_id": Uuid::nil(), "exit_id": Uuid::nil(),
+            "minute": 60, "bytes_up": 1, "bytes_down": 2,
+        });
+        let row: UsageRow = serde_json::from_value(old.clone()).unwrap();
+        assert!(row.billable, "a row from an older superproxy is billed");
+        assert_eq!(
+            serde_json::to_value(&row).unwrap(),
+            old,
+            "a billable row is written as before"
+        );
+        let held = UsageRow {
+            billable: false,
+            ..row
+        };
+        let json = serde_json::to_value(&held).unwrap();
+        assert_eq!(json["billable"], false);
+        assert_eq!(serde_json::from_value::<UsageRow>(json).unwrap(), held);
+    }
+
+    #[test]
+    fn user_records_without_retry_rules_read_and_write_as_before() {
+        let record = serde_json::json!({
+            "id": Uuid::nil(), "account_id": Uuid::nil(), "username": "alice",
+            "password_hash": "x", "enabled": true, "version": 1,
+        });
+        let parsed: UserRecord = serde_json::from_value(record).unwrap();
+        assert!(parsed.retry_rules.is_empty() && parsed.account_retry_rules.is_empty());
+        let written = serde_json::to_value(&parsed).unwrap();
+        assert!(written.get("retry_rules").is_none(), "{written}");
+        assert!(written.get("account_retry_rules").is_none(), "{written}");
+    }
 
     #[test]
     fn keys_are_prefixed_and_hash_tagged() {

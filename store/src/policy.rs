@@ -114,6 +114,10 @@ pub struct OperatorPolicy {
     /// The limit for any other registrable domain; none unless set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub default_domain_limit: Option<Limit>,
+    /// Ban rules for every account, after the user's and the account's own
+    /// ([`rule_for`]).
+    #[serde(default)]
+    pub retry_rules: Vec<RetryRule>,
     /// `denied_domains` and the `domain_limits` entries made ready for
     /// matching.
     #[serde(skip)]
@@ -121,11 +125,12 @@ pub struct OperatorPolicy {
 }
 
 impl OperatorPolicy {
-    pub const FIELDS: [&'static str; 4] = [
+    pub const FIELDS: [&'static str; 5] = [
         "denied_domains",
         "denied_ports",
         "domain_limits",
         "default_domain_limit",
+        "retry_rules",
     ];
 
     /// Whether the target (host and port) may be reached at all.
@@ -192,6 +197,157 @@ impl Limit {
     pub fn is_set(&self) -> bool {
         self.new_tunnels_per_second.is_some() || self.max_concurrent_tunnels.is_some()
     }
+}
+
+/// Most retry rules in one list (a user's, an account's, the operator's).
+pub const MAX_RETRY_RULES: usize = 20;
+/// Most other exits one rule may try after the first answer.
+pub const MAX_RETRIES: u8 = 3;
+/// Most site entries in one retry rule.
+pub const MAX_RULE_SITES: usize = 100;
+/// The longest response header name a rule may name.
+const MAX_HEADER_NAME: usize = 64;
+
+/// A ban rule (docs/policy.md, "Retry rules"): an answer from one of
+/// `sites` whose status is one of `statuses` and which carries `header`
+/// (each criterion that is given must hold, at least one is given) means
+/// the exit is refused by that site; the gateway then tries up to `retry`
+/// other exits (for requests safe to repeat) and, with `cool`, cools the
+/// exit for the site.
+///
+/// Set on users and accounts (`PATCH`, `"retry_rules": [...]`) and by the
+/// operator (`PUT /v1/policy`); [`rule_for`] picks the one that applies.
+/// Unknown fields are ignored here, as in [`TrafficPolicy`] (a newer
+/// control-api may add some, and a record an older superproxy cannot read
+/// would lock its user out); the control-api refuses them on input
+/// ([`RetryRule::FIELDS`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RetryRule {
+    /// Domain entries as in the policies (a name covers the names under
+    /// it, a network IP-literal targets); empty: every site.
+    #[serde(default)]
+    pub sites: Vec<String>,
+    /// Response statuses that mean a ban; empty: any status.
+    #[serde(default)]
+    pub statuses: Vec<u16>,
+    /// A response header (lower case) whose presence means a ban, e.g.
+    /// `cf-mitigated`; none: any headers.
+    #[serde(default)]
+    pub header: Option<String>,
+    /// How many other exits to try after a ban, 0 to [`MAX_RETRIES`].
+    #[serde(default)]
+    pub retry: u8,
+    /// Whether a ban cools the exit for the site at once.
+    #[serde(default)]
+    pub cool: bool,
+}
+
+impl RetryRule {
+    pub const FIELDS: [&'static str; 5] = ["sites", "statuses", "header", "retry", "cool"];
+
+    /// Whether the rule applies to the target: no sites, or one covering it
+    /// as a policy's domain entry would ([`entry_matches`]).
+    pub fn covers(&self, target: &PolicyTarget<'_>) -> bool {
+        self.sites.is_empty() || self.sites.iter().any(|e| entry_matches(e, target))
+    }
+
+    /// Whether an answer with `status`, carrying the headers `has_header`
+    /// says it carries (asked with a lower-case name), is a ban under this
+    /// rule.
+    pub fn bans(&self, status: u16, has_header: impl Fn(&str) -> bool) -> bool {
+        (self.statuses.is_empty() || self.statuses.contains(&status))
+            && self.header.as_deref().is_none_or(has_header)
+    }
+
+    /// [`RetryRule::covers`] the target and [`RetryRule::bans`] the answer.
+    pub fn matches(
+        &self,
+        target: &PolicyTarget<'_>,
+        status: u16,
+        has_header: impl Fn(&str) -> bool,
+    ) -> bool {
+        self.covers(target) && self.bans(status, has_header)
+    }
+
+    /// The rule as stored: sites normalised like policy entries
+    /// ([`normalize_list`]), statuses checked and de-duplicated, the header
+    /// name lower-cased and checked, `retry` bounded. `Err` names the field.
+    pub fn normalized(mut self, field: &str) -> Result<Self, String> {
+        if self.sites.len() > MAX_RULE_SITES {
+            return Err(format!("{field}.sites: at most {MAX_RULE_SITES} entries"));
+        }
+        self.sites = normalize_list(&format!("{field}.sites"), &self.sites)?;
+        if let Some(bad) = self.statuses.iter().find(|s| !(100..=599).contains(*s)) {
+            return Err(format!(
+                "{field}.statuses: {bad} is not an HTTP status (100 to 599)"
+            ));
+        }
+        let mut seen = Vec::with_capacity(self.statuses.len());
+        self.statuses.retain(|s| {
+            let first = !seen.contains(s);
+            seen.push(*s);
+            first
+        });
+        if let Some(header) = self.header.take() {
+            let name = header.trim().to_ascii_lowercase();
+            if !is_header_name(&name) {
+                return Err(format!(
+                    "{field}.header: {header:?} is not a header name (1 to {MAX_HEADER_NAME} of \
+                     a-z 0-9 and !#$%&'*+-.^_`|~)"
+                ));
+            }
+            self.header = Some(name);
+        }
+        if self.statuses.is_empty() && self.header.is_none() {
+            return Err(format!(
+                "{field}: give statuses, a header or both (what answer is a ban)"
+            ));
+        }
+        if self.retry > MAX_RETRIES {
+            return Err(format!("{field}.retry: from 0 to {MAX_RETRIES}"));
+        }
+        Ok(self)
+    }
+}
+
+/// Whether `name` is a lower-case HTTP field name (RFC 9110 §5.1: a token)
+/// of reasonable length.
+fn is_header_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= MAX_HEADER_NAME
+        && name.bytes().all(|b| {
+            b.is_ascii_lowercase() || b.is_ascii_digit() || b"!#$%&'*+-.^_`|~".contains(&b)
+        })
+}
+
+/// A whole list of retry rules as stored ([`RetryRule::normalized`] each,
+/// at most [`MAX_RETRY_RULES`]); `field` names the list in errors.
+pub fn normalize_retry_rules(field: &str, rules: Vec<RetryRule>) -> Result<Vec<RetryRule>, String> {
+    if rules.len() > MAX_RETRY_RULES {
+        return Err(format!("{field}: at most {MAX_RETRY_RULES} rules"));
+    }
+    rules
+        .into_iter()
+        .enumerate()
+        .map(|(i, rule)| rule.normalized(&format!("{field}[{i}]")))
+        .collect()
+}
+
+/// The retry rule that applies to a target: the first in the user's list
+/// that covers it, else the first in the account's, else the first in the
+/// operator's. The first covering rule decides even when it does not ban
+/// the answer at hand or asks for nothing (`retry` 0, no `cool`): a user
+/// or an account can so opt a site out of the rules below its own.
+pub fn rule_for<'a>(
+    user: &'a [RetryRule],
+    account: &'a [RetryRule],
+    operator: &'a [RetryRule],
+    target: &PolicyTarget<'_>,
+) -> Option<&'a RetryRule> {
+    user.iter()
+        .chain(account)
+        .chain(operator)
+        .find(|rule| rule.covers(target))
 }
 
 /// Why a policy refuses a target; `Display` is the detail a client reads.
@@ -699,6 +855,112 @@ mod tests {
             Err(Refusal::Port(6667))
         );
         assert!(p.permits(&PolicyTarget::Name("ok.test"), 443).is_ok());
+    }
+
+    fn rule(json: serde_json::Value) -> Result<RetryRule, String> {
+        serde_json::from_value::<RetryRule>(json)
+            .map_err(|e| e.to_string())?
+            .normalized("retry_rules[0]")
+    }
+
+    #[test]
+    fn retry_rules_are_normalised_and_bounded() {
+        let r = rule(serde_json::json!({
+            "sites": ["*.Example.COM.", "example.com", "10.1.2.3/24"],
+            "statuses": [403, 429, 403],
+            "header": " CF-Mitigated ",
+            "retry": 2,
+            "cool": true
+        }))
+        .unwrap();
+        assert_eq!(r.sites, ["example.com", "10.1.2.0/24"]);
+        assert_eq!(r.statuses, [403, 429]);
+        assert_eq!(r.header.as_deref(), Some("cf-mitigated"));
+        assert_eq!((r.retry, r.cool), (2, true));
+        for bad in [
+            serde_json::json!({"statuses": [99]}),
+            serde_json::json!({"statuses": [600]}),
+            serde_json::json!({"statuses": [403], "retry": 4}),
+            serde_json::json!({"header": "cf mitigated"}),
+            serde_json::json!({"header": ""}),
+            serde_json::json!({"header": "x".repeat(65)}),
+            serde_json::json!({"sites": ["a..b"], "statuses": [403]}),
+            serde_json::json!({"retry": 1}),
+        ] {
+            assert!(rule(bad.clone()).is_err(), "{bad}");
+        }
+        let many = vec![
+            RetryRule {
+                statuses: vec![403],
+                ..Default::default()
+            };
+            MAX_RETRY_RULES + 1
+        ];
+        assert!(normalize_retry_rules("retry_rules", many.clone()).is_err());
+        assert_eq!(
+            normalize_retry_rules("retry_rules", many[..MAX_RETRY_RULES].to_vec())
+                .unwrap()
+                .len(),
+            MAX_RETRY_RULES
+        );
+        let err = normalize_retry_rules(
+            "retry_rules",
+            vec![
+                many[0].clone(),
+                RetryRule {
+                    retry: 9,
+                    ..many[0].clone()
+                },
+            ],
+        )
+        .unwrap_err();
+        assert!(err.starts_with("retry_rules[1].retry"), "{err}");
+    }
+
+    #[test]
+    fn a_retry_rule_bans_by_every_criterion_it_gives() {
+        let both = rule(serde_json::json!({
+            "sites": ["example.com"], "statuses": [403], "header": "cf-mitigated"
+        }))
+        .unwrap();
+        let site = PolicyTarget::Name("www.example.com");
+        let with = |name: &str| name == "cf-mitigated";
+        let without = |_: &str| false;
+        assert!(both.matches(&site, 403, with));
+        assert!(!both.matches(&site, 403, without), "the header is missing");
+        assert!(!both.matches(&site, 200, with), "the status is not listed");
+        assert!(!both.matches(&PolicyTarget::Name("badexample.com"), 403, with));
+        let header_only = rule(serde_json::json!({"header": "cf-mitigated"})).unwrap();
+        assert!(header_only.matches(&PolicyTarget::Name("any.test"), 200, with));
+        assert!(!header_only.matches(&PolicyTarget::Name("any.test"), 403, without));
+        let network =
+            rule(serde_json::json!({"sites": ["10.0.0.0/8"], "statuses": [429]})).unwrap();
+        assert!(network.matches(&PolicyTarget::Ip("10.9.8.7".parse().unwrap()), 429, without));
+        assert!(!network.covers(&PolicyTarget::Name("example.com")));
+    }
+
+    #[test]
+    fn the_users_rule_comes_first_then_the_accounts_then_the_operators() {
+        let on = |sites: &[&str], retry: u8| RetryRule {
+            sites: sites.iter().map(|s| (*s).to_owned()).collect(),
+            statuses: vec![403],
+            retry,
+            ..Default::default()
+        };
+        let user = vec![on(&["shop.example"], 1)];
+        let account = vec![on(&["example"], 2), on(&[], 3)];
+        let operator = vec![on(&[], 0)];
+        let pick = |host: &str| {
+            rule_for(&user, &account, &operator, &PolicyTarget::Name(host)).map(|r| r.retry)
+        };
+        assert_eq!(pick("a.shop.example"), Some(1));
+        assert_eq!(pick("other.example"), Some(2));
+        assert_eq!(pick("elsewhere.test"), Some(3), "empty sites: any");
+        assert_eq!(
+            rule_for(&[], &[], &operator, &PolicyTarget::Name("x.test")).map(|r| r.retry),
+            Some(0)
+        );
+        assert!(rule_for(&[], &[], &[], &PolicyTarget::Name("x.test")).is_none());
     }
 
     #[test]

@@ -41,6 +41,13 @@ impl Ingress {
     }
 }
 
+/// The request header carrying username-grammar options without the base
+/// user (`country-de-session-abc`), for clients that cannot put them in a
+/// username (allow-listed addresses, browsers, SDKs): they replace the
+/// username's options (docs/username.md, "Options by header"). Read on
+/// CONNECT, absolute-form and HTTP/2 requests; never forwarded.
+pub const OPTIONS_HEADER: &str = "proxynet-options";
+
 /// Proxy credentials as the client presented them.
 pub struct Credentials {
     /// The full proxy username, grammar and all (`alice-session-x1`).

@@ -104,6 +104,8 @@ struct UserRow {
     entitlements: sqlx::types::Json<crate::ceilings::Entitlements>,
     policy: sqlx::types::Json<proxynet_store::policy::TrafficPolicy>,
     account_policy: sqlx::types::Json<proxynet_store::policy::TrafficPolicy>,
+    retry_rules: sqlx::types::Json<Vec<proxynet_store::policy::RetryRule>>,
+    account_retry_rules: sqlx::types::Json<Vec<proxynet_store::policy::RetryRule>>,
     /// Source types the account's plan prices; `None` without a plan.
     plan_types: Option<Vec<String>>,
 }
@@ -115,6 +117,7 @@ const USER_COLUMNS: &str = "u.id, u.account_id, u.username, u.password_hash, \
      u.allowed_source_types, u.allowed_countries, u.allowed_channels, u.allowlist_options, \
      u.deleted_at IS NOT NULL AS deleted, u.ceilings, a.entitlements, \
      u.policy, a.policy AS account_policy, \
+     u.retry_rules, a.retry_rules AS account_retry_rules, \
      CASE WHEN a.plan_id IS NULL THEN NULL ELSE \
        ARRAY(SELECT p.source_type FROM plan_prices p WHERE p.plan_id = a.plan_id ORDER BY 1) END \
        AS plan_types";
@@ -464,6 +467,8 @@ fn user_record(row: &UserRow) -> UserRecord {
             .map(|types| types.iter().filter_map(|t| SourceType::parse(t)).collect()),
         policy: row.policy.0.clone(),
         account_policy: row.account_policy.0.clone(),
+        retry_rules: row.retry_rules.0.clone(),
+        account_retry_rules: row.account_retry_rules.0.clone(),
     }
 }
 

@@ -29,16 +29,20 @@ pub(crate) struct Account {
     entitlements: sqlx::types::Json<Entitlements>,
     /// The account's own traffic policy, bounding all of its users.
     policy: sqlx::types::Json<proxynet_store::policy::TrafficPolicy>,
+    /// The account's ban rules, after each user's own (docs/policy.md).
+    retry_rules: sqlx::types::Json<Vec<proxynet_store::policy::RetryRule>>,
     created_at: DateTime<Utc>,
 }
 
-const ACCOUNT_COLUMNS: &str = "id, name, plan_id, entitlements, policy, created_at";
+const ACCOUNT_COLUMNS: &str = "id, name, plan_id, entitlements, policy, retry_rules, created_at";
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct UpdateAccount {
     /// Replaces the account's traffic policy when present (`{}` clears it).
     policy: Option<serde_json::Value>,
+    /// Replaces the account's ban rules when present (`[]` clears them).
+    retry_rules: Option<serde_json::Value>,
 }
 
 pub(crate) async fn create(
@@ -116,8 +120,9 @@ pub(crate) async fn get_one(
 }
 
 /// `PATCH /v1/accounts/{id}` (the account itself or operators): replaces
-/// its traffic policy; every user is re-projected at once and open tunnels
-/// the new rules refuse are cut.
+/// its traffic policy and/or its ban rules, whichever the body names; every
+/// user is re-projected at once and open tunnels the new rules refuse are
+/// cut.
 pub(crate) async fn update(
     caller: Caller,
     State(state): State<AppState>,
@@ -125,24 +130,36 @@ pub(crate) async fn update(
     Json(body): Json<UpdateAccount>,
 ) -> Result<Json<Account>, ApiError> {
     caller.check_account(id)?;
-    let Some(raw) = body.policy else {
+    let policy = body
+        .policy
+        .map(crate::routes::policy::customer_policy)
+        .transpose()?;
+    let retry_rules = body
+        .retry_rules
+        .map(|raw| crate::routes::policy::retry_rules("retry_rules", raw))
+        .transpose()?;
+    if policy.is_none() && retry_rules.is_none() {
         return get_one(caller, State(state), Path(id)).await;
-    };
-    let policy = crate::routes::policy::customer_policy(raw)?;
+    }
     let mut tx = state.db.begin().await?;
     // A policy the operator set binds the account: its own key may not
     // replace it (an abusive customer must not lift the operator's denial).
-    // The operator releases it by writing `{}`.
-    let by_operator = caller == Caller::Operator && !policy.is_empty();
+    // The operator releases it by writing `{}`. The ban rules are the
+    // account's to change either way: a body without a policy passes.
+    let by_operator = caller == Caller::Operator && policy.as_ref().is_some_and(|p| !p.is_empty());
     let account: Option<Account> = sqlx::query_as(&format!(
-        "UPDATE accounts SET policy = $2, policy_by_operator = $3
-          WHERE id = $1 AND deleted_at IS NULL AND ($4 OR NOT policy_by_operator)
+        "UPDATE accounts
+            SET policy = COALESCE($2, policy),
+                policy_by_operator = CASE WHEN $2 IS NULL THEN policy_by_operator ELSE $3 END,
+                retry_rules = COALESCE($5, retry_rules)
+          WHERE id = $1 AND deleted_at IS NULL AND ($4 OR $2 IS NULL OR NOT policy_by_operator)
          RETURNING {ACCOUNT_COLUMNS}"
     ))
     .bind(id)
-    .bind(sqlx::types::Json(&policy))
+    .bind(policy.as_ref().map(sqlx::types::Json))
     .bind(by_operator)
     .bind(caller == Caller::Operator)
+    .bind(retry_rules.as_ref().map(sqlx::types::Json))
     .fetch_optional(&mut *tx)
     .await?;
     let Some(account) = account else {
@@ -152,14 +169,27 @@ pub(crate) async fn update(
         ));
     };
     touch_users(&mut tx, id).await?;
-    audit::record(
-        &mut tx,
-        &crate::routes::users::actor(caller),
-        "account.policy",
-        &id.to_string(),
-        serde_json::to_value(&policy).unwrap_or_default(),
-    )
-    .await?;
+    let actor = crate::routes::users::actor(caller);
+    if let Some(policy) = &policy {
+        audit::record(
+            &mut tx,
+            &actor,
+            "account.policy",
+            &id.to_string(),
+            serde_json::to_value(policy).unwrap_or_default(),
+        )
+        .await?;
+    }
+    if let Some(rules) = &retry_rules {
+        audit::record(
+            &mut tx,
+            &actor,
+            "account.retry_rules",
+            &id.to_string(),
+            serde_json::to_value(rules).unwrap_or_default(),
+        )
+        .await?;
+    }
     tx.commit().await?;
     state.projector.account(id).await;
     Ok(Json(account))

@@ -241,11 +241,13 @@ pub(super) async fn invoice(
         .single()
         .ok_or_else(|| ApiError::BadRequest("month: invalid".into()))?;
     // Priced from the rows themselves: what was in force when the bytes moved.
+    // Bytes of attempts the gateway gave up on (a ban it retried through
+    // another exit) are not billed (docs/usage.md).
     let rows: Vec<(String, i64, i64, Option<i64>)> = sqlx::query_as(
         "SELECT COALESCE(l.source_type, 'unknown'), SUM(l.bytes_up)::bigint,
                 SUM(l.bytes_down)::bigint, l.cents_per_gb
            FROM usage_ledger l
-          WHERE l.account_id = $1 AND l.minute >= $2 AND l.minute < $3
+          WHERE l.account_id = $1 AND l.minute >= $2 AND l.minute < $3 AND l.billable
           GROUP BY 1, l.cents_per_gb
           ORDER BY 1, l.cents_per_gb",
     )

@@ -8,7 +8,10 @@
 use crate::extract::Json;
 use axum::extract::State;
 use chrono::{DateTime, Utc};
-use proxynet_store::policy::{normalize_entry, normalize_list, OperatorPolicy, TrafficPolicy};
+use proxynet_store::policy::{
+    normalize_entry, normalize_list, normalize_retry_rules, OperatorPolicy, RetryRule,
+    TrafficPolicy,
+};
 use serde::Serialize;
 use serde_json::Value;
 
@@ -66,6 +69,25 @@ pub(crate) fn customer_policy(value: Value) -> Result<TrafficPolicy, ApiError> {
         policy.domain_max_concurrent_tunnels,
     )?;
     Ok(policy)
+}
+
+/// Retry rules as sent (`"retry_rules": [...]` on a user, an account, or
+/// the operator's policy): a list of at most 20 rules, each's unknown
+/// fields refused, sites normalised as policy entries, statuses, header and
+/// `retry` checked ([`RetryRule::normalized`]). `field` names the list in
+/// errors.
+pub(crate) fn retry_rules(field: &str, value: Value) -> Result<Vec<RetryRule>, ApiError> {
+    let Some(items) = value.as_array() else {
+        return Err(ApiError::BadRequest(format!(
+            "{field}: a list of rules ({{\"sites\", \"statuses\", \"header\", \"retry\", \"cool\"}})"
+        )));
+    };
+    for item in items {
+        refuse_unknown(&format!("{field}[]"), item, &RetryRule::FIELDS)?;
+    }
+    let rules: Vec<RetryRule> =
+        serde_json::from_value(value).map_err(|e| ApiError::BadRequest(format!("{field}: {e}")))?;
+    normalize_retry_rules(field, rules).map_err(bad)
 }
 
 /// A user's policy may narrow its account's, never widen it: its limits no
@@ -194,6 +216,12 @@ pub(crate) async fn put(
 /// The operator's policy as sent, validated and normalised.
 fn operator_policy(value: Value) -> Result<OperatorPolicy, ApiError> {
     refuse_unknown("policy", &value, &OperatorPolicy::FIELDS)?;
+    // Checked apart (their own unknown fields, their bounds); a `null` is
+    // left to the parse below, which refuses it as for every other list.
+    let rules = match value.get("retry_rules").filter(|v| !v.is_null()) {
+        Some(rules) => retry_rules("retry_rules", rules.clone())?,
+        None => Vec::new(),
+    };
     if let Some(limits) = value.get("domain_limits").and_then(Value::as_array) {
         for l in limits {
             refuse_unknown(
@@ -212,6 +240,7 @@ fn operator_policy(value: Value) -> Result<OperatorPolicy, ApiError> {
     }
     let mut policy: OperatorPolicy =
         serde_json::from_value(value).map_err(|e| ApiError::BadRequest(format!("policy: {e}")))?;
+    policy.retry_rules = rules;
     policy.denied_domains =
         normalize_list("denied_domains", &policy.denied_domains).map_err(bad)?;
     if policy.denied_ports.len() > 1000 || policy.denied_ports.contains(&0) {
@@ -316,5 +345,33 @@ mod tests {
         assert!(
             operator_policy(json!({"domain_limits": [{"domain": "a.test", "rate": 1}]})).is_err()
         );
+    }
+
+    #[test]
+    fn retry_rules_refuse_unknown_fields_and_are_normalised() {
+        let rules = retry_rules(
+            "retry_rules",
+            json!([{"sites": ["*.Example.com"], "statuses": [403, 429], "header": "CF-Mitigated",
+                    "retry": 2, "cool": true}]),
+        )
+        .unwrap();
+        assert_eq!(rules[0].sites, ["example.com"]);
+        assert_eq!(rules[0].header.as_deref(), Some("cf-mitigated"));
+        for bad in [
+            json!({"sites": []}),
+            json!([{"statuses": [403], "retries": 2}]),
+            json!([{"statuses": [403], "retry": 4}]),
+            json!([{"statuses": [403], "retry": -1}]),
+            json!([{"statuses": [70000]}]),
+            json!(["403"]),
+            json!(vec![json!({"statuses": [403]}); 21]),
+        ] {
+            assert!(retry_rules("retry_rules", bad.clone()).is_err(), "{bad}");
+        }
+        let p = operator_policy(json!({"retry_rules": [{"header": "cf-mitigated", "retry": 1}]}))
+            .unwrap();
+        assert_eq!(p.retry_rules.len(), 1);
+        assert!(operator_policy(json!({"retry_rules": [{"header": "cf mitigated"}]})).is_err());
+        assert!(operator_policy(json!({"retry_rules": [{"statuses": [403], "x": 1}]})).is_err());
     }
 }

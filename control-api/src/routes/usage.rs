@@ -48,6 +48,15 @@ pub(super) struct UsageRow {
     bytes_up: i64,
     /// Target → client.
     bytes_down: i64,
+    /// Of `bytes_up + bytes_down`, those not billed (attempts the gateway
+    /// gave up on for another exit); absent when none.
+    #[serde(skip_serializing_if = "is_zero")]
+    not_billable_bytes: i64,
+}
+
+/// Serde's `skip_serializing_if` for [`UsageRow::not_billable_bytes`].
+fn is_zero(n: &i64) -> bool {
+    *n == 0
 }
 
 /// Each dimension: its name, its output column when grouped by it, and
@@ -147,7 +156,8 @@ pub(super) async fn usage(
     }
     let (select, group) = grouping(query.group_by.as_deref().unwrap_or("account"))?;
     let rows: Vec<UsageRow> = sqlx::query_as(&format!(
-        "SELECT {select}, COALESCE(SUM(l.bytes_up), 0)::bigint AS bytes_up, COALESCE(SUM(l.bytes_down), 0)::bigint AS bytes_down
+        "SELECT {select}, COALESCE(SUM(l.bytes_up), 0)::bigint AS bytes_up, COALESCE(SUM(l.bytes_down), 0)::bigint AS bytes_down,
+                COALESCE(SUM(l.bytes_up + l.bytes_down) FILTER (WHERE NOT l.billable), 0)::bigint AS not_billable_bytes
            FROM usage_ledger l LEFT JOIN exits e ON e.id = l.exit_id
           WHERE l.account_id = $1 AND l.minute >= $2 AND l.minute < $3
           {group} LIMIT $4"

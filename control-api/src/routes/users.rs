@@ -181,6 +181,9 @@ pub(crate) struct UpdateUser {
     /// Replaces the user's traffic policy when present (`{}` clears it);
     /// it may narrow the account's, never widen it.
     policy: Option<serde_json::Value>,
+    /// Replaces the user's ban rules when present (`[]` clears them);
+    /// they come before the account's and the operator's (docs/policy.md).
+    retry_rules: Option<serde_json::Value>,
 }
 
 #[derive(Serialize, sqlx::FromRow)]
@@ -209,6 +212,8 @@ pub(crate) struct User {
     /// The policy was written by an operator: an account key cannot change
     /// or clear it (nor delete the user to shed it).
     policy_by_operator: bool,
+    /// The user's own ban rules (docs/policy.md, "Retry rules").
+    retry_rules: sqlx::types::Json<Vec<proxynet_store::policy::RetryRule>>,
     created_at: DateTime<Utc>,
     updated_at: DateTime<Utc>,
 }
@@ -217,7 +222,8 @@ const USER_COLUMNS: &str = "id, account_id, username, enabled, version, max_conc
      max_new_tunnels_per_second, bandwidth_bytes, quota_period, quota_warn_percent, \
      allowed_source_types, allowed_countries, allowed_channels, \
      ARRAY(SELECT c.cidr::text FROM user_source_cidrs c WHERE c.user_id = proxy_users.id ORDER BY c.cidr) \
-       AS allowed_source_cidrs, allowlist_options, ceilings, disabled_by_operator, policy, policy_by_operator, created_at, updated_at";
+       AS allowed_source_cidrs, allowlist_options, ceilings, disabled_by_operator, policy, policy_by_operator, \
+       retry_rules, created_at, updated_at";
 
 /// The answer to an account key that tries to change a policy an operator
 /// wrote on its user (an abusive customer must not lift the operator's
@@ -465,6 +471,10 @@ pub(crate) async fn update(
         }
         None => None,
     };
+    let retry_rules = body
+        .retry_rules
+        .map(|raw| crate::routes::policy::retry_rules("retry_rules", raw))
+        .transpose()?;
     let new_hash = match body.password {
         Some(password) => {
             validate_password(password.expose())?;
@@ -493,6 +503,7 @@ pub(crate) async fn update(
                 policy = COALESCE($17, policy),
                 policy_by_operator = CASE WHEN $17 IS NULL THEN policy_by_operator
                                           ELSE $16 AND $18 END,
+                retry_rules = COALESCE($19, retry_rules),
                 updated_at = now()
           WHERE id = $1 AND deleted_at IS NULL AND ($7::uuid IS NULL OR account_id = $7)
             -- an operator's policy written meanwhile still binds this key
@@ -520,6 +531,7 @@ pub(crate) async fn update(
     .bind(policy.as_ref().map(sqlx::types::Json))
     // An operator's non-empty policy binds the account; `{}` releases it.
     .bind(policy.as_ref().is_some_and(|p| !p.is_empty()))
+    .bind(retry_rules.as_ref().map(sqlx::types::Json))
     .fetch_optional(&mut *tx)
     .await?;
     let Some(user) = user else {
@@ -546,6 +558,7 @@ pub(crate) async fn update(
         "limits_changed": stored.is_some(),
         "allowed_source_cidrs": body.allowed_source_cidrs,
         "policy": policy,
+        "retry_rules": retry_rules,
     });
     audit::record(
         &mut tx,

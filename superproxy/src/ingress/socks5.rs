@@ -202,7 +202,7 @@ async fn handshake(
     // The command comes after the login: a refused login is logged as a
     // SOCKS5 tunnel, whatever it would have asked for.
     let (accepted, client) = match pipeline
-        .authenticate(Some(credentials), ticket, Ingress::Socks5, started)
+        .authenticate(Some(credentials), None, ticket, Ingress::Socks5, started)
         .await
     {
         Ok(client) => (pending.accept().await.map_err(|e| e.to_string())?, client),

@@ -88,6 +88,9 @@ impl Drop for AccessLog {
             error,
             bytes_up = self.meter.up(),
             bytes_down = self.meter.down(),
+            // `false` for an attempt given up for another exit (its bytes
+            // are in the ledger as not billable).
+            billable = self.meter.billable(),
             setup_ms = self.setup_ms,
             duration_ms = self.started.elapsed().as_secs_f64() * 1000.0,
             "tunnel"

@@ -93,17 +93,20 @@ impl Pipeline {
         }
     }
 
-    /// Runs every stage for one tunnel; on failure the error says how to answer.
+    /// Runs every stage for one tunnel; on failure the error says how to
+    /// answer. `options`: the `Proxynet-Options` header, when the request
+    /// carried one ([`crate::request::OPTIONS_HEADER`]).
     pub async fn open(
         &self,
         ingress: Ingress,
         credentials: Option<Credentials>,
+        options: Option<&str>,
         target: TargetSpec<'_>,
         ticket: &ConnectionTicket,
     ) -> Result<Tunnel, ProxyError> {
         let started = Instant::now();
         let client = self
-            .authenticate(credentials, ticket, ingress, started)
+            .authenticate(credentials, options, ticket, ingress, started)
             .await?;
         self.open_as(client, ingress, target, ticket, started).await
     }
@@ -476,17 +479,19 @@ impl Pipeline {
     /// Authenticates and authorizes the client. A success frees the
     /// connection's pre-auth slot; a refusal is counted and has its
     /// access-log line, for every ingress (`ingress`, `started`: the
-    /// tunnel it was for).
+    /// tunnel it was for). `options` (the `Proxynet-Options` header)
+    /// replace the username's options; they are authorized as those are.
     pub async fn authenticate(
         &self,
         credentials: Option<Credentials>,
+        options: Option<&str>,
         ticket: &ConnectionTicket,
         ingress: Ingress,
         started: Instant,
     ) -> Result<Client, ProxyError> {
         let result = self
             .login
-            .check(credentials, ticket.peer().ip())
+            .check(credentials, options, ticket.peer().ip())
             .await
             .and_then(authorize::authorize);
         if result.is_ok() {

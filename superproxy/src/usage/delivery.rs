@@ -234,6 +234,8 @@ impl UsageRecorder {
     /// The last flush of a stopping instance: everything in memory reaches
     /// Redis, or the spill file if Redis does not answer within a few tries.
     pub async fn flush_for_shutdown(&self) {
+        // Nobody settles a held meter after this: its bytes are billed.
+        self.stopping.store(true, Ordering::Relaxed);
         for _ in 0..5 {
             self.flush().await;
             if self.pending.lock().await.is_empty() {

@@ -14,7 +14,7 @@ use bytes::{Buf, Bytes};
 use proxynet_store::{QuotaPeriod, SourceType};
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -121,6 +121,16 @@ pub struct QuotaBinding {
     pub budget: Arc<Budget>,
 }
 
+/// `Meter::billing`: the bytes are billed (every meter starts so).
+const BILLABLE: u8 = 0;
+/// `Meter::billing`: whether the bytes are billed is not known yet (an
+/// attempt whose answer may turn out a ban the gateway retries elsewhere).
+const HELD: u8 = 1;
+/// `Meter::billing`: the bytes are recorded as not billable.
+const NOT_BILLABLE: u8 = 2;
+/// `Meter::billing`: held, then settled as billed (never held again).
+const SETTLED_BILLABLE: u8 = 3;
+
 /// Counters of one tunnel (or one forwarded request's upstream connection).
 #[derive(Debug)]
 pub struct Meter {
@@ -139,6 +149,11 @@ pub struct Meter {
     pub(super) done: AtomicBool,
     /// Set when a quota is exhausted: the stream fails its next I/O.
     pub(super) cut: AtomicBool,
+    /// [`BILLABLE`], [`HELD`], [`NOT_BILLABLE`] or [`SETTLED_BILLABLE`]
+    /// (only ever in that order, skipping some): while held, the usage
+    /// recorder keeps the meter's bytes out of the ledger (not out of the
+    /// quotas: they moved) until it is settled.
+    billing: AtomicU8,
 }
 
 impl Meter {
@@ -161,7 +176,45 @@ impl Meter {
             down: AtomicU64::new(0),
             done: AtomicBool::new(false),
             cut: AtomicBool::new(false),
+            billing: AtomicU8::new(BILLABLE),
         }
+    }
+
+    /// Holds the meter's bytes back from the ledger until
+    /// [`Meter::settle_billing`] says whether they are billed: for an
+    /// attempt that may be given up and retried through another exit.
+    /// Called before any byte moves; a settled meter stays settled.
+    pub fn hold_billing(&self) {
+        let _ = self
+            .billing
+            .compare_exchange(BILLABLE, HELD, Ordering::AcqRel, Ordering::Acquire);
+    }
+
+    /// Settles a held meter: its bytes (all of them, those moved before and
+    /// after) are billed or recorded as not billable. Without a hold it
+    /// changes nothing: only a held meter's bytes can be unbilled, so a
+    /// late call cannot take back bytes already in the ledger as billed.
+    pub fn settle_billing(&self, billable: bool) {
+        let settled = if billable {
+            SETTLED_BILLABLE
+        } else {
+            NOT_BILLABLE
+        };
+        let _ = self
+            .billing
+            .compare_exchange(HELD, settled, Ordering::AcqRel, Ordering::Acquire);
+    }
+
+    /// Whether the meter's bytes are billed: `false` only once settled so.
+    /// A meter still held counts as billed (what the ledger records when its
+    /// tunnel ends before anyone settled it).
+    pub fn billable(&self) -> bool {
+        self.billing.load(Ordering::Acquire) != NOT_BILLABLE
+    }
+
+    /// Whether the meter is held ([`Meter::hold_billing`]) and not settled.
+    pub fn billing_held(&self) -> bool {
+        self.billing.load(Ordering::Acquire) == HELD
     }
 
     pub fn up(&self) -> u64 {
@@ -490,6 +543,27 @@ mod tests {
         );
         assert_eq!(budget.left(), 0);
         assert_eq!(budget.spent(), 300_000);
+    }
+
+    #[test]
+    fn billing_is_held_until_settled_and_settled_once() {
+        let m = meter(Vec::new());
+        assert!(m.billable() && !m.billing_held(), "billed by default");
+        m.settle_billing(false);
+        assert!(m.billable(), "only a held meter can be unbilled");
+        m.hold_billing();
+        assert!(m.billing_held() && m.billable(), "held counts as billed");
+        m.settle_billing(false);
+        assert!(!m.billable() && !m.billing_held());
+        m.hold_billing();
+        m.settle_billing(true);
+        assert!(!m.billable(), "settled stays settled");
+        let m = meter(Vec::new());
+        m.hold_billing();
+        m.settle_billing(true);
+        assert!(m.billable() && !m.billing_held());
+        m.hold_billing();
+        assert!(!m.billing_held(), "a settled meter is not held again");
     }
 
     #[test]

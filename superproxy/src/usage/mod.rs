@@ -13,7 +13,7 @@
 //! (heads included, hop-by-hop fields already removed) — see docs/usage.md.
 //!
 //! Once a second the [`UsageRecorder`] takes every meter's delta, sums them per
-//! (account, user, exit, source type, minute) and appends one batch with a
+//! (account, user, exit, source type, domain, billable, minute) and appends one batch with a
 //! fresh id to the Redis usage stream; meters of finished tunnels are flushed
 //! one last time and dropped. If Redis does not take a batch, it goes to the
 //! append-only spill file (`usage_spill_dir`) at once — the first failed send,
@@ -22,6 +22,12 @@
 //! next superproxy started on the same directory. So `kill -9` during a Redis
 //! outage loses at most the one flush interval not yet collected. Without a
 //! spill directory batches wait in memory (at most `usage_memory_batches`).
+//!
+//! A meter whose billing is held (an attempt the gateway may give up on for
+//! another exit, [`Meter::hold_billing`]) keeps its bytes out of the batches
+//! until it is settled, then they go in whole, billable or not; its bytes
+//! count against the quotas as they move all the same (docs/usage.md, "Not
+//! billable bytes").
 //!
 //! Each batch also advances the shared quota counters of its users and
 //! accounts. That
@@ -68,9 +74,79 @@ return tonumber(redis.call('GET', KEYS[1]) or '0')
 /// What a meter had reported at the last flush.
 struct Tracked {
     meter: Arc<Meter>,
+    /// Counted against the quotas (every byte that moved).
     sent_up: u64,
     sent_down: u64,
+    /// Put in ledger rows (what a held meter moved waits for its settlement).
+    billed_up: u64,
+    billed_down: u64,
+    /// Flushes seen since its stream ended while its billing was still held.
+    held_after_done: u8,
 }
+
+/// What one flush takes from one meter.
+#[derive(Debug, PartialEq, Eq)]
+struct Taken {
+    /// Bytes (up, down) moved since the last flush: for the quotas.
+    moved: (u64, u64),
+    /// Bytes (up, down) for the ledger and whether they are billed; `None`
+    /// while the meter's billing is held.
+    billed: Option<((u64, u64), bool)>,
+    /// Whether the meter stays tracked.
+    keep: bool,
+}
+
+impl Tracked {
+    fn new(meter: Arc<Meter>) -> Self {
+        Self {
+            meter,
+            sent_up: 0,
+            sent_down: 0,
+            billed_up: 0,
+            billed_down: 0,
+            held_after_done: 0,
+        }
+    }
+
+    /// Takes the meter's deltas for one flush. Quotas count every byte as
+    /// it moves; the ledger waits while the meter's billing is held
+    /// ([`Meter::hold_billing`]) and then takes all of its bytes as billed
+    /// or not. A meter still held [`HELD_AFTER_DONE_FLUSHES`] flushes after
+    /// its stream ended, or held when the instance stops (`stopping`), is
+    /// billed: nobody is left to settle it.
+    fn take(&mut self, stopping: bool) -> Taken {
+        // Read `done` first: bytes counted before it was set are then seen
+        // below; and the bytes before the billing state, so bytes moved
+        // while a meter was held are never billed by a state read before
+        // its hold.
+        let done = self.meter.done.load(Ordering::Acquire);
+        let (up, down) = (self.meter.up(), self.meter.down());
+        let moved = (up - self.sent_up, down - self.sent_down);
+        self.sent_up = up;
+        self.sent_down = down;
+        let held = self.meter.billing_held();
+        if held && done {
+            self.held_after_done = self.held_after_done.saturating_add(1);
+        }
+        let waiting = held && !stopping && self.held_after_done <= HELD_AFTER_DONE_FLUSHES;
+        let billed = (!waiting).then(|| {
+            let delta = (up - self.billed_up, down - self.billed_down);
+            self.billed_up = up;
+            self.billed_down = down;
+            (delta, self.meter.billable())
+        });
+        Taken {
+            moved,
+            billed,
+            keep: !done || waiting,
+        }
+    }
+}
+
+/// How many flushes a meter whose stream ended still held waits for its
+/// settlement (the answer that settles it can be judged just after the
+/// upstream connection closed) before its bytes are billed.
+const HELD_AFTER_DONE_FLUSHES: u8 = 3;
 
 /// One quota owner's share of a batch, for its shared counter.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -132,13 +208,17 @@ pub struct UsageRecorder {
     outage_logged: std::sync::atomic::AtomicBool,
     /// A send or replay failed since the last clean flush: budgets stay.
     keep_budgets: std::sync::atomic::AtomicBool,
+    /// The instance is stopping: meters still held are billed now, as
+    /// nobody will settle them.
+    stopping: std::sync::atomic::AtomicBool,
 }
 
 /// (account, user, exit, egress IP, target host, target port, minute)
 type TargetKey = (Uuid, Uuid, Uuid, std::net::IpAddr, String, u16, i64);
 
-/// (account, user, exit, source type): one ledger row per minute.
-type RowKey = (Uuid, Uuid, Uuid, Option<SourceType>, Option<Arc<str>>);
+/// (account, user, exit, source type, domain, billable): one ledger row
+/// per minute.
+type RowKey = (Uuid, Uuid, Uuid, Option<SourceType>, Option<Arc<str>>, bool);
 
 impl UsageRecorder {
     pub fn new(
@@ -164,6 +244,7 @@ impl UsageRecorder {
             stats,
             outage_logged: std::sync::atomic::AtomicBool::new(false),
             keep_budgets: std::sync::atomic::AtomicBool::new(false),
+            stopping: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -269,11 +350,7 @@ impl UsageRecorder {
             bindings,
         ));
         if let Ok(mut meters) = self.meters.lock() {
-            meters.push(Tracked {
-                meter: meter.clone(),
-                sent_up: 0,
-                sent_down: 0,
-            });
+            meters.push(Tracked::new(meter.clone()));
         }
         MeterHandle(meter)
     }
@@ -289,6 +366,12 @@ impl UsageRecorder {
     }
 
     /// Collects every meter's delta into a batch (none if nothing moved).
+    ///
+    /// Quotas count every byte as it moves. Ledger rows wait for a meter
+    /// whose billing is held ([`Meter::hold_billing`]) until it is settled,
+    /// and then carry all of its bytes as billable or not; a meter still
+    /// held a few flushes after its stream ended, or when the instance
+    /// stops, is billed.
     fn collect(&self) -> Option<Pending> {
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -304,14 +387,19 @@ impl UsageRecorder {
             .unwrap_or_default();
         let mut sums: HashMap<RowKey, (u64, u64)> = HashMap::new();
         let mut quota: HashMap<(QuotaOwner, String), (u64, u64, i64)> = HashMap::new();
+        let stopping = self.stopping.load(Ordering::Relaxed);
         let mut meters = self.meters.lock().ok()?;
         meters.retain_mut(|t| {
-            // Read `done` first: bytes counted before it was set are then seen below.
-            let done = t.meter.done.load(Ordering::Acquire);
-            let (up, down) = (t.meter.up(), t.meter.down());
-            let delta = (up - t.sent_up, down - t.sent_down);
-            if delta != (0, 0) {
-                let m = &t.meter;
+            let taken = t.take(stopping);
+            let m = &t.meter;
+            if taken.moved != (0, 0) {
+                for q in &m.quotas {
+                    let (key, end) = self.counter(q.owner, q.period, now);
+                    let e = quota.entry((q.owner, key)).or_insert((0, q.limit, end));
+                    e.0 += taken.moved.0 + taken.moved.1;
+                }
+            }
+            if let Some((delta, billable)) = taken.billed.filter(|(delta, _)| *delta != (0, 0)) {
                 let entry = sums
                     .entry((
                         m.account_id,
@@ -319,26 +407,20 @@ impl UsageRecorder {
                         m.exit_id,
                         m.source_type,
                         m.domain.clone(),
+                        billable,
                     ))
                     .or_default();
                 entry.0 += delta.0;
                 entry.1 += delta.1;
-                for q in &m.quotas {
-                    let (key, end) = self.counter(q.owner, q.period, now);
-                    let e = quota.entry((q.owner, key)).or_insert((0, q.limit, end));
-                    e.0 += delta.0 + delta.1;
-                }
-                t.sent_up = up;
-                t.sent_down = down;
             }
-            !done
+            taken.keep
         });
         drop(meters);
         let (up, down) = sums
             .values()
             .fold((0, 0), |(u, d), (du, dd)| (u + du, d + dd));
         if let Ok(mut exits) = self.exit_bytes.lock() {
-            for ((_, _, exit, _, _), (du, dd)) in &sums {
+            for ((_, _, exit, _, _, _), (du, dd)) in &sums {
                 let e = exits.entry(*exit).or_default();
                 e.0 += du;
                 e.1 += dd;
@@ -375,7 +457,10 @@ impl UsageRecorder {
         let rows = sums
             .into_iter()
             .map(
-                |((account_id, user_id, exit_id, source_type, domain), (bytes_up, bytes_down))| {
+                |(
+                    (account_id, user_id, exit_id, source_type, domain, billable),
+                    (bytes_up, bytes_down),
+                )| {
                     UsageRow {
                         account_id,
                         user_id,
@@ -385,6 +470,7 @@ impl UsageRecorder {
                         bytes_down,
                         source_type,
                         domain: domain.map(|d| d.to_string()),
+                        billable,
                     }
                 },
             )
@@ -422,5 +508,105 @@ impl UsageRecorder {
                 t.meter.cut();
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tracked() -> Tracked {
+        Tracked::new(Arc::new(Meter::new(
+            Uuid::nil(),
+            Uuid::nil(),
+            Uuid::nil(),
+            None,
+            None,
+            Vec::new(),
+        )))
+    }
+
+    /// Moves `up` and `down` bytes through the meter.
+    fn moves(t: &Tracked, up: usize, down: usize) {
+        assert!(t.meter.charge_datagram(true, up));
+        assert!(t.meter.charge_datagram(false, down));
+    }
+
+    fn end(t: &Tracked) {
+        t.meter.done.store(true, Ordering::Release);
+    }
+
+    #[test]
+    fn a_meter_never_held_is_billed_as_its_bytes_move() {
+        let mut t = tracked();
+        moves(&t, 3, 4);
+        let taken = t.take(false);
+        assert_eq!(taken.moved, (3, 4));
+        assert_eq!(taken.billed, Some(((3, 4), true)));
+        assert!(taken.keep);
+        end(&t);
+        let taken = t.take(false);
+        assert_eq!(taken.billed, Some(((0, 0), true)));
+        assert!(
+            !taken.keep,
+            "a finished meter is flushed once more and dropped"
+        );
+    }
+
+    #[test]
+    fn a_held_meter_counts_for_quotas_at_once_and_for_the_ledger_once_settled() {
+        let mut t = tracked();
+        t.meter.hold_billing();
+        moves(&t, 100, 1_000);
+        let taken = t.take(false);
+        assert_eq!(taken.moved, (100, 1_000), "quotas count what moved");
+        assert_eq!(taken.billed, None, "the ledger waits");
+        assert!(taken.keep);
+        moves(&t, 0, 500);
+        t.meter.settle_billing(false);
+        let taken = t.take(false);
+        assert_eq!(taken.moved, (0, 500));
+        assert_eq!(
+            taken.billed,
+            Some(((100, 1_500), false)),
+            "every byte, as not billable"
+        );
+        end(&t);
+        let taken = t.take(false);
+        assert_eq!(taken.billed, Some(((0, 0), false)));
+        assert!(!taken.keep);
+    }
+
+    #[test]
+    fn a_meter_that_ends_still_held_waits_a_few_flushes_then_is_billed() {
+        let mut t = tracked();
+        t.meter.hold_billing();
+        moves(&t, 10, 0);
+        end(&t);
+        for _ in 0..HELD_AFTER_DONE_FLUSHES {
+            let taken = t.take(false);
+            assert!(taken.keep && taken.billed.is_none(), "{taken:?}");
+        }
+        let taken = t.take(false);
+        assert_eq!(taken.billed, Some(((10, 0), true)));
+        assert!(!taken.keep);
+
+        // Settled during the wait: as settled.
+        let mut t = tracked();
+        t.meter.hold_billing();
+        moves(&t, 10, 0);
+        end(&t);
+        assert!(t.take(false).keep);
+        t.meter.settle_billing(false);
+        let taken = t.take(false);
+        assert_eq!(taken.billed, Some(((10, 0), false)));
+        assert!(!taken.keep);
+
+        // A stopping instance bills what is still held.
+        let mut t = tracked();
+        t.meter.hold_billing();
+        moves(&t, 7, 0);
+        let taken = t.take(true);
+        assert_eq!(taken.billed, Some(((7, 0), true)));
     }
 }

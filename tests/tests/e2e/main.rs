@@ -39,6 +39,7 @@ mod observability;
 mod postgres_outage;
 mod provenance;
 mod quota;
+mod request_options;
 mod revocation;
 mod secrets;
 mod selection;

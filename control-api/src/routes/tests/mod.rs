@@ -5,9 +5,11 @@
 //!
 //! Here: the helpers and the HTTP layer's own answers (problems, tenancy,
 //! authentication, the OpenAPI document). By area: [`egress`] (reflections,
-//! egress history, the abuse desk), [`webhooks`], [`usage`].
+//! egress history, the abuse desk), [`webhooks`], [`usage`],
+//! [`retry_rules`].
 
 mod egress;
+mod retry_rules;
 mod usage;
 mod webhooks;
 

@@ -17,6 +17,7 @@ async fn domain_listings_are_kept_for_two_days_and_late_usage_is_other() {
         bytes_down: 1,
         source_type: None,
         domain: Some(domain.to_owned()),
+        billable: true,
     };
     let fresh = row(now, "fresh.example");
     let late = row(now - (LISTED_HOURS + 1) * 3600, "late.example");

@@ -42,10 +42,12 @@ pub async fn connect(
         .ok_or_else(|| ProxyError::new(ErrorKind::BadRequest, "CONNECT needs host:port"))?
         .as_str()
         .to_owned();
+    let options = super::header_options(&req);
     let mut tunnel = pipeline
         .open(
             ingress,
             super::credentials(&req),
+            options.as_deref(),
             TargetSpec::Authority(&authority),
             &ticket,
         )

@@ -29,7 +29,7 @@ use crate::authenticate::parse_basic;
 use crate::error::serialize_response;
 use crate::ingress::IngressLimits;
 use crate::pipeline::Pipeline;
-use crate::request::{Credentials, Ingress, TargetSpec};
+use crate::request::{Credentials, Ingress, TargetSpec, OPTIONS_HEADER};
 
 /// What is left of the connection for hyper, if anything.
 pub enum Remaining<IO> {
@@ -73,6 +73,7 @@ where
     let opening = pipeline.open(
         Ingress::Connect,
         request.credentials,
+        request.options.as_deref(),
         TargetSpec::Authority(&request.authority),
         ticket,
     );
@@ -154,6 +155,8 @@ where
 struct ConnectRequest {
     authority: String,
     credentials: Option<Credentials>,
+    /// The `Proxynet-Options` header, read as hyper's path reads it.
+    options: Option<String>,
 }
 
 impl ConnectRequest {
@@ -180,6 +183,7 @@ impl ConnectRequest {
         // close the connection (hyper then answers with `connection: close`),
         // is left to hyper.
         let mut credentials = None;
+        let mut options = None;
         for field in request.headers.iter() {
             let is = |name: &header::HeaderName| field.name.eq_ignore_ascii_case(name.as_str());
             if is(&header::CONNECTION) {
@@ -202,11 +206,16 @@ impl ConnectRequest {
                     username,
                     password: Secret::new(password),
                 });
+            } else if field.name.eq_ignore_ascii_case(OPTIONS_HEADER) && options.is_none() {
+                // The first one counts, and bytes that are not UTF-8 fail
+                // the grammar with the header named, as on hyper's path.
+                options = Some(String::from_utf8_lossy(field.value).into_owned());
             }
         }
         Some(Self {
             authority,
             credentials,
+            options,
         })
     }
 }
@@ -264,6 +273,20 @@ mod tests {
         )
         .unwrap();
         assert_eq!(r.credentials.unwrap().username, "alice");
+    }
+
+    #[test]
+    fn the_options_header_is_read_here_as_hyper_reads_it() {
+        let r = parse(
+            "CONNECT h:1 HTTP/1.1\r\nProxynet-Options: country-de-session-abc\r\n\
+             proxynet-options: country-fr\r\n\r\n",
+        )
+        .unwrap();
+        assert_eq!(r.options.as_deref(), Some("country-de-session-abc"));
+        assert!(parse("CONNECT h:1 HTTP/1.1\r\n\r\n")
+            .unwrap()
+            .options
+            .is_none());
     }
 
     #[test]

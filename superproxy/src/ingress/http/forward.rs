@@ -53,35 +53,49 @@ struct ConnectionMemory {
     last: Option<LastExit>,
 }
 
-/// The exit a connection's last request used, and the login it used it for
-/// (the full username, grammar and all; `None` for an allow-listed login).
+/// The exit a connection's last request used, and the login it used it for.
 struct LastExit {
-    login: Option<String>,
+    login: LoginKey,
     exit: Uuid,
+}
+
+/// How a request logged in, as far as keeping an exit goes: the full
+/// username, grammar and all (`None` for an allow-listed login), and the
+/// `Proxynet-Options` header, whose options replace the username's.
+#[derive(Clone, PartialEq, Eq)]
+struct LoginKey {
+    username: Option<String>,
+    options: Option<String>,
+}
+
+impl LoginKey {
+    /// Whether its requests may keep their connection's exit, as far as
+    /// can be told before logging in (`rotate-tunnel`, no session; an
+    /// allow-listed login's stored options are only known once it is
+    /// logged in, so it is asked then).
+    fn may_keep(&self) -> bool {
+        let Some(username) = &self.username else {
+            return true;
+        };
+        let parsed = crate::username::parse(username).and_then(|p| match &self.options {
+            Some(options) => crate::username::parse_options(&p.user, options.trim()),
+            None => Ok(p),
+        });
+        parsed.is_ok_and(|p| keeps_exit(&p))
+    }
 }
 
 impl ConnectionIdentity {
     /// The exit to keep for a request logging in as `login`: the last
-    /// request's, when it logged in the same way and that login may keep
-    /// one (`rotate-tunnel`, no session; an allow-listed login's stored
-    /// options are only known once it is logged in, so it is asked then).
-    fn kept_for(&self, login: Option<&str>) -> Option<Uuid> {
+    /// request's, when it logged in the same way (username and options
+    /// header alike) and that login may keep one.
+    fn kept_for(&self, login: &LoginKey) -> Option<Uuid> {
         let memory = self.0.lock().ok()?;
         let last = memory.last.as_ref()?;
-        if last.login.as_deref() != login {
-            return None;
-        }
-        let may_keep = login
-            .is_none_or(|username| crate::username::parse(username).is_ok_and(|p| keeps_exit(&p)));
-        may_keep.then_some(last.exit)
+        (last.login == *login && login.may_keep()).then_some(last.exit)
     }
 
-    fn served(
-        &self,
-        registration: crate::open_tunnels::Registration,
-        login: Option<String>,
-        exit: Uuid,
-    ) {
+    fn served(&self, registration: crate::open_tunnels::Registration, login: LoginKey, exit: Uuid) {
         if let Ok(mut memory) = self.0.lock() {
             memory.registration = Some(registration);
             memory.last = Some(LastExit { login, exit });
@@ -140,6 +154,8 @@ pub async fn forward(
 
     // An HTTP/2 stream cannot switch protocols (RFC 9113 §8.6).
     let websocket = !h2 && is_websocket_upgrade(&req);
+    // Read before the hop-by-hop fields go: the options header is one.
+    let options = super::header_options(&req);
     let mut headers = end_to_end(req.headers());
     let client_upgrade = if websocket {
         headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
@@ -203,14 +219,23 @@ pub async fn forward(
     } else {
         Ingress::Forward
     };
-    let login = credentials.as_ref().map(|c| c.username.clone());
+    let login = LoginKey {
+        username: credentials.as_ref().map(|c| c.username.clone()),
+        options,
+    };
     let target = TargetSpec::UrlAuthority(&authority);
-    let tunnel = match identity.kept_for(login.as_deref()) {
+    let tunnel = match identity.kept_for(&login) {
         // The same stages, with the connection's exit preferred.
         Some(kept) => {
             let started = std::time::Instant::now();
             let mut client = pipeline
-                .authenticate(credentials, &ticket, ingress, started)
+                .authenticate(
+                    credentials,
+                    login.options.as_deref(),
+                    &ticket,
+                    ingress,
+                    started,
+                )
                 .await?;
             if keeps_exit(&client.request) {
                 client.request.targeting.prefer = Some(kept);
@@ -219,7 +244,17 @@ pub async fn forward(
                 .open_as(client, ingress, target, &ticket, started)
                 .await?
         }
-        None => pipeline.open(ingress, credentials, target, &ticket).await?,
+        None => {
+            pipeline
+                .open(
+                    ingress,
+                    credentials,
+                    login.options.as_deref(),
+                    target,
+                    &ticket,
+                )
+                .await?
+        }
     };
     let mut tunnel_info = http::HeaderMap::new();
     tunnel_headers(&mut tunnel_info, &tunnel);

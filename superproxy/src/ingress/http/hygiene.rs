@@ -20,6 +20,10 @@ const HOP_BY_HOP: &[&str] = &[
     "upgrade",
     "proxy-authorization",
     "proxy-authenticate",
+    // Requests to this gateway (docs/username.md): they end here, and an
+    // origin answering with them cannot speak for the gateway.
+    "proxynet-options",
+    "proxynet-report",
 ];
 
 /// A copy of `headers` without hop-by-hop fields, in the original order.
@@ -63,6 +67,8 @@ mod tests {
         h.append("accept", "*/*".parse().unwrap());
         h.append("x-end", "1".parse().unwrap());
         h.append("x-end", "2".parse().unwrap());
+        h.append("proxynet-options", "country-de".parse().unwrap());
+        h.append("proxynet-report", "blocked".parse().unwrap());
         let out = end_to_end(&h);
         let names: Vec<&str> = out.iter().map(|(n, _)| n.as_str()).collect();
         assert_eq!(names, ["host", "accept", "x-end", "x-end"]);

@@ -173,6 +173,17 @@ pub(super) fn may_upgrade<B>(req: &Request<B>) -> bool {
         })
 }
 
+/// The `Proxynet-Options` header's value (the first, as `HeaderMap::get`
+/// reads `Proxy-Authorization`), if the client sent one: username-grammar
+/// options for the login ([`crate::request::OPTIONS_HEADER`]). Bytes that
+/// are not UTF-8 are kept as replacement characters, which the grammar's
+/// ASCII alphabet then refuses with the header named.
+fn header_options<B>(req: &Request<B>) -> Option<String> {
+    req.headers()
+        .get(crate::request::OPTIONS_HEADER)
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+}
+
 /// The `Proxy-Authorization: Basic` credentials, if the client sent any. A
 /// header that does not decode still counts as presented (and fails).
 fn credentials<B>(req: &Request<B>) -> Option<Credentials> {
