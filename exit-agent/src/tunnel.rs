@@ -258,7 +258,11 @@ async fn connect_from(
         Err(_) => Err(Outcome::TimedOut),
         Ok(Ok(stream)) => Ok(stream),
         Ok(Err(e)) => Err(match e.kind() {
-            std::io::ErrorKind::ConnectionRefused => Outcome::Refused,
+            // A target that resets the connection as it completes (a site
+            // refusing this address right after accept) is a refusal too.
+            std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::ConnectionReset => {
+                Outcome::Refused
+            }
             std::io::ErrorKind::TimedOut => Outcome::TimedOut,
             std::io::ErrorKind::AddrNotAvailable => Outcome::EgressUnavailable,
             _ => Outcome::Unreachable,

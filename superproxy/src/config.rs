@@ -231,6 +231,33 @@ pub struct Config {
     #[arg(long, env = "PROXYNET_EXIT_CAPACITY", default_value_t = 16_384)]
     pub exit_capacity: u32,
 
+    /// Failures in a row through one exit for one target site (connects it
+    /// refused, tunnels it closed within the handshake, ban answers) that
+    /// cool the exit for that site; after a cooldown, one failure cools it
+    /// again while its level is remembered.
+    #[arg(long, env = "PROXYNET_SITE_COOL_AFTER", default_value_t = 3)]
+    pub site_cool_after: u32,
+
+    /// First cooldown of an exit for a site, s; doubles with each repeat
+    /// (±20 % jitter).
+    #[arg(long, env = "PROXYNET_SITE_COOL_BASE_SECS", default_value_t = 60)]
+    pub site_cool_base_secs: u64,
+
+    /// Longest cooldown of an exit for a site, s; also how long its level
+    /// is remembered after it ends.
+    #[arg(long, env = "PROXYNET_SITE_COOL_MAX_SECS", default_value_t = 21_600)]
+    pub site_cool_max_secs: u64,
+
+    /// While at least this share of the eligible exits is cooled for a site,
+    /// its cooling is ignored (panic), %.
+    #[arg(long, env = "PROXYNET_SITE_PANIC_PERCENT", default_value_t = 95)]
+    pub site_panic_percent: u32,
+
+    /// Most sites one exit is cooled for at once across the fleet; beyond
+    /// it the soonest to end are lifted.
+    #[arg(long, env = "PROXYNET_SITE_COOLDOWNS_PER_EXIT", default_value_t = 64)]
+    pub site_cooldowns_per_exit: usize,
+
     /// Failed authentications one address (IPv4, or IPv6 /64) may make per
     /// minute before it is answered 429 without a password check.
     #[arg(long, env = "PROXYNET_AUTH_FAILURES_PER_MINUTE", default_value_t = 30)]
@@ -320,6 +347,9 @@ pub struct Config {
     pub egress: EgressArgs,
 }
 
+/// No site cooldown is configured longer than a week.
+const SITE_COOL_LONGEST_SECS: u64 = 7 * 24 * 3600;
+
 impl Config {
     pub fn unauthenticated_timeout(&self) -> Duration {
         Duration::from_millis(self.unauthenticated_timeout_ms.max(100))
@@ -362,6 +392,18 @@ impl Config {
             max_ejected_percent: self.max_ejected_percent.min(100),
             panic_threshold_percent: self.panic_threshold_percent.min(100),
             capacity: self.exit_capacity.max(1),
+        }
+    }
+    pub fn sites(&self) -> crate::sites::SiteSettings {
+        let base = Duration::from_secs(self.site_cool_base_secs.clamp(1, SITE_COOL_LONGEST_SECS));
+        let max =
+            Duration::from_secs(self.site_cool_max_secs.min(SITE_COOL_LONGEST_SECS)).max(base);
+        crate::sites::SiteSettings {
+            cool_after: self.site_cool_after.max(1),
+            base,
+            max,
+            panic_percent: self.site_panic_percent.min(100),
+            per_exit: self.site_cooldowns_per_exit.max(1),
         }
     }
     pub fn usage_flush(&self) -> Duration {

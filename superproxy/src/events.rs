@@ -1,7 +1,10 @@
 //! Listens for change events from the control plane (`user:NAME`,
 //! `exit:ID`, `allowlist`, `policy`) so caches drop stale
-//! entries at once instead of when their TTL runs out. Losing events only
-//! delays a change to the cache TTL; the subscription reconnects on its own
+//! entries at once instead of when their TTL runs out, and for the fleet's
+//! site cooldowns (`cool:…`, `uncool:…`, from superproxies and the
+//! control-api), applied from the payload alone. Losing events only
+//! delays a change to the cache TTL (the cooldowns: to their resync, which
+//! also runs at each subscription); the subscription reconnects on its own
 //! (on a cluster, to the next seed node: pub/sub is cluster-wide).
 
 use futures_util::StreamExt;
@@ -10,6 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use proxynet_store::redis_target::RedisTarget;
+use proxynet_store::site_cooldowns::Announcement;
 
 use crate::revocation::Revoker;
 use crate::select::Pool;
@@ -25,6 +29,7 @@ pub struct Listeners {
     pub pool: Arc<Pool>,
     pub allowlist: Arc<crate::allowlist::Allowlist>,
     pub operator_policy: Arc<crate::operator_policy::OperatorRules>,
+    pub sites: Arc<crate::sites::SiteBook>,
 }
 
 pub async fn run(mut redis: RedisTarget, channel: String, listeners: Listeners, stop: Stop) {
@@ -40,6 +45,10 @@ async fn follow(redis: &mut RedisTarget, channel: &str, listeners: &Listeners) {
         match redis.subscribe(channel).await {
             Ok(pubsub) => {
                 backoff = Duration::from_millis(100);
+                // Announcements made while unsubscribed are lost: read the
+                // cooldowns whole (in the background; events flow meanwhile).
+                let sites = listeners.sites.clone();
+                tokio::spawn(async move { sites.resync().await });
                 let (mut sink, mut messages) = pubsub.split();
                 // A node that vanishes without closing the connection (a
                 // partition, a dead host) would leave us waiting forever for
@@ -62,6 +71,8 @@ async fn follow(redis: &mut RedisTarget, channel: &str, listeners: &Listeners) {
                                 listeners.allowlist.refresh().await;
                             } else if payload == "policy" {
                                 listeners.operator_policy.refresh().await;
+                            } else if let Some(announcement) = Announcement::parse(&payload) {
+                                listeners.sites.apply(announcement);
                             }
                         }
                         _ = ping.tick() => {

@@ -13,7 +13,8 @@
 //! [`request`] holds the plain data every stage reads.
 //! Around them: [`open_tunnels`] and [`revocation`] (cut what a revocation
 //! no longer allows), [`announce`] (tell agents where to dial), [`events`]
-//! (change events), [`health`] and [`probe`] (exit health), [`admin`]
+//! (change events), [`health`] and [`probe`] (exit health), [`sites`]
+//! (which exits each target site refuses, shared by the fleet), [`admin`]
 //! (health and pool endpoints), [`error`] (the one error type every ingress
 //! answers with), [`reflector`] (tells agents the public address their
 //! traffic leaves from). Background loops share one shape
@@ -47,6 +48,7 @@ pub mod reflector;
 pub mod request;
 pub mod revocation;
 pub mod select;
+pub mod sites;
 pub mod target;
 /// The username grammar, shared with the control-api.
 pub use proxynet_wire::username;
@@ -136,6 +138,7 @@ struct Parts {
     open_tunnels: Arc<open_tunnels::OpenTunnels>,
     allowlist: Arc<allowlist::Allowlist>,
     operator_policy: Arc<operator_policy::OperatorRules>,
+    sites: Arc<sites::SiteBook>,
     stats: Arc<metrics::Stats>,
 }
 
@@ -234,7 +237,13 @@ impl Superproxy {
                     .collect::<Vec<_>>(),
             ),
         );
+        let sites = Arc::new(
+            sites::SiteBook::new(config.sites())
+                .shared(redis.clone(), keys.clone())
+                .over(pool.clone()),
+        );
         let opener = TunnelOpener {
+            sites: sites.clone(),
             pool: pool.clone(),
             sessions: select::sessions::Sessions::new(
                 redis.clone(),
@@ -278,6 +287,7 @@ impl Superproxy {
                 open_tunnels.clone(),
             )),
             open_tunnels,
+            sites,
             stats,
         };
         let pipeline = Arc::new(Pipeline::new(
@@ -366,6 +376,7 @@ impl Superproxy {
         pool.refresh().await;
         parts.allowlist.refresh().await;
         parts.operator_policy.refresh().await;
+        parts.sites.resync().await;
         // Stopped last, after every tunnel has ended.
         let mut flusher = Tasks::new();
         let usage = parts.usage.clone();
@@ -396,6 +407,7 @@ impl Superproxy {
                 pool: pool.clone(),
                 allowlist: parts.allowlist.clone(),
                 operator_policy: parts.operator_policy.clone(),
+                sites: parts.sites.clone(),
             };
             let (target, channel) = (self.redis_target, self.keys.events());
             background.spawn("change events", |stop| {
@@ -411,6 +423,11 @@ impl Superproxy {
             // poll (at the allow-list's interval) covers a lost event.
             let (rules, every) = (parts.operator_policy.clone(), config.allowlist_refresh());
             background.spawn("operator policy refresh", |stop| rules.run(every, stop));
+        }
+        {
+            // Expiries and the panic rule every second, a resync every 30 s.
+            let sites = parts.sites.clone();
+            background.spawn("site cooldowns", |stop| sites.run(stop));
         }
         {
             let (admin, state) = (self.admin, admin_state.clone());

@@ -181,3 +181,26 @@ pub fn usage_batch(outcome: &'static str) {
 pub fn revoked(tunnels: usize, why: &'static str) {
     counter!("proxynet_tunnels_cut_total", "reason" => why).increment(tunnels as u64);
 }
+
+/// One outcome of a tunnel or request as its target site saw it
+/// (`ok`, `refused`, `handshake_closed`, `banned`: [`crate::sites::Verdict`]).
+pub fn site_outcome(verdict: &'static str) {
+    counter!("proxynet_site_outcomes_total", "verdict" => verdict).increment(1);
+}
+
+/// An exit this instance cooled for a site (announced to the fleet).
+pub fn site_cooled() {
+    counter!("proxynet_site_cooldowns_total").increment(1);
+}
+
+/// Site cooling ignored: `threshold` (a site entered panic: nearly every
+/// eligible exit is cooled for it) or `fallback` (a pick found only exits
+/// cooled for the tunnel's site).
+pub fn site_panic(reason: &'static str) {
+    counter!("proxynet_site_panic_total", "reason" => reason).increment(1);
+}
+
+/// (exit, site) cooldowns in force now, as this instance holds them.
+pub fn site_cooldowns_active(n: usize) {
+    gauge!("proxynet_site_cooldowns_active").set(n as f64);
+}

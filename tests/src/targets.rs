@@ -222,3 +222,25 @@ pub async fn udp_echo() -> (
     });
     (addr, seen)
 }
+
+/// A site that refuses some exits: connections from an address in
+/// `refused` are reset right after accept (`SO_LINGER` 0, then closed: an
+/// RST), everyone else's are echoed, as [`echo_server`] does.
+pub async fn resetting(refused: std::collections::HashSet<std::net::IpAddr>) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((s, peer)) = listener.accept().await {
+            if refused.contains(&peer.ip()) {
+                let _ = s.set_zero_linger();
+                drop(s);
+                continue;
+            }
+            tokio::spawn(async move {
+                let (mut r, mut w) = s.into_split();
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+            });
+        }
+    });
+    addr
+}

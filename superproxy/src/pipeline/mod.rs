@@ -53,12 +53,14 @@ use crate::usage::{Metered, UsageRecorder};
 const FIRST_BYTES_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What the last stage keeps of the target: as logged, as policies match
-/// it (for cutting it on a policy change), and the registrable domain its
-/// usage is counted under (`None` for a UDP association: many targets).
+/// it (for cutting it on a policy change), the registrable domain its
+/// usage is counted under and the site its outcome is recorded for
+/// (`None` for a UDP association: many targets).
 struct HeldTarget {
     shown: String,
     policy_host: Option<(String, u16)>,
-    domain: Option<std::sync::Arc<str>>,
+    domain: Option<Arc<str>>,
+    site: Option<Arc<str>>,
 }
 
 /// The stages, built by the caller; [`Pipeline::open`] runs them in order.
@@ -143,11 +145,15 @@ impl Pipeline {
                 self.target_policy.limit(&client, judged).await?
             };
             let lease = lease.with_domain(permitted.leases);
-            let opened = self.opener.open(Purpose::Tunnel(&target), &client).await?;
+            let opened = self
+                .opener
+                .open(Purpose::Tunnel(&target), &client, Some(&permitted.site))
+                .await?;
             let held = HeldTarget {
                 shown: target.to_string(),
                 policy_host: Some((permitted.host, target.port)),
                 domain: Some(permitted.domain),
+                site: Some(permitted.site),
             };
             Ok::<_, ProxyError>((target, held, lease, quotas, opened, first_bytes))
         }
@@ -225,6 +231,14 @@ impl Pipeline {
         let (from_client, from_exit) = read_first_bytes(client, &mut tunnel.io).await;
         let server_name = sni::server_name(&from_client);
         let holds = &mut tunnel.holds;
+        // The name the client is really after is the site its outcome
+        // tells about (the exit was chosen by the address's block).
+        if let Some(site) = server_name
+            .as_deref()
+            .and_then(target_policy::site_of_server_name)
+        {
+            holds.set_site(site);
+        }
         let judged = self
             .target_policy
             .judge_server_name(
@@ -283,7 +297,10 @@ impl Pipeline {
         let ingress = Ingress::Socks5Udp;
         let opened = async {
             let (lease, quotas) = self.admit.admit(&client).await?;
-            let opened = self.opener.open(Purpose::Association, &client).await?;
+            let opened = self
+                .opener
+                .open(Purpose::Association, &client, None)
+                .await?;
             Ok::<_, ProxyError>((lease, quotas, opened))
         }
         .await;
@@ -297,6 +314,7 @@ impl Pipeline {
                         shown: "udp".to_owned(),
                         policy_host: None,
                         domain: None,
+                        site: None,
                     },
                     lease,
                     quotas,
@@ -464,9 +482,19 @@ impl Pipeline {
                 _registration: registration,
                 ticket: ticket.clone(),
                 record: client.record.clone(),
+                site: target.site.map(|site| tunnel::SiteTag {
+                    book: self.opener.sites.clone(),
+                    site,
+                }),
             },
             first_bytes: None,
         }
+    }
+
+    /// Which exits each site refuses (the forwarding path records what the
+    /// answers it relays say).
+    pub fn sites(&self) -> &Arc<crate::sites::SiteBook> {
+        &self.opener.sites
     }
 
     /// Registers the client connection itself under `holds`' user, for as

@@ -8,6 +8,10 @@
 //! have reached the target is reported, never replayed. A sticky session uses
 //! its pinned exit while it is eligible; when it is not, `soft` sessions are
 //! re-pinned to another exit and `hard` ones fail with a coded 502.
+//!
+//! A tunnel to a site skips the exits cooled for it ([`crate::sites`]), and
+//! a connect its target refused, timed out or found unreachable counts
+//! against the (exit, site) pair, never against the exit's own health.
 
 use proxynet_common::egress::EgressPolicy;
 use std::net::IpAddr;
@@ -23,6 +27,7 @@ use crate::link::stream::ExitStream;
 use crate::request::Client;
 use crate::select::sessions::{Pin, Sessions};
 use crate::select::{egress_ip_for, egress_ip_of_family, Candidate, Candidates, Pool, Sticky};
+use crate::sites::{SiteBook, Verdict};
 use crate::target::Target;
 use crate::username::Targeting;
 
@@ -113,6 +118,9 @@ pub struct TunnelOpener {
     pub policy: EgressPolicy,
     pub connect_budget: Duration,
     pub retry_budget: RetryBudget,
+    /// Which exits each site refuses: skipped for its tunnels, and told
+    /// of every connect the site refused.
+    pub sites: Arc<SiteBook>,
 }
 
 impl TunnelOpener {
@@ -131,12 +139,20 @@ impl TunnelOpener {
 
     /// Opens a stream for `purpose` through the first candidate that takes
     /// it: take the next candidate, check the budget, dial, record the
-    /// outcome, then retry or stop by `retry_safe`.
-    pub async fn open(&self, purpose: Purpose<'_>, client: &Client) -> Result<Opened, ProxyError> {
+    /// outcome, then retry or stop by `retry_safe`. A tunnel to `site`
+    /// skips the exits cooled for it (one map read when none is).
+    pub async fn open(
+        &self,
+        purpose: Purpose<'_>,
+        client: &Client,
+        site: Option<&Arc<str>>,
+    ) -> Result<Opened, ProxyError> {
         let deadline = Instant::now() + self.connect_budget;
         let targeting = &client.request.targeting;
+        let cooling = site.and_then(|site| self.sites.cooling(site));
         let mut candidates = Candidates::new(&self.pool, targeting, MAX_ATTEMPTS)
-            .needing_udp(matches!(purpose, Purpose::Association));
+            .needing_udp(matches!(purpose, Purpose::Association))
+            .for_site(cooling);
         let mut sticky = match &client.request.session {
             Some(session) => Some(Sticky::load(&self.sessions, client.user_id, session).await),
             None => None,
@@ -179,7 +195,7 @@ impl TunnelOpener {
             if let Some(sticky) = &mut sticky {
                 sticky.keep_ip(exit.record.id, egress.first).await?;
             }
-            match self.dial(&exit, purpose, egress, remaining).await {
+            match self.dial(&exit, purpose, egress, remaining, site).await {
                 Ok(io) => {
                     return Ok(Opened {
                         io,
@@ -210,13 +226,15 @@ impl TunnelOpener {
     }
 
     /// One attempt on one exit, its outcome recorded for the exit's health
-    /// (exit faults only: a target's refusal or slowness is not the exit's).
+    /// (exit faults only: a target's refusal or slowness is not the exit's)
+    /// and, for a refusal, for the (exit, site) pair.
     async fn dial(
         &self,
         exit: &Candidate,
         purpose: Purpose<'_>,
         egress: EgressChoice,
         budget: Duration,
+        site: Option<&Arc<str>>,
     ) -> Result<ExitStream, ProxyError> {
         let started = std::time::Instant::now();
         let result = match purpose {
@@ -238,6 +256,16 @@ impl TunnelOpener {
                 let exit_fault =
                     matches!(e.kind, ErrorKind::ExitUnavailable | ErrorKind::ExitLinkLost);
                 health.record_outcome(exit.record.id, exit_fault, None, linked);
+                let site_refused = matches!(
+                    e.kind,
+                    ErrorKind::ConnectionRefused
+                        | ErrorKind::ConnectionTimeout
+                        | ErrorKind::DestinationUnreachable
+                );
+                if let Some(site) = site.filter(|_| site_refused) {
+                    self.sites
+                        .record(exit.record.id, site, Verdict::Refused, false);
+                }
             }
         }
         result

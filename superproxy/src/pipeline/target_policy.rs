@@ -42,16 +42,19 @@ pub struct TargetPolicy {
 pub(super) struct Judged {
     host: NormalizedHost,
     domain: Arc<str>,
+    site: Arc<str>,
     operator: Arc<OperatorPolicy>,
 }
 
 /// What the stage lets through: the per-domain leases the tunnel holds, the
-/// normalised host (for revocation by a later policy change) and the
-/// registrable domain its usage is counted under.
+/// normalised host (for revocation by a later policy change), the
+/// registrable domain its usage is counted under and the site its exits
+/// are judged for ([`site_of`]).
 pub(super) struct Permitted {
     pub leases: Vec<Lease>,
     pub host: String,
     pub domain: Arc<str>,
+    pub site: Arc<str>,
 }
 
 /// A target's host as policies match it, kept with its address when it is
@@ -152,9 +155,11 @@ impl TargetPolicy {
             }
         }
         let domain: Arc<str> = Arc::from(policy_target.registrable_domain());
+        let site = site_of(host.ip, &domain);
         Ok(Judged {
             host,
             domain,
+            site,
             operator,
         })
     }
@@ -169,6 +174,7 @@ impl TargetPolicy {
         let Judged {
             host,
             domain,
+            site,
             operator,
         } = judged;
         let owner = Owner {
@@ -182,6 +188,7 @@ impl TargetPolicy {
             leases,
             host: host.text,
             domain,
+            site,
         })
     }
 
@@ -241,6 +248,7 @@ impl TargetPolicy {
             leases,
             host: judged.host.text,
             domain: judged.domain,
+            site: judged.site,
         })
     }
 
@@ -396,6 +404,27 @@ struct Owner<'a> {
     record: &'a UserRecord,
 }
 
+/// The site a target's exits are judged for (`crate::sites`): its
+/// registrable domain (`domain`), or for an IPv4 literal its /24 (an IPv6
+/// literal's registrable domain is already its /64), so a site spread over
+/// a block is one site. Shares `domain` when they are the same.
+fn site_of(ip: Option<IpAddr>, domain: &Arc<str>) -> Arc<str> {
+    match ip {
+        Some(ip @ IpAddr::V4(_)) => Arc::from(address_block(ip)),
+        _ => domain.clone(),
+    }
+}
+
+/// The site a TLS server name stands for: its registrable domain, when it
+/// normalises to a host name (not an address).
+pub(super) fn site_of_server_name(name: &str) -> Option<Arc<str>> {
+    let name = normalize_host(name).ok()?;
+    match PolicyTarget::from_normalized(&name) {
+        target @ PolicyTarget::Name(_) => Some(Arc::from(target.registrable_domain())),
+        PolicyTarget::Ip(_) => None,
+    }
+}
+
 /// The block an address is counted under when no name is known: its /24
 /// (IPv4) or /64 (IPv6).
 fn address_block(ip: IpAddr) -> String {
@@ -417,7 +446,29 @@ fn domain_limit(policy: &TrafficPolicy) -> proxynet_store::policy::Limit {
 
 #[cfg(test)]
 mod tests {
-    use super::address_block;
+    use super::{address_block, site_of, site_of_server_name};
+    use std::sync::Arc;
+
+    #[test]
+    fn a_site_is_the_registrable_domain_or_the_addresss_block() {
+        let domain: Arc<str> = Arc::from("example.com");
+        assert!(Arc::ptr_eq(&site_of(None, &domain), &domain), "shared");
+        let v4: Arc<str> = Arc::from("192.0.2.77");
+        assert_eq!(
+            &*site_of(Some("192.0.2.77".parse().unwrap()), &v4),
+            "192.0.2.0/24"
+        );
+        let v6: Arc<str> = Arc::from("2001:db8:1:2::/64");
+        assert_eq!(
+            &*site_of(Some("2001:db8:1:2::9".parse().unwrap()), &v6),
+            "2001:db8:1:2::/64"
+        );
+        assert_eq!(
+            site_of_server_name("WWW.Example.co.uk.").as_deref(),
+            Some("example.co.uk")
+        );
+        assert_eq!(site_of_server_name("192.0.2.1"), None);
+    }
 
     #[test]
     fn an_address_without_a_name_counts_as_its_block() {

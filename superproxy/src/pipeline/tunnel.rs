@@ -3,6 +3,11 @@
 //! flowing: the connection's ticket (permit, drain guard, cut token), the
 //! user's leases, the exit's in-flight count, the revocation registration
 //! and the access-log line. Dropping the tunnel releases them all.
+//!
+//! A spliced tunnel's end is also what its site says of its exit
+//! ([`crate::sites::tunnel_verdict`]): the target closing it within the
+//! handshake counts against the (exit, site) pair, bytes coming down end
+//! the pair's failure streak.
 
 use proxynet_common::egress::Cidr;
 use proxynet_common::splice::{splice_until, End, SpliceOutcome, TunnelLimits};
@@ -15,7 +20,8 @@ use crate::health::InFlight;
 use crate::link::stream::ExitStream;
 use crate::open_tunnels::{OpenTunnels, Registration};
 use crate::select::sessions::Pin;
-use crate::usage::Metered;
+use crate::sites::{tunnel_verdict, SiteBook, Verdict};
+use crate::usage::{EndSide, Metered};
 
 use super::access_log::AccessLog;
 
@@ -46,6 +52,15 @@ pub struct Holds {
     /// The record the client was authorized by (its traffic policies, for
     /// each datagram of an association).
     pub(super) record: Arc<proxynet_store::UserRecord>,
+    /// The site the tunnel's outcome is recorded for (`None` for a UDP
+    /// association).
+    pub(super) site: Option<SiteTag>,
+}
+
+/// A tunnel's site and the book its outcomes go to.
+pub(super) struct SiteTag {
+    pub(super) book: Arc<SiteBook>,
+    pub(super) site: Arc<str>,
 }
 
 impl Holds {
@@ -83,6 +98,31 @@ impl Holds {
         self.log.end = Some(end);
     }
 
+    /// The site the tunnel's outcome is recorded for: its target's
+    /// registrable domain (an IPv4 literal's /24, an IPv6 one's /64), or
+    /// the domain of the TLS server name its client sent when the pipeline
+    /// read it. `None` for a UDP association.
+    pub fn site(&self) -> Option<&Arc<str>> {
+        self.site.as_ref().map(|tag| &tag.site)
+    }
+
+    /// The tunnel is to `site` (a server name read after it opened).
+    pub(super) fn set_site(&mut self, site: Arc<str>) {
+        if let Some(tag) = &mut self.site {
+            tag.site = site;
+        }
+    }
+
+    /// Records what the site said of the tunnel's exit (an HTTP answer
+    /// relayed through it, say); `force_cool` cools the exit for the site
+    /// at the first failure. Nothing for a UDP association.
+    pub fn record_site_outcome(&self, verdict: Verdict, force_cool: bool) {
+        if let Some(tag) = &self.site {
+            tag.book
+                .record(self.log.exit_id, &tag.site, verdict, force_cool);
+        }
+    }
+
     /// Records that the tunnel was refused after it opened, for its
     /// access-log line (a refusal, not an end).
     pub(super) fn refused(&mut self, error: &crate::error::ProxyError) {
@@ -105,6 +145,18 @@ impl Tunnel {
         let Tunnel { io, mut holds, .. } = self;
         let outcome = splice_until(client, io, limits, holds.cut()).await;
         holds.ended(outcome.end);
+        if holds.site.is_some() {
+            let meter = &holds.log.meter;
+            let verdict = tunnel_verdict(
+                outcome.down,
+                outcome.end == End::Cut || meter.is_cut(),
+                meter.first_end() == Some(EndSide::Exit),
+                holds.log.started.elapsed(),
+            );
+            if let Some(verdict) = verdict {
+                holds.record_site_outcome(verdict, false);
+            }
+        }
         outcome
     }
 }

@@ -6,11 +6,18 @@
 //! the lost one as it can ([`Candidates::draw_like`]). A UDP association's
 //! candidates are only exits whose link carries UDP: the others are passed
 //! over without costing an attempt.
+//!
+//! A tunnel to a site some exits are cooled for ([`Candidates::for_site`])
+//! skips those exits in every draw, unless the site is in panic; a draw
+//! that finds only cooled exits takes one of them anyway (a refusal the
+//! site may have lifted beats no tunnel at all).
 
+use std::sync::Arc;
 use uuid::Uuid;
 
 use super::{matches, Candidate, Pool};
 use crate::link::dial::carries_udp;
+use crate::sites::SiteCooling;
 use crate::username::Targeting;
 
 /// The exits one tunnel may still try.
@@ -23,6 +30,8 @@ pub struct Candidates<'a> {
     needs_udp: bool,
     /// Exits passed over for not carrying UDP (in `tried`, but no attempt).
     passed_over: usize,
+    /// The exits cooled for the tunnel's site, if any is.
+    cooling: Option<Arc<SiteCooling>>,
 }
 
 /// How many exits a UDP association passes over before it gives up: a
@@ -38,7 +47,31 @@ impl<'a> Candidates<'a> {
             cap,
             needs_udp: false,
             passed_over: 0,
+            cooling: None,
         }
+    }
+
+    /// Skips the exits cooled for the tunnel's site (`None`: no exit is).
+    pub fn for_site(mut self, cooling: Option<Arc<SiteCooling>>) -> Self {
+        self.cooling = cooling;
+        self
+    }
+
+    /// The cooling the draws respect: none while the site is in panic.
+    fn avoiding(&self) -> Option<&SiteCooling> {
+        self.cooling.as_deref().filter(|c| !c.in_panic())
+    }
+
+    /// Whether `exit` is cooled for the tunnel's site now (and the site is
+    /// not in panic): a session pinned to it does not use it.
+    pub fn cooled(&self, exit: Uuid) -> bool {
+        self.avoiding()
+            .is_some_and(|c| c.cools(exit, std::time::Instant::now()))
+    }
+
+    /// The tunnel's site, when some exit is cooled for it.
+    pub fn site(&self) -> Option<&str> {
+        self.cooling.as_deref().map(SiteCooling::site)
     }
 
     /// Only exits whose link carries UDP (a SOCKS5 UDP association).
@@ -86,7 +119,7 @@ impl<'a> Candidates<'a> {
             return Some(kept);
         }
         let targeting = self.targeting;
-        self.draw_with(|pool, tried| pool.pick(tried, targeting))
+        self.draw_with(|pool, tried, avoid| pool.pick_avoiding(tried, targeting, avoid))
     }
 
     /// The next exit for a soft session that lost its pinned exit `lost`:
@@ -101,13 +134,13 @@ impl<'a> Candidates<'a> {
             return self.draw();
         };
         let targeting = self.targeting;
-        self.draw_with(|pool, tried| pool.pick_like(tried, targeting, &lost))
+        self.draw_with(|pool, tried, avoid| pool.pick_like(tried, targeting, &lost, avoid))
     }
 
     /// The preferred exit, on the first draw only.
     fn preferred(&mut self) -> Option<Candidate> {
         let kept = self.targeting.prefer.filter(|_| self.tried.is_empty())?;
-        if self.targeting.exit.is_some_and(|e| e != kept) {
+        if self.targeting.exit.is_some_and(|e| e != kept) || self.cooled(kept) {
             return None;
         }
         let exactly = Targeting {
@@ -122,13 +155,15 @@ impl<'a> Candidates<'a> {
         Some(picked)
     }
 
-    /// Draws with `pick` until an exit fits the purpose (UDP), or none is left.
+    /// Draws with `pick` until an exit fits the purpose (UDP), or none is
+    /// left; past the site's cooled exits unless only they are left.
     fn draw_with(
         &mut self,
-        pick: impl Fn(&Pool, &[Uuid]) -> Option<Candidate>,
+        pick: impl Fn(&Pool, &[Uuid], Option<&SiteCooling>) -> Option<Candidate>,
     ) -> Option<Candidate> {
         loop {
-            let picked = pick(self.pool, &self.tried)?;
+            let (pool, tried) = (self.pool, &self.tried);
+            let picked = unless_all_cooled(self.avoiding(), |avoid| pick(pool, tried, avoid))?;
             self.tried.push(picked.record.id);
             if !self.needs_udp || carries_udp(&picked.link) {
                 return Some(picked);
@@ -166,7 +201,8 @@ impl<'a> Candidates<'a> {
             .pool
             .eligible(&exit)
             .filter(|c| matches(&c.record, self.targeting) && !self.tried.contains(&exit))
-            .filter(|c| !self.needs_udp || carries_udp(&c.link));
+            .filter(|c| !self.needs_udp || carries_udp(&c.link))
+            .filter(|_| !self.cooled(exit));
         match usable {
             Some(pinned) => {
                 if let Some(last) = self.tried.last_mut() {
@@ -176,5 +212,63 @@ impl<'a> Candidates<'a> {
             }
             None => drawn,
         }
+    }
+}
+
+/// `pick` with the site's cooling `avoid`; when that finds nothing and
+/// something was avoided, `pick` without it (every exit the tunnel could
+/// take is cooled for its site: a refusal the site may have lifted beats no
+/// tunnel at all), counted in `proxynet_site_panic_total{reason="fallback"}`.
+fn unless_all_cooled<T>(
+    avoid: Option<&SiteCooling>,
+    pick: impl Fn(Option<&SiteCooling>) -> Option<T>,
+) -> Option<T> {
+    if let Some(picked) = pick(avoid) {
+        return Some(picked);
+    }
+    // Nothing was avoided: nothing more to try.
+    avoid?;
+    let picked = pick(None)?;
+    crate::metrics::site_panic("fallback");
+    Some(picked)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn a_pick_ignores_the_cooling_only_when_it_finds_nothing_else() {
+        let (cooled, fine) = (Uuid::new_v4(), Uuid::new_v4());
+        let until = Instant::now() + Duration::from_secs(60);
+        let cooling = SiteCooling::new(
+            "refuser.test".into(),
+            HashMap::from([(cooled, (until, 0))]),
+            false,
+        );
+        let now = Instant::now();
+        // A pool of `exits`: the first not avoided.
+        let pick = |exits: &[Uuid]| {
+            let exits = exits.to_vec();
+            move |avoid: Option<&SiteCooling>| {
+                exits
+                    .iter()
+                    .copied()
+                    .find(|e| !avoid.is_some_and(|a| a.cools(*e, now)))
+            }
+        };
+        assert_eq!(
+            unless_all_cooled(Some(&cooling), pick(&[cooled, fine])),
+            Some(fine)
+        );
+        assert_eq!(
+            unless_all_cooled(Some(&cooling), pick(&[cooled])),
+            Some(cooled),
+            "only cooled exits left: one of them"
+        );
+        assert_eq!(unless_all_cooled(None, pick(&[cooled])), Some(cooled));
+        assert_eq!(unless_all_cooled(Some(&cooling), pick(&[])), None);
     }
 }

@@ -73,6 +73,7 @@ use uuid::Uuid;
 use crate::health::HealthBook;
 use crate::link::registry::{Link, LinkRegistry};
 use crate::open_tunnels::OpenTunnels;
+use crate::sites::SiteCooling;
 use crate::username::Targeting;
 
 pub struct Pool {
@@ -299,15 +300,28 @@ impl Pool {
         choose(&self.view(), &self.health, tried, targeting)
     }
 
+    /// [`Pool::pick`], skipping the exits `avoid` cools for the tunnel's
+    /// site (see [`choose_avoiding`]).
+    pub fn pick_avoiding(
+        &self,
+        tried: &[Uuid],
+        targeting: &Targeting,
+        avoid: Option<&SiteCooling>,
+    ) -> Option<Candidate> {
+        choose_avoiding(&self.view(), &self.health, tried, targeting, avoid)
+    }
+
     /// Picks an exit matching `targeting` and as like `lost` as the pool
-    /// allows, skipping `tried` (see [`choose_like`]).
+    /// allows, skipping `tried` and the exits `avoid` cools for the
+    /// tunnel's site (see [`choose_like_avoiding`]).
     pub fn pick_like(
         &self,
         tried: &[Uuid],
         targeting: &Targeting,
         lost: &ExitRecord,
+        avoid: Option<&SiteCooling>,
     ) -> Option<Candidate> {
-        choose_like(&self.view(), &self.health, tried, targeting, lost)
+        choose_like_avoiding(&self.view(), &self.health, tried, targeting, lost, avoid)
     }
 
     /// The last record read for exit `id`, eligible or not (a session's

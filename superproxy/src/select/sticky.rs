@@ -3,8 +3,11 @@
 //! most like the exit it lost (same country, city and ASN; else same
 //! country and city; else same country; else any: [`Candidates::draw_like`])
 //! and a `hard` one fails with a coded 502; a session keeps its egress IP
-//! too. Every change of pin is one compare-and-set in Redis
-//! ([`Sticky::repin`]), so superproxies agree on it. A `sessidle` session's
+//! too. A pin whose exit is cooled for the tunnel's site (the site refuses
+//! it: `crate::sites`) counts as lost for that tunnel: a soft session
+//! re-pins, a hard one fails saying the site refuses its exit. Every change
+//! of pin is one compare-and-set in Redis ([`Sticky::repin`]), so
+//! superproxies agree on it. A `sessidle` session's
 //! every tunnel through its pin moves the pin's idle deadline
 //! ([`Sessions::touch`]).
 
@@ -53,7 +56,15 @@ impl<'a> Sticky<'a> {
     ) -> Result<Option<Candidate>, ProxyError> {
         let mut lost = None;
         if let Some(current) = self.pin {
-            if let Some(pinned) = candidates.exactly(current.exit) {
+            // A pin the tunnel's site refuses (the exit is cooled for it) is
+            // as lost as a pin that is gone, for this tunnel.
+            let cooled = candidates.cooled(current.exit);
+            let pinned = if cooled {
+                None
+            } else {
+                candidates.exactly(current.exit)
+            };
+            if let Some(pinned) = pinned {
                 if let Some(idle) = self.session.idle {
                     self.pin = Some(
                         self.sessions
@@ -72,6 +83,14 @@ impl<'a> Sticky<'a> {
                 ));
             }
             if self.session.mode == SessionMode::Hard {
+                if let Some(site) = candidates.site().filter(|_| cooled) {
+                    return Err(ProxyError::new(
+                        ErrorKind::SessionExitLost,
+                        format!(
+                            "the session's exit is refused by the site {site} (cooled; sessmode=hard)"
+                        ),
+                    ));
+                }
                 return Err(ProxyError::new(
                     ErrorKind::SessionExitLost,
                     "the session's exit is no longer available (sessmode=hard)",

@@ -46,6 +46,20 @@ pub fn choose(
     tried: &[Uuid],
     targeting: &Targeting,
 ) -> Option<Candidate> {
+    choose_avoiding(view, health, tried, targeting, None)
+}
+
+/// [`choose`], skipping the exits `avoid` cools for the tunnel's site (an
+/// exit named by `exit-…` is taken cooled or not: the client asked for it).
+/// `None` when every usable exit is cooled: the caller decides whether to
+/// ignore the cooling then.
+pub fn choose_avoiding(
+    view: &PoolView,
+    health: &HealthBook,
+    tried: &[Uuid],
+    targeting: &Targeting,
+    avoid: Option<&SiteCooling>,
+) -> Option<Candidate> {
     let healthy = |c: &Candidate| {
         let id = c.record.id;
         !health.at_capacity(id)
@@ -61,8 +75,13 @@ pub fn choose(
     if n == 0 {
         return None;
     }
+    // The clock is read once per pick, and only when a site cools anything.
+    let cooled_at = avoid.map(|cooling| (cooling, std::time::Instant::now()));
     let usable = |c: &Candidate| {
-        !tried.contains(&c.record.id) && matches(&c.record, targeting) && healthy(c)
+        !tried.contains(&c.record.id)
+            && matches(&c.record, targeting)
+            && healthy(c)
+            && !cooled_at.is_some_and(|(cooling, now)| cooling.cools(c.record.id, now))
     };
     let mut rng = rand::thread_rng();
     let first = (0..8)
@@ -95,9 +114,22 @@ pub fn choose_like(
     targeting: &Targeting,
     lost: &ExitRecord,
 ) -> Option<Candidate> {
+    choose_like_avoiding(view, health, tried, targeting, lost, None)
+}
+
+/// [`choose_like`], skipping the exits `avoid` cools for the tunnel's site
+/// in every tier.
+pub fn choose_like_avoiding(
+    view: &PoolView,
+    health: &HealthBook,
+    tried: &[Uuid],
+    targeting: &Targeting,
+    lost: &ExitRecord,
+    avoid: Option<&SiteCooling>,
+) -> Option<Candidate> {
     like_tiers(targeting, lost)
         .iter()
-        .find_map(|tier| choose(view, health, tried, tier))
+        .find_map(|tier| choose_avoiding(view, health, tried, tier, avoid))
 }
 
 /// `targeting` narrowed to exits like `lost`, most alike first: its
@@ -604,5 +636,91 @@ mod tests {
                 .id,
             same_city
         );
+    }
+
+    fn cooling(site: &str, exits: &[Uuid], for_how_long: Duration) -> SiteCooling {
+        let until = std::time::Instant::now() + for_how_long;
+        SiteCooling::new(
+            site.into(),
+            exits.iter().map(|id| (*id, (until, 0))).collect(),
+            false,
+        )
+    }
+
+    #[tokio::test]
+    async fn exits_cooled_for_the_site_are_skipped_unless_named() {
+        let pool = view(vec![
+            exit("DE", SourceType::Dc, None),
+            exit("DE", SourceType::Dc, None),
+            exit("FR", SourceType::Dc, None),
+        ]);
+        let health = health();
+        let ids: Vec<Uuid> = pool.eligible.iter().map(|c| c.record.id).collect();
+        let any = Targeting::default();
+        let cooled = cooling("refuser.test", &ids[..2], Duration::from_secs(60));
+        for _ in 0..50 {
+            let picked = choose_avoiding(&pool, &health, &[], &any, Some(&cooled)).unwrap();
+            assert_eq!(picked.record.id, ids[2]);
+        }
+        // Every matching exit cooled: nothing (the caller may ignore the cooling).
+        let german = Targeting {
+            country: Some("DE".into()),
+            ..Targeting::default()
+        };
+        assert!(choose_avoiding(&pool, &health, &[], &german, Some(&cooled)).is_none());
+        assert!(choose_avoiding(&pool, &health, &[], &german, None).is_some());
+        // An exit asked for by name is taken cooled or not.
+        let named = Targeting {
+            exit: Some(ids[0]),
+            ..Targeting::default()
+        };
+        assert_eq!(
+            choose_avoiding(&pool, &health, &[], &named, Some(&cooled))
+                .unwrap()
+                .record
+                .id,
+            ids[0]
+        );
+        // An ended cooldown skips nothing.
+        let ended = cooling("refuser.test", &ids, Duration::ZERO);
+        let mut seen = HashSet::new();
+        for _ in 0..100 {
+            seen.insert(
+                choose_avoiding(&pool, &health, &[], &any, Some(&ended))
+                    .unwrap()
+                    .record
+                    .id,
+            );
+        }
+        assert_eq!(seen.len(), 3);
+    }
+
+    #[tokio::test]
+    async fn a_soft_repin_skips_exits_cooled_for_the_site_in_every_tier() {
+        let placed = |country: &str, city: Option<&str>| {
+            let mut e = exit(country, SourceType::Dc, None);
+            e.city = city.map(str::to_owned);
+            e
+        };
+        let lost = placed("DE", Some("munich"));
+        let pool = view(vec![
+            placed("DE", Some("munich")),
+            placed("DE", Some("berlin")),
+            placed("FR", None),
+        ]);
+        let ids: Vec<Uuid> = pool.eligible.iter().map(|c| c.record.id).collect();
+        let health = health();
+        let any = Targeting::default();
+        let cooled = cooling("refuser.test", &ids[..1], Duration::from_secs(60));
+        for _ in 0..20 {
+            let picked =
+                choose_like_avoiding(&pool, &health, &[], &any, &lost, Some(&cooled)).unwrap();
+            assert_eq!(
+                picked.record.id, ids[1],
+                "the next tier, not the cooled one"
+            );
+        }
+        let all = cooling("refuser.test", &ids, Duration::from_secs(60));
+        assert!(choose_like_avoiding(&pool, &health, &[], &any, &lost, Some(&all)).is_none());
     }
 }

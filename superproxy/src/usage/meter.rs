@@ -130,6 +130,18 @@ const HELD: u8 = 1;
 const NOT_BILLABLE: u8 = 2;
 /// `Meter::billing`: held, then settled as billed (never held again).
 const SETTLED_BILLABLE: u8 = 3;
+/// Which side of a tunnel ended first, as its exit stream saw it: the exit
+/// (its stream ended or failed: the target closed or reset, or the link
+/// broke) or the client (it finished sending, so the stream was shut).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EndSide {
+    Exit,
+    Client,
+}
+
+const NO_END: u8 = 0;
+const EXIT_END: u8 = 1;
+const CLIENT_END: u8 = 2;
 
 /// Counters of one tunnel (or one forwarded request's upstream connection).
 #[derive(Debug)]
@@ -154,6 +166,8 @@ pub struct Meter {
     /// recorder keeps the meter's bytes out of the ledger (not out of the
     /// quotas: they moved) until it is settled.
     billing: AtomicU8,
+    /// Which side ended first ([`EndSide`]; 0 while neither has).
+    first_end: AtomicU8,
 }
 
 impl Meter {
@@ -177,6 +191,7 @@ impl Meter {
             done: AtomicBool::new(false),
             cut: AtomicBool::new(false),
             billing: AtomicU8::new(BILLABLE),
+            first_end: AtomicU8::new(NO_END),
         }
     }
 
@@ -215,6 +230,23 @@ impl Meter {
     /// Whether the meter is held ([`Meter::hold_billing`]) and not settled.
     pub fn billing_held(&self) -> bool {
         self.billing.load(Ordering::Acquire) == HELD
+    }
+
+    /// Which side of the tunnel ended first, if either has: what tells a
+    /// target that closed a tunnel from a client that was done with it.
+    pub fn first_end(&self) -> Option<EndSide> {
+        match self.first_end.load(Ordering::Acquire) {
+            EXIT_END => Some(EndSide::Exit),
+            CLIENT_END => Some(EndSide::Client),
+            _ => None,
+        }
+    }
+
+    /// Notes that `side` ended, unless one did before.
+    fn note_end(&self, side: u8) {
+        let _ = self
+            .first_end
+            .compare_exchange(NO_END, side, Ordering::AcqRel, Ordering::Relaxed);
     }
 
     pub fn up(&self) -> u64 {
@@ -387,6 +419,13 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Metered<IO> {
         if n > 0 {
             self.meter.0.down.fetch_add(n as u64, Ordering::Relaxed);
         }
+        match &result {
+            // The end of the exit's stream (a read with room got nothing),
+            // or its failure: the exit's side ended.
+            Poll::Ready(Ok(())) if n == 0 && want > 0 => self.meter.0.note_end(EXIT_END),
+            Poll::Ready(Err(_)) => self.meter.0.note_end(EXIT_END),
+            _ => {}
+        }
         result
     }
 }
@@ -412,7 +451,11 @@ impl<IO: proxynet_common::splice::ChunkIo> proxynet_common::splice::ChunkIo for 
                 self.meter.0.down.fetch_add(take as u64, Ordering::Relaxed);
                 Poll::Ready(Ok(Some(chunk)))
             }
-            other => other,
+            ended @ (Poll::Ready(Ok(None)) | Poll::Ready(Err(_))) => {
+                self.meter.0.note_end(EXIT_END);
+                ended
+            }
+            Poll::Pending => Poll::Pending,
         }
     }
 
@@ -438,6 +481,9 @@ impl<IO: proxynet_common::splice::ChunkIo> proxynet_common::splice::ChunkIo for 
             result
         };
         self.settle(take, &result);
+        if matches!(result, Poll::Ready(Err(_))) {
+            self.meter.0.note_end(EXIT_END);
+        }
         result
     }
 }
@@ -454,12 +500,19 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Metered<IO> {
         let take = self.reserve(buf.len())?;
         let result = Pin::new(&mut self.io).poll_write(cx, &buf[..take]);
         self.settle(take, &result);
+        if matches!(result, Poll::Ready(Err(_))) {
+            // The exit's stream is gone under the write.
+            self.meter.0.note_end(EXIT_END);
+        }
         result
     }
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.io).poll_flush(cx)
     }
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        // The client finished sending: its side ended (unless the exit's
+        // did before).
+        self.meter.0.note_end(CLIENT_END);
         Pin::new(&mut self.io).poll_shutdown(cx)
     }
 }
@@ -500,6 +553,32 @@ mod tests {
             meter.done.load(Ordering::Acquire),
             "dropping the stream finishes the meter"
         );
+    }
+
+    #[tokio::test]
+    async fn the_meter_knows_which_side_ended_first() {
+        // The far end (the exit) closes first.
+        let (near, far) = tokio::io::duplex(64);
+        let m = meter(Vec::new());
+        let mut metered = Metered::new(near, MeterHandle(m.clone()));
+        assert_eq!(m.first_end(), None);
+        drop(far);
+        let mut buf = [0u8; 8];
+        assert_eq!(metered.read(&mut buf).await.unwrap(), 0);
+        assert_eq!(m.first_end(), Some(EndSide::Exit));
+        let _ = metered.shutdown().await;
+        assert_eq!(m.first_end(), Some(EndSide::Exit), "the first stays");
+        // The client finishes sending first.
+        let (near, mut far) = tokio::io::duplex(64);
+        let m = meter(Vec::new());
+        let mut metered = Metered::new(near, MeterHandle(m.clone()));
+        metered.shutdown().await.unwrap();
+        assert_eq!(m.first_end(), Some(EndSide::Client));
+        let mut rest = Vec::new();
+        far.read_to_end(&mut rest).await.unwrap();
+        drop(far);
+        assert_eq!(metered.read(&mut buf).await.unwrap(), 0);
+        assert_eq!(m.first_end(), Some(EndSide::Client));
     }
 
     #[tokio::test]

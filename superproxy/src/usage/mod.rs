@@ -41,7 +41,7 @@ mod delivery;
 mod meter;
 mod spill;
 
-pub use meter::{Budget, Meter, MeterHandle, Metered, QuotaBinding, QuotaOwner};
+pub use meter::{Budget, EndSide, Meter, MeterHandle, Metered, QuotaBinding, QuotaOwner};
 
 use proxynet_common::tasks::Stop;
 use proxynet_store::redis_target::RedisConnection;

@@ -168,8 +168,11 @@ async fn a_slow_target_does_not_steer_rotation_away_from_an_exit() {
     let stack = Stack::start().await;
     // A target whose accept queue is full: the exits' SYNs are dropped and
     // retried, so connecting to it takes seconds (or fails).
+    // It is on a /24 of its own (127.0.1.0/24), so it is another site than
+    // the whoami target's: its timeouts may cool an exit for itself (site
+    // health, docs/health.md), never for the other site, nor globally.
     let socket = tokio::net::TcpSocket::new_v4().unwrap();
-    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    socket.bind("127.0.1.1:0".parse().unwrap()).unwrap();
     let slow = socket.local_addr().unwrap();
     let _listener = socket.listen(1).unwrap();
     let mut _fill = Vec::new();
