@@ -201,6 +201,51 @@ impl KeyRates {
     }
 }
 
+/// Customer reports (`POST /v1/feedback`) a key may send a minute, sustained.
+pub const FEEDBACK_PER_MINUTE: u32 = 10;
+/// Reports a key may send at once after a quiet spell.
+pub const FEEDBACK_BURST: u32 = 30;
+
+/// Reports per API key ([`FEEDBACK_PER_MINUTE`], bursts of
+/// [`FEEDBACK_BURST`]): far below a key's API rate, as a report may write a
+/// cooldown and a row. The admin token has none. Like [`KeyRates`], counted
+/// per control-api instance.
+pub struct FeedbackRates(DefaultKeyedRateLimiter<uuid::Uuid>);
+
+impl Default for FeedbackRates {
+    fn default() -> Self {
+        let per_minute = NonZeroU32::new(FEEDBACK_PER_MINUTE).unwrap_or(NonZeroU32::MIN);
+        let burst = NonZeroU32::new(FEEDBACK_BURST).unwrap_or(NonZeroU32::MIN);
+        Self(DefaultKeyedRateLimiter::keyed(
+            Quota::per_minute(per_minute).allow_burst(burst),
+        ))
+    }
+}
+
+impl FeedbackRates {
+    /// Charges one report to key `id`: past its rate, `429` with how long
+    /// until the next is allowed.
+    pub fn charge(&self, id: uuid::Uuid) -> Result<(), ApiError> {
+        let Err(not_until) = self.0.check_key(&id) else {
+            return Ok(());
+        };
+        let wait = not_until.wait_time_from(self.0.clock().now());
+        metrics::counter!("proxynet_api_rate_limited_total", "key" => "feedback").increment(1);
+        Err(ApiError::TooManyRequests {
+            detail: format!(
+                "this API key sent more than {FEEDBACK_PER_MINUTE} reports a minute (bursts of {FEEDBACK_BURST}); retry in {} s",
+                retry_after_secs(wait)
+            ),
+            retry_after: retry_after_secs(wait),
+        })
+    }
+
+    /// Forgets keys that are quiet again (bounded memory).
+    pub fn housekeeping(&self) {
+        self.0.retain_recent();
+    }
+}
+
 /// `Retry-After` for a wait: whole seconds, rounded up, at least 1.
 fn retry_after_secs(wait: Duration) -> u64 {
     let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
@@ -421,6 +466,27 @@ mod tests {
         for _ in 0..100 {
             assert!(rates.charge(key, Caller::Operator).is_ok());
         }
+    }
+
+    #[test]
+    fn reports_past_their_burst_wait_a_minute_share_and_other_keys_do_not() {
+        let rates = FeedbackRates::default();
+        let (key, neighbour) = (uuid::Uuid::new_v4(), uuid::Uuid::new_v4());
+        for _ in 0..FEEDBACK_BURST {
+            assert!(rates.charge(key).is_ok());
+        }
+        match rates.charge(key) {
+            Err(ApiError::TooManyRequests {
+                detail,
+                retry_after,
+            }) => {
+                // One report comes back every six seconds.
+                assert!((1..=6).contains(&retry_after), "{retry_after}: {detail}");
+                assert!(detail.contains("10 reports a minute"), "{detail}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(rates.charge(neighbour).is_ok(), "per key");
     }
 
     #[test]

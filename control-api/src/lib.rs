@@ -62,6 +62,8 @@ pub struct AppState {
     pub key_use: Arc<auth::KeyUse>,
     /// API keys' request rates on this instance.
     pub key_rates: Arc<auth::KeyRates>,
+    /// API keys' rates of site reports (`POST /v1/feedback`) on this instance.
+    pub feedback_rates: Arc<auth::FeedbackRates>,
 }
 
 /// Why the control-api could not start.
@@ -178,6 +180,7 @@ impl ControlApi {
                 sessions: routes::dashboard::Sessions::default(),
                 key_use: Arc::default(),
                 key_rates: Arc::new(key_rates),
+                feedback_rates: Arc::default(),
             },
         })
     }
@@ -261,10 +264,12 @@ impl ControlApi {
         {
             // Keys quiet for a while take no memory.
             let rates = state.key_rates.clone();
+            let reports = state.feedback_rates.clone();
             tasks.spawn("api key rate housekeeping", move |stop| async move {
                 let mut tick = tokio::time::interval(Duration::from_secs(60));
                 while stop.run_until_cancelled(tick.tick()).await.is_some() {
                     rates.housekeeping();
+                    reports.housekeeping();
                 }
             });
         }

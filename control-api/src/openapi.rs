@@ -124,6 +124,14 @@ fn schemas() -> Value {
                     "description": "a response header whose presence means a ban (stored lower case)"},
                 "retry": {"type": "integer", "minimum": 0, "maximum": 3},
                 "cool": {"type": "boolean"}}}});
+    // Its own value too, added after: the macro below is at its limit.
+    let feedback = json!({"type": "object", "additionalProperties": false, "required": ["site", "verdict"],
+        "description": "Name the exit by exit_id or by session (its pinned exit; user_id narrows the search to one user, required of operators), not both (docs/health.md)",
+        "properties": {"exit_id": {"type": "string", "format": "uuid"},
+            "session": {"type": "string", "pattern": "^[A-Za-z0-9]{1,64}$"},
+            "user_id": {"type": "string", "format": "uuid"},
+            "site": {"type": "string", "description": "a host name, URL, address or block; counted as its registrable domain, IPv4 /24 or IPv6 /64"},
+            "verdict": {"enum": ["blocked", "slow", "ok"]}}});
     let mut schemas = json!({
         "Problem": {"type": "object", "description": "RFC 9457 problem details",
             "properties": {"type": {"type": "string"}, "title": {"type": "string"}, "status": {"type": "integer"}, "detail": {"type": "string"}}},
@@ -224,6 +232,7 @@ fn schemas() -> Value {
                 "internal_targets": {"type": "boolean"}}}
     });
     schemas["RetryRules"] = retry_rules;
+    schemas["Feedback"] = feedback;
     schemas
 }
 

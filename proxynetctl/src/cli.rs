@@ -119,6 +119,28 @@ pub(crate) enum Command {
     /// A proxy user's sticky sessions
     #[command(subcommand)]
     Sessions(Sessions),
+    /// Target sites: the exits cooled for each, worst first; lift a cooldown
+    #[command(subcommand)]
+    Sites(Sites),
+    /// Report an exit blocked, slow or ok for a site (blocked cools it for your account at once)
+    #[command(group(ArgGroup::new("which").required(true).args(["exit", "session"])))]
+    Feedback {
+        /// The exit's id (e.g. from a Proxynet-Exit answer header)
+        #[arg(long, value_name = "ID")]
+        exit: Option<String>,
+        /// Or a sticky session id: the exit it is pinned to
+        #[arg(long)]
+        session: Option<String>,
+        /// With --session: its proxy user (needed with an operator token) [default: the account's users are searched]
+        #[arg(long, value_name = "ID", requires = "session", conflicts_with = "exit")]
+        user: Option<String>,
+        /// A host name, URL or address: counted as its registrable domain, IPv4 /24 or IPv6 /64
+        #[arg(long)]
+        site: String,
+        /// What the site did
+        #[arg(long, value_parser = ["blocked", "slow", "ok"])]
+        verdict: String,
+    },
     /// Bytes up/down of an account, from the exactly-once ledger
     Usage(UsageArgs),
     /// An account's invoice for a month
@@ -621,6 +643,25 @@ pub(crate) enum Sessions {
     },
 }
 
+// ---- sites ------------------------------------------------------------------
+
+#[derive(Subcommand, Debug)]
+pub(crate) enum Sites {
+    /// Exits cooled per site, worst first (an account key: the sites it used or reported)
+    List {
+        /// Only this site (a host name, address or block)
+        #[arg(long)]
+        site: Option<String>,
+    },
+    /// Lift an exit's cooldown for a site on every superproxy (operator; audited)
+    Lift {
+        /// The site, as `sites list` shows it
+        site: String,
+        /// Exit id
+        exit_id: String,
+    },
+}
+
 // ---- usage, invoices --------------------------------------------------------
 
 #[derive(Args, Debug)]
@@ -809,6 +850,29 @@ mod tests {
             Cli::try_parse_from(["proxynetctl", "exits", "list", "--all", "--limit", "3"]).is_err()
         );
         assert!(Cli::try_parse_from(["proxynetctl", "keys", "create"]).is_err());
+        // A report names its exit one way, exactly.
+        let report = [
+            "proxynetctl",
+            "feedback",
+            "--site",
+            "example.com",
+            "--verdict",
+        ];
+        assert!(Cli::try_parse_from(report.iter().chain(&["blocked"])).is_err());
+        assert!(Cli::try_parse_from(report.iter().chain(&["blocked", "--exit", "e"])).is_ok());
+        assert!(Cli::try_parse_from(report.iter().chain(&[
+            "blocked",
+            "--exit",
+            "e",
+            "--session",
+            "s"
+        ]))
+        .is_err());
+        assert!(Cli::try_parse_from(report.iter().chain(&["banned", "--exit", "e"])).is_err());
+        assert!(
+            Cli::try_parse_from(report.iter().chain(&["ok", "--exit", "e", "--user", "u"]))
+                .is_err()
+        );
         assert!(Cli::try_parse_from([
             "proxynetctl",
             "policy",

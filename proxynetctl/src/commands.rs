@@ -309,6 +309,41 @@ const SESSIONS: &[Col] = &[
     fmt("IDLE EXPIRES IN", "idle_expires_in_ms", Fmt::Millis),
 ];
 
+/// A site's fleet cooldowns as `EXIT (TIME LEFT)`, the longest first.
+fn cooled_exits(v: &Value) -> String {
+    let cooled: Vec<String> = v
+        .get("cooled_exits")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .map(|c| {
+            let exit = c.get("exit_id").and_then(Value::as_str).unwrap_or("-");
+            let left = c
+                .get("remaining_ms")
+                .and_then(Value::as_i64)
+                .map_or_else(|| "-".to_owned(), output::millis);
+            format!("{exit} ({left})")
+        })
+        .collect();
+    if cooled.is_empty() {
+        "-".into()
+    } else {
+        cooled.join(", ")
+    }
+}
+
+const SITES: &[Col] = &[
+    col("SITE", "site"),
+    col("COOLED", "cooled"),
+    custom("FOR ONE ACCOUNT", |v| {
+        v.get("account_cooled_exits")
+            .and_then(Value::as_array)
+            .map_or(0, Vec::len)
+            .to_string()
+    }),
+    custom("EXITS (TIME LEFT)", cooled_exits),
+];
+
 const CONSENT: &[Col] = &[
     col("VERSION", "version"),
     col("STATE", "state"),
@@ -427,6 +462,25 @@ pub(crate) async fn run(ctx: &Ctx, command: Command) -> Done {
         Command::Exits(c) => exits(ctx, c).await,
         Command::EnrollmentTokens(c) => enrollment_tokens(ctx, c).await,
         Command::Sessions(c) => sessions(ctx, c).await,
+        Command::Sites(c) => sites(ctx, c).await,
+        Command::Feedback {
+            exit,
+            session,
+            user,
+            site,
+            verdict,
+        } => {
+            let body = object(vec![
+                ("exit_id", exit.map(Value::String)),
+                ("session", session.map(Value::String)),
+                ("user_id", user.map(Value::String)),
+                ("site", Some(Value::String(site))),
+                ("verdict", Some(Value::String(verdict))),
+            ]);
+            ctx.one(Method::POST, "/v1/feedback", Some(body), View::Fields)
+                .await
+                .map(drop)
+        }
         Command::Usage(a) => usage(ctx, a).await,
         Command::Invoices(a) => invoices(ctx, a).await,
         Command::Abuse(c) => abuse(ctx, c).await,
@@ -979,6 +1033,35 @@ async fn sessions(ctx: &Ctx, c: Sessions) -> Done {
             )
             .await
             .map(drop),
+    }
+}
+
+async fn sites(ctx: &Ctx, c: Sites) -> Done {
+    match c {
+        Sites::List { site } => {
+            let q = query(&[("site", site.as_deref())]);
+            let answer = ctx.client.send(Method::GET, "/v1/sites", &q, None).await?;
+            let value = answer.json()?;
+            if ctx.json() {
+                return output::print_json_text(&answer.text());
+            }
+            let rows = value
+                .get("items")
+                .and_then(Value::as_array)
+                .cloned()
+                .unwrap_or_default();
+            output::print_lines(&output::table(SITES, &rows))
+        }
+        Sites::Lift { site, exit_id } => {
+            let p = path(&["v1", "sites", &site, "cooldowns", &exit_id])?;
+            ctx.no_content(
+                Method::DELETE,
+                &p,
+                None,
+                format!("exit {exit_id} is no longer cooled for {site}"),
+            )
+            .await
+        }
     }
 }
 

@@ -16,9 +16,29 @@
 //!
 //! Changes are announced on [`Keys::events`] as [`Announcement`]s, which
 //! carry everything a receiver needs, so applying one costs no Redis read.
+//!
+//! Account-scoped cooldowns (a customer's `blocked` report, `POST
+//! /v1/feedback`) cool an exit for one site in that account's routing only;
+//! the fleet's cooldowns above are written only once reports from several
+//! accounts agree (docs/health.md, "Customer feedback"). Same slot:
+//! - [`Keys::site_account_cooldowns`]: a hash, field
+//!   [`account_field`]`(account, exit, site)` → `UNTIL_MS` (Redis clock);
+//! - [`Keys::site_account_cooldowns_by_until`]: the same fields scored by
+//!   until, so ended ones are forgotten a bounded step at a time;
+//! - [`Keys::site_account_cooldowns_of_account`]: per account, a sorted set
+//!   of its `EXIT SITE` pairs scored by until (the per-account bound evicts
+//!   the soonest to end; it expires with the account's last cooldown).
+//!
+//! Written by [`ACCOUNT_COOL_SCRIPT`] and [`ACCOUNT_LIFT_SCRIPT`], announced
+//! as [`AccountAnnouncement`]s on the same channel (a separate type: a
+//! receiver that knows only the fleet's [`Announcement`] parses them as
+//! nothing, never as a fleet cooldown).
+
+use std::net::IpAddr;
 
 use uuid::Uuid;
 
+use crate::policy::{normalize_entry, normalize_host, registrable_domain, PolicyTarget};
 use crate::Keys;
 
 impl Keys {
@@ -42,6 +62,21 @@ impl Keys {
     /// from it (the same hash tag, so the same slot).
     pub fn site_cooldowns_of_exit_stem(&self) -> String {
         format!("{}{{sites}}:exit:", self.prefix())
+    }
+
+    /// `ACCOUNT EXIT SITE` → `UNTIL_MS`: every account-scoped cooldown.
+    pub fn site_account_cooldowns(&self) -> String {
+        format!("{}{{sites}}:acool", self.prefix())
+    }
+
+    /// `ACCOUNT EXIT SITE` scored by until (what has ended is forgotten).
+    pub fn site_account_cooldowns_by_until(&self) -> String {
+        format!("{}{{sites}}:acool:until", self.prefix())
+    }
+
+    /// One account's cooled `EXIT SITE` pairs, scored by until.
+    pub fn site_account_cooldowns_of_account(&self, account: Uuid) -> String {
+        format!("{}{{sites}}:acool:account:{account}", self.prefix())
     }
 }
 
@@ -255,6 +290,198 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 return {now, redis.call('HGETALL', KEYS[1])}
 ";
 
+/// The site an address counts as: an IPv4 address its /24, an IPv6 one its
+/// /64 (what one host or customer controls), so walking a block makes no
+/// fresh records.
+pub fn site_of_ip(ip: IpAddr) -> String {
+    match ip.to_canonical() {
+        IpAddr::V4(v4) => {
+            let [a, b, c, _] = v4.octets();
+            format!("{a}.{b}.{c}.0/24")
+        }
+        v6 => PolicyTarget::Ip(v6).registrable_domain(),
+    }
+}
+
+/// The site a customer names, as cooldowns are keyed: a host name as its
+/// registrable domain (`www.shop.example.co.uk` → `example.co.uk`, the
+/// Public Suffix List as the traffic policy uses it), an address as its
+/// block ([`site_of_ip`]), an address block written as one (`/24` for IPv4,
+/// `/64` for IPv6) as itself. A URL counts as its host. `Err` says why a
+/// value cannot be a site.
+pub fn site_of(raw: &str) -> Result<String, String> {
+    let raw = raw.trim();
+    let host = match raw.split_once("://") {
+        Some((_, rest)) => url_host(rest).ok_or_else(|| format!("{raw:?}: no host in the URL"))?,
+        None => raw,
+    };
+    if host.is_empty() {
+        return Err("an empty site".into());
+    }
+    if host.contains('/') {
+        // Canonical and masked: `198.51.100.7/24` is `198.51.100.0/24`.
+        let block = normalize_entry(host)?;
+        let wanted = if block.contains(':') { "/64" } else { "/24" };
+        if !block.ends_with(wanted) {
+            return Err(format!(
+                "{host:?}: an address block is a site only as an IPv4 /24 or an IPv6 /64"
+            ));
+        }
+        return Ok(block);
+    }
+    let name = normalize_host(host).map_err(|e| format!("{host:?}: {e}"))?;
+    let site = match name.parse::<IpAddr>() {
+        Ok(ip) => site_of_ip(ip),
+        Err(_) => registrable_domain(&name).to_owned(),
+    };
+    if site.contains(' ') || site.is_empty() {
+        return Err(format!("{host:?}: not a valid site"));
+    }
+    Ok(site)
+}
+
+/// The host of a URL's remainder after `scheme://`: no user info, port,
+/// path, query or fragment; an IPv6 literal without its brackets.
+fn url_host(rest: &str) -> Option<&str> {
+    let authority = rest.split(['/', '?', '#']).next()?;
+    let hostport = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    if let Some(v6) = hostport.strip_prefix('[') {
+        return v6.split_once(']').map(|(host, _)| host);
+    }
+    Some(hostport.split_once(':').map_or(hostport, |(host, _)| host))
+}
+
+/// The hash field of one account-scoped cooldown.
+pub fn account_field(account: Uuid, exit: Uuid, site: &str) -> String {
+    format!("{account} {exit} {site}")
+}
+
+/// Splits an account-scoped field back into its account, exit and site.
+pub fn parse_account_field(field: &str) -> Option<(Uuid, Uuid, &str)> {
+    let (account, rest) = field.split_once(' ')?;
+    let (exit, site) = parse_field(rest)?;
+    Some((account.parse().ok()?, exit, site))
+}
+
+/// Cools `ARGV[1]` (an [`account_field`]) for `ARGV[3]` ms from now (Redis
+/// clock). `KEYS[1]` [`Keys::site_account_cooldowns`], `KEYS[2]`
+/// [`Keys::site_account_cooldowns_by_until`], `KEYS[3]`
+/// [`Keys::site_account_cooldowns_of_account`]; `ARGV[2]` the pair's
+/// [`field`], `ARGV[4]` the most cooldowns one account holds, `ARGV[5]` the
+/// most in all, `ARGV[6]` the account id. Forgets up to 100 ended ones on
+/// the way. Returns `{remaining_ms, evicted}`: the fields it evicted to
+/// stay within the bounds (announce them lifted).
+pub const ACCOUNT_COOL_SCRIPT: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local dur = tonumber(ARGV[3])
+local ended = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, 100)
+for _, f in ipairs(ended) do
+  redis.call('HDEL', KEYS[1], f)
+  redis.call('ZREM', KEYS[2], f)
+end
+redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
+local untl = now + dur
+redis.call('HSET', KEYS[1], ARGV[1], string.format('%d', untl))
+redis.call('ZADD', KEYS[2], untl, ARGV[1])
+redis.call('ZADD', KEYS[3], untl, ARGV[2])
+redis.call('PEXPIRE', KEYS[3], math.max(dur, redis.call('PTTL', KEYS[3])))
+local evicted = {}
+local over = redis.call('ZCARD', KEYS[3]) - tonumber(ARGV[4])
+if over > 0 then
+  local gone = redis.call('ZPOPMIN', KEYS[3], over)
+  for i = 1, #gone, 2 do
+    local f = ARGV[6] .. ' ' .. gone[i]
+    redis.call('HDEL', KEYS[1], f)
+    redis.call('ZREM', KEYS[2], f)
+    table.insert(evicted, f)
+  end
+end
+over = redis.call('ZCARD', KEYS[2]) - tonumber(ARGV[5])
+if over > 0 then
+  local gone = redis.call('ZPOPMIN', KEYS[2], over)
+  for i = 1, #gone, 2 do
+    redis.call('HDEL', KEYS[1], gone[i])
+    table.insert(evicted, gone[i])
+  end
+end
+return {dur, evicted}
+";
+
+/// Lifts one account-scoped cooldown: `KEYS` as [`ACCOUNT_COOL_SCRIPT`],
+/// `ARGV[1]` the [`account_field`], `ARGV[2]` the pair's [`field`]. 1 when
+/// a live cooldown was lifted, 0 when there was none (an ended one is
+/// forgotten all the same).
+pub const ACCOUNT_LIFT_SCRIPT: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local v = redis.call('HGET', KEYS[1], ARGV[1])
+redis.call('HDEL', KEYS[1], ARGV[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('ZREM', KEYS[3], ARGV[2])
+if v and tonumber(v) and tonumber(v) > now then return 1 end
+return 0
+";
+
+/// A change to one account's cooldowns, as announced on the events channel
+/// (applied, like [`Announcement`], to the receiver's own clock).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AccountAnnouncement {
+    /// `acool:ACCOUNT EXIT SITE REMAINING_MS`
+    Cooled {
+        account: Uuid,
+        exit: Uuid,
+        site: String,
+        remaining_ms: u64,
+    },
+    /// `auncool:ACCOUNT EXIT SITE` (the account reported the pair `ok`,
+    /// or the cooldown was evicted)
+    Lifted {
+        account: Uuid,
+        exit: Uuid,
+        site: String,
+    },
+}
+
+impl AccountAnnouncement {
+    pub fn encode(&self) -> String {
+        match self {
+            Self::Cooled {
+                account,
+                exit,
+                site,
+                remaining_ms,
+            } => format!("acool:{account} {exit} {site} {remaining_ms}"),
+            Self::Lifted {
+                account,
+                exit,
+                site,
+            } => format!("auncool:{account} {exit} {site}"),
+        }
+    }
+
+    /// The announcement an event payload carries, if it is one.
+    pub fn parse(payload: &str) -> Option<Self> {
+        if let Some(rest) = payload.strip_prefix("acool:") {
+            let (field, remaining) = rest.rsplit_once(' ')?;
+            let (account, exit, site) = parse_account_field(field)?;
+            return Some(Self::Cooled {
+                account,
+                exit,
+                site: site.to_owned(),
+                remaining_ms: remaining.parse().ok()?,
+            });
+        }
+        let rest = payload.strip_prefix("auncool:")?;
+        let (account, exit, site) = parse_account_field(rest)?;
+        Some(Self::Lifted {
+            account,
+            exit,
+            site: site.to_owned(),
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -304,5 +531,84 @@ mod tests {
             keys.site_cooldowns_of_exit(exit),
             format!("{}{exit}", keys.site_cooldowns_of_exit_stem())
         );
+    }
+
+    #[test]
+    fn account_fields_and_announcements_round_trip() {
+        let (account, exit) = (Uuid::new_v4(), Uuid::new_v4());
+        for site in ["example.com", "198.51.100.0/24", "2001:db8:1:2::/64"] {
+            let f = account_field(account, exit, site);
+            assert_eq!(parse_account_field(&f), Some((account, exit, site)));
+            for a in [
+                AccountAnnouncement::Cooled {
+                    account,
+                    exit,
+                    site: site.into(),
+                    remaining_ms: 1_800_000,
+                },
+                AccountAnnouncement::Lifted {
+                    account,
+                    exit,
+                    site: site.into(),
+                },
+            ] {
+                let payload = a.encode();
+                assert_eq!(AccountAnnouncement::parse(&payload), Some(a));
+                // A receiver that knows only the fleet's announcements
+                // never takes an account's for one.
+                assert_eq!(Announcement::parse(&payload), None, "{payload}");
+            }
+        }
+        assert_eq!(
+            AccountAnnouncement::parse(&format!("acool:{account} {exit} example.com 5")),
+            Some(AccountAnnouncement::Cooled {
+                account,
+                exit,
+                site: "example.com".into(),
+                remaining_ms: 5
+            })
+        );
+        for bad in [
+            "acool:".to_owned(),
+            format!("acool:{account} {exit} example.com"),
+            format!("acool:{account} {exit} example.com x"),
+            format!("acool:x {exit} example.com 5"),
+            format!("auncool:{account} {exit}"),
+            format!("auncool:{account} {exit} a b"),
+            format!("cool:{exit} example.com 5 0"),
+        ] {
+            assert_eq!(AccountAnnouncement::parse(&bad), None, "{bad}");
+        }
+        assert_eq!(parse_account_field(&format!("{account} {exit} ")), None);
+    }
+
+    #[test]
+    fn sites_are_registrable_domains_and_address_blocks() {
+        for (raw, site) in [
+            ("example.com", "example.com"),
+            ("WWW.Shop.Example.co.uk.", "example.co.uk"),
+            ("https://user@www.example.com:8443/a?b#c", "example.com"),
+            ("http://[2001:db8:1:2::5]:80/", "2001:db8:1:2::/64"),
+            ("198.51.100.77", "198.51.100.0/24"),
+            ("::ffff:198.51.100.1", "198.51.100.0/24"),
+            ("2001:db8:1:2:3::9", "2001:db8:1:2::/64"),
+            ("198.51.100.7/24", "198.51.100.0/24"),
+            ("2001:db8:1:2::/64", "2001:db8:1:2::/64"),
+            ("localhost", "localhost"),
+        ] {
+            assert_eq!(site_of(raw).as_deref(), Ok(site), "{raw}");
+        }
+        for bad in [
+            "",
+            "  ",
+            "https:///path",
+            "198.51.100.0/16",
+            "2001:db8::/48",
+            "example.com/24",
+            "a..b",
+        ] {
+            assert!(site_of(bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(site_of_ip("192.0.2.77".parse().unwrap()), "192.0.2.0/24");
     }
 }

@@ -17,11 +17,13 @@ mod billing;
 pub(crate) mod dashboard;
 pub(crate) mod egress;
 mod exits;
+mod feedback;
 mod health;
 pub(crate) mod page;
 mod policy;
 mod provenance;
 mod sessions;
+mod sites;
 mod usage;
 pub(crate) mod users;
 
@@ -59,6 +61,9 @@ pub(crate) fn operations() -> Vec<Op> {
         Op::get("/v1/users/{id}/sessions/{session}", sessions::get_one, "Read a sticky session", Auth::Account),
         Op::patch("/v1/users/{id}/sessions/{session}", sessions::set_time, "Set a sticky session's remaining life to sesstime_minutes from now (extend or shorten)", Auth::Account).body("SetSessionTime"),
         Op::delete("/v1/users/{id}/sessions/{session}", sessions::end, "End a sticky session", Auth::Account).status(204),
+        Op::get("/v1/sites", sites::list, "Exits cooled per target site, worst first (?site=): the fleet for operators; for an account the sites it used in the last 24 h or reported, and its own cooldowns", Auth::Account),
+        Op::delete("/v1/sites/{site}/cooldowns/{exit_id}", sites::lift, "Lift an exit's cooldown for a site on every superproxy (its back-off forgotten); audited", Auth::Operator).status(204),
+        Op::post("/v1/feedback", feedback::report, "Report an exit (exit_id, or a session's pinned exit) blocked, slow or ok for a site: blocked cools it for the reporting account at once, for the fleet once 3 accounts agree within an hour (docs/health.md); rate-limited per key", Auth::Account).body("Feedback").status(201),
         Op::post("/v1/enrollment-tokens", agent::create_enrollment_token, "Create a one-time exit enrollment token", Auth::Operator).body("CreateEnrollmentToken").status(201),
         Op::post("/v1/agent/enroll", agent::enroll, "Exchange an enrollment token for an exit credential", Auth::None).body("Enroll").status(201),
         Op::post("/v1/agent/exits/{id}/heartbeat", agent::heartbeat, "Agent heartbeat; lists superproxies", Auth::Agent).body("Heartbeat"),
@@ -106,10 +111,12 @@ pub(crate) fn operations() -> Vec<Op> {
         Op::get("/dashboard/accounts", dashboard::accounts, "Every account (HTML, operator session)", Auth::None),
         Op::get("/dashboard/accounts/{id}", dashboard::account_page, "One account: users, quotas, entitlements, keys, usage (HTML; operators any, an account its own)", Auth::None),
         Op::get("/dashboard/users/{id}/sessions", dashboard::user_sessions, "A user's sticky sessions (HTML)", Auth::None),
+        Op::get("/dashboard/sites", dashboard::sites, "Target sites worst first: exits cooled per site, each with a lift button (HTML, operator session)", Auth::None),
         Op::post("/dashboard/exits/{id}/{action}", dashboard::exit_action, "Drain, undrain, disable, enable or revoke-consent an exit (form: csrf, confirm=yes, reason; operator session)", Auth::None).status(303),
         Op::post("/dashboard/api-keys/{id}/revoke", dashboard::key_revoke, "Revoke a key and its descendants (form: csrf, confirm=yes; operator session)", Auth::None).status(303),
         Op::post("/dashboard/users/{id}/{action}", dashboard::user_action, "Disable or enable a user (form: csrf, confirm=yes; operator session)", Auth::None).status(303),
         Op::post("/dashboard/users/{id}/sessions/{session}/end", dashboard::session_end, "End a sticky session (form: csrf, confirm=yes; operator session)", Auth::None).status(303),
+        Op::post("/dashboard/sites/{site}/cooldowns/{exit_id}/lift", dashboard::site_lift, "Lift an exit's cooldown for a site (form: csrf; operator session)", Auth::None).status(303),
     ]
 }
 

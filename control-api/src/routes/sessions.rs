@@ -39,7 +39,7 @@ pub(super) struct SessionView {
 /// Most sessions listed in one answer.
 const MAX_LISTED: usize = 10_000;
 
-fn valid_session(id: &str) -> Result<(), ApiError> {
+pub(super) fn valid_session(id: &str) -> Result<(), ApiError> {
     if !id.is_empty() && id.len() <= 64 && id.bytes().all(|b| b.is_ascii_alphanumeric()) {
         Ok(())
     } else {

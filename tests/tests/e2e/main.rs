@@ -44,6 +44,7 @@ mod revocation;
 mod secrets;
 mod selection;
 mod sessions;
+mod site_feedback;
 mod site_health;
 mod socks5_udp;
 mod spine;

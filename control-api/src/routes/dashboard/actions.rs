@@ -273,3 +273,25 @@ pub(crate) async fn session_end(
     .await;
     done(&v, result, &back)
 }
+
+/// `POST /dashboard/sites/{site}/cooldowns/{exit_id}/lift`: not
+/// destructive (the exit is only offered to the site again), so no
+/// confirmation; announced and audited by the handler.
+pub(crate) async fn site_lift(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path((site, exit)): Path<(String, Uuid)>,
+    Form(form): Form<ActionForm>,
+) -> Response {
+    let v = match operator(&state, &headers, &form).await {
+        Ok(v) => v,
+        Err(r) => return r,
+    };
+    let result = crate::routes::sites::lift(
+        crate::auth::Operator,
+        State(state.clone()),
+        Path((site, exit)),
+    )
+    .await;
+    done(&v, result, "/dashboard/sites")
+}

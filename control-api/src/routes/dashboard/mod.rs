@@ -8,10 +8,11 @@
 //!
 //! Pages: the fleet ([`fleet`]: counts, rates, errors, top accounts and
 //! domains, a paged exit table), one exit ([`exit`]: provenance, consent,
-//! egress, charts, state changes), usage, accounts and a user's sessions ([`accounts`]).
+//! egress, charts, state changes), usage, accounts and a user's sessions ([`accounts`]),
+//! target sites and the exits cooled for each ([`sites`]).
 //! Operators act in place ([`actions`]): drain, disable, revoke consent,
-//! revoke a key, end a session, disable a user — through the REST handlers
-//! themselves, so checks and audit entries are theirs.
+//! revoke a key, end a session, disable a user, lift a site cooldown —
+//! through the REST handlers themselves, so checks and audit entries are theirs.
 //!
 //! Login: an API key (or the admin token) posted once from a form becomes a
 //! random session id in an `HttpOnly; SameSite=Strict` cookie (`Secure`
@@ -38,6 +39,7 @@ mod fleet;
 mod format;
 mod security;
 mod sessions;
+mod sites;
 
 pub(crate) use accounts::*;
 pub(crate) use actions::*;
@@ -46,6 +48,7 @@ pub(crate) use fleet::*;
 pub(super) use format::*;
 pub(crate) use security::*;
 pub(crate) use sessions::*;
+pub(crate) use sites::*;
 
 use axum::extract::{Form, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
@@ -105,7 +108,7 @@ fn page(title: &str, body: &str) -> Html<String> {
 /// scripts (each one of [`SCRIPTS`]).
 fn page_for(v: &Viewer, title: &str, body: &str, extra: &[&str]) -> Html<String> {
     let nav = match v.caller {
-        Caller::Operator => "<a href=\"/dashboard\">Fleet</a><a href=\"/dashboard/accounts\">Accounts</a><a href=\"/dashboard/usage\">Usage</a>".to_owned(),
+        Caller::Operator => "<a href=\"/dashboard\">Fleet</a><a href=\"/dashboard/accounts\">Accounts</a><a href=\"/dashboard/sites\">Sites</a><a href=\"/dashboard/usage\">Usage</a>".to_owned(),
         Caller::Account(id) => format!("<a href=\"/dashboard/accounts/{id}\">Account</a><a href=\"/dashboard/usage\">Usage</a>"),
     };
     let who = match v.caller {
