@@ -40,69 +40,16 @@ use crate::AppState;
 pub(crate) const FLEET_COOL_BASE_MS: u64 = 10 * 60 * 1000;
 /// The longest such cooldown.
 pub(crate) const FLEET_COOL_MAX_MS: u64 = 6 * 3600 * 1000;
-/// How long after a cooldown ends its level is remembered (a pair quiet
-/// for that long starts again from the base).
-const FLEET_FORGET_MS: u64 = 6 * 3600 * 1000;
+/// Most cooldowns the fleet keeps (the superproxies' bound too,
+/// `superproxy/src/sites.rs`).
+const MAX_FLEET_COOLDOWNS: u64 = 100_000;
 /// Cooled sites kept per exit: the soonest to end goes first beyond it.
 const COOLDOWNS_PER_EXIT: u64 = 64;
 /// Sites an account's view may draw from its own traffic and reports.
 const MAX_ACCOUNT_SITES: i64 = 10_000;
 
-/// Cools one (exit, site) pair fleet-wide unless a live cooldown already
-/// holds it. `KEYS[1]` the cooldowns hash, `KEYS[2]` the back-off set,
-/// `KEYS[3]` the exit's cooled sites; `ARGV[1]` the field, `ARGV[2]` the
-/// site, `ARGV[3]` base ms, `ARGV[4]` max ms, `ARGV[5]` jitter (permille of
-/// the duration), `ARGV[6]` how long the level is remembered after the end,
-/// `ARGV[7]` cooled sites kept per exit, `ARGV[8]` the exit id. Forgets up
-/// to 100 pairs whose level has lapsed on the way. Returns
-/// `{remaining_ms, level, written (0|1), evicted sites}`.
-const COOL_SCRIPT: &str = r"
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local lapsed = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, 100)
-for _, f in ipairs(lapsed) do
-  redis.call('ZREM', KEYS[2], f)
-  local v = redis.call('HGET', KEYS[1], f)
-  if v then
-    local u = tonumber(string.match(v, '^(%-?%d+)'))
-    if not u or u <= now then redis.call('HDEL', KEYS[1], f) end
-  end
-end
-local prev_until, prev_level = nil, 0
-local prev = redis.call('HGET', KEYS[1], ARGV[1])
-if prev then
-  local u, l = string.match(prev, '^(%-?%d+) (%d+)$')
-  prev_until = tonumber(u)
-  prev_level = tonumber(l) or 0
-end
-if prev_until and prev_until > now then
-  return {prev_until - now, prev_level, 0, {}}
-end
-local level = 0
-local remembered = redis.call('ZSCORE', KEYS[2], ARGV[1])
-if remembered and tonumber(remembered) > now then
-  level = math.min(prev_level + 1, 30)
-end
-local dur = math.min(tonumber(ARGV[3]) * (2 ^ level), tonumber(ARGV[4]))
-dur = math.max(math.floor(dur * tonumber(ARGV[5]) / 1000), 1)
-local untl = now + dur
-redis.call('HSET', KEYS[1], ARGV[1], string.format('%d %d', untl, level))
-redis.call('ZADD', KEYS[2], untl + tonumber(ARGV[6]), ARGV[1])
-redis.call('ZADD', KEYS[3], untl, ARGV[2])
-local evicted = {}
-local over = redis.call('ZCARD', KEYS[3]) - tonumber(ARGV[7])
-if over > 0 then
-  local gone = redis.call('ZPOPMIN', KEYS[3], over)
-  for i = 1, #gone, 2 do
-    redis.call('HDEL', KEYS[1], ARGV[8] .. ' ' .. gone[i])
-    table.insert(evicted, gone[i])
-  end
-end
-return {dur, level, 1, evicted}
-";
-
 /// Lifts one fleet cooldown: the field out of all three keys (`KEYS` as
-/// [`COOL_SCRIPT`]; `ARGV[1]` the field, `ARGV[2]` the site), so the pair
+/// the store's `COOL_SCRIPT`; `ARGV[1]` the field, `ARGV[2]` the site), so the pair
 /// also starts again from the base level. 1 when a live cooldown was
 /// lifted, 0 when there was none (an ended one is forgotten all the same).
 const LIFT_SCRIPT: &str = r"
@@ -407,8 +354,9 @@ pub(crate) async fn cool_fleet(
     let keys = state.projector.keys();
     let jitter: u32 = rand::thread_rng().gen_range(800..=1200);
     let mut redis = state.redis.clone();
+    // The same script the superproxies cool with: one writer of the keys.
     let (remaining_ms, level, written, evicted): (i64, i64, i64, Vec<String>) =
-        redis::Script::new(COOL_SCRIPT)
+        redis::Script::new(contract::COOL_SCRIPT)
             .key(keys.site_cooldowns())
             .key(keys.site_backoff())
             .key(keys.site_cooldowns_of_exit(exit))
@@ -417,9 +365,9 @@ pub(crate) async fn cool_fleet(
             .arg(FLEET_COOL_BASE_MS)
             .arg(FLEET_COOL_MAX_MS)
             .arg(jitter)
-            .arg(FLEET_FORGET_MS)
             .arg(COOLDOWNS_PER_EXIT)
-            .arg(exit.to_string())
+            .arg(MAX_FLEET_COOLDOWNS)
+            .arg(keys.site_cooldowns_of_exit_stem())
             .invoke_async(&mut redis)
             .await
             .map_err(unavailable)?;
@@ -441,7 +389,10 @@ pub(crate) async fn cool_fleet(
         .await;
     }
     for gone in evicted {
-        announce(state, &Announcement::Lifted { exit, site: gone }).await;
+        if let Some((exit, site)) = contract::parse_field(&gone) {
+            let site = site.to_owned();
+            announce(state, &Announcement::Lifted { exit, site }).await;
+        }
     }
     Ok(cooled)
 }
