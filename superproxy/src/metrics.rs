@@ -204,3 +204,11 @@ pub fn site_panic(reason: &'static str) {
 pub fn site_cooldowns_active(n: usize) {
     gauge!("proxynet_site_cooldowns_active").set(n as f64);
 }
+
+/// What became of a ban a retry rule could retry on the forwarding paths:
+/// `retried` (the request went to another exit), `exhausted` (its last
+/// allowed attempt was banned too), `budget` (the retry budget was spent),
+/// `unanswered` (no other exit answered the retry: the ban is relayed).
+pub fn ban_retry(outcome: &'static str) {
+    counter!("proxynet_ban_retries_total", "outcome" => outcome).increment(1);
+}

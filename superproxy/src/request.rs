@@ -78,7 +78,9 @@ impl TargetSpec<'_> {
 
 /// Who is asking: the authenticated user and what their username asked for,
 /// already bounded by what the account allows (only the pipeline's
-/// authorize stage makes one).
+/// authorize stage makes one; a copy is the same authenticated client, for
+/// another attempt of one request).
+#[derive(Clone)]
 pub struct Client {
     pub user_id: Uuid,
     pub account_id: Uuid,

@@ -244,3 +244,38 @@ pub async fn resetting(refused: std::collections::HashSet<std::net::IpAddr>) -> 
     });
     addr
 }
+
+/// A site that bans some exits, as a bot wall does: an HTTP/1.1 server
+/// answering `403` with `cf-mitigated: challenge` (and a short page) to
+/// peers whose address is in `banned`, and `200` with `ok` to everyone
+/// else.
+pub async fn banning_http(banned: std::collections::HashSet<std::net::IpAddr>) -> SocketAddr {
+    use bytes::Bytes;
+    use http_body_util::Full;
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((stream, peer)) = listener.accept().await {
+            let refused = banned.contains(&peer.ip());
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(
+                    move |_req: hyper::Request<hyper::body::Incoming>| async move {
+                        let response = if refused {
+                            hyper::Response::builder()
+                                .status(403)
+                                .header("cf-mitigated", "challenge")
+                                .body(Full::new(Bytes::from_static(b"blocked")))
+                        } else {
+                            hyper::Response::builder().body(Full::new(Bytes::from_static(b"ok")))
+                        };
+                        Ok::<_, std::convert::Infallible>(response.unwrap())
+                    },
+                );
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    addr
+}

@@ -153,13 +153,18 @@ pub struct Targeting {
     /// connection's last absolute-form request used (`rotate-tunnel`),
     /// drawn first while it is usable.
     pub prefer: Option<Uuid>,
+    /// Not from the username: exits this request already went through (an
+    /// absolute-form request retried after a site's ban), never drawn
+    /// again and costing none of its attempts.
+    pub avoid: Vec<Uuid>,
 }
 
 impl Targeting {
-    /// No constraint at all (a preference is none).
+    /// No constraint at all (a preference or an avoided exit is none).
     pub fn is_empty(&self) -> bool {
         Targeting {
             prefer: None,
+            avoid: Vec::new(),
             ..self.clone()
         } == Targeting::default()
     }
@@ -843,6 +848,13 @@ mod tests {
         };
         assert!(preferring.is_empty());
         assert_eq!(preferring.to_string(), "");
+        // Nor are the exits a retry avoids.
+        let avoiding = Targeting {
+            avoid: vec![Uuid::new_v4()],
+            ..Targeting::default()
+        };
+        assert!(avoiding.is_empty());
+        assert_eq!(avoiding.to_string(), "");
     }
 
     #[test]

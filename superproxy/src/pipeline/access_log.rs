@@ -32,6 +32,9 @@ pub(super) struct AccessLog {
     /// Refused after it opened (by the server name in its first bytes):
     /// the error kind and the detail the line gives instead of an end.
     pub(super) refused: Option<(ErrorKind, String)>,
+    /// Which attempt of a forwarded request this is, when a retry rule
+    /// could send it through more than one exit (1, 2, ...).
+    pub(super) attempt: Option<u8>,
 }
 
 impl Drop for AccessLog {
@@ -91,6 +94,7 @@ impl Drop for AccessLog {
             // `false` for an attempt given up for another exit (its bytes
             // are in the ledger as not billable).
             billable = self.meter.billable(),
+            attempt = self.attempt,
             setup_ms = self.setup_ms,
             duration_ms = self.started.elapsed().as_secs_f64() * 1000.0,
             "tunnel"

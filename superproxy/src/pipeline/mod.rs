@@ -476,6 +476,7 @@ impl Pipeline {
                     meter: meter_view,
                     end: None,
                     refused: None,
+                    attempt: None,
                 },
                 _lease: lease,
                 _in_flight: opened.in_flight,
@@ -495,6 +496,24 @@ impl Pipeline {
     /// answers it relays say).
     pub fn sites(&self) -> &Arc<crate::sites::SiteBook> {
         &self.opener.sites
+    }
+
+    /// The retry rule that applies to `client`'s request to `target`, if
+    /// any (docs/policy.md, "Retry rules"): which answers are bans, how
+    /// many other exits to try, whether a ban cools the exit. Memory only.
+    pub fn retry_rule(
+        &self,
+        client: &Client,
+        target: TargetSpec<'_>,
+    ) -> Option<proxynet_store::policy::RetryRule> {
+        self.target_policy.retry_rule(&client.record, target)
+    }
+
+    /// Takes one retry from the budget the opener's own retries draw on
+    /// ([`open::RetryBudget`]): `false` when it is spent, and the caller
+    /// does not retry.
+    pub fn withdraw_retry(&self) -> bool {
+        self.opener.retry_budget.withdraw()
     }
 
     /// Registers the client connection itself under `holds`' user, for as

@@ -101,7 +101,9 @@ impl RetryBudget {
         }
     }
 
-    fn withdraw(&self) -> bool {
+    /// Takes one retry's tokens: `false` when the budget is spent. Also
+    /// drawn on by the forwarding path's retries after a site's ban.
+    pub(crate) fn withdraw(&self) -> bool {
         match self.tokens.lock() {
             Ok(mut t) if *t >= 100 => {
                 *t -= 100;

@@ -19,7 +19,7 @@
 //! round trip: the denials are matched against lists already in memory.
 
 use proxynet_store::policy::{
-    normalize_host, OperatorPolicy, PolicyTarget, Refusal, TrafficPolicy,
+    normalize_host, rule_for, OperatorPolicy, PolicyTarget, Refusal, RetryRule, TrafficPolicy,
 };
 use proxynet_store::UserRecord;
 use proxynet_wire::datagram::DatagramAddr;
@@ -30,7 +30,7 @@ use uuid::Uuid;
 use crate::admission::{Admission, Lease};
 use crate::error::{ErrorKind, ProxyError};
 use crate::operator_policy::OperatorRules;
-use crate::request::Client;
+use crate::request::{Client, TargetSpec};
 use crate::target::{Host, Target};
 
 pub struct TargetPolicy {
@@ -162,6 +162,33 @@ impl TargetPolicy {
             site,
             operator,
         })
+    }
+
+    /// The retry rule for a request to `target` by the client `record`
+    /// authorized ([`rule_for`]: the user's list, then the account's, then
+    /// the operator's; docs/policy.md, "Retry rules"), as a copy. Memory
+    /// only; when no list holds a rule, `None` before the target is parsed.
+    pub(super) fn retry_rule(
+        &self,
+        record: &UserRecord,
+        target: TargetSpec<'_>,
+    ) -> Option<RetryRule> {
+        let operator = self.operator.current();
+        if record.retry_rules.is_empty()
+            && record.account_retry_rules.is_empty()
+            && operator.retry_rules.is_empty()
+        {
+            return None;
+        }
+        let target = target.parse().ok()?;
+        let host = NormalizedHost::of(&target).ok()?;
+        rule_for(
+            &record.retry_rules,
+            &record.account_retry_rules,
+            &operator.retry_rules,
+            &host.policy_target(),
+        )
+        .cloned()
     }
 
     /// The per-domain limits, after the user's own admission: a client its

@@ -98,6 +98,13 @@ impl Holds {
         self.log.end = Some(end);
     }
 
+    /// Records which attempt of a forwarded request the tunnel carries
+    /// (a retry rule may send one request through several exits), for its
+    /// access-log line.
+    pub fn note_attempt(&mut self, attempt: u8) {
+        self.log.attempt = Some(attempt);
+    }
+
     /// The site the tunnel's outcome is recorded for: its target's
     /// registrable domain (an IPv4 literal's /24, an IPv6 one's /64), or
     /// the domain of the TLS server name its client sent when the pipeline

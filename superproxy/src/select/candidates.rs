@@ -40,11 +40,16 @@ const MAX_PASSED_OVER: usize = 64;
 
 impl<'a> Candidates<'a> {
     pub fn new(pool: &'a Pool, targeting: &'a Targeting, cap: usize) -> Self {
+        // Exits the request already went through (a ban retry's) count as
+        // tried, so no draw takes them, and cost none of the `cap` attempts.
+        let avoided = targeting.avoid.len();
+        let mut tried = Vec::with_capacity(cap + avoided);
+        tried.extend_from_slice(&targeting.avoid);
         Self {
             pool,
             targeting,
-            tried: Vec::with_capacity(cap),
-            cap,
+            tried,
+            cap: cap + avoided,
             needs_udp: false,
             passed_over: 0,
             cooling: None,

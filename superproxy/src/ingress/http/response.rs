@@ -11,6 +11,10 @@ use crate::pipeline::Tunnel;
 pub const EXIT_HEADER: &str = "proxynet-exit";
 /// Response header with a sticky session's pin expiry (Unix seconds).
 pub const SESSION_EXPIRES_HEADER: &str = "proxynet-session-expires";
+/// Response header with how many exits a forwarded request went through,
+/// when a retry rule sent it through more than one (a site banned the
+/// first): docs/health.md, "Retry on ban".
+pub const ATTEMPTS_HEADER: &str = "proxynet-attempts";
 
 /// Response bodies: our own short texts or a streamed upstream body.
 pub type ProxyBody =
