@@ -283,7 +283,9 @@ return {length, level, 1, evicted}
 
 /// `KEYS[1]` [`Keys::site_cooldowns`]: `{now_ms, fields and values}`, Redis'
 /// clock and the whole hash (bounded by the cool script's global bound),
-/// ended cooldowns still remembered included.
+/// ended cooldowns still remembered included. With `KEYS[1]`
+/// [`Keys::site_account_cooldowns`] it reads the account-scoped ones the
+/// same way (values `UNTIL_MS`; bounded by [`ACCOUNT_COOLDOWNS_TOTAL`]).
 pub const READ_SCRIPT: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -362,6 +364,20 @@ pub fn parse_account_field(field: &str) -> Option<(Uuid, Uuid, &str)> {
     let (exit, site) = parse_field(rest)?;
     Some((account.parse().ok()?, exit, site))
 }
+
+/// How long a customer's `blocked` report cools the exit for the site in
+/// the reporting account's routing (`POST /v1/feedback` and the
+/// `Proxynet-Report` request header alike; a further report renews it).
+pub const ACCOUNT_COOL_MS: u64 = 30 * 60 * 1000;
+
+/// Account-scoped cooldowns one account holds at most (the soonest to end
+/// gives way): [`ACCOUNT_COOL_SCRIPT`]'s `ARGV[4]` for every writer, and
+/// the bound a superproxy keeps in memory too.
+pub const ACCOUNT_COOLDOWNS_PER_ACCOUNT: u64 = 1_000;
+
+/// Account-scoped cooldowns of all accounts together, at most
+/// ([`ACCOUNT_COOL_SCRIPT`]'s `ARGV[5]`; a superproxy's bound too).
+pub const ACCOUNT_COOLDOWNS_TOTAL: u64 = 200_000;
 
 /// Cools `ARGV[1]` (an [`account_field`]) for `ARGV[3]` ms from now (Redis
 /// clock). `KEYS[1]` [`Keys::site_account_cooldowns`], `KEYS[2]`

@@ -2,7 +2,8 @@
 //! `exit:ID`, `allowlist`, `policy`) so caches drop stale
 //! entries at once instead of when their TTL runs out, and for the fleet's
 //! site cooldowns (`cool:…`, `uncool:…`, from superproxies and the
-//! control-api), applied from the payload alone. Losing events only
+//! control-api) and the accounts' own (`acool:…`, `auncool:…`, from
+//! customers' reports), applied from the payload alone. Losing events only
 //! delays a change to the cache TTL (the cooldowns: to their resync, which
 //! also runs at each subscription); the subscription reconnects on its own
 //! (on a cluster, to the next seed node: pub/sub is cluster-wide).
@@ -13,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use proxynet_store::redis_target::RedisTarget;
-use proxynet_store::site_cooldowns::Announcement;
+use proxynet_store::site_cooldowns::{AccountAnnouncement, Announcement};
 
 use crate::revocation::Revoker;
 use crate::select::Pool;
@@ -73,6 +74,8 @@ async fn follow(redis: &mut RedisTarget, channel: &str, listeners: &Listeners) {
                                 listeners.operator_policy.refresh().await;
                             } else if let Some(announcement) = Announcement::parse(&payload) {
                                 listeners.sites.apply(announcement);
+                            } else if let Some(announcement) = AccountAnnouncement::parse(&payload) {
+                                listeners.sites.apply_account(announcement);
                             }
                         }
                         _ = ping.tick() => {

@@ -212,3 +212,32 @@ pub fn site_cooldowns_active(n: usize) {
 pub fn ban_retry(outcome: &'static str) {
     counter!("proxynet_ban_retries_total", "outcome" => outcome).increment(1);
 }
+
+/// Account-scoped (exit, site) cooldowns this instance holds now: exits
+/// cooled for a site in one account's routing only (customers' reports).
+pub fn site_account_cooldowns_active(n: usize) {
+    gauge!("proxynet_site_account_cooldowns_active").set(n as f64);
+}
+
+/// A `Proxynet-Report` request header: what it said (`blocked`,
+/// `unrecognized`) and what became of it (`cooled`, `rate_limited`,
+/// `no_session`, `no_pin`, `ignored`). `source="header"` tells
+/// these from the control-api's reports to `POST /v1/feedback`, which count
+/// under the same name.
+pub fn site_report(verdict: &'static str, result: &'static str) {
+    counter!(
+        "proxynet_site_reports_total",
+        "source" => "header",
+        "verdict" => verdict,
+        "result" => result
+    )
+    .increment(1);
+}
+
+/// The share of one site's recent outcomes that were successes, for the
+/// busiest sites only (at most [`crate::sites::TOP_SITES`] series at once;
+/// a site that leaves them stops being set, and its series goes with the
+/// exporter's idle timeout).
+pub fn site_success_ratio(site: &str, ratio: f64) {
+    gauge!("proxynet_site_success_ratio", "site" => site.to_owned()).set(ratio);
+}

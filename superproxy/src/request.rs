@@ -48,6 +48,35 @@ impl Ingress {
 /// CONNECT, absolute-form and HTTP/2 requests; never forwarded.
 pub const OPTIONS_HEADER: &str = "proxynet-options";
 
+/// The request header by which a client says the site it asks for refused
+/// the exit its session last used (`Proxynet-Report: blocked`): that exit
+/// is cooled for the site in the account's routing before the exit is
+/// chosen, so the session moves (docs/health.md, "Reports by header").
+/// Read on CONNECT, absolute-form and HTTP/2 requests; never forwarded.
+pub const REPORT_HEADER: &str = "proxynet-report";
+
+/// What a `Proxynet-Report` header says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SiteReport {
+    /// `blocked`: the site refused the session's exit.
+    Blocked,
+    /// Any other value: ignored (and counted), never a refusal, so a
+    /// client's typo cannot fail its requests.
+    Unrecognized,
+}
+
+impl SiteReport {
+    /// The header's value, read as the grammar's words are: ASCII, case
+    /// and surrounding blanks ignored.
+    pub fn from_value(value: &[u8]) -> Self {
+        if value.trim_ascii().eq_ignore_ascii_case(b"blocked") {
+            SiteReport::Blocked
+        } else {
+            SiteReport::Unrecognized
+        }
+    }
+}
+
 /// Proxy credentials as the client presented them.
 pub struct Credentials {
     /// The full proxy username, grammar and all (`alice-session-x1`).
@@ -63,6 +92,28 @@ pub enum TargetSpec<'a> {
     UrlAuthority(&'a str),
     /// Already structured (SOCKS5).
     Parsed(Target),
+}
+
+/// A target as the ingress read it, with what its client reported about
+/// the target's site (the `Proxynet-Report` header), if anything. A
+/// [`TargetSpec`] is one without a report.
+pub struct TargetAsk<'a> {
+    pub spec: TargetSpec<'a>,
+    pub report: Option<SiteReport>,
+}
+
+impl<'a> From<TargetSpec<'a>> for TargetAsk<'a> {
+    fn from(spec: TargetSpec<'a>) -> Self {
+        Self { spec, report: None }
+    }
+}
+
+impl<'a> TargetSpec<'a> {
+    /// This target with the client's report on its site (`None`: the
+    /// request carried no `Proxynet-Report`).
+    pub fn reported(self, report: Option<SiteReport>) -> TargetAsk<'a> {
+        TargetAsk { spec: self, report }
+    }
 }
 
 impl TargetSpec<'_> {
@@ -105,4 +156,23 @@ pub struct UserLimits {
     pub bandwidth: Option<(u64, QuotaPeriod)>,
     /// The account's totals over all its users (its entitlements).
     pub account: Option<AccountLimits>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_report_says_blocked_or_nothing_the_gateway_acts_on() {
+        for blocked in [&b"blocked"[..], b"Blocked", b" BLOCKED\t"] {
+            assert_eq!(SiteReport::from_value(blocked), SiteReport::Blocked);
+        }
+        for other in [&b"ok"[..], b"", b"blocked, slow", b"\xffblocked"] {
+            assert_eq!(SiteReport::from_value(other), SiteReport::Unrecognized);
+        }
+        let asked: TargetAsk<'_> = TargetSpec::Authority("h:1").into();
+        assert_eq!(asked.report, None);
+        let asked = TargetSpec::Authority("h:1").reported(Some(SiteReport::Blocked));
+        assert_eq!(asked.report, Some(SiteReport::Blocked));
+    }
 }

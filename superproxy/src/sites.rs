@@ -25,10 +25,24 @@
 //! eligible pool, cooling is ignored for the site (recomputed each second
 //! off the tunnel path), and a pick that finds only cooled exits takes one
 //! of them anyway.
+//!
+//! Beside the fleet's, cooldowns of one account's routing only
+//! ([`accounts`]: a customer's `blocked` report, from `POST /v1/feedback`
+//! or the `Proxynet-Report` header, [`reports`]), learnt the same way;
+//! [`SiteBook::cooling_for`] joins them with the fleet's for that account's
+//! tunnels, and costs one atomic load more while no account holds any.
+//! The outcomes also feed the busiest sites' success ratios ([`ratios`]).
+
+mod accounts;
+mod ratios;
+mod reports;
+
+pub use ratios::TOP_SITES;
+pub use reports::{ReportedExit, REPORTS_PER_MINUTE, REPORT_BURST};
 
 use proxynet_common::tasks::Stop;
 use proxynet_store::redis_target::RedisConnection;
-use proxynet_store::site_cooldowns::{self, Announcement, Cooldown};
+use proxynet_store::site_cooldowns::{self, AccountAnnouncement, Announcement, Cooldown};
 use proxynet_store::Keys;
 use rand::Rng;
 use redis::AsyncCommands;
@@ -185,6 +199,25 @@ impl SiteCooling {
         Self::new(self.site.clone(), exits, self.in_panic())
     }
 
+    /// This (the fleet's) cooling of the site joined with one account's
+    /// own of it, `own`: an exit either cools is cooled, until the later of
+    /// the two. Never in panic: the caller leaves out a fleet's cooling
+    /// that is.
+    fn joined(&self, own: &SiteCooling) -> Self {
+        let mut exits = self.exits.clone();
+        for (exit, (until, level)) in &own.exits {
+            exits
+                .entry(*exit)
+                .and_modify(|cooled| {
+                    if *until > cooled.0 {
+                        cooled.0 = *until;
+                    }
+                })
+                .or_insert((*until, *level));
+        }
+        Self::new(self.site.clone(), exits, false)
+    }
+
     /// A copy without `exit`; `None` when nothing would be left.
     fn without(&self, exit: Uuid) -> Option<Self> {
         let exits: Exits = self
@@ -233,6 +266,12 @@ pub struct SiteBook {
     fleet: Option<Fleet>,
     /// The eligible exits, for the panic rule.
     pool: Option<Arc<Pool>>,
+    /// Exits cooled for a site in one account's routing only.
+    accounts: accounts::AccountCoolings,
+    /// Each user's `Proxynet-Report` rate.
+    report_rates: reports::ReportRates,
+    /// The busiest sites' recent outcomes.
+    ratios: ratios::SuccessRatios,
 }
 
 impl SiteBook {
@@ -248,6 +287,9 @@ impl SiteBook {
             changes: AtomicU64::new(0),
             fleet: None,
             pool: None,
+            accounts: accounts::AccountCoolings::default(),
+            report_rates: reports::ReportRates::default(),
+            ratios: ratios::SuccessRatios::default(),
         }
     }
 
@@ -274,6 +316,22 @@ impl SiteBook {
         sites.get(site).cloned()
     }
 
+    /// The exits cooled for `site` in `account`'s routing: the fleet's
+    /// (none while the site is in panic) and the account's own, joined.
+    /// While no account holds a cooldown this is [`Self::cooling`] and one
+    /// atomic load; a new set is made only when both the fleet and the
+    /// account cool some exit for the site.
+    pub fn cooling_for(&self, account: Uuid, site: &str) -> Option<Arc<SiteCooling>> {
+        let fleet = self.cooling(site);
+        let Some(own) = self.accounts.cooling(account, site) else {
+            return fleet;
+        };
+        match fleet {
+            Some(fleet) if !fleet.in_panic() => Some(Arc::new(fleet.joined(&own))),
+            _ => Some(own),
+        }
+    }
+
     /// Every site with a cooling now (for views of the whole book).
     pub fn all(&self) -> Vec<Arc<SiteCooling>> {
         self.sites
@@ -296,6 +354,7 @@ impl SiteBook {
         force_cool: bool,
     ) {
         crate::metrics::site_outcome(verdict.as_str());
+        self.ratios.note(site, !verdict.is_failure());
         if !verdict.is_failure() {
             self.end_streak(exit, site);
             return;
@@ -349,6 +408,37 @@ impl SiteBook {
         }
     }
 
+    /// Applies a change to one account's cooldowns announced on the events
+    /// channel: memory only, as [`Self::apply`].
+    pub fn apply_account(&self, announcement: AccountAnnouncement) {
+        match announcement {
+            AccountAnnouncement::Cooled {
+                account,
+                exit,
+                site,
+                remaining_ms,
+            } => {
+                let until = later(Instant::now(), Duration::from_millis(remaining_ms));
+                if !self.accounts.set(account, exit, &site, until) {
+                    tracing::debug!(account = %account, exit = %exit, site = %site, "account cooldown not held here: the bound on account cooldowns is reached");
+                }
+            }
+            AccountAnnouncement::Lifted {
+                account,
+                exit,
+                site,
+            } => self.accounts.lift(account, exit, &site),
+        }
+    }
+
+    /// Whether `exit` is cooled for `site` in `account`'s own routing (an
+    /// account-scoped cooldown, not the fleet's) at `now`.
+    pub fn cooled_for_account(&self, account: Uuid, exit: Uuid, site: &str, now: Instant) -> bool {
+        self.accounts
+            .cooling(account, site)
+            .is_some_and(|c| c.cools(exit, now))
+    }
+
     /// Reads every cooldown from Redis and makes them this instance's
     /// (on each subscription to the change channel and every 30 s). A
     /// change applied meanwhile is kept: the read is merged then.
@@ -371,19 +461,23 @@ impl SiteBook {
                 tracing::debug!(error = %e, "site cooldowns not read; keeping this instance's copy");
             }
         }
+        self.accounts.resync(fleet.redis.clone(), &fleet.keys).await;
     }
 
     /// Every second until `stop`: drops ended cooldowns (remembering their
-    /// level), recomputes each site's panic flag and sweeps idle streaks;
-    /// every 30 s, a resync.
+    /// level), recomputes each site's panic flag, sweeps idle streaks and
+    /// publishes the busiest sites' success ratios; every 30 s, a resync
+    /// (and the report rates of users gone quiet are forgotten).
     pub async fn run(self: Arc<Self>, stop: Stop) {
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut resynced = Instant::now();
         while stop.run_until_cancelled(tick.tick()).await.is_some() {
             self.upkeep(Instant::now());
+            self.ratios.publish();
             if resynced.elapsed() >= RESYNC_EVERY {
                 resynced = Instant::now();
+                self.report_rates.forget_quiet();
                 self.resync().await;
             }
         }
@@ -441,6 +535,7 @@ impl SiteBook {
             remembered.retain(|_, r| r.forget_at > now);
         }
         crate::metrics::site_cooldowns_active(active);
+        crate::metrics::site_account_cooldowns_active(self.accounts.sweep(now));
     }
 
     /// Drops the ended cooldowns of `sites`, remembering their levels.
@@ -950,6 +1045,68 @@ mod tests {
             .unwrap();
         assert!(until <= Instant::now() + LONGEST);
         assert_eq!(level, MAX_LEVEL);
+    }
+
+    #[test]
+    fn an_accounts_cooldowns_join_the_fleets_for_its_tunnels_only() {
+        let book = book();
+        let (fleet_cooled, reported) = (Uuid::new_v4(), Uuid::new_v4());
+        let (account, other) = (Uuid::new_v4(), Uuid::new_v4());
+        assert!(book.cooling_for(account, "shop.test").is_none());
+        let own = AccountAnnouncement::Cooled {
+            account,
+            exit: reported,
+            site: "shop.test".into(),
+            remaining_ms: 60_000,
+        };
+        book.apply_account(AccountAnnouncement::parse(&own.encode()).unwrap());
+        let now = Instant::now();
+        assert!(book.cooled_for_account(account, reported, "shop.test", now));
+        let mine = book.cooling_for(account, "shop.test").unwrap();
+        assert!(mine.cools(reported, now));
+        assert!(book.cooling_for(other, "shop.test").is_none());
+        assert!(book.cooling("shop.test").is_none(), "not the fleet's");
+        // With the fleet's: both, for the account; the fleet's alone for
+        // any other account.
+        book.apply(Announcement::Cooled {
+            exit: fleet_cooled,
+            site: "shop.test".into(),
+            remaining_ms: 60_000,
+            level: 1,
+        });
+        let joined = book.cooling_for(account, "shop.test").unwrap();
+        assert!(joined.cools(reported, now) && joined.cools(fleet_cooled, now));
+        assert_eq!(joined.cooldown(fleet_cooled).map(|c| c.1), Some(1));
+        assert_eq!(joined.site(), "shop.test");
+        let theirs = book.cooling_for(other, "shop.test").unwrap();
+        assert!(theirs.cools(fleet_cooled, now) && !theirs.cools(reported, now));
+        // The fleet's cooling in panic is left out; the account's own stays.
+        book.upkeep_against(now, 1, |id| *id == fleet_cooled);
+        assert!(book.cooling("shop.test").unwrap().in_panic());
+        let joined = book.cooling_for(account, "shop.test").unwrap();
+        assert!(!joined.in_panic());
+        assert!(joined.cools(reported, now) && !joined.cools(fleet_cooled, now));
+        // Lifted: the account's tunnels see the fleet's cooling again.
+        let lifted = AccountAnnouncement::Lifted {
+            account,
+            exit: reported,
+            site: "shop.test".into(),
+        };
+        book.apply_account(AccountAnnouncement::parse(&lifted.encode()).unwrap());
+        assert!(!book.cooled_for_account(account, reported, "shop.test", now));
+        assert!(book.cooling_for(account, "shop.test").unwrap().in_panic());
+        // A payload cannot cool for more than a week.
+        book.apply_account(AccountAnnouncement::Cooled {
+            account,
+            exit: reported,
+            site: "far.test".into(),
+            remaining_ms: u64::MAX,
+        });
+        let (until, _) = book
+            .cooling_for(account, "far.test")
+            .and_then(|c| c.cooldown(reported))
+            .unwrap();
+        assert!(until <= Instant::now() + LONGEST);
     }
 
     #[test]

@@ -23,7 +23,13 @@ use std::collections::BTreeSet;
 use axum::extract::State;
 use axum::http::StatusCode;
 use chrono::{DateTime, Utc};
-use proxynet_store::site_cooldowns::{self as contract, AccountAnnouncement};
+// How long a `blocked` report cools the exit for the reporting account and
+// the bounds on account-scoped cooldowns are the contract's: the
+// superproxies write the same for the `Proxynet-Report` request header.
+use proxynet_store::site_cooldowns::{
+    self as contract, AccountAnnouncement, ACCOUNT_COOLDOWNS_PER_ACCOUNT, ACCOUNT_COOLDOWNS_TOTAL,
+    ACCOUNT_COOL_MS,
+};
 use proxynet_wire::session_pin::PinValue;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
@@ -39,12 +45,6 @@ use crate::AppState;
 pub(crate) const CORROBORATING_ACCOUNTS: i64 = 3;
 /// How far back corroborating reports count (a Postgres interval).
 const CORROBORATION_WINDOW: &str = "1 hour";
-/// How long a `blocked` report cools the exit for the reporting account.
-pub(crate) const ACCOUNT_COOL_MS: u64 = 30 * 60 * 1000;
-/// Account-scoped cooldowns one account holds at most (the soonest to end
-/// gives way), and all accounts together.
-const ACCOUNT_COOLDOWNS_PER_ACCOUNT: u64 = 1_000;
-const ACCOUNT_COOLDOWNS_TOTAL: u64 = 200_000;
 /// Users searched for a session when the report names none.
 const MAX_USERS_SEARCHED: usize = 1_000;
 

@@ -45,7 +45,7 @@ use crate::accept::ConnectionTicket;
 use crate::error::{ErrorKind, ProxyError};
 use crate::metrics::Stats;
 use crate::open_tunnels::OpenTunnels;
-use crate::request::{Client, Credentials, Ingress, TargetSpec};
+use crate::request::{Client, Credentials, Ingress, TargetAsk, TargetSpec};
 use crate::usage::{Metered, UsageRecorder};
 
 /// How long a client's first bytes are waited for when a tunnel is judged
@@ -97,15 +97,18 @@ impl Pipeline {
 
     /// Runs every stage for one tunnel; on failure the error says how to
     /// answer. `options`: the `Proxynet-Options` header, when the request
-    /// carried one ([`crate::request::OPTIONS_HEADER`]).
-    pub async fn open(
+    /// carried one ([`crate::request::OPTIONS_HEADER`]). `target`: a
+    /// [`crate::request::TargetSpec`], or one with the client's
+    /// `Proxynet-Report` ([`crate::request::TargetSpec::reported`]).
+    pub async fn open<'t>(
         &self,
         ingress: Ingress,
         credentials: Option<Credentials>,
         options: Option<&str>,
-        target: TargetSpec<'_>,
+        target: impl Into<TargetAsk<'t>>,
         ticket: &ConnectionTicket,
     ) -> Result<Tunnel, ProxyError> {
+        let target: TargetAsk<'t> = target.into();
         let started = Instant::now();
         let client = self
             .authenticate(credentials, options, ticket, ingress, started)
@@ -116,14 +119,20 @@ impl Pipeline {
     /// The stages after authentication, for an ingress that must answer the
     /// login before it can read the target (SOCKS5). Only
     /// [`Pipeline::authenticate`] makes a [`Client`], so the order holds.
-    pub async fn open_as(
+    /// A report on the target's site (`Proxynet-Report`) is taken by the
+    /// open stage, once the site is known and before the exit is chosen.
+    pub async fn open_as<'t>(
         &self,
         client: Client,
         ingress: Ingress,
-        target: TargetSpec<'_>,
+        target: impl Into<TargetAsk<'t>>,
         ticket: &ConnectionTicket,
         started: Instant,
     ) -> Result<Tunnel, ProxyError> {
+        let TargetAsk {
+            spec: target,
+            report,
+        }: TargetAsk<'t> = target.into();
         let opened = async {
             let target = target.parse()?;
             // Literal addresses the policy forbids never cost an exit a stream.
@@ -147,7 +156,12 @@ impl Pipeline {
             let lease = lease.with_domain(permitted.leases);
             let opened = self
                 .opener
-                .open(Purpose::Tunnel(&target), &client, Some(&permitted.site))
+                .open(
+                    Purpose::Tunnel(&target),
+                    &client,
+                    Some(&permitted.site),
+                    report,
+                )
                 .await?;
             let held = HeldTarget {
                 shown: target.to_string(),
@@ -299,7 +313,7 @@ impl Pipeline {
             let (lease, quotas) = self.admit.admit(&client).await?;
             let opened = self
                 .opener
-                .open(Purpose::Association, &client, None)
+                .open(Purpose::Association, &client, None, None)
                 .await?;
             Ok::<_, ProxyError>((lease, quotas, opened))
         }

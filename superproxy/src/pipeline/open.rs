@@ -9,9 +9,17 @@
 //! its pinned exit while it is eligible; when it is not, `soft` sessions are
 //! re-pinned to another exit and `hard` ones fail with a coded 502.
 //!
-//! A tunnel to a site skips the exits cooled for it ([`crate::sites`]), and
-//! a connect its target refused, timed out or found unreachable counts
+//! A tunnel to a site skips the exits cooled for it ([`crate::sites`]) —
+//! the fleet's, and those cooled in its account's routing only — and a
+//! connect its target refused, timed out or found unreachable counts
 //! against the (exit, site) pair, never against the exit's own health.
+//!
+//! A request reporting its site blocked (`Proxynet-Report: blocked`) cools
+//! the exit its session is pinned to for that site in the account's
+//! routing before the exit is chosen: the pin then counts as lost, as any
+//! pin its site refuses (a soft session re-pins, a hard one is a 502
+//! naming the site). Without a session there is no exit to name, and the
+//! report is ignored.
 
 use proxynet_common::egress::EgressPolicy;
 use std::net::IpAddr;
@@ -24,10 +32,10 @@ use crate::error::{ErrorKind, ProxyError};
 use crate::health::InFlight;
 use crate::link::dial;
 use crate::link::stream::ExitStream;
-use crate::request::Client;
+use crate::request::{Client, SiteReport};
 use crate::select::sessions::{Pin, Sessions};
 use crate::select::{egress_ip_for, egress_ip_of_family, Candidate, Candidates, Pool, Sticky};
-use crate::sites::{SiteBook, Verdict};
+use crate::sites::{ReportedExit, SiteBook, Verdict};
 use crate::target::Target;
 use crate::username::Targeting;
 
@@ -142,23 +150,39 @@ impl TunnelOpener {
     /// Opens a stream for `purpose` through the first candidate that takes
     /// it: take the next candidate, check the budget, dial, record the
     /// outcome, then retry or stop by `retry_safe`. A tunnel to `site`
-    /// skips the exits cooled for it (one map read when none is).
+    /// skips the exits cooled for it, the fleet's and the client's
+    /// account's own (one map read when none is). `report`: what the
+    /// client's `Proxynet-Report` header said of the site, taken before
+    /// the exit is chosen.
     pub async fn open(
         &self,
         purpose: Purpose<'_>,
         client: &Client,
         site: Option<&Arc<str>>,
+        report: Option<SiteReport>,
     ) -> Result<Opened, ProxyError> {
         let deadline = Instant::now() + self.connect_budget;
         let targeting = &client.request.targeting;
-        let cooling = site.and_then(|site| self.sites.cooling(site));
-        let mut candidates = Candidates::new(&self.pool, targeting, MAX_ATTEMPTS)
-            .needing_udp(matches!(purpose, Purpose::Association))
-            .for_site(cooling);
         let mut sticky = match &client.request.session {
             Some(session) => Some(Sticky::load(&self.sessions, client.user_id, session).await),
             None => None,
         };
+        if let Some(report) = report {
+            // Before the cooling is read: the exit it names is then cooled
+            // for this very tunnel, and its session's pin counts as lost.
+            let reported = match &sticky {
+                None => ReportedExit::NoSession,
+                Some(sticky) => sticky
+                    .pin()
+                    .map_or(ReportedExit::NoPin, |pin| ReportedExit::Pinned(pin.exit)),
+            };
+            self.sites
+                .report(report, client.account_id, client.user_id, reported, site);
+        }
+        let cooling = site.and_then(|site| self.sites.cooling_for(client.account_id, site));
+        let mut candidates = Candidates::new(&self.pool, targeting, MAX_ATTEMPTS)
+            .needing_udp(matches!(purpose, Purpose::Association))
+            .for_site(cooling);
         let mut last_error = None;
         let mut no_family = false;
         self.retry_budget.deposit();

@@ -276,4 +276,55 @@ mod tests {
         assert_eq!(unless_all_cooled(None, pick(&[cooled])), Some(cooled));
         assert_eq!(unless_all_cooled(Some(&cooling), pick(&[])), None);
     }
+
+    #[test]
+    fn an_accounts_own_cooldowns_are_skipped_for_its_tunnels_only() {
+        use crate::sites::{SiteBook, SiteSettings};
+        use proxynet_store::site_cooldowns::{AccountAnnouncement, Announcement};
+
+        let book = SiteBook::new(SiteSettings::default());
+        let (by_fleet, reported, fine) = (Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4());
+        let (account, other) = (Uuid::new_v4(), Uuid::new_v4());
+        book.apply(Announcement::Cooled {
+            exit: by_fleet,
+            site: "shop.test".into(),
+            remaining_ms: 60_000,
+            level: 0,
+        });
+        book.apply_account(AccountAnnouncement::Cooled {
+            account,
+            exit: reported,
+            site: "shop.test".into(),
+            remaining_ms: 60_000,
+        });
+        let now = Instant::now();
+        let pick = |exits: &[Uuid]| {
+            let exits = exits.to_vec();
+            move |avoid: Option<&SiteCooling>| {
+                exits
+                    .iter()
+                    .copied()
+                    .find(|e| !avoid.is_some_and(|a| a.cools(*e, now)))
+            }
+        };
+        let mine = book.cooling_for(account, "shop.test");
+        let theirs = book.cooling_for(other, "shop.test");
+        assert_eq!(
+            unless_all_cooled(mine.as_deref(), pick(&[by_fleet, reported, fine])),
+            Some(fine),
+            "the account skips both the fleet's and its own"
+        );
+        assert_eq!(
+            unless_all_cooled(theirs.as_deref(), pick(&[by_fleet, reported, fine])),
+            Some(reported),
+            "another account skips the fleet's only"
+        );
+        assert_eq!(
+            unless_all_cooled(mine.as_deref(), pick(&[reported])),
+            Some(reported),
+            "only exits cooled for it left: one of them"
+        );
+        // A site without any record: nothing skipped, nothing allocated.
+        assert!(book.cooling_for(account, "other.test").is_none());
+    }
 }

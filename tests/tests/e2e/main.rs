@@ -48,6 +48,7 @@ mod sessions;
 mod site_feedback;
 mod site_health;
 mod site_pool;
+mod site_reports;
 mod socks5_udp;
 mod spine;
 mod startup;

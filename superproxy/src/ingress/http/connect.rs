@@ -43,12 +43,13 @@ pub async fn connect(
         .as_str()
         .to_owned();
     let options = super::header_options(&req);
+    let target = TargetSpec::Authority(&authority).reported(super::header_report(req.headers()));
     let mut tunnel = pipeline
         .open(
             ingress,
             super::credentials(&req),
             options.as_deref(),
-            TargetSpec::Authority(&authority),
+            target,
             &ticket,
         )
         .await?;

@@ -29,7 +29,7 @@ use crate::authenticate::parse_basic;
 use crate::error::serialize_response;
 use crate::ingress::IngressLimits;
 use crate::pipeline::Pipeline;
-use crate::request::{Credentials, Ingress, TargetSpec, OPTIONS_HEADER};
+use crate::request::{Credentials, Ingress, SiteReport, TargetSpec, OPTIONS_HEADER, REPORT_HEADER};
 
 /// What is left of the connection for hyper, if anything.
 pub enum Remaining<IO> {
@@ -74,7 +74,7 @@ where
         Ingress::Connect,
         request.credentials,
         request.options.as_deref(),
-        TargetSpec::Authority(&request.authority),
+        TargetSpec::Authority(&request.authority).reported(request.report),
         ticket,
     );
     let opened = tokio::select! {
@@ -157,6 +157,8 @@ struct ConnectRequest {
     credentials: Option<Credentials>,
     /// The `Proxynet-Options` header, read as hyper's path reads it.
     options: Option<String>,
+    /// The `Proxynet-Report` header, likewise.
+    report: Option<SiteReport>,
 }
 
 impl ConnectRequest {
@@ -184,6 +186,7 @@ impl ConnectRequest {
         // is left to hyper.
         let mut credentials = None;
         let mut options = None;
+        let mut report = None;
         for field in request.headers.iter() {
             let is = |name: &header::HeaderName| field.name.eq_ignore_ascii_case(name.as_str());
             if is(&header::CONNECTION) {
@@ -210,12 +213,16 @@ impl ConnectRequest {
                 // The first one counts, and bytes that are not UTF-8 fail
                 // the grammar with the header named, as on hyper's path.
                 options = Some(String::from_utf8_lossy(field.value).into_owned());
+            } else if field.name.eq_ignore_ascii_case(REPORT_HEADER) && report.is_none() {
+                // The first one counts, as on hyper's path.
+                report = Some(SiteReport::from_value(field.value));
             }
         }
         Some(Self {
             authority,
             credentials,
             options,
+            report,
         })
     }
 }
@@ -286,6 +293,22 @@ mod tests {
         assert!(parse("CONNECT h:1 HTTP/1.1\r\n\r\n")
             .unwrap()
             .options
+            .is_none());
+    }
+
+    #[test]
+    fn the_report_header_is_read_here_as_hyper_reads_it() {
+        let r = parse(
+            "CONNECT h:1 HTTP/1.1\r\nProxynet-Report:  Blocked \r\n\
+             proxynet-report: nonsense\r\n\r\n",
+        )
+        .unwrap();
+        assert_eq!(r.report, Some(SiteReport::Blocked), "the first counts");
+        let r = parse("CONNECT h:1 HTTP/1.1\r\nProxynet-Report: ok\r\n\r\n").unwrap();
+        assert_eq!(r.report, Some(SiteReport::Unrecognized));
+        assert!(parse("CONNECT h:1 HTTP/1.1\r\n\r\n")
+            .unwrap()
+            .report
             .is_none());
     }
 

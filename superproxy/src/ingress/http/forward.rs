@@ -173,6 +173,7 @@ pub async fn forward(
     let websocket = !h2 && is_websocket_upgrade(&req);
     // Read before the hop-by-hop fields go: the options header is one.
     let options = super::header_options(&req);
+    let report = super::header_report(req.headers());
     let mut headers = end_to_end(req.headers());
     let client_upgrade = if websocket {
         headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
@@ -229,6 +230,7 @@ pub async fn forward(
         authority: &authority,
         ticket: &ticket,
         identity: &identity,
+        report,
     };
     // The stages of `Pipeline::open`, with the login checked once for every
     // attempt, and a `rotate-tunnel` login's connection exit preferred.
@@ -488,6 +490,9 @@ struct Route<'a> {
     authority: &'a str,
     ticket: &'a ConnectionTicket,
     identity: &'a ConnectionIdentity,
+    /// A `Proxynet-Report` the client sent: it concerns the exit its session
+    /// used before this request, so only the first attempt carries it.
+    report: Option<crate::request::SiteReport>,
 }
 
 /// One attempt's upstream connection, open and ready for the request.
@@ -535,7 +540,8 @@ impl Route<'_> {
             .open_as(
                 client,
                 self.ingress,
-                TargetSpec::UrlAuthority(self.authority),
+                TargetSpec::UrlAuthority(self.authority)
+                    .reported(self.report.filter(|_| number.unwrap_or(1) <= 1)),
                 self.ticket,
                 started,
             )

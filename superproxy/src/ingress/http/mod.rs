@@ -184,6 +184,18 @@ fn header_options<B>(req: &Request<B>) -> Option<String> {
         .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
 }
 
+/// The `Proxynet-Report` header, if the client sent one (the first, as
+/// [`header_options`] reads its header): what the client says the site it
+/// asks for did to its session's exit ([`crate::request::REPORT_HEADER`]).
+/// Read before the hop-by-hop fields are stripped (it is one of them); an
+/// absolute-form request reads it with
+/// `TargetSpec::UrlAuthority(..).reported(header_report(headers))`.
+pub(super) fn header_report(headers: &http::HeaderMap) -> Option<crate::request::SiteReport> {
+    headers
+        .get(crate::request::REPORT_HEADER)
+        .map(|v| crate::request::SiteReport::from_value(v.as_bytes()))
+}
+
 /// The `Proxy-Authorization: Basic` credentials, if the client sent any. A
 /// header that does not decode still counts as presented (and fails).
 fn credentials<B>(req: &Request<B>) -> Option<Credentials> {
