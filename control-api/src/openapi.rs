@@ -115,11 +115,11 @@ fn schemas() -> Value {
     // would pass the `json!` macro's recursion limit.
     let retry_rules = json!({"type": "array", "maxItems": 20,
         "description": "Ban rules (docs/policy.md): the first whose sites cover the target decides, the user's before the account's before the operator's",
-        "items": {"type": "object", "additionalProperties": false,
+        "items": {"type": "object", "additionalProperties": false, "required": ["statuses"],
             "properties": {
                 "sites": {"type": "array", "maxItems": 100, "items": {"type": "string"},
                     "description": "domain entries as in the policies; empty: every site"},
-                "statuses": {"type": "array", "items": {"type": "integer", "minimum": 100, "maximum": 599}},
+                "statuses": {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 400, "maximum": 599}},
                 "header": {"type": ["string", "null"], "pattern": "^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,64}$",
                     "description": "a response header whose presence means a ban (stored lower case)"},
                 "retry": {"type": "integer", "minimum": 0, "maximum": 3},

@@ -277,9 +277,12 @@ impl RetryRule {
             return Err(format!("{field}.sites: at most {MAX_RULE_SITES} entries"));
         }
         self.sites = normalize_list(&format!("{field}.sites"), &self.sites)?;
-        if let Some(bad) = self.statuses.iter().find(|s| !(100..=599).contains(*s)) {
+        // A ban is an error answer: a rule that called a 200 a ban would
+        // send every request to the target up to four times and throw away
+        // answers that worked.
+        if let Some(bad) = self.statuses.iter().find(|s| !(400..=599).contains(*s)) {
             return Err(format!(
-                "{field}.statuses: {bad} is not an HTTP status (100 to 599)"
+                "{field}.statuses: {bad} is not an error status (400 to 599): only an error answer can be a ban"
             ));
         }
         let mut seen = Vec::with_capacity(self.statuses.len());
@@ -298,9 +301,9 @@ impl RetryRule {
             }
             self.header = Some(name);
         }
-        if self.statuses.is_empty() && self.header.is_none() {
+        if self.statuses.is_empty() {
             return Err(format!(
-                "{field}: give statuses, a header or both (what answer is a ban)"
+                "{field}.statuses: which error statuses are a ban (400 to 599; a header narrows them)"
             ));
         }
         if self.retry > MAX_RETRIES {
@@ -879,6 +882,9 @@ mod tests {
         assert_eq!((r.retry, r.cool), (2, true));
         for bad in [
             serde_json::json!({"statuses": [99]}),
+            serde_json::json!({"statuses": [200]}),
+            serde_json::json!({"statuses": [302]}),
+            serde_json::json!({"header": "cf-mitigated"}),
             serde_json::json!({"statuses": [600]}),
             serde_json::json!({"statuses": [403], "retry": 4}),
             serde_json::json!({"header": "cf mitigated"}),
@@ -930,9 +936,10 @@ mod tests {
         assert!(!both.matches(&site, 403, without), "the header is missing");
         assert!(!both.matches(&site, 200, with), "the status is not listed");
         assert!(!both.matches(&PolicyTarget::Name("badexample.com"), 403, with));
-        let header_only = rule(serde_json::json!({"header": "cf-mitigated"})).unwrap();
-        assert!(header_only.matches(&PolicyTarget::Name("any.test"), 200, with));
-        assert!(!header_only.matches(&PolicyTarget::Name("any.test"), 403, without));
+        let any_site =
+            rule(serde_json::json!({"statuses": [403], "header": "cf-mitigated"})).unwrap();
+        assert!(any_site.matches(&PolicyTarget::Name("any.test"), 403, with));
+        assert!(!any_site.matches(&PolicyTarget::Name("any.test"), 403, without));
         let network =
             rule(serde_json::json!({"sites": ["10.0.0.0/8"], "statuses": [429]})).unwrap();
         assert!(network.matches(&PolicyTarget::Ip("10.9.8.7".parse().unwrap()), 429, without));

@@ -238,6 +238,12 @@ pub struct Config {
     #[arg(long, env = "PROXYNET_SITE_COOL_AFTER", default_value_t = 3)]
     pub site_cool_after: u32,
 
+    /// Distinct accounts whose failures must make up a streak before it
+    /// cools the exit for the whole fleet; with fewer, the exit is cooled
+    /// for the failing accounts' own routing only.
+    #[arg(long, env = "PROXYNET_SITE_COOL_ACCOUNTS", default_value_t = 2)]
+    pub site_cool_accounts: u32,
+
     /// First cooldown of an exit for a site, s; doubles with each repeat
     /// (±20 % jitter).
     #[arg(long, env = "PROXYNET_SITE_COOL_BASE_SECS", default_value_t = 60)]
@@ -404,6 +410,7 @@ impl Config {
             max,
             panic_percent: self.site_panic_percent.min(100),
             per_exit: self.site_cooldowns_per_exit.max(1),
+            cool_accounts: self.site_cool_accounts.max(1),
         }
     }
     pub fn usage_flush(&self) -> Duration {

@@ -213,8 +213,14 @@ pub fn ban_retry(outcome: &'static str) {
     counter!("proxynet_ban_retries_total", "outcome" => outcome).increment(1);
 }
 
+/// An exit cooled for a site in one account's routing only (a customer's
+/// report, or one account's failures not yet corroborated by another's).
+pub fn site_account_cooled() {
+    counter!("proxynet_site_account_cooldowns_total").increment(1);
+}
+
 /// Account-scoped (exit, site) cooldowns this instance holds now: exits
-/// cooled for a site in one account's routing only (customers' reports).
+/// cooled for a site in one account's routing only.
 pub fn site_account_cooldowns_active(n: usize) {
     gauge!("proxynet_site_account_cooldowns_active").set(n as f64);
 }

@@ -108,6 +108,10 @@ pub struct SiteSettings {
     pub panic_percent: u32,
     /// Most sites one exit is cooled for at once (the fleet's bound).
     pub per_exit: usize,
+    /// Distinct accounts whose failures must make a streak before it cools
+    /// the exit for the whole fleet; fewer cool it for those accounts'
+    /// routing only, so no one account can steer everybody's traffic.
+    pub cool_accounts: u32,
 }
 
 impl Default for SiteSettings {
@@ -118,6 +122,7 @@ impl Default for SiteSettings {
             max: Duration::from_secs(6 * 3600),
             panic_percent: 95,
             per_exit: 64,
+            cool_accounts: 2,
         }
     }
 }
@@ -231,11 +236,16 @@ impl SiteCooling {
 }
 
 /// Failures in a row of one (exit, site) pair.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Streak {
     failures: u32,
     last: Instant,
+    /// The accounts whose tunnels failed in the streak (the first few).
+    accounts: Vec<Uuid>,
 }
+
+/// Accounts a streak remembers: enough for any sensible `cool_accounts`.
+const STREAK_ACCOUNTS: usize = 8;
 
 /// An ended cooldown's level, until it is forgotten: a pair on probation
 /// cools again at its first failure, for longer.
@@ -346,8 +356,17 @@ impl SiteBook {
     /// (a retry rule that says `cool`) — cools the exit for the site, here
     /// at once and then for the fleet. Failures of an exit already cooled
     /// for the site (an explicit `exit-…`, a panic) change nothing.
+    ///
+    /// Whose tunnel it was matters: a streak cools the exit for the fleet
+    /// only once the failures of `cool_accounts` distinct accounts make it
+    /// up; until then — and for a retry rule's `cool`, which one account
+    /// wrote — the exit is cooled for the failing `account`'s own routing
+    /// (an account cooldown, as a customer's report makes). A customer's own
+    /// site that refuses every exit, a closed port, a forged server name or
+    /// a rule matching every answer cost that customer alone.
     pub fn record(
         self: &Arc<Self>,
+        account: Uuid,
         exit: Uuid,
         site: &Arc<str>,
         verdict: Verdict,
@@ -369,25 +388,32 @@ impl SiteBook {
             Some(_) => 1,
             None => self.settings.cool_after.max(1),
         };
-        if !force_cool && self.add_failure(exit, site, now) < threshold {
+        let (failures, accounts) = self.add_failure(account, exit, site, now);
+        if failures >= threshold && accounts >= self.settings.cool_accounts.max(1) as usize {
+            self.end_streak(exit, site);
+            let level = remembered.map_or(0, |l| l.saturating_add(1).min(MAX_LEVEL));
+            self.cool(exit, site.clone(), level, now);
             return;
         }
-        self.end_streak(exit, site);
-        let level = remembered.map_or(0, |l| l.saturating_add(1).min(MAX_LEVEL));
-        self.cool(exit, site.clone(), level, now);
+        if (force_cool || failures >= threshold)
+            && !self.cooled_for_account(account, exit, site, now)
+        {
+            self.cool_for_account(account, exit, site);
+        }
     }
 
     /// An HTTP answer relayed through `exit` for `site`: banned (a ban
     /// status or marker) or not; `force_cool` cools at once.
     pub fn record_http(
         self: &Arc<Self>,
+        account: Uuid,
         exit: Uuid,
         site: &Arc<str>,
         banned: bool,
         force_cool: bool,
     ) {
         let verdict = if banned { Verdict::Banned } else { Verdict::Ok };
-        self.record(exit, site, verdict, force_cool && banned);
+        self.record(account, exit, site, verdict, force_cool && banned);
     }
 
     /// Applies a change announced on the events channel: memory only.
@@ -627,29 +653,40 @@ impl SiteBook {
         self.changes.fetch_add(1, Ordering::AcqRel);
     }
 
-    /// Adds a failure to the pair's streak; how long it is now (0 when the
-    /// streaks are full of live pairs: this one goes untracked).
-    fn add_failure(&self, exit: Uuid, site: &Arc<str>, now: Instant) -> u32 {
+    /// Adds `account`'s failure to the pair's streak: how long it is now
+    /// and how many distinct accounts made it ((0, 0) when the streaks are
+    /// full of live pairs: this one goes untracked).
+    fn add_failure(
+        &self,
+        account: Uuid,
+        exit: Uuid,
+        site: &Arc<str>,
+        now: Instant,
+    ) -> (u32, usize) {
         let Ok(mut streaks) = self.streaks.lock() else {
-            return 0;
+            return (0, 0);
         };
         let key = (exit, site.clone());
         if streaks.len() >= MAX_STREAKS && !streaks.contains_key(&key) {
             streaks.retain(|_, s| now.saturating_duration_since(s.last) < STREAK_IDLE);
             if streaks.len() >= MAX_STREAKS {
                 self.streak_count.store(streaks.len(), Ordering::Relaxed);
-                return 0;
+                return (0, 0);
             }
         }
         let streak = streaks.entry(key).or_insert(Streak {
             failures: 0,
             last: now,
+            accounts: Vec::new(),
         });
         streak.failures = streak.failures.saturating_add(1);
         streak.last = now;
-        let failures = streak.failures;
+        if streak.accounts.len() < STREAK_ACCOUNTS && !streak.accounts.contains(&account) {
+            streak.accounts.push(account);
+        }
+        let made = (streak.failures, streak.accounts.len());
         self.streak_count.store(streaks.len(), Ordering::Relaxed);
-        failures
+        made
     }
 
     /// Ends the pair's failure streak, if it has one.
@@ -870,21 +907,25 @@ mod tests {
     fn failures_in_a_row_cool_an_exit_for_that_site_only() {
         let book = book();
         let (exit, other) = (Uuid::new_v4(), Uuid::new_v4());
+        let (a, b) = (Uuid::new_v4(), Uuid::new_v4());
         let (refuser, friendly) = (site("refuser.test"), site("friendly.test"));
         assert!(book.cooling("refuser.test").is_none(), "no record: nothing");
-        book.record(exit, &refuser, Verdict::Refused, false);
-        book.record(exit, &refuser, Verdict::HandshakeClosed, false);
+        book.record(a, exit, &refuser, Verdict::Refused, false);
+        book.record(b, exit, &refuser, Verdict::HandshakeClosed, false);
         assert!(!cooled(&book, exit, "refuser.test"), "two are not three");
         // A success ends the streak: two more are still not three.
-        book.record(exit, &refuser, Verdict::Ok, false);
-        book.record(exit, &refuser, Verdict::Refused, false);
-        book.record(exit, &refuser, Verdict::Refused, false);
+        book.record(a, exit, &refuser, Verdict::Ok, false);
+        book.record(a, exit, &refuser, Verdict::Refused, false);
+        book.record(b, exit, &refuser, Verdict::Refused, false);
         assert!(!cooled(&book, exit, "refuser.test"));
-        book.record(exit, &refuser, Verdict::Banned, false);
-        assert!(cooled(&book, exit, "refuser.test"));
+        book.record(b, exit, &refuser, Verdict::Banned, false);
+        assert!(
+            cooled(&book, exit, "refuser.test"),
+            "three, of two accounts"
+        );
         assert!(!cooled(&book, other, "refuser.test"), "another exit");
         assert!(book.cooling("friendly.test").is_none(), "another site");
-        book.record(exit, &friendly, Verdict::Ok, false);
+        book.record(a, exit, &friendly, Verdict::Ok, false);
         assert!(book.cooling("friendly.test").is_none());
         // The cooldown: the base, ±20 %.
         let (until, level) = book
@@ -903,14 +944,36 @@ mod tests {
     }
 
     #[test]
+    fn one_accounts_failures_cool_the_exit_for_that_account_only() {
+        let book = book();
+        let exit = Uuid::new_v4();
+        let (a, b) = (Uuid::new_v4(), Uuid::new_v4());
+        let s = site("own-site.test");
+        for _ in 0..5 {
+            book.record(a, exit, &s, Verdict::Refused, false);
+        }
+        let now = Instant::now();
+        assert!(!cooled(&book, exit, "own-site.test"), "not for the fleet");
+        assert!(book.cooled_for_account(a, exit, "own-site.test", now));
+        assert!(!book.cooled_for_account(b, exit, "own-site.test", now));
+        // Another account's failure corroborates: now the fleet's.
+        book.record(b, exit, &s, Verdict::Refused, false);
+        assert!(cooled(&book, exit, "own-site.test"));
+    }
+
+    #[test]
     fn a_forced_cool_needs_one_failure_and_an_ok_never_cools() {
         let book = book();
         let exit = Uuid::new_v4();
+        let a = Uuid::new_v4();
         let s = site("banner.test");
-        book.record_http(exit, &s, false, true);
+        book.record_http(a, exit, &s, false, true);
         assert!(book.cooling("banner.test").is_none());
-        book.record_http(exit, &s, true, true);
-        assert!(cooled(&book, exit, "banner.test"));
+        assert!(!book.cooled_for_account(a, exit, "banner.test", Instant::now()));
+        // A rule's `cool` is one account's word: its own routing only.
+        book.record_http(a, exit, &s, true, true);
+        assert!(book.cooled_for_account(a, exit, "banner.test", Instant::now()));
+        assert!(!cooled(&book, exit, "banner.test"));
     }
 
     #[test]
@@ -946,8 +1009,11 @@ mod tests {
         // Twenty seconds on, it has ended.
         book.upkeep_against(Instant::now() + Duration::from_secs(20), 2, |_| true);
         assert!(book.cooling("flaky.test").is_none(), "ended: dropped");
-        // Probation: one failure cools again, at the next level.
-        book.record(exit, &s, Verdict::Refused, false);
+        // Probation: one failure cools again, at the next level (once a
+        // second account's corroborates it).
+        let (a, b) = (Uuid::new_v4(), Uuid::new_v4());
+        book.record(a, exit, &s, Verdict::Refused, false);
+        book.record(b, exit, &s, Verdict::Refused, false);
         let (until, level) = book
             .cooling("flaky.test")
             .and_then(|c| c.cooldown(exit))
@@ -959,7 +1025,7 @@ mod tests {
             "{left:?}"
         );
         // Failures of an exit already cooled change nothing.
-        book.record(exit, &s, Verdict::Refused, false);
+        book.record(a, exit, &s, Verdict::Refused, false);
         assert_eq!(
             book.cooling("flaky.test").and_then(|c| c.cooldown(exit)),
             Some((until, 1))

@@ -118,6 +118,11 @@ pub(super) async fn report(
     if let Some(key) = who.key_id {
         state.feedback_rates.charge(key)?;
     }
+    // And the account, whatever key it uses: minting keys does not multiply
+    // its reports (key and account ids are distinct UUIDs in one limiter).
+    if let Caller::Account(account) = who.caller {
+        state.feedback_rates.charge(account)?;
+    }
     let site = site_param(&body.site)?;
     let exit = match (body.exit_id, body.session.as_deref()) {
         (Some(exit), None) => {
@@ -276,12 +281,19 @@ async fn session_exit(
     }
 }
 
-/// Distinct accounts that reported `(exit, site)` blocked within the window.
+/// Distinct accounts that reported `(exit, site)` blocked within the
+/// window and sent traffic to the site through the exit within the last
+/// day (the ledger says so): an account that never used the pair cannot
+/// corroborate anything, so a few accounts made for the purpose cannot cool
+/// an exit for a site they do not use.
 async fn corroborating(state: &AppState, exit: Uuid, site: &str) -> Result<i64, ApiError> {
     let (n,): (i64,) = sqlx::query_as(&format!(
-        "SELECT count(DISTINCT account_id) FROM site_reports
-          WHERE exit_id = $1 AND site = $2 AND verdict = 'blocked' AND account_id IS NOT NULL
-            AND created_at > now() - interval '{CORROBORATION_WINDOW}'"
+        "SELECT count(DISTINCT r.account_id) FROM site_reports r
+          WHERE r.exit_id = $1 AND r.site = $2 AND r.verdict = 'blocked' AND r.account_id IS NOT NULL
+            AND r.created_at > now() - interval '{CORROBORATION_WINDOW}'
+            AND EXISTS (SELECT 1 FROM usage_ledger u
+                         WHERE u.account_id = r.account_id AND u.exit_id = r.exit_id
+                           AND u.domain = r.site AND u.minute > now() - interval '24 hours')"
     ))
     .bind(exit)
     .bind(site)

@@ -368,8 +368,13 @@ mod tests {
         ] {
             assert!(retry_rules("retry_rules", bad.clone()).is_err(), "{bad}");
         }
-        let p = operator_policy(json!({"retry_rules": [{"header": "cf-mitigated", "retry": 1}]}))
-            .unwrap();
+        let p = operator_policy(
+            json!({"retry_rules": [{"statuses": [403], "header": "cf-mitigated", "retry": 1}]}),
+        )
+        .unwrap();
+        // A header alone, or a success status, never makes a ban.
+        assert!(operator_policy(json!({"retry_rules": [{"header": "cf-mitigated"}]})).is_err());
+        assert!(operator_policy(json!({"retry_rules": [{"statuses": [200]}]})).is_err());
         assert_eq!(p.retry_rules.len(), 1);
         assert!(operator_policy(json!({"retry_rules": [{"header": "cf mitigated"}]})).is_err());
         assert!(operator_policy(json!({"retry_rules": [{"statuses": [403], "x": 1}]})).is_err());

@@ -167,16 +167,13 @@ async fn snapshot(state: &AppState) -> Result<Snapshot, ApiError> {
 
 /// The sites an account may see the fleet's cooldowns of: those it sent
 /// traffic to in the last 24 hours (the ledger's registrable domains, an
-/// address as its block) and those it reported itself.
+/// address as its block). Only its traffic: a report names any site, and
+/// what the fleet knows of a site it never used is not its to read.
 async fn account_sites(state: &AppState, account: Uuid) -> Result<HashSet<String>, ApiError> {
     let rows: Vec<(String,)> = sqlx::query_as(
-        "(SELECT DISTINCT domain FROM usage_ledger
-           WHERE account_id = $1 AND minute >= now() - interval '24 hours' AND domain IS NOT NULL
-           LIMIT $2)
-         UNION
-         (SELECT DISTINCT site FROM site_reports
-           WHERE account_id = $1 AND created_at >= now() - interval '24 hours'
-           LIMIT $2)",
+        "SELECT DISTINCT domain FROM usage_ledger
+          WHERE account_id = $1 AND minute >= now() - interval '24 hours' AND domain IS NOT NULL
+          LIMIT $2",
     )
     .bind(account)
     .bind(MAX_ACCOUNT_SITES)

@@ -522,6 +522,11 @@ impl Deliverer {
         ))
         .execute(&self.db)
         .await?;
+        // Customers' site reports: corroboration looks back an hour, the
+        // audit a month (docs/health.md); the table does not grow for good.
+        sqlx::query("DELETE FROM site_reports WHERE created_at < now() - interval '30 days'")
+            .execute(&self.db)
+            .await?;
         for table in ["quota_usage", "quota_notices"] {
             sqlx::query(&format!(
                 "DELETE FROM {table} WHERE window_start < now() - interval '{KEEP_QUOTA_ROWS}'"

@@ -245,14 +245,9 @@ impl Pipeline {
         let (from_client, from_exit) = read_first_bytes(client, &mut tunnel.io).await;
         let server_name = sni::server_name(&from_client);
         let holds = &mut tunnel.holds;
-        // The name the client is really after is the site its outcome
-        // tells about (the exit was chosen by the address's block).
-        if let Some(site) = server_name
-            .as_deref()
-            .and_then(target_policy::site_of_server_name)
-        {
-            holds.set_site(site);
-        }
+        // The tunnel's outcome stays recorded under the address's block,
+        // the site its exit was chosen for: a server name is the client's
+        // word, and a forged one must not charge another site's record.
         let judged = self
             .target_policy
             .judge_server_name(

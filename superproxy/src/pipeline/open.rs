@@ -221,7 +221,16 @@ impl TunnelOpener {
             if let Some(sticky) = &mut sticky {
                 sticky.keep_ip(exit.record.id, egress.first).await?;
             }
-            match self.dial(&exit, purpose, egress, remaining, site).await {
+            match self
+                .dial(
+                    &exit,
+                    purpose,
+                    egress,
+                    remaining,
+                    site.map(|s| (client.account_id, s)),
+                )
+                .await
+            {
                 Ok(io) => {
                     return Ok(Opened {
                         io,
@@ -260,7 +269,7 @@ impl TunnelOpener {
         purpose: Purpose<'_>,
         egress: EgressChoice,
         budget: Duration,
-        site: Option<&Arc<str>>,
+        site: Option<(Uuid, &Arc<str>)>,
     ) -> Result<ExitStream, ProxyError> {
         let started = std::time::Instant::now();
         let result = match purpose {
@@ -288,9 +297,9 @@ impl TunnelOpener {
                         | ErrorKind::ConnectionTimeout
                         | ErrorKind::DestinationUnreachable
                 );
-                if let Some(site) = site.filter(|_| site_refused) {
+                if let Some((account, site)) = site.filter(|_| site_refused) {
                     self.sites
-                        .record(exit.record.id, site, Verdict::Refused, false);
+                        .record(account, exit.record.id, site, Verdict::Refused, false);
                 }
             }
         }

@@ -442,16 +442,6 @@ fn site_of(ip: Option<IpAddr>, domain: &Arc<str>) -> Arc<str> {
     }
 }
 
-/// The site a TLS server name stands for: its registrable domain, when it
-/// normalises to a host name (not an address).
-pub(super) fn site_of_server_name(name: &str) -> Option<Arc<str>> {
-    let name = normalize_host(name).ok()?;
-    match PolicyTarget::from_normalized(&name) {
-        target @ PolicyTarget::Name(_) => Some(Arc::from(target.registrable_domain())),
-        PolicyTarget::Ip(_) => None,
-    }
-}
-
 /// The block an address is counted under when no name is known: its /24
 /// (IPv4) or /64 (IPv6).
 fn address_block(ip: IpAddr) -> String {
@@ -473,7 +463,7 @@ fn domain_limit(policy: &TrafficPolicy) -> proxynet_store::policy::Limit {
 
 #[cfg(test)]
 mod tests {
-    use super::{address_block, site_of, site_of_server_name};
+    use super::{address_block, site_of};
     use std::sync::Arc;
 
     #[test]
@@ -490,11 +480,6 @@ mod tests {
             &*site_of(Some("2001:db8:1:2::9".parse().unwrap()), &v6),
             "2001:db8:1:2::/64"
         );
-        assert_eq!(
-            site_of_server_name("WWW.Example.co.uk.").as_deref(),
-            Some("example.co.uk")
-        );
-        assert_eq!(site_of_server_name("192.0.2.1"), None);
     }
 
     #[test]

@@ -113,20 +113,18 @@ impl Holds {
         self.site.as_ref().map(|tag| &tag.site)
     }
 
-    /// The tunnel is to `site` (a server name read after it opened).
-    pub(super) fn set_site(&mut self, site: Arc<str>) {
-        if let Some(tag) = &mut self.site {
-            tag.site = site;
-        }
-    }
-
     /// Records what the site said of the tunnel's exit (an HTTP answer
     /// relayed through it, say); `force_cool` cools the exit for the site
     /// at the first failure. Nothing for a UDP association.
     pub fn record_site_outcome(&self, verdict: Verdict, force_cool: bool) {
         if let Some(tag) = &self.site {
-            tag.book
-                .record(self.log.exit_id, &tag.site, verdict, force_cool);
+            tag.book.record(
+                self.log.account_id,
+                self.log.exit_id,
+                &tag.site,
+                verdict,
+                force_cool,
+            );
         }
     }
 

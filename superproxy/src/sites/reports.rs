@@ -121,18 +121,28 @@ impl SiteBook {
         if !self.report_rates.allow(user) {
             return "rate_limited";
         }
+        tracing::info!(account = %account, exit = %exit, site = %site, "a session's exit reported blocked by its site");
+        self.cool_for_account(account, exit, site);
+        "cooled"
+    }
+
+    /// Cools `exit` for `site` in `account`'s routing only: here at once,
+    /// then in Redis and announced to the fleet's superproxies (a task of
+    /// its own). What a customer's report does, and what one account's
+    /// failures do until other accounts' corroborate them.
+    pub(crate) fn cool_for_account(self: &Arc<Self>, account: Uuid, exit: Uuid, site: &Arc<str>) {
         let until = later(Instant::now(), Duration::from_millis(ACCOUNT_COOL_MS));
         if !self.accounts.set(account, exit, site, until) {
-            tracing::debug!(account = %account, exit = %exit, site = %site, "reported exit not cooled here: the bound on account cooldowns is reached");
+            tracing::debug!(account = %account, exit = %exit, site = %site, "exit not cooled here for the account: the bound on account cooldowns is reached");
         }
-        tracing::info!(account = %account, exit = %exit, site = %site, "a session's exit reported blocked by its site: cooled for the account");
+        tracing::info!(account = %account, exit = %exit, site = %site, "exit cooled for a site in one account's routing");
+        crate::metrics::site_account_cooled();
         if self.fleet.is_some() {
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
                 let (book, site) = (self.clone(), site.clone());
                 runtime.spawn(async move { book.share_account(account, exit, site).await });
             }
         }
-        "cooled"
     }
 
     /// Writes an account's cooldown to Redis with the contract's script,

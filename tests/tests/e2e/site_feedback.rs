@@ -78,13 +78,54 @@ async fn fleet_cooled(stack: &Stack, site: &str) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_accounts_report_cools_for_it_alone_three_accounts_cool_the_fleet_and_operators_lift_it(
 ) {
-    let stack = Stack::start().await;
+    // Every name is the whoami target, so the reporters' tunnels to the
+    // site go somewhere real.
+    let dns = proxynet_tests::dns::TestDns::start(vec!["127.0.0.1".parse().unwrap()]).await;
+    let stack = Stack::start_with(proxynet_tests::stack::StackOptions {
+        agent_args: vec!["--dns-server".into(), dns.addr.to_string()],
+        ..Default::default()
+    })
+    .await;
+    stack.wait_eligible(2).await;
     let exit = stack.agents[0].addrs.exit_id;
     let site = "blocked-shop.test";
     let (a, key_a) = customer(&stack, "reporter-a").await;
-    let (_, key_b) = customer(&stack, "reporter-b").await;
-    let (_, key_c) = customer(&stack, "reporter-c").await;
+    let (b, key_b) = customer(&stack, "reporter-b").await;
+    let (c, key_c) = customer(&stack, "reporter-c").await;
     let (_, key_d) = customer(&stack, "bystander").await;
+    // A report corroborates only from an account that used the pair: each
+    // reporter sends a request to the site through the exit, and the
+    // ledger has it before anyone reports.
+    let db = sqlx::PgPool::connect(&stack.stores.database_url)
+        .await
+        .unwrap();
+    for (account, user) in [(a, "repa"), (b, "repb"), (c, "repc")] {
+        stack.create_user(account, user, PASSWORD).await;
+        let proxy = proxynet_tests::client::proxy_as(
+            &format!("{user}-exit-{}", exit.simple()),
+            stack.proxy_addrs.proxy,
+        );
+        let url = format!("http://www.{site}:{}/", stack.whoami.port());
+        let r = curl(&["-x", &proxy, &url]).await;
+        assert_eq!(r.status, 200, "{}{}", r.headers, r.body);
+        eventually(
+            "the reporter's request to reach the ledger",
+            Duration::from_secs(20),
+            || async {
+                let (n,): (i64,) = sqlx::query_as(
+                    "SELECT count(*) FROM usage_ledger WHERE account_id = $1 AND exit_id = $2 AND domain = $3",
+                )
+                .bind(account)
+                .bind(exit)
+                .bind(site)
+                .fetch_one(&db)
+                .await
+                .unwrap();
+                (n > 0).then_some(())
+            },
+        )
+        .await;
+    }
     let blocked = json!({"exit_id": exit, "site": "https://www.blocked-shop.test/cart", "verdict": "blocked"});
 
     // One account: cooled for it at once, for nobody else.
@@ -136,6 +177,13 @@ async fn one_accounts_report_cools_for_it_alone_three_accounts_cool_the_fleet_an
     );
     let (status, _) = report(&stack, &key_a, blocked.clone()).await;
     assert_eq!(status, 201);
+
+    // An account that never used the pair cannot corroborate: its report
+    // cools the exit for itself, and counts for nothing else.
+    let (_, key_idle) = customer(&stack, "never-used-it").await;
+    let (status, answer) = report(&stack, &key_idle, blocked.clone()).await;
+    assert_eq!(status, 201, "{answer}");
+    assert_eq!(answer["corroborating_accounts"], 1, "{answer}");
 
     // A second account: still not the fleet.
     let (status, answer) = report(&stack, &key_b, blocked.clone()).await;

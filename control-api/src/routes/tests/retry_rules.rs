@@ -147,7 +147,7 @@ async fn the_operators_retry_rules_are_part_of_its_policy() {
         Method::PUT,
         "/v1/policy",
         Some(ADMIN),
-        Some(r#"{"retry_rules": [{"sites": ["Shop.Test"], "header": "cf-mitigated", "cool": true}]}"#),
+        Some(r#"{"retry_rules": [{"sites": ["Shop.Test"], "statuses": [403], "header": "cf-mitigated", "cool": true}]}"#),
     )
     .await;
     assert_eq!(status, StatusCode::OK, "{policy}");

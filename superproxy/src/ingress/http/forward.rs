@@ -413,7 +413,7 @@ fn judge(pipeline: &Pipeline, rule: Option<&RetryRule>, answer: &Answer) -> bool
         let cool = rule.is_some_and(|rule| rule.cool);
         pipeline
             .sites()
-            .record_http(answer.exit, site, banned, cool);
+            .record_http(answer.meter.account_id, answer.exit, site, banned, cool);
     }
     banned
 }
