@@ -40,8 +40,8 @@ install_deps() {
   command -v openssl >/dev/null 2>&1 || missing+=(openssl)
   if [ "${PROXYNET_INSTALL_TEST_TOOLS:-0}" = 1 ]; then
     # Only the test suite needs these: a real Prometheus (and promtool),
-    # headless Chromium, Node for the browser and client tests, and what
-    # the network-namespace harness runs.
+    # headless Chromium, Node for the browser and client tests, HAProxy,
+    # and what the network-namespace harness runs.
     command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
     command -v chromium >/dev/null 2>&1 || missing+=(chromium)
     command -v node >/dev/null 2>&1 || missing+=(nodejs)
@@ -51,6 +51,8 @@ install_deps() {
     # some behind NAT with nftables (tests/src/netns.rs).
     command -v ip >/dev/null 2>&1 || missing+=(iproute2)
     command -v nft >/dev/null 2>&1 || missing+=(nftables)
+    # The PROXY protocol test puts a real HAProxy in front of the superproxy.
+    command -v haproxy >/dev/null 2>&1 || missing+=(haproxy)
   fi
   if [ "${#missing[@]}" -gt 0 ]; then
     say "installing: ${missing[*]}"

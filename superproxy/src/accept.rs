@@ -18,6 +18,17 @@
 //! address to free, within the same deadline: a burst from one NAT address
 //! is served in turn, and one address still cannot hold more slots than its
 //! allowance with sockets that never speak.
+//!
+//! Behind a TCP load balancer every connection comes from the balancer: a
+//! connection from one of the networks trusted with [`ProxyProtocol`] must
+//! first send a PROXY protocol header ([`proxy_protocol`]), read before
+//! anything else, and the client address it carries is the one the ticket
+//! holds — so the pre-auth slot, the login throttle, the IP allow-list, the
+//! access log and the abuse records all see the client, not the balancer.
+//! Anyone else's connection is never read for a header: a forged one is just
+//! bad input to the ingress.
+
+pub mod proxy_protocol;
 
 use proxynet_common::tasks::Stop;
 use std::collections::HashMap;
@@ -33,6 +44,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{ErrorKind, ProxyError};
+use proxynet_common::egress::Cidr;
 
 /// Serves the connections the acceptor admits, one call per connection; the
 /// futures it returns are spawned, each on a task of its own. The acceptor
@@ -95,6 +107,8 @@ impl Drop for StreamPlace {
 }
 
 impl ConnectionTicket {
+    /// The client's address: the TCP peer's, or the one a trusted
+    /// balancer's PROXY protocol header carried.
     pub fn peer(&self) -> SocketAddr {
         self.0.peer
     }
@@ -617,6 +631,26 @@ pub struct Gate {
     all_done: mpsc::Receiver<()>,
     cut_all: CancellationToken,
     pre_auth: Arc<PreAuth>,
+    proxy_protocol: Arc<ProxyProtocol>,
+}
+
+/// Which peers must open with a PROXY protocol header, and how long they
+/// have to send it.
+#[derive(Debug, Clone, Default)]
+pub struct ProxyProtocol {
+    /// Trusted networks (the balancers); empty: no header is read from anyone.
+    pub from: Vec<Cidr>,
+    /// A trusted peer's header must be whole within this from accept.
+    pub timeout: Duration,
+}
+
+impl ProxyProtocol {
+    /// Whether a connection from `peer` must start with a header.
+    pub fn trusts(&self, peer: SocketAddr) -> bool {
+        // A dual-stack listener shows IPv4 peers as mapped IPv6 addresses.
+        let ip = peer.ip().to_canonical();
+        self.from.iter().any(|network| network.contains(ip))
+    }
 }
 
 /// What turns a connection with a pre-auth slot into one with a ticket: a
@@ -660,7 +694,14 @@ impl Gate {
             all_done,
             cut_all: CancellationToken::new(),
             pre_auth,
+            proxy_protocol: Arc::new(ProxyProtocol::default()),
         }
+    }
+
+    /// Requires a PROXY protocol header of connections from `trusted`.
+    pub fn with_proxy_protocol(mut self, trusted: ProxyProtocol) -> Self {
+        self.proxy_protocol = Arc::new(trusted);
+        self
     }
 
     /// `None` once draining.
@@ -721,47 +762,147 @@ pub async fn run<H: ConnectionHandler + Clone + Send + 'static>(
         let Some(issuer) = gate.issuer() else {
             continue;
         };
-        let cut = gate.cut_all.child_token();
-        // The per-source bound first: a flood from one address is closed,
-        // or left waiting, without taking a connection slot.
-        match gate.pre_auth.admit(peer, &cut, Instant::now()) {
-            Admission::Slot(slot) => match issuer.ticket(peer, cut, slot) {
-                Some(ticket) => serve(handler, door, stream, ticket, tls_acceptor(&listeners)),
-                None => {
-                    tokio::spawn(over_limit(stream, door));
-                }
-            },
-            Admission::Wait(waiting) => {
-                let handler = handler.clone();
-                let tls = match door {
-                    Door::Tls => tls_acceptor(&listeners).cloned(),
-                    Door::Proxy | Door::Socks => None,
-                };
-                let closing = closing.clone();
-                tokio::spawn(async move {
-                    // Nothing is read off the connection before it has its
-                    // slot; its deadline runs from accept all the same.
-                    let Some(slot) = waiting.slot(&cut, &closing).await else {
-                        return;
-                    };
-                    match issuer.ticket(peer, cut, slot) {
-                        // On a task of its own: this one stays as small as
-                        // a waiter, which is all it was.
-                        Some(ticket) => serve(&handler, door, stream, ticket, tls.as_ref()),
-                        None => over_limit(stream, door).await,
-                    }
-                });
-            }
-            Admission::Refused(limit) => {
-                // Closed at once, unanswered: answering would cost the
-                // flooding address more of our time than its connection.
-                metrics::counter!("proxynet_limit_refusals_total", "limit" => limit).increment(1);
-                drop(stream);
-            }
+        let arrival = Arrival {
+            door,
+            stream,
+            peer,
+            cut: gate.cut_all.child_token(),
+            issuer,
+            accepted: Instant::now(),
+        };
+        if !gate.proxy_protocol.trusts(peer) {
+            admit(
+                handler,
+                &gate.pre_auth,
+                arrival,
+                tls_acceptor(&listeners),
+                &closing,
+            );
+            continue;
         }
+        // A balancer's connection: its header first, on a task of its own
+        // (the accept loop never waits on a peer), and only then the
+        // per-source bound, for the client the header names.
+        let handler = handler.clone();
+        let pre_auth = gate.pre_auth.clone();
+        let trusted = gate.proxy_protocol.clone();
+        let tls = match door {
+            Door::Tls => tls_acceptor(&listeners).cloned(),
+            Door::Proxy | Door::Socks => None,
+        };
+        let closing = closing.clone();
+        tokio::spawn(async move {
+            if let Some(arrival) = read_proxy_header(arrival, &trusted, &closing).await {
+                admit(&handler, &pre_auth, arrival, tls.as_ref(), &closing);
+            }
+        });
     }
     closing.cancel();
     drop(listeners);
+}
+
+/// A connection just accepted, with what it needs to be admitted.
+struct Arrival {
+    door: Door,
+    stream: TcpStream,
+    /// The client's address (the balancer's header's, once read).
+    peer: SocketAddr,
+    cut: CancellationToken,
+    issuer: Issuer,
+    /// Its pre-auth deadline counts from here, the header read included.
+    accepted: Instant,
+}
+
+/// Reads a trusted peer's PROXY protocol header; the arrival with the
+/// client's address, or `None` when the connection was closed for a missing
+/// or malformed header (or the listeners closed, or a drain cut it).
+async fn read_proxy_header(
+    mut arrival: Arrival,
+    trusted: &ProxyProtocol,
+    closing: &CancellationToken,
+) -> Option<Arrival> {
+    let read = tokio::select! {
+        read = proxy_protocol::read(&mut arrival.stream, trusted.timeout) => read,
+        () = arrival.cut.cancelled() => return None,
+        () = closing.cancelled() => return None,
+    };
+    match read {
+        Ok(header) => {
+            crate::metrics::proxy_protocol(match header {
+                proxy_protocol::Header::Proxied { .. } => "proxied",
+                proxy_protocol::Header::Local => "local",
+            });
+            arrival.peer = header.client(arrival.peer);
+            Some(arrival)
+        }
+        Err(e) => {
+            crate::metrics::proxy_protocol(match e {
+                proxy_protocol::ReadError::Malformed(_) => "malformed",
+                proxy_protocol::ReadError::Timeout(_) => "timeout",
+                proxy_protocol::ReadError::Io(_) => "closed",
+            });
+            // Closed unanswered: whatever answer we gave would reach the
+            // balancer, which has no use for it.
+            tracing::debug!(peer = %arrival.peer, error = %e, "connection from a trusted balancer without a valid PROXY protocol header; closed");
+            None
+        }
+    }
+}
+
+/// The per-source bound for an arrival: served now, left waiting for a slot
+/// of its address, or closed.
+fn admit<H: ConnectionHandler + Clone + Send + 'static>(
+    handler: &H,
+    pre_auth: &Arc<PreAuth>,
+    arrival: Arrival,
+    tls: Option<&tokio_rustls::TlsAcceptor>,
+    closing: &CancellationToken,
+) {
+    let Arrival {
+        door,
+        stream,
+        peer,
+        cut,
+        issuer,
+        accepted,
+    } = arrival;
+    // The per-source bound first: a flood from one address is closed,
+    // or left waiting, without taking a connection slot.
+    match pre_auth.admit(peer, &cut, accepted) {
+        Admission::Slot(slot) => match issuer.ticket(peer, cut, slot) {
+            Some(ticket) => serve(handler, door, stream, ticket, tls),
+            None => {
+                tokio::spawn(over_limit(stream, door));
+            }
+        },
+        Admission::Wait(waiting) => {
+            let handler = handler.clone();
+            let tls = match door {
+                Door::Tls => tls.cloned(),
+                Door::Proxy | Door::Socks => None,
+            };
+            let closing = closing.clone();
+            tokio::spawn(async move {
+                // Nothing is read off the connection before it has its
+                // slot; its deadline runs from accept all the same.
+                let Some(slot) = waiting.slot(&cut, &closing).await else {
+                    return;
+                };
+                match issuer.ticket(peer, cut, slot) {
+                    // On a task of its own: this one stays as small as
+                    // a waiter, which is all it was.
+                    Some(ticket) => serve(&handler, door, stream, ticket, tls.as_ref()),
+                    None => over_limit(stream, door).await,
+                }
+            });
+        }
+        Admission::Refused(limit) => {
+            // Closed at once, unanswered: answering would cost the
+            // flooding address more of our time than its connection.
+            metrics::counter!("proxynet_limit_refusals_total", "limit" => limit).increment(1);
+            drop(stream);
+        }
+    }
 }
 
 fn tls_acceptor(listeners: &Listeners) -> Option<&tokio_rustls::TlsAcceptor> {

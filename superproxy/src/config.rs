@@ -5,9 +5,9 @@
 //! the innermost hop fails first and the client gets a precise reason.
 
 use clap::Parser;
-use proxynet_common::egress::EgressArgs;
+use proxynet_common::egress::{Cidr, EgressArgs};
 use proxynet_common::splice::TunnelLimits;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -35,6 +35,22 @@ pub struct Config {
     /// PEM private key for `tls_cert`; re-read on SIGHUP.
     #[arg(long, env = "PROXYNET_TLS_KEY")]
     pub tls_key: Option<PathBuf>,
+
+    /// Networks whose connections must start with a PROXY protocol header
+    /// (v1 or v2; comma-separated CIDRs: the TCP load balancers in front),
+    /// on the HTTP, SOCKS5 and HTTPS listeners. The client address the
+    /// header carries is the connection's everywhere; a connection from
+    /// these networks without a valid header is closed, and no one else's is
+    /// read for one. Empty (the default): off.
+    #[arg(long, env = "PROXYNET_PROXY_PROTOCOL_FROM", value_delimiter = ',')]
+    pub proxy_protocol_from: Vec<Cidr>,
+
+    /// Address SOCKS5 UDP ASSOCIATE replies tell clients to send their
+    /// datagrams to (the relay's port is added); defaults to the address the
+    /// client's TCP connection reached. Set it behind a TCP load balancer,
+    /// to this host's address the clients can reach over UDP.
+    #[arg(long, env = "PROXYNET_UDP_ADVERTISE_ADDR")]
+    pub udp_advertise_addr: Option<IpAddr>,
 
     /// Most client connections served at once; beyond it new connections get
     /// a 503 (`connection_limit_reached`) and are closed.
@@ -376,6 +392,18 @@ impl Config {
     }
     pub fn header_read_timeout(&self) -> Duration {
         Duration::from_millis(self.header_read_timeout_ms)
+    }
+
+    /// Who must open with a PROXY protocol header; they have the header
+    /// read timeout for it, within the unauthenticated timeout (both count
+    /// from accept).
+    pub fn proxy_protocol(&self) -> crate::accept::ProxyProtocol {
+        crate::accept::ProxyProtocol {
+            from: self.proxy_protocol_from.clone(),
+            timeout: self
+                .header_read_timeout()
+                .min(Duration::from_millis(self.unauthenticated_timeout_ms)),
+        }
     }
     pub fn connect_budget(&self) -> Duration {
         Duration::from_millis(self.connect_budget_ms)

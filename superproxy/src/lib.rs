@@ -490,7 +490,8 @@ impl Superproxy {
         // Drain in the order that loses nothing (seed 000 §5.9): readiness
         // red first while still serving, then close the listeners, then let
         // open tunnels finish, then cut the rest, then flush usage.
-        let mut gate = Gate::new(config.max_connections, pre_auth);
+        let mut gate = Gate::new(config.max_connections, pre_auth)
+            .with_proxy_protocol(config.proxy_protocol());
         let stop = {
             let admin_state = admin_state.clone();
             let delay = config.drain_delay();
@@ -509,6 +510,7 @@ impl Superproxy {
             IngressLimits {
                 header_read_timeout: config.header_read_timeout(),
                 tunnel: config.tunnel_limits(),
+                udp_advertise: config.udp_advertise_addr,
             },
         );
         accept::run(self.listeners, &ingresses, &gate, stop).await;

@@ -97,6 +97,13 @@ pub fn h2_connection_closed(reason: &'static str) {
     counter!("proxynet_h2_connections_closed_total", "reason" => reason).increment(1);
 }
 
+/// A PROXY protocol header read from a trusted balancer's connection, or
+/// why none was: `proxied`, `local` (the peer's address kept), `malformed`,
+/// `timeout`, `closed` (the last three close the connection).
+pub fn proxy_protocol(outcome: &'static str) {
+    counter!("proxynet_proxy_protocol_headers_total", "outcome" => outcome).increment(1);
+}
+
 /// One datagram of a UDP association, `up` (client to exit) or `down`, and
 /// what became of it (`relayed`, or why it was dropped).
 pub fn udp_datagram(direction: &'static str, outcome: &'static str) {

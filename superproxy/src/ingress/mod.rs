@@ -12,6 +12,7 @@ pub mod tls;
 
 use proxynet_common::splice::TunnelLimits;
 use std::future::Future;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpStream;
@@ -26,6 +27,9 @@ pub struct IngressLimits {
     pub header_read_timeout: Duration,
     /// Idle timeout and lifetime of every tunnel.
     pub tunnel: TunnelLimits,
+    /// The address UDP ASSOCIATE replies name instead of the one the
+    /// client's connection reached (behind a load balancer).
+    pub udp_advertise: Option<IpAddr>,
 }
 
 /// Every ingress, as the acceptor's connection handler.

@@ -153,8 +153,13 @@ async fn associate(
             return;
         }
     };
-    // An IPv4 client on a dual-stack listener is told a plain IPv4 address.
-    let relay_addr = SocketAddr::new(relay_addr.ip().to_canonical(), relay_addr.port());
+    // An IPv4 client on a dual-stack listener is told a plain IPv4 address;
+    // behind a balancer, the address configured for it (the balancer
+    // relays TCP only, so datagrams come to this host directly).
+    let relay_ip = limits
+        .udp_advertise
+        .unwrap_or_else(|| relay_addr.ip().to_canonical());
+    let relay_addr = SocketAddr::new(relay_ip, relay_addr.port());
     let control = match proto.reply_success(relay_addr).await {
         Ok(control) => control,
         Err(e) => {

@@ -185,7 +185,11 @@ impl TunnelOpener {
             .for_site(cooling);
         let mut last_error = None;
         let mut no_family = false;
-        self.retry_budget.deposit();
+        // A ban retry (exits to avoid) already withdrew from the budget: it
+        // earns nothing, or a customer's retries would fund themselves.
+        if targeting.avoid.is_empty() {
+            self.retry_budget.deposit();
+        }
         while !candidates.exhausted() {
             if last_error.is_some() && !self.retry_budget.withdraw() {
                 tracing::debug!("retry budget spent; not retrying on another exit");

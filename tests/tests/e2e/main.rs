@@ -39,6 +39,7 @@ mod malformed_requests;
 mod observability;
 mod postgres_outage;
 mod provenance;
+mod proxy_protocol;
 mod quota;
 mod request_options;
 mod revocation;
