@@ -554,7 +554,14 @@ async fn an_association_ends_when_idle_and_when_its_user_is_revoked() {
         // sends again, as any real one does; three tries at most.
         let mut relayed = None;
         for _ in 0..3 {
-            relayed = round_trip(&client, relay, "127.0.0.1", echo.port(), user.as_bytes()).await;
+            // Within the association's 3 s idle timeout: each try counts.
+            relayed = tokio::time::timeout(
+                Duration::from_millis(900),
+                round_trip(&client, relay, "127.0.0.1", echo.port(), user.as_bytes()),
+            )
+            .await
+            .ok()
+            .flatten();
             if relayed.is_some() {
                 break;
             }
