@@ -326,6 +326,26 @@ async fn one_accounts_report_cools_for_it_alone_three_accounts_cool_the_fleet_an
     assert_eq!(r.status(), 303);
     assert!(fleet_cooled(&stack, "198.51.100.0/24").await.is_empty());
 
+    // Every exit cooled for a site: the dashboard says the panic rule routes
+    // it through them anyway, and a request to it still goes.
+    for agent in &stack.agents {
+        let body =
+            json!({"exit_id": agent.addrs.exit_id, "site": "wall.test", "verdict": "blocked"});
+        let (status, answer) = report(&stack, ADMIN_TOKEN, body).await;
+        assert_eq!(status, 201, "{answer}");
+    }
+    let page = stack.dashboard_page(&cookie, "/dashboard/sites").await;
+    assert!(
+        page.contains(
+            "every live exit cooled: the panic rule routes this site through them anyway"
+        ),
+        "{page}"
+    );
+    let proxy = proxynet_tests::client::proxy_as("repa", stack.proxy_addrs.proxy);
+    let url = format!("http://www.wall.test:{}/", stack.whoami.port());
+    let r = curl(&["-x", &proxy, &url]).await;
+    assert_eq!(r.status, 200, "{}{}", r.headers, r.body);
+
     // A session names its pinned exit.
     let acme: Uuid = stack
         .admin_get_json(&format!("/v1/users/{}", stack.user_id))
