@@ -155,11 +155,16 @@ async fn one_accounts_report_steers_its_own_tunnels_off_the_exit_within_a_second
     }
 
     // B's tunnels to the site still use it, and so do A's to another site.
+    // (One loop each: interleaved, the other account's tunnel still
+    // closing on one exit counts as load there, and fewer tunnels in flight
+    // wins — on a loaded machine the two loops then lock into one exit each.)
     let (mut b_through, mut a_elsewhere) = (0, 0);
     for _ in 0..30 {
         if exit_of(proxy, "reporterb", "shop.test", port, "").await == blocked {
             b_through += 1;
         }
+    }
+    for _ in 0..30 {
         if exit_of(proxy, "reportera", "elsewhere.test", port, "").await == blocked {
             a_elsewhere += 1;
         }
