@@ -47,11 +47,12 @@ use proxynet_store::Keys;
 use rand::Rng;
 use redis::AsyncCommands;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 use uuid::Uuid;
 
+pub use crate::select::cooling::{Exits, SiteCooling};
 use crate::select::Pool;
 
 /// Most (exit, site) failure streaks held at once: a streak exists only
@@ -89,9 +90,6 @@ pub const HANDSHAKE_BYTES: u64 = 64;
 
 /// ... and closed within this long of its start.
 pub const HANDSHAKE_TIME: Duration = Duration::from_secs(10);
-
-/// The exits cooled for one site: exit → (until, level).
-pub type Exits = HashMap<Uuid, (Instant, u32)>;
 
 /// The thresholds and lengths, from the configuration.
 #[derive(Debug, Clone, Copy)]
@@ -154,84 +152,6 @@ impl Verdict {
 
     fn is_failure(self) -> bool {
         !matches!(self, Verdict::Ok)
-    }
-}
-
-/// The exits cooled for one site. Immutable but for its panic flag: a
-/// change replaces it whole, so a tunnel holding one reads a consistent set.
-#[derive(Debug)]
-pub struct SiteCooling {
-    site: Arc<str>,
-    exits: Exits,
-    /// Set off the tunnel path while nearly every eligible exit is cooled
-    /// for the site: its cooling is then ignored.
-    panic: AtomicBool,
-}
-
-impl SiteCooling {
-    pub fn new(site: Arc<str>, exits: Exits, panic: bool) -> Self {
-        Self {
-            site,
-            exits,
-            panic: AtomicBool::new(panic),
-        }
-    }
-
-    /// The site it is for.
-    pub fn site(&self) -> &str {
-        &self.site
-    }
-
-    /// Whether `exit` is cooled for the site at `now`.
-    pub fn cools(&self, exit: Uuid, now: Instant) -> bool {
-        self.exits.get(&exit).is_some_and(|(until, _)| *until > now)
-    }
-
-    /// `exit`'s cooldown, if it has one (ended or not): until, level.
-    pub fn cooldown(&self, exit: Uuid) -> Option<(Instant, u32)> {
-        self.exits.get(&exit).copied()
-    }
-
-    /// Whether cooling is ignored for the site now (panic).
-    pub fn in_panic(&self) -> bool {
-        self.panic.load(Ordering::Relaxed)
-    }
-
-    /// A copy with `exit` cooled until `until`, the panic flag kept.
-    fn with(&self, exit: Uuid, until: Instant, level: u32) -> Self {
-        let mut exits = self.exits.clone();
-        exits.insert(exit, (until, level));
-        Self::new(self.site.clone(), exits, self.in_panic())
-    }
-
-    /// This (the fleet's) cooling of the site joined with one account's
-    /// own of it, `own`: an exit either cools is cooled, until the later of
-    /// the two. Never in panic: the caller leaves out a fleet's cooling
-    /// that is.
-    fn joined(&self, own: &SiteCooling) -> Self {
-        let mut exits = self.exits.clone();
-        for (exit, (until, level)) in &own.exits {
-            exits
-                .entry(*exit)
-                .and_modify(|cooled| {
-                    if *until > cooled.0 {
-                        cooled.0 = *until;
-                    }
-                })
-                .or_insert((*until, *level));
-        }
-        Self::new(self.site.clone(), exits, false)
-    }
-
-    /// A copy without `exit`; `None` when nothing would be left.
-    fn without(&self, exit: Uuid) -> Option<Self> {
-        let exits: Exits = self
-            .exits
-            .iter()
-            .filter(|(id, _)| **id != exit)
-            .map(|(id, c)| (*id, *c))
-            .collect();
-        (!exits.is_empty()).then(|| Self::new(self.site.clone(), exits, self.in_panic()))
     }
 }
 

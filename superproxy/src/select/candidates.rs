@@ -15,9 +15,9 @@
 use std::sync::Arc;
 use uuid::Uuid;
 
+use super::cooling::SiteCooling;
 use super::{matches, Candidate, Pool};
 use crate::link::dial::carries_udp;
-use crate::sites::SiteCooling;
 use crate::username::Targeting;
 
 /// The exits one tunnel may still try.

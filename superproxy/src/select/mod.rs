@@ -46,6 +46,7 @@
 //! or until its liveness comes back (or lapses again, which is then news).
 
 mod candidates;
+pub mod cooling;
 mod egress_ip;
 pub mod sessions;
 mod sticky;
@@ -73,8 +74,8 @@ use uuid::Uuid;
 use crate::health::HealthBook;
 use crate::link::registry::{Link, LinkRegistry};
 use crate::open_tunnels::OpenTunnels;
-use crate::sites::SiteCooling;
 use crate::username::Targeting;
+use cooling::SiteCooling;
 
 pub struct Pool {
     health: Arc<HealthBook>,
