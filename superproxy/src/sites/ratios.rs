@@ -55,18 +55,20 @@ impl SuccessRatios {
         let Ok(mut sites) = self.sites.lock() else {
             return;
         };
-        if !sites.contains_key(&**site) {
-            if sites.len() >= MAX_TALLIED {
-                return;
-            }
-            sites.insert(site.clone(), Tally::default());
-        }
-        if let Some(tally) = sites.get_mut(&**site) {
+        let bump = |tally: &mut Tally| {
             if ok {
                 tally.ok = tally.ok.saturating_add(1);
             } else {
                 tally.failed = tally.failed.saturating_add(1);
             }
+        };
+        // One hash of the site in the common case (it is tallied already).
+        if let Some(tally) = sites.get_mut(&**site) {
+            bump(tally);
+            return;
+        }
+        if sites.len() < MAX_TALLIED {
+            bump(sites.entry(site.clone()).or_default());
         }
     }
 
