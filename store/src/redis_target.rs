@@ -1,5 +1,6 @@
-//! Where the shared state lives — one Redis, or a Redis Cluster named by its
-//! seed nodes — and the one connection type every binary uses for it.
+//! Where the shared state lives — one Redis, a Redis Cluster named by its
+//! seed nodes, or a master and replicas watched by Redis Sentinel — and the
+//! one connection type every binary uses for it.
 //!
 //! Everything above this module is written once against [`RedisConnection`]:
 //! commands, pipelines, transactions and scripts route by key on a cluster
@@ -7,7 +8,8 @@
 //! hash slot). What differs is only how to connect and how to subscribe:
 //! classic pub/sub is cluster-wide (a message published on any node reaches
 //! subscribers on every node), so a subscription is simply held on one node,
-//! moving to the next seed when that node goes away.
+//! moving to the next seed when that node goes away. Under Sentinel the
+//! connection follows the master the sentinels name ([`sentinel`]).
 
 use std::time::Duration;
 
@@ -18,6 +20,10 @@ use redis::{Cmd, Pipeline, RedisFuture, Value};
 
 use crate::{redact_url, StoreUnavailable};
 use proxynet_common::secret::Secret;
+
+mod sentinel;
+pub use sentinel::SentinelConnection;
+use sentinel::SentinelSettings;
 
 /// How long a connection attempt or a reply may take before the call fails
 /// (and the caller degrades) instead of hanging a request.
@@ -36,6 +42,29 @@ pub struct RedisArgs {
     /// the topology is discovered from the seed nodes in `--redis-url`.
     #[arg(long, env = "PROXYNET_REDIS_CLUSTER", default_value_t = false)]
     pub redis_cluster: bool,
+
+    /// The shared state is a Redis master with replicas watched by Redis
+    /// Sentinel: `--redis-url` lists the sentinels, comma-separated
+    /// (`redis://:MASTERPASS@s1:26379/0,redis://:MASTERPASS@s2:26379/0`);
+    /// the user, password and database in those URLs are the master's. The
+    /// connection follows the master across failovers, and a usage batch
+    /// counts as delivered only once a replica holds it.
+    #[arg(long, env = "PROXYNET_REDIS_SENTINEL", default_value_t = false)]
+    pub redis_sentinel: bool,
+
+    /// The master's name in the sentinels' configuration (`sentinel monitor
+    /// NAME ...`).
+    #[arg(
+        long,
+        env = "PROXYNET_REDIS_SENTINEL_MASTER",
+        default_value = "mymaster"
+    )]
+    pub redis_sentinel_master: String,
+
+    /// The password the sentinels themselves require (`requirepass` in
+    /// sentinel.conf), when they require one.
+    #[arg(long, env = "PROXYNET_REDIS_SENTINEL_PASSWORD", hide_env_values = true)]
+    pub redis_sentinel_password: Option<Secret>,
 
     /// Prefix of every Redis key of this stack (several stacks can share one
     /// Redis). It may not contain `{` or `}`: those would override the hash
@@ -113,15 +142,33 @@ fn key_prefix(value: &str) -> Result<String, String> {
 
 impl RedisArgs {
     pub fn target(&self) -> Result<RedisTarget, StoreUnavailable> {
+        if self.redis_sentinel && self.redis_cluster {
+            // Checked here rather than by clap: an environment file that
+            // sets PROXYNET_REDIS_CLUSTER=false must not count as a conflict.
+            return Err(StoreUnavailable {
+                what: "Redis",
+                detail: "--redis-sentinel and --redis-cluster exclude each other: Sentinel watches one master, a cluster has many".into(),
+            });
+        }
+        if self.redis_sentinel {
+            return RedisTarget::sentinel(
+                self.redis_url.expose(),
+                &self.redis_sentinel_master,
+                self.redis_sentinel_password.as_ref().map(Secret::expose),
+            );
+        }
         RedisTarget::new(self.redis_url.expose(), self.redis_cluster)
     }
 }
 
-/// A validated Redis location: one server, or a cluster's seed nodes.
+/// A validated Redis location: one server, a cluster's seed nodes, or the
+/// sentinels of a master.
 #[derive(Clone)]
 pub struct RedisTarget {
     nodes: Vec<String>,
     cluster: bool,
+    /// With Sentinel: `nodes` are the sentinels.
+    sentinel: Option<SentinelSettings>,
     /// The seed the next subscription tries first (rotates on failure).
     next_subscription_node: usize,
 }
@@ -169,8 +216,43 @@ impl RedisTarget {
         Ok(Self {
             nodes,
             cluster,
+            sentinel: None,
             next_subscription_node: 0,
         })
+    }
+
+    /// `urls` lists the sentinels, comma-separated; `master` is the name
+    /// they know the master by.
+    pub fn sentinel(
+        urls: &str,
+        master: &str,
+        sentinel_password: Option<&str>,
+    ) -> Result<Self, StoreUnavailable> {
+        let nodes: Vec<String> = urls
+            .split(',')
+            .map(str::trim)
+            .filter(|u| !u.is_empty())
+            .map(str::to_owned)
+            .collect();
+        let settings =
+            SentinelSettings::new(&nodes, master, sentinel_password).map_err(|detail| {
+                StoreUnavailable {
+                    what: "Redis",
+                    detail,
+                }
+            })?;
+        Ok(Self {
+            nodes,
+            cluster: false,
+            sentinel: Some(settings),
+            next_subscription_node: 0,
+        })
+    }
+
+    /// Whether writes are copied to replicas the target may fail over to
+    /// (Sentinel): then a write that must survive a failover waits for one.
+    pub fn is_replicated(&self) -> bool {
+        self.sentinel.is_some()
     }
 
     /// The URLs as given (one, or every seed), for deriving protected addresses.
@@ -183,6 +265,12 @@ impl RedisTarget {
         let nodes: Vec<String> = self.nodes.iter().map(|n| redact_url(n)).collect();
         if self.cluster {
             format!("Redis Cluster via {}", nodes.join(","))
+        } else if let Some(sentinel) = &self.sentinel {
+            format!(
+                "Redis master {:?} via sentinels {}",
+                sentinel.master_name(),
+                nodes.join(",")
+            )
         } else {
             nodes.join(",")
         }
@@ -205,7 +293,16 @@ impl RedisTarget {
             detail,
         };
         let connecting = async {
-            if self.cluster {
+            if let Some(sentinel) = &self.sentinel {
+                let config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(TIMEOUT))
+                    .set_response_timeout(Some(reply_timeout))
+                    .set_number_of_retries(1);
+                SentinelConnection::connect(sentinel.clone(), config)
+                    .await
+                    .map(RedisConnection::Sentinel)
+                    .map_err(|e| unavailable(format!("cannot reach {}: {e}", self.describe())))
+            } else if self.cluster {
                 let client = ClusterClientBuilder::new(self.nodes.iter().map(String::as_str))
                     .connection_timeout(TIMEOUT)
                     .response_timeout(reply_timeout)
@@ -269,6 +366,23 @@ impl RedisTarget {
     /// on one node; each call after a failure starts at the next seed, so a
     /// lost node moves the subscription instead of silencing it.
     pub async fn subscribe(&mut self, channel: &str) -> redis::RedisResult<redis::aio::PubSub> {
+        if let Some(sentinel) = &self.sentinel {
+            // On the master: a replica would do too (PUBLISH is replicated),
+            // but the master is the node the sentinels vouch for.
+            let attempt = async {
+                let mut pubsub = sentinel.master().await?.get_async_pubsub().await?;
+                pubsub.subscribe(channel).await?;
+                Ok::<_, redis::RedisError>(pubsub)
+            };
+            return tokio::time::timeout(TIMEOUT * 2, attempt)
+                .await
+                .unwrap_or_else(|_| {
+                    Err(redis::RedisError::from((
+                        redis::ErrorKind::Io,
+                        "subscription timed out",
+                    )))
+                });
+        }
         let first = self.next_subscription_node;
         let mut last_error = None;
         for step in 0..self.nodes.len() {
@@ -309,6 +423,7 @@ impl RedisTarget {
 pub enum RedisConnection {
     Single(ConnectionManager),
     Cluster(ClusterConnection),
+    Sentinel(SentinelConnection),
 }
 
 /// Batches of independent commands: on one server they go out as a few long
@@ -327,7 +442,7 @@ impl RedisConnection {
     ) -> redis::RedisResult<Vec<T>> {
         use futures_util::{StreamExt, TryStreamExt};
         match self {
-            Self::Single(_) => {
+            Self::Single(_) | Self::Sentinel(_) => {
                 let mut replies = Vec::with_capacity(commands.len());
                 let mut commands = commands.into_iter().peekable();
                 while commands.peek().is_some() {
@@ -354,6 +469,24 @@ impl RedisConnection {
         }
     }
 
+    /// Runs one write that must survive a failover. Under Sentinel it counts
+    /// as done only once a replica acknowledges it (`WAIT`, up to
+    /// `timeout`): replication is asynchronous, and a master that dies
+    /// before copying a write takes it along. Elsewhere it is a plain query
+    /// (a cluster's replicas are the cluster's business; one Redis has none).
+    /// The caller must be able to repeat the write: a timeout here does not
+    /// mean it was not made.
+    pub async fn query_replicated<T: redis::FromRedisValue>(
+        &self,
+        command: &Cmd,
+        timeout: Duration,
+    ) -> redis::RedisResult<T> {
+        match self {
+            Self::Sentinel(conn) => conn.query_replicated(command, timeout).await,
+            _ => command.query_async(&mut self.clone()).await,
+        }
+    }
+
     /// Up to `limit` keys matching `pattern`, all of which share the hash
     /// slot of `beside` (the pattern fixes their hash tag). SCAN walks one
     /// node's keyspace, so on a cluster it is sent to the node owning that
@@ -375,7 +508,7 @@ impl RedisConnection {
                 .arg("COUNT")
                 .arg(1_000);
             let (next, batch): (u64, Vec<String>) = match self {
-                Self::Single(conn) => scan.query_async(&mut conn.clone()).await?,
+                Self::Single(_) | Self::Sentinel(_) => scan.query_async(&mut self.clone()).await?,
                 Self::Cluster(conn) => {
                     let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
                         Route::with_key(beside, SlotAddr::Master),
@@ -405,7 +538,7 @@ impl RedisConnection {
             pipe
         };
         match self {
-            Self::Single(_) => {
+            Self::Single(_) | Self::Sentinel(_) => {
                 let mut commands = groups.into_iter().flatten().peekable();
                 while commands.peek().is_some() {
                     let mut conn = self.clone();
@@ -436,6 +569,7 @@ impl ConnectionLike for RedisConnection {
         match self {
             Self::Single(conn) => conn.req_packed_command(cmd),
             Self::Cluster(conn) => conn.req_packed_command(cmd),
+            Self::Sentinel(conn) => conn.req_packed_command(cmd),
         }
     }
 
@@ -448,6 +582,7 @@ impl ConnectionLike for RedisConnection {
         match self {
             Self::Single(conn) => conn.req_packed_commands(pipeline, offset, count),
             Self::Cluster(conn) => conn.req_packed_commands(pipeline, offset, count),
+            Self::Sentinel(conn) => conn.req_packed_commands(pipeline, offset, count),
         }
     }
 
@@ -455,6 +590,7 @@ impl ConnectionLike for RedisConnection {
         match self {
             Self::Single(conn) => conn.get_db(),
             Self::Cluster(conn) => conn.get_db(),
+            Self::Sentinel(conn) => conn.get_db(),
         }
     }
 }

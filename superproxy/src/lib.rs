@@ -254,12 +254,19 @@ impl Superproxy {
             connect_budget: config.connect_budget(),
             retry_budget: RetryBudget::new(config.retry_budget_percent),
         };
+        // Under Sentinel a usage batch waits for a replica (`WAIT`), which
+        // holds up the connection it runs on: usage gets its own.
+        let usage_redis = if redis_target.is_replicated() {
+            redis_target.connect().await?
+        } else {
+            redis.clone()
+        };
         let id = Uuid::new_v4();
         let stats = Arc::new(metrics::Stats::default());
         let parts = Parts {
             usage: Arc::new(usage::UsageRecorder::new(
                 id,
-                redis.clone(),
+                usage_redis,
                 keys.clone(),
                 config.usage_spill_dir.clone(),
                 config.usage_memory_batches,

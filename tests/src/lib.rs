@@ -17,6 +17,7 @@ pub mod netns;
 pub mod process;
 pub mod protocol_bench;
 pub mod reflector;
+pub mod sentinel;
 pub mod stack;
 pub mod stores;
 pub mod targets;

@@ -36,6 +36,9 @@ pub struct StackOptions {
     pub superproxy_args: Vec<String>,
     /// Use this Redis instead of the shared test Redis.
     pub redis_url: Option<String>,
+    /// `redis_url` lists sentinels watching the master of this name
+    /// ([`crate::sentinel::SentinelGroup`]).
+    pub redis_sentinel_master: Option<String>,
     /// Put a breakable link between the control-api and Postgres
     /// ([`Stack::postgres_link`]).
     pub postgres_fault: bool,
@@ -80,6 +83,7 @@ impl Default for StackOptions {
             protected: Vec::new(),
             superproxy_args: Vec::new(),
             redis_url: None,
+            redis_sentinel_master: None,
             postgres_fault: false,
             superproxy_protects_redis: true,
             superproxy_env: Vec::new(),
@@ -166,6 +170,7 @@ impl Stack {
         if let Some(url) = &options.redis_url {
             stores.redis_url = url.clone();
             stores.redis_cluster = false;
+            stores.redis_sentinel_master = options.redis_sentinel_master.clone();
         }
         let dir = tempfile::tempdir().unwrap();
         let http = reqwest::Client::new();
@@ -953,7 +958,7 @@ pub async fn spawn_superproxy_on(
         args.extend(["--egress-protected".into(), redis]);
     }
     args.extend_from_slice(extra_args);
-    let mut envs = stores.redis_env().to_vec();
+    let mut envs = stores.redis_env();
     envs.extend([
         ("PROXYNET_DRAIN_DELAY_MS", "0".to_owned()),
         ("PROXYNET_DRAIN_TIMEOUT_MS", "10000".to_owned()),

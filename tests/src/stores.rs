@@ -14,6 +14,8 @@ pub struct TestStores {
     pub redis_url: String,
     /// The suite runs against a Redis Cluster (`PROXYNET_TEST_REDIS_CLUSTER`).
     pub redis_cluster: bool,
+    /// `redis_url` lists sentinels watching the master of this name.
+    pub redis_sentinel_master: Option<String>,
     /// Key prefix unique to this test.
     pub redis_prefix: String,
     /// Drops the database when the last copy of these stores goes.
@@ -78,6 +80,7 @@ impl TestStores {
             database_url,
             redis_url,
             redis_cluster: std::env::var("PROXYNET_TEST_REDIS_CLUSTER").is_ok_and(|v| v == "true"),
+            redis_sentinel_master: None,
             redis_prefix: format!("{name}:"),
             _dropper: Arc::new(DropDatabase { server_url, name }),
         }
@@ -90,20 +93,28 @@ impl TestStores {
 
     /// A connection to this test's Redis (or cluster), as the binaries make it.
     pub async fn redis(&self) -> RedisConnection {
-        RedisTarget::new(&self.redis_url, self.redis_cluster)
-            .expect("test Redis URL")
-            .connect()
-            .await
-            .expect("connect to the test Redis")
+        match &self.redis_sentinel_master {
+            Some(master) => RedisTarget::sentinel(&self.redis_url, master, None),
+            None => RedisTarget::new(&self.redis_url, self.redis_cluster),
+        }
+        .expect("test Redis URL")
+        .connect()
+        .await
+        .expect("connect to the test Redis")
     }
 
     /// The environment that points a binary at this test's Redis.
-    pub fn redis_env(&self) -> [(&'static str, String); 3] {
-        [
+    pub fn redis_env(&self) -> Vec<(&'static str, String)> {
+        let mut env = vec![
             ("PROXYNET_REDIS_URL", self.redis_url.clone()),
             ("PROXYNET_REDIS_CLUSTER", self.redis_cluster.to_string()),
             ("PROXYNET_REDIS_PREFIX", self.redis_prefix.clone()),
-        ]
+        ];
+        if let Some(master) = &self.redis_sentinel_master {
+            env.push(("PROXYNET_REDIS_SENTINEL", "true".to_owned()));
+            env.push(("PROXYNET_REDIS_SENTINEL_MASTER", master.clone()));
+        }
+        env
     }
 }
 

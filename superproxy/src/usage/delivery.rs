@@ -6,6 +6,9 @@
 
 use super::*;
 
+/// How long a usage batch waits for a replica to acknowledge it (Sentinel).
+const REPLICA_WAIT: Duration = Duration::from_secs(1);
+
 impl UsageRecorder {
     /// Sends one batch: the stream entry, then each owner's quota counter
     /// (both idempotent, so a retry after a lost reply counts nothing twice).
@@ -13,13 +16,18 @@ impl UsageRecorder {
         let json = serde_json::to_string(&next.batch).map_err(|e| {
             redis::RedisError::from((redis::ErrorKind::Client, "encoding", e.to_string()))
         })?;
-        let mut redis = self.redis.clone();
-        let _: () = redis::cmd("XADD")
-            .arg(self.keys.usage_stream())
-            .arg("*")
-            .arg("batch")
-            .arg(json)
-            .query_async(&mut redis)
+        let redis = self.redis.clone();
+        // Under Sentinel the batch is delivered once a replica holds it too;
+        // otherwise it is sent again (the ledger records a batch id once).
+        let _: () = redis
+            .query_replicated(
+                redis::cmd("XADD")
+                    .arg(self.keys.usage_stream())
+                    .arg("*")
+                    .arg("batch")
+                    .arg(json),
+                REPLICA_WAIT,
+            )
             .await?;
         // Each owner's counter lives in that owner's slot (on a cluster,
         // maybe each on another node).

@@ -41,6 +41,7 @@ mod postgres_outage;
 mod provenance;
 mod proxy_protocol;
 mod quota;
+mod redis_sentinel;
 mod request_options;
 mod revocation;
 mod secrets;
