@@ -40,6 +40,13 @@ impl From<sqlx::Error> for ApiError {
     /// is the client's mistake, answered 400 — never an opaque 500. Handlers
     /// still validate what they can first, with field-level messages.
     fn from(err: sqlx::Error) -> Self {
+        if database_unavailable(&err) {
+            tracing::warn!(error = %err, "database unavailable");
+            return ApiError::Unavailable(
+                "the database is unavailable or read-only for now (a failover in progress?); retry shortly"
+                    .into(),
+            );
+        }
         if let sqlx::Error::Database(db) = &err {
             let code = db.code().unwrap_or_default();
             if code.starts_with("22") || code.starts_with("23") {
@@ -50,6 +57,22 @@ impl From<sqlx::Error> for ApiError {
             }
         }
         ApiError::Database(err)
+    }
+}
+
+/// Errors that say the database cannot be reached or takes no writes right
+/// now — an outage or a failover, not a bug: 503, so clients retry.
+fn database_unavailable(err: &sqlx::Error) -> bool {
+    match err {
+        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed => true,
+        sqlx::Error::Database(db) => {
+            let code = db.code().unwrap_or_default();
+            // 25006 read_only_sql_transaction (a standby), class 08
+            // connection exception, 57P01..57P03 the server shutting down or
+            // not accepting connections yet.
+            code == "25006" || code.starts_with("08") || code.starts_with("57P")
+        }
+        _ => false,
     }
 }
 

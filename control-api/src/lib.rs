@@ -19,6 +19,7 @@ pub mod liveness;
 pub mod observe;
 pub mod openapi;
 pub mod passwords;
+pub mod postgres;
 pub mod projector;
 mod routes;
 pub mod usage_domains;
@@ -27,8 +28,7 @@ pub mod webhooks;
 use proxynet_common::secret::Secret;
 use proxynet_common::tasks::{Stop, Tasks};
 use proxynet_store::redis_target::RedisConnection;
-use proxynet_store::{redact_url, Keys, StoreUnavailable};
-use sqlx::postgres::PgPoolOptions;
+use proxynet_store::{Keys, StoreUnavailable};
 use sqlx::PgPool;
 use std::future::Future;
 use std::net::SocketAddr;
@@ -90,6 +90,8 @@ pub struct ControlApi {
     metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
     state: AppState,
     ledger: ledger::LedgerConsumer,
+    /// With several Postgres hosts: keeps the pool on the one taking writes.
+    postgres_failover: Option<postgres::Failover>,
 }
 
 impl ControlApi {
@@ -116,7 +118,10 @@ impl ControlApi {
                 burst: config.operator_key_burst,
             },
         );
-        let db = connect_postgres(config.database_url.expose()).await?;
+        let postgres::Postgres {
+            pool: db,
+            failover: postgres_failover,
+        } = postgres::Postgres::connect(config.database_url.expose()).await?;
         sqlx::migrate!("../migrations").run(&db).await?;
         let redis_target = config.redis.target()?;
         let mut redis = redis_target.connect().await?;
@@ -150,11 +155,13 @@ impl ControlApi {
         // The reflectors agents are told to ask are protected like the
         // stores: no exit may reach one through another exit's tunnel (it
         // would sign that exit's address for the asker).
+        let database_hosts =
+            postgres::split_hosts(config.database_url.expose()).unwrap_or_default();
         let mut protected = protected_addresses(
             bound,
             &redis_target
                 .urls()
-                .chain([config.database_url.expose()])
+                .chain(database_hosts.iter().map(String::as_str))
                 .chain(config.reflector_urls.iter().map(String::as_str))
                 .collect::<Vec<_>>(),
         )
@@ -165,6 +172,7 @@ impl ControlApi {
         Ok(Self {
             listener,
             admin,
+            postgres_failover,
             metrics: proxynet_common::metrics::install(),
             ledger,
             state: AppState {
@@ -215,6 +223,9 @@ impl ControlApi {
         }
         let ledger = self.ledger;
         tasks.spawn("usage ledger", |stop| ledger.run(stop));
+        if let Some(failover) = self.postgres_failover {
+            tasks.spawn("postgres failover", |stop| failover.run(stop));
+        }
         {
             let policy = webhooks::target::policy(config.webhook_allow_internal, &state.protected);
             let deliverer = webhooks::Deliverer::new(state.db.clone(), policy).with_rules(
@@ -290,18 +301,6 @@ impl ControlApi {
         let _ = heartbook.persist(&db).await;
         result
     }
-}
-
-async fn connect_postgres(url: &str) -> Result<PgPool, StoreUnavailable> {
-    PgPoolOptions::new()
-        .max_connections(16)
-        .acquire_timeout(Duration::from_secs(5))
-        .connect(url)
-        .await
-        .map_err(|e| StoreUnavailable {
-            what: "Postgres",
-            detail: format!("cannot connect to {}: {e}", redact_url(url)),
-        })
 }
 
 /// `/metrics` and `/healthz` on the admin listener.

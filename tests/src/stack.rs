@@ -34,6 +34,9 @@ pub struct StackOptions {
     pub protected: Vec<String>,
     /// Extra superproxy flags (e.g. fast probes).
     pub superproxy_args: Vec<String>,
+    /// Use this database instead of a fresh one on the shared test Postgres
+    /// (e.g. a [`crate::postgres_pair::PostgresPair`]'s multi-host URL).
+    pub database_url: Option<String>,
     /// Use this Redis instead of the shared test Redis.
     pub redis_url: Option<String>,
     /// `redis_url` lists sentinels watching the master of this name
@@ -82,6 +85,7 @@ impl Default for StackOptions {
             heartbeat_ttl_ms: 1_500,
             protected: Vec::new(),
             superproxy_args: Vec::new(),
+            database_url: None,
             redis_url: None,
             redis_sentinel_master: None,
             postgres_fault: false,
@@ -167,6 +171,9 @@ impl Stack {
 
     pub async fn start_with(options: StackOptions) -> Self {
         let mut stores = TestStores::create().await;
+        if let Some(url) = &options.database_url {
+            stores.database_url = url.clone();
+        }
         if let Some(url) = &options.redis_url {
             stores.redis_url = url.clone();
             stores.redis_cluster = false;

@@ -37,6 +37,7 @@ mod link_versions;
 mod login_throttle;
 mod malformed_requests;
 mod observability;
+mod postgres_failover;
 mod postgres_outage;
 mod provenance;
 mod proxy_protocol;
