@@ -1,4 +1,7 @@
 # One image with all three proxynet binaries; compose.yaml picks the command.
+# The proxynet user's uid and gid are pinned to 999 (the first id Debian's
+# `useradd --system` hands out): deploy/kubernetes runs the containers with
+# runAsUser/runAsGroup 999 and must name the number.
 FROM rust:1-bookworm AS build
 WORKDIR /src
 COPY . .
@@ -10,7 +13,7 @@ FROM debian:bookworm-slim
 RUN apt-get update \
  && apt-get install -y --no-install-recommends ca-certificates curl python3 \
  && rm -rf /var/lib/apt/lists/* \
- && useradd --system --home /var/lib/proxynet --create-home proxynet \
+ && useradd --system --uid 999 --user-group --home /var/lib/proxynet --create-home proxynet \
  && mkdir -p /var/lib/proxynet/state /var/lib/proxynet/spill /bootstrap \
  && chown proxynet: /var/lib/proxynet/state /var/lib/proxynet/spill /bootstrap
 COPY --from=build /out/ /usr/local/bin/

@@ -37,7 +37,11 @@ pub struct Config {
     #[arg(long, env = "PROXYNET_DASHBOARD_SECURE_COOKIE")]
     pub dashboard_secure_cookie: bool,
 
-    /// Postgres URL (durable truth). Migrations are applied at start.
+    /// Postgres URL (durable truth). Migrations are applied at start. A
+    /// primary and its standbys may be named together in libpq's multi-host
+    /// form (`postgres://u:p@db1:5432,db2:5432/proxynet`): the pool stays on
+    /// the host that takes writes, reads from a standby while none does, and
+    /// follows a promotion.
     #[arg(long, env = "PROXYNET_DATABASE_URL", hide_env_values = true)]
     pub database_url: Secret,
 

@@ -157,10 +157,12 @@ impl ControlApi {
         // would sign that exit's address for the asker).
         let database_hosts =
             postgres::split_hosts(config.database_url.expose()).unwrap_or_default();
+        let redis_data_nodes = redis_target.sentinel_data_nodes().await;
         let mut protected = protected_addresses(
             bound,
             &redis_target
                 .urls()
+                .chain(redis_data_nodes.iter().map(String::as_str))
                 .chain(database_hosts.iter().map(String::as_str))
                 .chain(config.reflector_urls.iter().map(String::as_str))
                 .collect::<Vec<_>>(),

@@ -255,9 +255,31 @@ impl RedisTarget {
         self.sentinel.is_some()
     }
 
-    /// The URLs as given (one, or every seed), for deriving protected addresses.
+    /// The URLs as given (one, or every seed, or every sentinel), for
+    /// deriving protected addresses.
     pub fn urls(&self) -> impl Iterator<Item = &str> {
         self.nodes.iter().map(String::as_str)
+    }
+
+    /// Under Sentinel, the master and replicas the sentinels know now, as
+    /// `redis://host:port/` (they are not in `--redis-url`, and agents must
+    /// be told to deny them too). Empty otherwise.
+    pub async fn sentinel_data_nodes(&self) -> Vec<String> {
+        let Some(sentinel) = &self.sentinel else {
+            return Vec::new();
+        };
+        sentinel
+            .data_nodes()
+            .await
+            .into_iter()
+            .map(|(host, port)| {
+                if host.contains(':') {
+                    format!("redis://[{host}]:{port}/")
+                } else {
+                    format!("redis://{host}:{port}/")
+                }
+            })
+            .collect()
     }
 
     /// The target fit for a log line or an error: passwords replaced.

@@ -57,6 +57,12 @@ pub async fn run(listener: TcpListener, gateway: Arc<AdminState>, stop: Stop) {
     }
 }
 
+/// `/readyz?degraded=serve`: ready while Redis is away, as long as there is
+/// a pool to serve from.
+fn serves_degraded(query: Option<&str>) -> bool {
+    query.is_some_and(|q| q.split('&').any(|kv| kv == "degraded=serve"))
+}
+
 fn respond(gateway: &AdminState, req: &Request<Incoming>) -> Response<Full<Bytes>> {
     if req.method() != Method::GET {
         return text(StatusCode::METHOD_NOT_ALLOWED, "GET only\n".into());
@@ -78,6 +84,21 @@ fn respond(gateway: &AdminState, req: &Request<Incoming>) -> Response<Full<Bytes
             let view = gateway.pool.view();
             if gateway.is_draining() {
                 text(StatusCode::SERVICE_UNAVAILABLE, "draining\n".into())
+            } else if view.degraded
+                && serves_degraded(req.uri().query())
+                && !view.eligible.is_empty()
+            {
+                // The balancer asked for it: every superproxy of a fleet
+                // shares one Redis, so a Redis outage (or a Sentinel
+                // failover) would take them all out of rotation at once,
+                // although each routes known users on its last pool.
+                text(
+                    StatusCode::OK,
+                    format!(
+                        "degraded: redis unreachable; serving from memory, {} eligible exits\n",
+                        view.eligible.len()
+                    ),
+                )
             } else if view.degraded {
                 // Still routing known users on the last known pool; a load
                 // balancer may prefer a healthy peer.

@@ -98,6 +98,41 @@ impl SentinelSettings {
         &self.master_name
     }
 
+    /// The data nodes the first answering sentinel knows: the master and
+    /// its replicas, as `host:port` (for the egress policy's protected set:
+    /// `--redis-url` names only the sentinels). Empty if none answers.
+    pub(crate) async fn data_nodes(&self) -> Vec<(String, u16)> {
+        for sentinel in &self.sentinels {
+            let asking = async {
+                let client = redis::Client::open(sentinel.clone())?;
+                let mut conn = client.get_multiplexed_async_connection().await?;
+                let master: (String, u16) = redis::cmd("SENTINEL")
+                    .arg("get-master-addr-by-name")
+                    .arg(&self.master_name)
+                    .query_async(&mut conn)
+                    .await?;
+                let replicas: Vec<std::collections::HashMap<String, String>> =
+                    redis::cmd("SENTINEL")
+                        .arg("replicas")
+                        .arg(&self.master_name)
+                        .query_async(&mut conn)
+                        .await?;
+                let mut nodes = vec![master];
+                nodes.extend(replicas.into_iter().filter_map(|replica| {
+                    Some((
+                        replica.get("ip")?.clone(),
+                        replica.get("port")?.parse().ok()?,
+                    ))
+                }));
+                Ok::<_, RedisError>(nodes)
+            };
+            if let Ok(Ok(nodes)) = tokio::time::timeout(LOOKUP_TIMEOUT, asking).await {
+                return nodes;
+            }
+        }
+        Vec::new()
+    }
+
     /// A client for the master the sentinels name now (its role checked).
     pub(crate) async fn master(&self) -> redis::RedisResult<redis::Client> {
         let mut sentinel = Sentinel::build(self.sentinels.clone())?;

@@ -80,12 +80,16 @@ async fn keep_tunnelling(
 }
 
 async fn readyz(stack: &Stack, admin: SocketAddr) -> (u16, String) {
+    readyz_at(stack, admin, "/readyz").await
+}
+
+async fn readyz_at(stack: &Stack, admin: SocketAddr, path: &str) -> (u16, String) {
     // A fresh connection each time: the admin listener closes a kept-alive
     // one idle for its 5 s header timeout, the same 5 s the loops sleep, and
     // a reused one can be closed under the request.
     let r = stack
         .http
-        .get(format!("http://{admin}/readyz"))
+        .get(format!("http://{admin}{path}"))
         .header("connection", "close")
         .send()
         .await
@@ -218,6 +222,11 @@ async fn redis_killed() {
     .await;
     let (status, _) = readyz(&stack, stack.proxy_addrs.admin).await;
     assert_eq!(status, 503, "degraded while Redis is gone");
+    // A balancer in front of a fleet that shares this Redis asks with
+    // `degraded=serve`: ready, serving from memory.
+    let (status, body) = readyz_at(&stack, stack.proxy_addrs.admin, "/readyz?degraded=serve").await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("serving from memory"), "{body}");
     redis.restart().await;
     // The batches kept in memory reach the new Redis and the ledger.
     stack

@@ -2,7 +2,7 @@
 //! sentinels, keep serving while it dies, follow the promoted replica, and
 //! the ledger ends up with exactly the bytes that moved.
 
-use proxynet_tests::client::open_echo_tunnel;
+use proxynet_tests::client::{assert_gateway_error, open_echo_tunnel, raw_request};
 use proxynet_tests::sentinel::{SentinelGroup, MASTER_NAME};
 use proxynet_tests::stack::{Stack, StackOptions, PASSWORD};
 use proxynet_tests::targets::{echo_server, pump};
@@ -20,6 +20,8 @@ async fn a_sentinel_failover_mid_traffic_loses_no_tunnel_and_no_byte() {
     let stack = Stack::start_with(StackOptions {
         redis_url: Some(group.urls()),
         redis_sentinel_master: Some(MASTER_NAME.to_owned()),
+        // The exits' own check is what refuses the data nodes below.
+        superproxy_protects_redis: false,
         superproxy_args: vec!["--usage-flush-ms".into(), "200".into()],
         ..Default::default()
     })
@@ -27,6 +29,25 @@ async fn a_sentinel_failover_mid_traffic_loses_no_tunnel_and_no_byte() {
     let echo = echo_server().await;
     let account = stack.create_account("sentinel").await;
     let user = stack.create_user(account, "watched", PASSWORD).await;
+
+    // `--redis-url` names only the sentinels; the master and the replica
+    // they name are protected all the same.
+    for port in [group.master_port, group.replica_port] {
+        let auth = base64::Engine::encode(
+            &base64::engine::general_purpose::STANDARD,
+            format!("watched:{PASSWORD}"),
+        );
+        let connect = format!(
+            "CONNECT 127.0.0.1:{port} HTTP/1.1\r\nHost: x\r\nProxy-Authorization: Basic {auth}\r\n\r\n"
+        );
+        let r = raw_request(
+            stack.proxy_addrs.proxy,
+            connect.as_bytes(),
+            Duration::from_secs(10),
+        )
+        .await;
+        assert_gateway_error(&r, 403, "destination_ip_prohibited");
+    }
 
     // Tunnels one after another for the whole test, each checked end to end.
     let proxy = stack.proxy_addrs.proxy;
