@@ -121,6 +121,11 @@ impl Cidr {
         }
     }
 
+    /// Whether every address of `inner` is in this network.
+    pub fn covers(&self, inner: &Cidr) -> bool {
+        self.prefix <= inner.prefix && self.contains(inner.addr)
+    }
+
     /// Whether the two networks share any address.
     pub fn overlaps(&self, other: &Cidr) -> bool {
         self.contains(other.addr) || other.contains(self.addr)

@@ -349,6 +349,13 @@ pub struct UserRecord {
     /// The account's ban rules.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub account_retry_rules: Vec<policy::RetryRule>,
+    /// The user always routes through its account's dedicated addresses.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub dedicated_only: bool,
+    /// When none of the account's dedicated addresses is usable, route
+    /// through shared ones instead of refusing (an account setting).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub dedicated_fallback: bool,
 }
 
 /// An account's totals over all of its users, from its entitlements.
@@ -685,9 +692,48 @@ pub struct ExitRecord {
     /// control-api's heartbeat); routing does not read it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub verified_egress: Vec<IpAddr>,
+    /// Egress addresses (or /64s of an egress prefix) allocated to one
+    /// account: only its tunnels leave from them, and only when they ask for
+    /// dedicated addresses; shared tunnels never do.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dedicated: Vec<Dedication>,
+}
+
+/// One dedicated address of an exit.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Dedication {
+    /// A single address (a /32 or /128) or a prefix.
+    pub address: proxynet_common::egress::Cidr,
+    pub account: Uuid,
+    /// The account's users it serves (empty: all of them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub users: Vec<Uuid>,
+}
+
+impl Dedication {
+    /// Whether `user` of `account` may leave from this address.
+    pub fn serves(&self, account: Uuid, user: Uuid) -> bool {
+        self.account == account && (self.users.is_empty() || self.users.contains(&user))
+    }
 }
 
 impl ExitRecord {
+    /// Whether `ip` is dedicated to some account (and so not shared).
+    pub fn is_dedicated(&self, ip: IpAddr) -> bool {
+        self.dedicated.iter().any(|d| d.address.contains(ip))
+    }
+
+    /// Whether the exit has an address left for shared tunnels: an egress
+    /// IP nobody holds, or a prefix not allocated whole.
+    pub fn has_shared_egress(&self) -> bool {
+        self.dedicated.is_empty()
+            || self.egress_ips.iter().any(|ip| !self.is_dedicated(*ip))
+            || self
+                .egress_prefixes
+                .iter()
+                .any(|p| !self.dedicated.iter().any(|d| d.address.covers(p)))
+    }
+
     /// Whether the exit may send from `ip`: one of its egress IPs, or an
     /// address inside one of its egress prefixes.
     pub fn can_egress_from(&self, ip: IpAddr) -> bool {

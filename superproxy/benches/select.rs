@@ -68,6 +68,7 @@ fn view(n: usize, link: &Link) -> PoolView {
                 blocked: None,
                 consent_expires_at_ms: None,
                 verified_egress: Vec::new(),
+                dedicated: Vec::new(),
             }),
             link: link.clone(),
         })

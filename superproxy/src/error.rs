@@ -56,6 +56,9 @@ pub enum ErrorKind {
     ExitLinkLost,
     /// A `sessmode=hard` session's pinned exit is gone.
     SessionExitLost,
+    /// The tunnel asked for the account's dedicated addresses and none is on
+    /// a live exit (no silent fallback to shared addresses).
+    DedicatedUnavailable,
     /// The target refused the connection.
     ConnectionRefused,
     /// The target's network or host is unreachable.
@@ -73,7 +76,7 @@ pub enum ErrorKind {
 }
 
 impl ErrorKind {
-    pub const ALL: [ErrorKind; 21] = [
+    pub const ALL: [ErrorKind; 22] = [
         ErrorKind::AuthRequired,
         ErrorKind::BadRequest,
         ErrorKind::HeaderTooLarge,
@@ -88,6 +91,7 @@ impl ErrorKind {
         ErrorKind::ExitUnavailable,
         ErrorKind::ExitLinkLost,
         ErrorKind::SessionExitLost,
+        ErrorKind::DedicatedUnavailable,
         ErrorKind::ConnectionRefused,
         ErrorKind::DestinationUnreachable,
         ErrorKind::ConnectionTimeout,
@@ -112,6 +116,7 @@ impl ErrorKind {
             }
             ErrorKind::ExitLinkLost
             | ErrorKind::SessionExitLost
+            | ErrorKind::DedicatedUnavailable
             | ErrorKind::ConnectionRefused
             | ErrorKind::DestinationUnreachable
             | ErrorKind::BadResponse
@@ -136,7 +141,9 @@ impl ErrorKind {
             ErrorKind::DestinationProhibited => "destination_ip_prohibited",
             ErrorKind::NoExit | ErrorKind::ExitUnavailable => "destination_unavailable",
             ErrorKind::ExitLinkLost => "connection_terminated",
-            ErrorKind::SessionExitLost => "destination_unavailable",
+            ErrorKind::SessionExitLost | ErrorKind::DedicatedUnavailable => {
+                "destination_unavailable"
+            }
             ErrorKind::ConnectionRefused => "connection_refused",
             ErrorKind::DestinationUnreachable => "destination_ip_unroutable",
             ErrorKind::ConnectionTimeout => "connection_timeout",
@@ -155,7 +162,9 @@ impl ErrorKind {
             | ErrorKind::TooManyRequests
             | ErrorKind::QuotaExhausted
             | ErrorKind::TargetingNotAllowed => 0x02,
-            ErrorKind::NoExit | ErrorKind::ExitUnavailable => 0x03,
+            ErrorKind::NoExit | ErrorKind::ExitUnavailable | ErrorKind::DedicatedUnavailable => {
+                0x03
+            }
             ErrorKind::DestinationUnreachable
             | ErrorKind::DnsError
             | ErrorKind::SessionExitLost => 0x04,
@@ -182,9 +191,10 @@ impl ErrorKind {
             | ErrorKind::TargetingNotAllowed
             | ErrorKind::MethodNotAllowed => Source::Client,
             ErrorKind::DestinationProhibited | ErrorKind::TargetDenied => Source::Policy,
-            ErrorKind::ExitUnavailable | ErrorKind::ExitLinkLost | ErrorKind::SessionExitLost => {
-                Source::ExitLink
-            }
+            ErrorKind::ExitUnavailable
+            | ErrorKind::ExitLinkLost
+            | ErrorKind::SessionExitLost
+            | ErrorKind::DedicatedUnavailable => Source::ExitLink,
             ErrorKind::ConnectionRefused
             | ErrorKind::DestinationUnreachable
             | ErrorKind::ConnectionTimeout

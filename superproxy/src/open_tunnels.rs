@@ -26,7 +26,21 @@ pub struct Entry {
     pub network: Option<proxynet_common::egress::Cidr>,
     /// What a traffic-policy change is judged against.
     pub watch: PolicyWatch,
+    /// The address the tunnel leaves from, and for whom: what a change of
+    /// the exit's dedicated addresses is judged against (`None` for a
+    /// client connection).
+    pub egress: Option<TunnelEgress>,
     cut: CancellationToken,
+}
+
+/// A tunnel's egress address and whose tunnel it is.
+#[derive(Debug, Clone, Copy)]
+pub struct TunnelEgress {
+    pub account: Uuid,
+    pub user: Uuid,
+    pub ip: std::net::IpAddr,
+    /// It asked for the account's dedicated addresses.
+    pub dedicated: bool,
 }
 
 /// What a traffic-policy change re-checks for an open entry.
@@ -74,6 +88,7 @@ impl OpenTunnels {
         exit_id: Uuid,
         network: Option<proxynet_common::egress::Cidr>,
         watch: PolicyWatch,
+        egress: Option<TunnelEgress>,
         cut: CancellationToken,
     ) -> Registration {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
@@ -87,6 +102,7 @@ impl OpenTunnels {
                     exit_id,
                     network,
                     watch,
+                    egress,
                     cut,
                 },
             );
@@ -137,6 +153,13 @@ impl OpenTunnels {
         self.cut_where(|e| matches!(&e.watch, PolicyWatch::Target(h, p) if refused(h, *p)))
     }
 
+    /// Cuts the tunnels through `exit_id` whose egress `misplaced` says may
+    /// no longer leave from where they do (an address allocated or
+    /// released); returns how many.
+    pub fn cut_misplaced(&self, exit_id: Uuid, misplaced: impl Fn(&TunnelEgress) -> bool) -> usize {
+        self.cut_where(|e| e.exit_id == exit_id && e.egress.as_ref().is_some_and(&misplaced))
+    }
+
     /// Cuts every tunnel through `exit_id`; returns how many.
     pub fn cut_exit(&self, exit_id: Uuid) -> usize {
         self.cut_where(|e| e.exit_id == exit_id)
@@ -174,6 +197,7 @@ mod tests {
             exit,
             None,
             PolicyWatch::Nothing,
+            None,
             a.clone(),
         );
         let net: proxynet_common::egress::Cidr = "192.0.2.0/24".parse().unwrap();
@@ -184,6 +208,7 @@ mod tests {
             Uuid::new_v4(),
             Some(net),
             PolicyWatch::Nothing,
+            None,
             b.clone(),
         );
         assert_eq!(registry.cut_where_network(|_, user| user != "bob"), 0);

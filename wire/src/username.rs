@@ -157,6 +157,18 @@ pub struct Targeting {
     /// absolute-form request retried after a site's ban), never drawn
     /// again and costing none of its attempts.
     pub avoid: Vec<Uuid>,
+    /// `dedicated`: leave only from addresses allocated to the account
+    /// (the user's own record may also ask for it always).
+    pub dedicated: bool,
+    /// `ip-ADDRESS`: leave from this one of the account's dedicated
+    /// addresses (implies `dedicated`).
+    pub ip: Option<std::net::IpAddr>,
+    /// Not from the username: the logged-in (account, user), which decides
+    /// whose dedicated addresses a tunnel may use and which it must avoid.
+    pub tenant: Option<(Uuid, Uuid)>,
+    /// Not from the username: with no usable dedicated address, fall back to
+    /// shared ones (an account setting) instead of refusing.
+    pub dedicated_fallback: bool,
 }
 
 impl Targeting {
@@ -165,6 +177,8 @@ impl Targeting {
         Targeting {
             prefer: None,
             avoid: Vec::new(),
+            tenant: None,
+            dedicated_fallback: false,
             ..self.clone()
         } == Targeting::default()
     }
@@ -203,6 +217,12 @@ impl fmt::Display for Targeting {
         }
         if let Some(v) = self.ip_version {
             parts.push(format!("ipversion={}", v.as_str()));
+        }
+        if self.dedicated {
+            parts.push("dedicated".to_owned());
+        }
+        if let Some(ip) = self.ip {
+            parts.push(format!("ip={ip}"));
         }
         if let Some(types) = &self.allowed_types {
             let names: Vec<&str> = types.iter().map(|t| t.as_str()).collect();
@@ -320,6 +340,14 @@ pub fn parse(raw: &str) -> Result<ParsedUsername, UsernameError> {
     let mut targeting = Targeting::default();
 
     while let Some(key) = tokens.next() {
+        // The one key without a value.
+        if key == "dedicated" {
+            if targeting.dedicated {
+                return Err(UsernameError::Duplicate("dedicated"));
+            }
+            targeting.dedicated = true;
+            continue;
+        }
         let value = tokens
             .next()
             .filter(|v| !v.is_empty())
@@ -455,6 +483,16 @@ pub fn parse(raw: &str) -> Result<ParsedUsername, UsernameError> {
                         reason: "4 or 6",
                     }),
                 })?;
+            }
+            "ip" => {
+                set_once(&mut targeting.ip, "ip", || {
+                    value.parse().map_err(|_| UsernameError::BadValue {
+                        key: "ip",
+                        reason:
+                            "an IPv4 or IPv6 address (one of the account's dedicated addresses)",
+                    })
+                })?;
+                targeting.dedicated = true;
             }
             other => return Err(UsernameError::UnknownKey(truncated(other))),
         }

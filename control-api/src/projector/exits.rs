@@ -44,6 +44,9 @@ pub struct ExitRow {
     pub observed_egress: Vec<String>,
     /// The addresses the reflector verified the exit holds (`routes/egress.rs`).
     pub verified_egress: Vec<String>,
+    /// Its dedicated addresses held now, each `ADDRESS|ACCOUNT|USER,USER`
+    /// (`routes/dedicated.rs`).
+    pub dedicated: Vec<String>,
 }
 
 impl ExitRow {
@@ -129,6 +132,11 @@ impl ExitRow {
                 .filter(|_| self.consent_required == Some(true))
                 .map(|t| t.timestamp_millis()),
             verified_egress: Vec::new(),
+            dedicated: self
+                .dedicated
+                .iter()
+                .filter_map(|d| parse_dedication(d))
+                .collect(),
         };
         // Only what lies inside the declared egress: the column is written
         // from observations of declared egress alone, and this keeps it so.
@@ -141,6 +149,25 @@ impl ExitRow {
         record.verified_egress = verified;
         record
     }
+}
+
+/// `ADDRESS|ACCOUNT|USER,USER` as [`EXIT_SELECT`] writes it.
+fn parse_dedication(row: &str) -> Option<proxynet_store::Dedication> {
+    let mut parts = row.split('|');
+    let address = parts.next()?.parse().ok()?;
+    let account = parts.next()?.parse().ok()?;
+    let users = parts
+        .next()
+        .unwrap_or_default()
+        .split(',')
+        .filter(|u| !u.is_empty())
+        .filter_map(|u| u.parse().ok())
+        .collect();
+    Some(proxynet_store::Dedication {
+        address,
+        account,
+        users,
+    })
 }
 
 /// An exit with its source and its latest consent record. The projected
@@ -158,7 +185,12 @@ pub(super) const EXIT_SELECT: &str = "SELECT e.id, e.name, e.source_type, e.owne
               AND host(o.observed_ip) = v AND o.last_seen > now() - interval '24 hours')) \
        AS verified_egress, \
      ARRAY(SELECT DISTINCT ON (o.egress) host(o.observed_ip) FROM exit_egress_observations o \
-            WHERE o.exit_id = e.id ORDER BY o.egress, o.first_seen DESC, o.id DESC) AS observed_egress \
+            WHERE o.exit_id = e.id ORDER BY o.egress, o.first_seen DESC, o.id DESC) AS observed_egress, \
+     ARRAY(SELECT d.address || '|' || d.account_id || '|' || \
+              COALESCE((SELECT string_agg(du.user_id::text, ',' ORDER BY du.user_id) \
+                          FROM dedicated_ip_users du WHERE du.dedicated_ip_id = d.id), '') \
+            FROM dedicated_ips d WHERE d.exit_id = e.id AND d.released_at IS NULL ORDER BY d.address) \
+       AS dedicated \
      FROM exits e LEFT JOIN sources s ON s.id = e.source_id \
      LEFT JOIN LATERAL (SELECT state, expires_at FROM consent_records \
                          WHERE exit_id = e.id ORDER BY version DESC LIMIT 1) c ON true";

@@ -108,6 +108,8 @@ struct UserRow {
     account_retry_rules: sqlx::types::Json<Vec<proxynet_store::policy::RetryRule>>,
     /// Source types the account's plan prices; `None` without a plan.
     plan_types: Option<Vec<String>>,
+    dedicated_only: bool,
+    dedicated_fallback: bool,
 }
 
 /// A user with its account's entitlements and plan (`FROM USERS_FROM`).
@@ -120,7 +122,7 @@ const USER_COLUMNS: &str = "u.id, u.account_id, u.username, u.password_hash, \
      u.retry_rules, a.retry_rules AS account_retry_rules, \
      CASE WHEN a.plan_id IS NULL THEN NULL ELSE \
        ARRAY(SELECT p.source_type FROM plan_prices p WHERE p.plan_id = a.plan_id ORDER BY 1) END \
-       AS plan_types";
+       AS plan_types, u.dedicated_only, a.dedicated_fallback";
 
 const USERS_FROM: &str = "proxy_users u JOIN accounts a ON a.id = u.account_id";
 
@@ -467,6 +469,8 @@ fn user_record(row: &UserRow) -> UserRecord {
             .map(|types| types.iter().filter_map(|t| SourceType::parse(t)).collect()),
         policy: row.policy.0.clone(),
         account_policy: row.account_policy.0.clone(),
+        dedicated_only: row.dedicated_only,
+        dedicated_fallback: row.dedicated_fallback,
         retry_rules: row.retry_rules.0.clone(),
         account_retry_rules: row.account_retry_rules.0.clone(),
     }

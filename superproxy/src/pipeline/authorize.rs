@@ -61,6 +61,9 @@ pub(super) fn authorize(logged_in: LoggedIn) -> Result<Client, ProxyError> {
     targeting.allowed_countries = user.allowed_countries.clone();
     targeting.allowed_channels = user.allowed_channels.clone();
     targeting.plan_types = user.plan_source_types.clone();
+    targeting.tenant = Some((user.account_id, user.id));
+    targeting.dedicated |= user.dedicated_only;
+    targeting.dedicated_fallback = user.dedicated_fallback;
     Ok(Client {
         user_id: user.id,
         account_id: user.account_id,

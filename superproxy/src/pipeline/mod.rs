@@ -461,6 +461,12 @@ impl Pipeline {
                 Some((host, port)) => crate::open_tunnels::PolicyWatch::Target(host, port),
                 None => crate::open_tunnels::PolicyWatch::Association(client.record.clone()),
             },
+            Some(crate::open_tunnels::TunnelEgress {
+                account: client.account_id,
+                user: client.user_id,
+                ip: opened.egress_ip,
+                dedicated: opened.dedicated,
+            }),
             ticket.cut().clone(),
         );
         Tunnel {

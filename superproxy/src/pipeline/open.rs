@@ -78,6 +78,8 @@ pub struct Opened {
     pub egress_ip: IpAddr,
     /// An association's egress address of the other family, if it has one.
     pub other_egress_ip: Option<IpAddr>,
+    /// It leaves from one of the account's dedicated addresses.
+    pub dedicated: bool,
     /// Set for sticky sessions.
     pub pin: Option<Pin>,
     /// Counts this tunnel against its exit's load until dropped: keep it for
@@ -162,7 +164,22 @@ impl TunnelOpener {
         report: Option<SiteReport>,
     ) -> Result<Opened, ProxyError> {
         let deadline = Instant::now() + self.connect_budget;
-        let targeting = &client.request.targeting;
+        let mut targeting = &client.request.targeting;
+        // An account that asked for it falls back to shared addresses when
+        // none of its dedicated ones is usable (never for `ip-…`: that
+        // names one address).
+        let shared;
+        if targeting.dedicated
+            && targeting.dedicated_fallback
+            && targeting.ip.is_none()
+            && self.pool.pick(&[], targeting).is_none()
+        {
+            shared = Targeting {
+                dedicated: false,
+                ..targeting.clone()
+            };
+            targeting = &shared;
+        }
         let mut sticky = match &client.request.session {
             Some(session) => Some(Sticky::load(&self.sessions, client.user_id, session).await),
             None => None,
@@ -208,15 +225,14 @@ impl TunnelOpener {
                 ));
             }
             let preferred = sticky.as_ref().and_then(|s| s.egress_ip_on(exit.record.id));
-            let ip_version = targeting.ip_version;
             let egress = match purpose {
                 Purpose::Tunnel(target) => {
-                    egress_ip_for(&exit, target, preferred, ip_version).map(|first| EgressChoice {
+                    egress_ip_for(&exit, target, preferred, targeting).map(|first| EgressChoice {
                         first,
                         other_family: None,
                     })
                 }
-                Purpose::Association => association_egress(&exit, preferred, ip_version),
+                Purpose::Association => association_egress(&exit, preferred, targeting),
             };
             let Some(egress) = egress else {
                 no_family = true;
@@ -242,6 +258,7 @@ impl TunnelOpener {
                         source_type: Some(exit.record.source_type),
                         egress_ip: egress.first,
                         other_egress_ip: egress.other_family,
+                        dedicated: targeting.dedicated,
                         pin: sticky.as_ref().and_then(Sticky::pin),
                         in_flight: self.pool.health().start_tunnel(exit.record.id),
                     });
@@ -313,6 +330,16 @@ impl TunnelOpener {
     /// Why no exit took the tunnel, as precisely as may be said: the
     /// target's family, provenance, the account's plan, or none available.
     fn no_exit(&self, targeting: &Targeting, no_family: bool) -> ProxyError {
+        if targeting.dedicated {
+            // Never a silent fallback: the customer pays for these addresses.
+            let detail = match targeting.ip {
+                Some(ip) => format!(
+                    "dedicated address {ip} is unavailable: it is not one this user may use, or its exit is down, draining or not linked"
+                ),
+                None => "no dedicated address of this account is available: their exits are down, draining or not linked (or none is allocated to this user)".to_owned(),
+            };
+            return ProxyError::new(ErrorKind::DedicatedUnavailable, detail);
+        }
         if no_family {
             return ProxyError::new(
                 ErrorKind::DestinationUnreachable,
@@ -376,10 +403,10 @@ impl TunnelOpener {
 fn association_egress(
     exit: &Candidate,
     preferred: Option<IpAddr>,
-    ip_version: Option<crate::username::IpVersion>,
+    targeting: &Targeting,
 ) -> Option<EgressChoice> {
-    let v4 = egress_ip_of_family(exit, Some(true), preferred, ip_version);
-    let v6 = egress_ip_of_family(exit, Some(false), preferred, ip_version);
+    let v4 = egress_ip_of_family(exit, Some(true), preferred, targeting);
+    let v6 = egress_ip_of_family(exit, Some(false), preferred, targeting);
     // The pinned address's family goes first: it is the one the session keeps.
     let (first, second) = if preferred.is_some_and(|p| p.is_ipv6()) {
         (v6, v4)

@@ -74,6 +74,7 @@ impl Holds {
             Uuid::nil(),
             self.network,
             crate::open_tunnels::PolicyWatch::Nothing,
+            None,
             self.ticket.cut().clone(),
         )
     }

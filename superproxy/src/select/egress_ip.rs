@@ -5,6 +5,11 @@
 //! addresses, so consecutive tunnels leave from different ones. A sticky
 //! session pins the address it got ([`super::Sticky::keep_ip`]) and is
 //! handed it back as `preferred` while the exit still owns it.
+//!
+//! Dedicated addresses split that set: a tunnel that asks for its account's
+//! dedicated addresses (`-dedicated`, `-ip-…`) leaves only from those the
+//! account holds on the exit (and its user may use); every other tunnel
+//! only from the addresses nobody holds.
 
 use proxynet_common::egress::Cidr;
 use rand::Rng;
@@ -12,56 +17,91 @@ use std::net::IpAddr;
 
 use super::Candidate;
 use crate::target::{Host, Target};
-use crate::username::IpVersion;
+use crate::username::Targeting;
+
+/// Draws from a prefix that land in a /64 someone holds are drawn again this
+/// many times before the prefix counts as taken for this tunnel.
+const REDRAWS: usize = 8;
 
 /// An egress address of `candidate` that can reach `target`: of the
-/// target's family for IP literals; for names, of `ip_version` when the
-/// username asked for one, else IPv4 first (the agent resolves names and
-/// dials the family of the egress address). `preferred` (a session's pinned
-/// address) wins while the exit still owns it and it fits. `None`: the exit
-/// has no address that fits.
+/// target's family for IP literals; for names, of the targeting's
+/// `ip_version` when the username asked for one, else IPv4 first (the agent
+/// resolves names and dials the family of the egress address), among the
+/// addresses the targeting may use (its dedicated ones, or the shared
+/// ones). `preferred` (a session's pinned address) wins while the exit
+/// still owns it and it fits. `None`: the exit has no address that fits.
 pub fn egress_ip_for(
     candidate: &Candidate,
     target: &Target,
     preferred: Option<IpAddr>,
-    ip_version: Option<IpVersion>,
+    targeting: &Targeting,
 ) -> Option<IpAddr> {
     let family = match &target.host {
         Host::Ip(t) => Some(t.is_ipv4()),
         Host::Name(_) => None,
     };
-    egress_ip_of_family(candidate, family, preferred, ip_version)
+    egress_ip_of_family(candidate, family, preferred, targeting)
 }
 
 /// An egress address of `candidate` of the family `v4` says (`None`: any,
-/// IPv4 first), within `ip_version`; `preferred` as in [`egress_ip_for`].
+/// IPv4 first), within the targeting; `preferred` as in [`egress_ip_for`].
 /// A UDP association asks for one of each family.
 pub fn egress_ip_of_family(
     candidate: &Candidate,
     v4: Option<bool>,
     preferred: Option<IpAddr>,
-    ip_version: Option<IpVersion>,
+    targeting: &Targeting,
 ) -> Option<IpAddr> {
     let record = &candidate.record;
+    let ip_version = targeting.ip_version;
     let fits = |ip: &IpAddr| {
         v4.is_none_or(|v4| v4 == ip.is_ipv4()) && ip_version.is_none_or(|v| v.matches(*ip))
     };
-    if let Some(p) = preferred.filter(|p| record.can_egress_from(*p) && fits(p)) {
-        return Some(p);
-    }
     let mut rng = rand::thread_rng();
-    let mut usable: Vec<IpAddr> = record
-        .egress_ips
-        .iter()
-        .copied()
-        .chain(
-            record
-                .egress_prefixes
-                .iter()
-                .map(|prefix| random_address_in(prefix, &mut rng)),
-        )
-        .filter(fits)
-        .collect();
+    let mut usable: Vec<IpAddr> = if targeting.dedicated {
+        let Some((account, user)) = targeting.tenant else {
+            return None;
+        };
+        if let Some(p) = preferred.filter(|p| {
+            fits(p)
+                && targeting.ip.is_none_or(|ip| ip == *p)
+                && record
+                    .dedicated
+                    .iter()
+                    .any(|d| d.serves(account, user) && d.address.contains(*p))
+        }) {
+            return Some(p);
+        }
+        record
+            .dedicated
+            .iter()
+            .filter(|d| d.serves(account, user))
+            .filter_map(|d| match targeting.ip {
+                Some(ip) => d.address.contains(ip).then_some(ip),
+                None if d.address.host_bits() == 0 => Some(d.address.network()),
+                None => Some(random_address_in(&d.address, &mut rng)),
+            })
+            .filter(fits)
+            .collect()
+    } else {
+        if let Some(p) =
+            preferred.filter(|p| record.can_egress_from(*p) && !record.is_dedicated(*p) && fits(p))
+        {
+            return Some(p);
+        }
+        record
+            .egress_ips
+            .iter()
+            .copied()
+            .filter(|ip| !record.is_dedicated(*ip))
+            .chain(record.egress_prefixes.iter().filter_map(|prefix| {
+                (0..REDRAWS)
+                    .map(|_| random_address_in(prefix, &mut rng))
+                    .find(|ip| !record.is_dedicated(*ip))
+            }))
+            .filter(fits)
+            .collect()
+    };
     if v4.is_none() && usable.iter().any(IpAddr::is_ipv4) {
         usable.retain(IpAddr::is_ipv4);
     }

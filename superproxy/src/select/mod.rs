@@ -83,6 +83,8 @@ pub struct Pool {
     /// Exits blocked by provenance in the last two rebuilds, so a newly
     /// blocked exit's tunnels are cut once more after a racing open.
     recently_blocked: std::sync::Mutex<[HashSet<Uuid>; 2]>,
+    /// Linked exits' dedicated addresses at the last rebuild.
+    dedications: std::sync::Mutex<HashMap<Uuid, Vec<proxynet_store::Dedication>>>,
     redis: RedisConnection,
     keys: Keys,
     registry: Arc<LinkRegistry>,
@@ -277,6 +279,7 @@ impl Pool {
             health,
             open_tunnels,
             recently_blocked: std::sync::Mutex::new([HashSet::new(), HashSet::new()]),
+            dedications: std::sync::Mutex::default(),
             redis,
             keys,
             registry,
@@ -364,6 +367,42 @@ impl Pool {
         }
         let last = last.clone();
         *rounds = [last, now];
+    }
+
+    /// An address allocated to an account (or released, or moved) cuts the
+    /// open tunnels that may no longer leave from it: another account's, a
+    /// shared tunnel's, or a dedicated tunnel's whose account (or user) no
+    /// longer holds it. Only exits whose dedicated addresses changed since
+    /// the last rebuild are looked at.
+    fn cut_misplaced(&self, now: HashMap<Uuid, Vec<proxynet_store::Dedication>>) {
+        let Ok(mut last) = self.dedications.lock() else {
+            return;
+        };
+        if now.is_empty() && last.is_empty() {
+            return;
+        }
+        let changed: HashSet<Uuid> = now
+            .keys()
+            .chain(last.keys())
+            .filter(|id| now.get(*id) != last.get(*id))
+            .copied()
+            .collect();
+        for id in changed {
+            let held = now.get(&id).map(Vec::as_slice).unwrap_or_default();
+            let cut = self.open_tunnels.cut_misplaced(id, |egress| {
+                if egress.dedicated {
+                    !held.iter().any(|d| {
+                        d.serves(egress.account, egress.user) && d.address.contains(egress.ip)
+                    })
+                } else {
+                    held.iter().any(|d| d.address.contains(egress.ip))
+                }
+            });
+            if cut > 0 {
+                tracing::info!(exit = %id, tunnels = cut, "dedicated addresses changed; tunnels that may no longer leave from theirs cut");
+            }
+        }
+        *last = now;
     }
 
     /// Keeps the view current until `stop`: on every refresh,
@@ -504,6 +543,7 @@ impl Pool {
         let mut blocked = Vec::new();
         let mut next_expiry_ms: Option<i64> = None;
         let mut held_by_links = 0;
+        let mut dedications = HashMap::new();
         let (eligible, live, degraded, silent_since) = match self.known.read() {
             Ok(known) => {
                 let mut eligible = Vec::new();
@@ -514,6 +554,9 @@ impl Pool {
                     let Some(record) = known.records.get(id) else {
                         continue;
                     };
+                    if !record.dedicated.is_empty() {
+                        dedications.insert(*id, record.dedicated.clone());
+                    }
                     if let Some(at) = record.consent_expires_at_ms.filter(|at| *at > now_ms) {
                         next_expiry_ms = Some(next_expiry_ms.map_or(at, |n| n.min(at)));
                     }
@@ -567,6 +610,7 @@ impl Pool {
         }
         crate::metrics::control_plane(silent_since, held_by_links);
         self.cut_newly_blocked(&blocked);
+        self.cut_misplaced(dedications);
         let index = eligible
             .iter()
             .enumerate()

@@ -107,8 +107,7 @@ impl<'a> Sticky<'a> {
             return Ok(None);
         };
         // An association's address is kept once chosen (`keep_ip`).
-        let ip =
-            target.and_then(|t| egress_ip_for(&drawn, t, None, candidates.targeting().ip_version));
+        let ip = target.and_then(|t| egress_ip_for(&drawn, t, None, candidates.targeting()));
         let pinned = self.repin(drawn.record.id, ip).await?;
         // Another superproxy may have re-pinned first: follow it.
         Ok(Some(candidates.follow(pinned.exit, drawn)))

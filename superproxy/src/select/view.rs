@@ -228,6 +228,24 @@ pub fn matches(record: &ExitRecord, targeting: &Targeting) -> bool {
         && targeting
             .ip_version
             .is_none_or(|v| record.has_egress_family(v == IpVersion::V4))
+        && dedicated_fits(record, targeting)
+}
+
+/// A tunnel asking for dedicated addresses needs one its account holds on
+/// the exit (and its user may use; the one `ip-…` names); any other tunnel
+/// needs an address nobody holds. One empty-vector check for the common
+/// exit without dedicated addresses.
+fn dedicated_fits(record: &ExitRecord, targeting: &Targeting) -> bool {
+    if !targeting.dedicated {
+        return record.has_shared_egress();
+    }
+    let Some((account, user)) = targeting.tenant else {
+        return false;
+    };
+    record
+        .dedicated
+        .iter()
+        .any(|d| d.serves(account, user) && targeting.ip.is_none_or(|ip| d.address.contains(ip)))
 }
 
 #[cfg(test)]
@@ -280,6 +298,7 @@ mod tests {
             blocked: None,
             consent_expires_at_ms: None,
             verified_egress: Vec::new(),
+            dedicated: Vec::new(),
         }
     }
 
@@ -414,7 +433,7 @@ mod tests {
         let (dual, v4_only) = (&pool.eligible[0], &pool.eligible[1]);
         let v6_target = crate::target::Target::parse_authority("[2001:db8::99]:443").unwrap();
         let named = crate::target::Target::parse_authority("example.com:443").unwrap();
-        let ip = |c, t, p| crate::select::egress_ip_for(c, t, p, None);
+        let ip = |c, t, p| crate::select::egress_ip_for(c, t, p, &Targeting::default());
         assert_eq!(
             ip(dual, &v6_target, None),
             Some("2001:db8::1".parse().unwrap())
@@ -444,7 +463,13 @@ mod tests {
         let candidate = &pool.eligible[0];
         let v6_target = crate::target::Target::parse_authority("[2001:db8::99]:443").unwrap();
         let named = crate::target::Target::parse_authority("example.com:443").unwrap();
-        let ip = |t, p, v| crate::select::egress_ip_for(candidate, t, p, v);
+        let ip = |t, p, v| {
+            let targeting = Targeting {
+                ip_version: v,
+                ..Default::default()
+            };
+            crate::select::egress_ip_for(candidate, t, p, &targeting)
+        };
         let drawn: std::collections::HashSet<std::net::IpAddr> = (0..50)
             .map(|_| ip(&v6_target, None, None).unwrap())
             .collect();
