@@ -138,6 +138,7 @@ fn respond(gateway: &AdminState, req: &Request<Incoming>) -> Response<Full<Bytes
                         "name": c.record.name,
                         "egress_ips": c.record.egress_ips,
                         "egress_prefixes": c.record.egress_prefixes,
+                        "dedicated": c.record.dedicated,
                         "source_type": c.record.source_type,
                         "country": c.record.country,
                         "link_version": c.link.sender.version(),

@@ -43,6 +43,9 @@ pub(crate) struct UpdateAccount {
     policy: Option<serde_json::Value>,
     /// Replaces the account's ban rules when present (`[]` clears them).
     retry_rules: Option<serde_json::Value>,
+    /// Operators: route through shared addresses when none of the
+    /// account's dedicated ones is usable, instead of answering 502.
+    dedicated_fallback: Option<bool>,
 }
 
 pub(crate) async fn create(
@@ -130,6 +133,9 @@ pub(crate) async fn update(
     Json(body): Json<UpdateAccount>,
 ) -> Result<Json<Account>, ApiError> {
     caller.check_account(id)?;
+    if let Some(fallback) = body.dedicated_fallback {
+        set_dedicated_fallback(caller, &state, id, fallback).await?;
+    }
     let policy = body
         .policy
         .map(crate::routes::policy::customer_policy)
@@ -193,6 +199,46 @@ pub(crate) async fn update(
     tx.commit().await?;
     state.projector.account(id).await;
     Ok(Json(account))
+}
+
+/// `dedicated_fallback` is the operator's to set: it decides whether a
+/// customer who bought dedicated addresses may silently leave from shared
+/// ones.
+async fn set_dedicated_fallback(
+    caller: Caller,
+    state: &AppState,
+    id: Uuid,
+    fallback: bool,
+) -> Result<(), ApiError> {
+    if caller != Caller::Operator {
+        return Err(ApiError::Forbidden(
+            "dedicated_fallback: only an operator sets it".into(),
+        ));
+    }
+    let mut tx = state.db.begin().await?;
+    let updated = sqlx::query(
+        "UPDATE accounts SET dedicated_fallback = $2 WHERE id = $1 AND deleted_at IS NULL",
+    )
+    .bind(id)
+    .bind(fallback)
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    if updated == 0 {
+        return Err(ApiError::NotFound("account"));
+    }
+    touch_users(&mut tx, id).await?;
+    audit::record(
+        &mut tx,
+        "operator",
+        "account.dedicated_fallback",
+        &id.to_string(),
+        serde_json::json!({"dedicated_fallback": fallback}),
+    )
+    .await?;
+    tx.commit().await?;
+    state.projector.account(id).await;
+    Ok(())
 }
 
 /// `PUT /v1/accounts/{id}/entitlements` (operators): replaces what the

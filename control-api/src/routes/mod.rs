@@ -15,6 +15,7 @@ mod agent;
 mod api_keys;
 mod billing;
 pub(crate) mod dashboard;
+mod dedicated;
 pub(crate) mod egress;
 mod exits;
 mod feedback;
@@ -52,6 +53,13 @@ pub(crate) fn operations() -> Vec<Op> {
         Op::put("/v1/accounts/{id}/plan", billing::set_plan, "Set the account's plan", Auth::Operator).body("SetPlan").status(204),
         Op::get("/v1/plans", billing::list_plans, "List plans with their prices (?limit=&after=, Link rel=next)", Auth::Operator),
         Op::post("/v1/plans", billing::create_plan, "Create a plan with prices per GB", Auth::Operator).body("CreatePlan").status(201),
+        Op::get("/v1/accounts/{id}/dedicated-ips", dedicated::list, "The account's dedicated addresses and its replacement allowance (docs/dedicated.md)", Auth::Account),
+        Op::post("/v1/accounts/{id}/dedicated-ips", dedicated::allocate, "Allocate dedicated addresses by targeting (operators may name them)", Auth::Account).body("AllocateDedicated").status(201),
+        Op::delete("/v1/accounts/{id}/dedicated-ips/{ip}", dedicated::release, "Release a dedicated address", Auth::Account).status(204),
+        Op::post("/v1/accounts/{id}/dedicated-ips/{ip}/replace", dedicated::replace, "Swap a dedicated address for a free one of the same targeting (monthly allowance)", Auth::Account),
+        Op::put("/v1/accounts/{id}/dedicated-ips/{ip}/users", dedicated::set_users, "Which of the account's users a dedicated address serves (empty: all)", Auth::Account).body("AssignDedicated"),
+        Op::get("/v1/dedicated-ips", dedicated::map, "Every dedicated address held (?account_id=)", Auth::Operator),
+        Op::post("/v1/dedicated-ips/{ip}/move", dedicated::move_to, "Move a dedicated address to another account", Auth::Operator).body("MoveDedicated"),
         Op::get("/v1/users/{id}/quota", billing::quota, "Current quota period state", Auth::Account),
         Op::get("/v1/accounts/{id}/api-keys", api_keys::list_for_account, "List the account's keys: who minted each, last use, revocation; never secrets", Auth::Account),
         Op::post("/v1/accounts/{id}/api-keys", api_keys::create_for_account, "Create an account API key (records the key that minted it)", Auth::Account).body("CreateKey").status(201),

@@ -184,6 +184,9 @@ pub(crate) struct UpdateUser {
     /// Replaces the user's ban rules when present (`[]` clears them);
     /// they come before the account's and the operator's (docs/policy.md).
     retry_rules: Option<serde_json::Value>,
+    /// Always route through the account's dedicated addresses, as if every
+    /// username said `-dedicated` (docs/dedicated.md).
+    dedicated_only: Option<bool>,
 }
 
 #[derive(Serialize, sqlx::FromRow)]
@@ -214,6 +217,8 @@ pub(crate) struct User {
     policy_by_operator: bool,
     /// The user's own ban rules (docs/policy.md, "Retry rules").
     retry_rules: sqlx::types::Json<Vec<proxynet_store::policy::RetryRule>>,
+    /// Always through the account's dedicated addresses.
+    dedicated_only: bool,
     created_at: DateTime<Utc>,
     updated_at: DateTime<Utc>,
 }
@@ -223,7 +228,7 @@ const USER_COLUMNS: &str = "id, account_id, username, enabled, version, max_conc
      allowed_source_types, allowed_countries, allowed_channels, \
      ARRAY(SELECT c.cidr::text FROM user_source_cidrs c WHERE c.user_id = proxy_users.id ORDER BY c.cidr) \
        AS allowed_source_cidrs, allowlist_options, ceilings, disabled_by_operator, policy, policy_by_operator, \
-       retry_rules, created_at, updated_at";
+       retry_rules, dedicated_only, created_at, updated_at";
 
 /// The answer to an account key that tries to change a policy an operator
 /// wrote on its user (an abusive customer must not lift the operator's
@@ -504,6 +509,7 @@ pub(crate) async fn update(
                 policy_by_operator = CASE WHEN $17 IS NULL THEN policy_by_operator
                                           ELSE $16 AND $18 END,
                 retry_rules = COALESCE($19, retry_rules),
+                dedicated_only = COALESCE($20, dedicated_only),
                 updated_at = now()
           WHERE id = $1 AND deleted_at IS NULL AND ($7::uuid IS NULL OR account_id = $7)
             -- an operator's policy written meanwhile still binds this key
@@ -532,6 +538,7 @@ pub(crate) async fn update(
     // An operator's non-empty policy binds the account; `{}` releases it.
     .bind(policy.as_ref().is_some_and(|p| !p.is_empty()))
     .bind(retry_rules.as_ref().map(sqlx::types::Json))
+    .bind(body.dedicated_only)
     .fetch_optional(&mut *tx)
     .await?;
     let Some(user) = user else {

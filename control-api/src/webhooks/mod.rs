@@ -45,15 +45,23 @@ pub enum EventType {
     KeyRevoked,
     ExitWithdrawn,
     WebhookDisabled,
+    DedicatedIpAllocated,
+    DedicatedIpReleased,
+    DedicatedIpReplaced,
+    DedicatedIpMoved,
 }
 
 impl EventType {
-    pub const ALL: [EventType; 5] = [
+    pub const ALL: [EventType; 9] = [
         EventType::QuotaWarning,
         EventType::QuotaExhausted,
         EventType::KeyRevoked,
         EventType::ExitWithdrawn,
         EventType::WebhookDisabled,
+        EventType::DedicatedIpAllocated,
+        EventType::DedicatedIpReleased,
+        EventType::DedicatedIpReplaced,
+        EventType::DedicatedIpMoved,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -63,6 +71,10 @@ impl EventType {
             EventType::KeyRevoked => "key.revoked",
             EventType::ExitWithdrawn => "exit.withdrawn",
             EventType::WebhookDisabled => "webhook.disabled",
+            EventType::DedicatedIpAllocated => "dedicated_ip.allocated",
+            EventType::DedicatedIpReleased => "dedicated_ip.released",
+            EventType::DedicatedIpReplaced => "dedicated_ip.replaced",
+            EventType::DedicatedIpMoved => "dedicated_ip.moved",
         }
     }
 

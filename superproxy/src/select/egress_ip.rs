@@ -59,9 +59,7 @@ pub fn egress_ip_of_family(
     };
     let mut rng = rand::thread_rng();
     let mut usable: Vec<IpAddr> = if targeting.dedicated {
-        let Some((account, user)) = targeting.tenant else {
-            return None;
-        };
+        let (account, user) = targeting.tenant?;
         if let Some(p) = preferred.filter(|p| {
             fits(p)
                 && targeting.ip.is_none_or(|ip| ip == *p)

@@ -15,6 +15,7 @@ mod connection_bounds;
 mod console;
 mod control_plane;
 mod dashboard_security;
+mod dedicated;
 mod degraded;
 mod deployment;
 mod dns_rebinding;
