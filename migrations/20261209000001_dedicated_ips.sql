@@ -51,3 +51,6 @@ ALTER TABLE accounts ADD COLUMN dedicated_fallback boolean NOT NULL DEFAULT fals
 -- The user always routes through its account's dedicated addresses, as if
 -- every username said `-dedicated`.
 ALTER TABLE proxy_users ADD COLUMN dedicated_only boolean NOT NULL DEFAULT false;
+
+-- The metrics sampler counts held addresses per account every few seconds.
+CREATE INDEX dedicated_ips_held_by_account ON dedicated_ips (account_id) WHERE released_at IS NULL;

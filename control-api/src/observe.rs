@@ -5,7 +5,8 @@
 //! - exports them as Prometheus series (`/metrics` on the admin listener):
 //!   per exit, for at most `metrics_exit_limit` exits, so the series count is
 //!   bounded however large the fleet (docs/observability.md), and fleet
-//!   aggregates by state and source type;
+//!   aggregates by state and source type; and the dedicated addresses each
+//!   account holds, for the 1,000 accounts holding most;
 //! - keeps the last hour of samples in memory for `/dashboard`, which thus
 //!   works without Prometheus.
 //!
@@ -15,7 +16,7 @@
 use chrono::{DateTime, Utc};
 use metrics::{counter, gauge};
 use serde::Serialize;
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 use uuid::Uuid;
@@ -120,6 +121,8 @@ struct History {
     events: HashMap<Uuid, VecDeque<ExitEvent>>,
     last_totals: Option<(DateTime<Utc>, proxynet_store::SuperproxyStats)>,
     last_exit: HashMap<Uuid, (DateTime<Utc>, u64, u64, ExitState)>,
+    /// The accounts the last sample exported `proxynet_dedicated_ips` for.
+    dedicated_accounts: HashSet<Uuid>,
     sampled_at: Option<DateTime<Utc>>,
 }
 
@@ -130,6 +133,10 @@ pub struct Observer {
 }
 
 const EVENTS_PER_EXIT: usize = 20;
+
+/// Most accounts exported as `proxynet_dedicated_ips` series, those holding
+/// most: the label set stays bounded however many accounts hold addresses.
+const DEDICATED_ACCOUNTS_EXPORTED: usize = 1_000;
 
 impl Observer {
     pub fn exits(&self) -> Vec<ExitNow> {
@@ -207,6 +214,9 @@ impl Observer {
         let ids: Vec<Uuid> = rows.iter().map(|r| r.id).collect();
         let health = projector.fleet_health(&ids).await?;
         let totals = projector.superproxy_stats().await?;
+        let dedicated = projector
+            .dedicated_holdings(DEDICATED_ACCOUNTS_EXPORTED)
+            .await?;
         let now = Utc::now();
 
         let mut guard = self.inner.write().map_err(|_| {
@@ -341,6 +351,11 @@ impl Observer {
                 h.fleet.pop_front();
             }
         }
+        h.dedicated_accounts = export_dedicated(
+            &dedicated,
+            &h.dedicated_accounts,
+            DEDICATED_ACCOUNTS_EXPORTED,
+        );
         h.last_totals = Some((now, totals));
         h.exits = exits;
         h.counts = counts;
@@ -372,6 +387,31 @@ fn state_of(
     } else {
         ExitState::Live
     }
+}
+
+/// `proxynet_dedicated_ips{account}` for each account in `holdings` (at
+/// most `limit`, those holding most); the accounts exported now.
+///
+/// An account exported `before` and missing now is set to 0 when the list
+/// is complete (shorter than `limit`): it holds nothing, and its last count
+/// would otherwise stand for the two minutes an idle gauge lives. When the
+/// list is cut at `limit` it may merely have been outranked, so its series
+/// is left to expire instead.
+fn export_dedicated(
+    holdings: &[(Uuid, i64)],
+    before: &HashSet<Uuid>,
+    limit: usize,
+) -> HashSet<Uuid> {
+    for (account, held) in holdings {
+        gauge!("proxynet_dedicated_ips", "account" => account.to_string()).set(*held as f64);
+    }
+    let exported: HashSet<Uuid> = holdings.iter().map(|(account, _)| *account).collect();
+    if holdings.len() < limit {
+        for account in before.difference(&exported) {
+            gauge!("proxynet_dedicated_ips", "account" => account.to_string()).set(0.0);
+        }
+    }
+    exported
 }
 
 /// The per-exit series (labels: the exit id only, plus one info series that

@@ -246,6 +246,14 @@ fn schemas() -> Value {
     });
     schemas["RetryRules"] = retry_rules;
     schemas["Feedback"] = feedback;
+    // Added after too: more entries in the literal would pass its limit.
+    let plan = &mut schemas["CreatePlan"]["properties"];
+    plan["dedicated_ip_price_cents"] = json!({"type": "integer", "minimum": 0,
+        "description": "cents per dedicated address per calendar month (default 0)"});
+    plan["dedicated_prefix_price_cents"] = json!({"type": "integer", "minimum": 0,
+        "description": "cents per dedicated IPv6 /64 per calendar month (default 0)"});
+    plan["dedicated_replacements_per_month"] = json!({"type": "integer", "minimum": 0, "maximum": 2147483647,
+        "description": "replacements of a dedicated address an account may make per calendar month (default 2)"});
     schemas
 }
 

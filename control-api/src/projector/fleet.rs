@@ -10,6 +10,22 @@ impl Projector {
         Ok(sqlx::query_as(EXIT_SELECT).fetch_all(&self.db).await?)
     }
 
+    /// Dedicated addresses (and prefixes) held now, per account, the
+    /// `limit` accounts holding most first (ties by id, so the cut is stable
+    /// from one sample to the next).
+    pub async fn dedicated_holdings(
+        &self,
+        limit: usize,
+    ) -> Result<Vec<(Uuid, i64)>, ProjectionError> {
+        Ok(sqlx::query_as(
+            "SELECT account_id, count(*) FROM dedicated_ips WHERE released_at IS NULL
+              GROUP BY account_id ORDER BY count(*) DESC, account_id LIMIT $1",
+        )
+        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+        .fetch_all(&self.db)
+        .await?)
+    }
+
     /// The summed running totals of every live superproxy.
     pub async fn superproxy_stats(
         &self,

@@ -215,6 +215,31 @@ struct KeyRow {
     minted_by: Option<Uuid>,
 }
 
+/// A dedicated address (or IPv6 prefix) an account holds now.
+#[derive(sqlx::FromRow)]
+struct HeldAddress {
+    address: String,
+    exit_id: Uuid,
+    exit_name: String,
+    country: String,
+    allocated_at: DateTime<Utc>,
+    /// The users it serves, by name (a deleted one marked: its assignment
+    /// stays until changed); none: every user of the account.
+    users: Vec<String>,
+}
+
+/// Most dedicated addresses the account page lists (the API lists all).
+const HELD_ADDRESSES_SHOWN: i64 = 500;
+
+/// Who a dedicated address serves: its users, or all of the account's.
+pub(crate) fn users_served(usernames: &[String]) -> String {
+    if usernames.is_empty() {
+        "all users".to_owned()
+    } else {
+        esc(&usernames.join(", "))
+    }
+}
+
 fn limit(v: Option<i32>) -> String {
     v.map_or_else(|| "no limit".to_owned(), |n| n.to_string())
 }
@@ -256,9 +281,63 @@ fn facts(v: &serde_json::Value) -> String {
     out
 }
 
-/// One account: its users (limits, quota bars, sessions), entitlements,
-/// keys, usage by day and by domain. The operator any; an account its own
-/// (another's is answered as absent).
+/// The account page's table of the dedicated addresses it holds now (an
+/// exit links to its page for operators, who alone may see it).
+fn held_addresses(held: &Result<Vec<HeldAddress>, sqlx::Error>, op: bool) -> String {
+    let mut out = String::from(
+        "<h2>Dedicated addresses</h2><div class=\"scroll\"><table class=\"compact\" id=\"dedicated-ips\"><thead><tr>\
+<th scope=\"col\">address</th><th scope=\"col\">exit</th><th scope=\"col\">country</th>\
+<th scope=\"col\">since</th><th scope=\"col\">serves</th></tr></thead><tbody>",
+    );
+    match held {
+        Ok(held) if held.is_empty() => {
+            out.push_str("<tr><td colspan=\"5\">no dedicated addresses</td></tr>");
+        }
+        Ok(held) => {
+            for h in held {
+                let exit = if op {
+                    format!(
+                        "<a href=\"/dashboard/exits/{}\">{}</a>",
+                        h.exit_id,
+                        esc(&h.exit_name)
+                    )
+                } else {
+                    esc(&h.exit_name)
+                };
+                let _ = write!(
+                    out,
+                    "<tr data-address=\"{a}\"><td><code>{a}</code></td><td>{exit}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                    esc(&h.country),
+                    when(h.allocated_at),
+                    users_served(&h.users),
+                    a = esc(&h.address),
+                );
+            }
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the account's dedicated addresses");
+            out.push_str(
+                "<tr><td colspan=\"5\">the dedicated addresses cannot be read right now</td></tr>",
+            );
+        }
+    }
+    out.push_str("</tbody></table></div>");
+    if held
+        .as_ref()
+        .is_ok_and(|held| held.len() as i64 >= HELD_ADDRESSES_SHOWN)
+    {
+        let _ = write!(
+            out,
+            "<p class=\"note\">The first {HELD_ADDRESSES_SHOWN} by allocation; \
+<code>GET /v1/accounts/{{id}}/dedicated-ips</code> lists every one.</p>"
+        );
+    }
+    out
+}
+
+/// One account: its users (limits, quota bars, sessions), the dedicated
+/// addresses it holds, entitlements, keys, usage by day and by domain. The
+/// operator any; an account its own (another's is answered as absent).
 pub(crate) async fn account_page(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -306,6 +385,19 @@ pub(crate) async fn account_page(
     .fetch_all(&state.db)
     .await
     .unwrap_or_default();
+    let held: Result<Vec<HeldAddress>, sqlx::Error> = sqlx::query_as(
+        "SELECT d.address, d.exit_id, e.name AS exit_name, e.country, d.allocated_at,
+                ARRAY(SELECT u.username || CASE WHEN u.deleted_at IS NULL THEN '' ELSE ' (deleted)' END
+                        FROM dedicated_ip_users du JOIN proxy_users u ON u.id = du.user_id
+                       WHERE du.dedicated_ip_id = d.id ORDER BY u.username) AS users
+           FROM dedicated_ips d JOIN exits e ON e.id = d.exit_id
+          WHERE d.account_id = $1 AND d.released_at IS NULL
+          ORDER BY d.allocated_at, d.address LIMIT $2",
+    )
+    .bind(id)
+    .bind(HELD_ADDRESSES_SHOWN)
+    .fetch_all(&state.db)
+    .await;
     let op = v.is_operator();
     let mut body = format!("<p class=\"meta\">Account <code id=\"account-id\">{id}</code></p>");
     body.push_str("<h2>Users</h2><div class=\"scroll\"><table id=\"users\"><thead><tr><th scope=\"col\">user</th><th scope=\"col\">status</th>\
@@ -367,6 +459,7 @@ pub(crate) async fn account_page(
         body.push_str("</tr>");
     }
     body.push_str("</tbody></table></div>");
+    body.push_str(&held_addresses(&held, op));
     let _ = write!(
         body,
         "<div class=\"cols\"><section><h2>Entitlements: limits</h2>{}</section><section><h2>Entitlements: allow-lists</h2>{}</section></div>",

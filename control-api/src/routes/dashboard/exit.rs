@@ -1,6 +1,7 @@
 //! One exit's page: its provenance and consent, its egress (declared, bound
-//! and seen by the reflector), its last hour's charts and state changes, and
-//! the operator's actions on it.
+//! and seen by the reflector) and which of it is dedicated to an account,
+//! its last hour's charts and state changes, and the operator's actions on
+//! it.
 
 use super::*;
 use crate::observe::ExitPoint;
@@ -13,6 +14,71 @@ struct ExitFlags {
     behind_nat: bool,
     withdrawn_at: Option<DateTime<Utc>>,
     channel: Option<String>,
+}
+
+/// One of the exit's addresses (or IPv6 prefixes) dedicated to an account now.
+#[derive(sqlx::FromRow)]
+struct Dedicated {
+    address: String,
+    account_id: Uuid,
+    account_name: String,
+    allocated_at: DateTime<Utc>,
+    /// The users it serves, by name; none: every user of the account.
+    users: Vec<String>,
+}
+
+/// Most dedicated addresses the exit page lists: an exit's IPv6 prefixes
+/// hold many /64s (the API lists all).
+const DEDICATED_SHOWN: i64 = 1_000;
+
+/// The exit page's table of its dedicated addresses: tunnels of other
+/// accounts never leave from them, so an operator reading the egress above
+/// needs to know which they are.
+fn dedicated_table(dedicated: &Result<Vec<Dedicated>, sqlx::Error>, id: Uuid) -> String {
+    let mut out = String::from(
+        "<h2>Dedicated addresses</h2><div class=\"scroll\"><table class=\"compact\" id=\"dedicated\"><thead><tr>\
+<th scope=\"col\">address</th><th scope=\"col\">account</th><th scope=\"col\">since</th>\
+<th scope=\"col\">serves</th></tr></thead><tbody>",
+    );
+    match dedicated {
+        Ok(rows) if rows.is_empty() => {
+            out.push_str(
+                "<tr><td colspan=\"4\">none: every address of this exit is shared</td></tr>",
+            );
+        }
+        Ok(rows) => {
+            for d in rows {
+                let _ = write!(
+                    out,
+                    "<tr data-address=\"{a}\" data-account-id=\"{acc}\"><td><code>{a}</code></td>\
+<td><a href=\"/dashboard/accounts/{acc}\">{}</a></td><td>{}</td><td>{}</td></tr>",
+                    esc(&d.account_name),
+                    when(d.allocated_at),
+                    users_served(&d.users),
+                    a = esc(&d.address),
+                    acc = d.account_id,
+                );
+            }
+        }
+        Err(e) => {
+            tracing::warn!(exit = %id, error = %e, "cannot read the exit's dedicated addresses");
+            out.push_str(
+                "<tr><td colspan=\"4\">the dedicated addresses cannot be read right now</td></tr>",
+            );
+        }
+    }
+    out.push_str("</tbody></table></div>");
+    if dedicated
+        .as_ref()
+        .is_ok_and(|rows| rows.len() as i64 >= DEDICATED_SHOWN)
+    {
+        let _ = write!(
+            out,
+            "<p class=\"note\">The first {DEDICATED_SHOWN} by address; \
+<code>GET /v1/dedicated-ips</code> lists every one.</p>"
+        );
+    }
+    out
 }
 
 /// One field of a JSON object as text (`–` when absent).
@@ -66,6 +132,19 @@ pub(crate) async fn exit_page(
             .filter_map(|p| f(p).map(|v| (p.t, v)))
             .collect()
     };
+    let dedicated: Result<Vec<Dedicated>, sqlx::Error> = sqlx::query_as(
+        "SELECT d.address, d.account_id, a.name AS account_name, d.allocated_at,
+                ARRAY(SELECT u.username || CASE WHEN u.deleted_at IS NULL THEN '' ELSE ' (deleted)' END
+                        FROM dedicated_ip_users du JOIN proxy_users u ON u.id = du.user_id
+                       WHERE du.dedicated_ip_id = d.id ORDER BY u.username) AS users
+           FROM dedicated_ips d JOIN accounts a ON a.id = d.account_id
+          WHERE d.exit_id = $1 AND d.released_at IS NULL
+          ORDER BY d.address LIMIT $2",
+    )
+    .bind(id)
+    .bind(DEDICATED_SHOWN)
+    .fetch_all(&state.db)
+    .await;
     let audit: Vec<(DateTime<Utc>, String, String)> = sqlx::query_as(
         "SELECT at, action, actor FROM audit_log WHERE subject = $1 AND (action LIKE 'exit.%' OR action LIKE 'consent.%')
           ORDER BY id DESC LIMIT 20",
@@ -221,6 +300,7 @@ seen by {rep} superproxies · last heartbeat {hb}</p>",
         }
         body.push_str("</tbody></table></div>");
     }
+    body.push_str(&dedicated_table(&dedicated, id));
 
     // Provenance: the source's four answers, and consent.
     let src = &provenance["source"];

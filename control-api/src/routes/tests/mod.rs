@@ -6,8 +6,10 @@
 //! Here: the helpers and the HTTP layer's own answers (problems, tenancy,
 //! authentication, the OpenAPI document). By area: [`egress`] (reflections,
 //! egress history, the abuse desk), [`webhooks`], [`usage`],
-//! [`retry_rules`].
+//! [`retry_rules`], [`billing`] (plans' dedicated prices, dedicated lines
+//! on invoices).
 
+mod billing;
 mod egress;
 mod retry_rules;
 mod usage;
