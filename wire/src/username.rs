@@ -655,6 +655,33 @@ mod tests {
     }
 
     #[test]
+    fn dedicated_is_a_key_without_a_value_and_ip_names_one_address() {
+        let p = parse("alice-dedicated-country-de").unwrap();
+        assert!(p.targeting.dedicated);
+        assert_eq!(p.targeting.country.as_deref(), Some("DE"));
+        let p = parse("alice-ip-2001:db8::7-session-s1").unwrap();
+        assert!(p.targeting.dedicated, "ip- implies dedicated");
+        assert_eq!(p.targeting.ip, Some("2001:db8::7".parse().unwrap()));
+        assert!(p.session.is_some());
+        assert_eq!(
+            parse("alice-dedicated-dedicated").unwrap_err(),
+            UsernameError::Duplicate("dedicated")
+        );
+        assert!(matches!(
+            parse("alice-ip-nope").unwrap_err(),
+            UsernameError::BadValue { key: "ip", .. }
+        ));
+        assert!(!parse("alice-dedicated").unwrap().targeting.is_empty());
+        assert_eq!(
+            parse("alice-dedicated-ip-192.0.2.7")
+                .unwrap()
+                .targeting
+                .to_string(),
+            "dedicated ip=192.0.2.7"
+        );
+    }
+
+    #[test]
     fn plain_user_rotates() {
         let p = parse("alice").unwrap();
         assert_eq!(p.user, "alice");

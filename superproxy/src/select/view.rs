@@ -748,4 +748,91 @@ mod tests {
         let all = cooling("refuser.test", &ids, Duration::from_secs(60));
         assert!(choose_like_avoiding(&pool, &health, &[], &any, &lost, Some(&all)).is_none());
     }
+
+    /// Dedicated addresses split an exit: a shared tunnel never leaves from
+    /// a held one, a dedicated tunnel only from its account's (and its
+    /// user's, when the account split them); an exit whose every address is
+    /// held is no candidate for shared tunnels at all.
+    #[tokio::test]
+    async fn dedicated_addresses_belong_to_their_account_alone() {
+        use proxynet_store::Dedication;
+        let (account, user, other_user, stranger) = (
+            Uuid::new_v4(),
+            Uuid::new_v4(),
+            Uuid::new_v4(),
+            Uuid::new_v4(),
+        );
+        let held: std::net::IpAddr = "203.0.113.1".parse().unwrap();
+        let free: std::net::IpAddr = "203.0.113.2".parse().unwrap();
+        let mut split = exit("DE", SourceType::Dc, None);
+        split.egress_ips = vec![held, free];
+        split.dedicated = vec![Dedication {
+            address: "203.0.113.1/32".parse().unwrap(),
+            account,
+            users: vec![user],
+        }];
+        let mut whole = exit("DE", SourceType::Dc, None);
+        whole.egress_ips = vec!["203.0.113.9".parse().unwrap()];
+        whole.dedicated = vec![Dedication {
+            address: "203.0.113.9/32".parse().unwrap(),
+            account: stranger,
+            users: Vec::new(),
+        }];
+        let pool = view(vec![split, whole]);
+        let health = health();
+        let target = crate::target::Target::parse_authority("example.com:443").unwrap();
+        let shared = Targeting {
+            tenant: Some((account, user)),
+            ..Default::default()
+        };
+        let dedicated = Targeting {
+            dedicated: true,
+            ..shared.clone()
+        };
+        for _ in 0..50 {
+            let c = choose(&pool, &health, &[], &shared).unwrap();
+            assert_eq!(
+                c.record.id, pool.eligible[0].record.id,
+                "the wholly held exit is no shared candidate"
+            );
+            assert_eq!(
+                crate::select::egress_ip_for(&c, &target, None, &shared),
+                Some(free)
+            );
+            // A session pinned to the held address gives way for a shared tunnel.
+            assert_eq!(
+                crate::select::egress_ip_for(&c, &target, Some(held), &shared),
+                Some(free)
+            );
+            let c = choose(&pool, &health, &[], &dedicated).unwrap();
+            assert_eq!(
+                crate::select::egress_ip_for(&c, &target, None, &dedicated),
+                Some(held)
+            );
+        }
+        // Another user of the account, and another account, get nothing.
+        let colleague = Targeting {
+            dedicated: true,
+            tenant: Some((account, other_user)),
+            ..Default::default()
+        };
+        assert!(choose(&pool, &health, &[], &colleague).is_none());
+        let outsider = Targeting {
+            dedicated: true,
+            tenant: Some((Uuid::new_v4(), user)),
+            ..Default::default()
+        };
+        assert!(choose(&pool, &health, &[], &outsider).is_none());
+        // `ip-…` narrows to the one address; a foreign one matches nothing.
+        let named = Targeting {
+            ip: Some(held),
+            ..dedicated.clone()
+        };
+        assert!(choose(&pool, &health, &[], &named).is_some());
+        let foreign = Targeting {
+            ip: Some("203.0.113.9".parse().unwrap()),
+            ..dedicated
+        };
+        assert!(choose(&pool, &health, &[], &foreign).is_none());
+    }
 }
