@@ -43,6 +43,22 @@ pub struct TunnelEgress {
     pub dedicated: bool,
 }
 
+impl TunnelEgress {
+    /// Whether the tunnel may no longer leave from its address, given the
+    /// exit's dedicated addresses now: a dedicated tunnel whose account (or
+    /// user) no longer holds it, or a shared tunnel on an address someone
+    /// now holds.
+    pub fn misplaced(&self, held: &[proxynet_store::Dedication]) -> bool {
+        if self.dedicated {
+            !held
+                .iter()
+                .any(|d| d.serves(self.account, self.user) && d.address.contains(self.ip))
+        } else {
+            held.iter().any(|d| d.address.contains(self.ip))
+        }
+    }
+}
+
 /// What a traffic-policy change re-checks for an open entry.
 #[derive(Debug, Clone)]
 pub enum PolicyWatch {

@@ -486,7 +486,9 @@ pub fn parse(raw: &str) -> Result<ParsedUsername, UsernameError> {
             }
             "ip" => {
                 set_once(&mut targeting.ip, "ip", || {
-                    value.parse().map_err(|_| UsernameError::BadValue {
+                    // An IPv6 address may be written with `_` for `:`: a
+                    // Basic credential ends its username at the first `:`.
+                    value.replace('_', ":").parse().map_err(|_| UsernameError::BadValue {
                         key: "ip",
                         reason:
                             "an IPv4 or IPv6 address (one of the account's dedicated addresses)",
@@ -663,6 +665,10 @@ mod tests {
         assert!(p.targeting.dedicated, "ip- implies dedicated");
         assert_eq!(p.targeting.ip, Some("2001:db8::7".parse().unwrap()));
         assert!(p.session.is_some());
+        assert_eq!(
+            parse("alice-ip-2001_db8__7").unwrap().targeting.ip,
+            Some("2001:db8::7".parse().unwrap())
+        );
         assert_eq!(
             parse("alice-dedicated-dedicated").unwrap_err(),
             UsernameError::Duplicate("dedicated")

@@ -451,6 +451,12 @@ impl Pipeline {
             &quotas,
         );
         let meter_view = meter.0.clone();
+        let egress = crate::open_tunnels::TunnelEgress {
+            account: client.account_id,
+            user: client.user_id,
+            ip: opened.egress_ip,
+            dedicated: opened.dedicated,
+        };
         let registration = self.open_tunnels.register(
             client.user_id,
             &client.username,
@@ -461,14 +467,20 @@ impl Pipeline {
                 Some((host, port)) => crate::open_tunnels::PolicyWatch::Target(host, port),
                 None => crate::open_tunnels::PolicyWatch::Association(client.record.clone()),
             },
-            Some(crate::open_tunnels::TunnelEgress {
-                account: client.account_id,
-                user: client.user_id,
-                ip: opened.egress_ip,
-                dedicated: opened.dedicated,
-            }),
+            Some(egress),
             ticket.cut().clone(),
         );
+        // An allocation that landed while this tunnel was being opened: the
+        // pool's cut ran before the registration, so the check is here (the
+        // pool publishes its records before it cuts).
+        if self
+            .opener
+            .pool
+            .dedications_to_check(&opened.exit_id, egress.dedicated)
+            .is_some_and(|record| egress.misplaced(&record.dedicated))
+        {
+            ticket.cut().cancel();
+        }
         Tunnel {
             io: Metered::new(opened.io, meter),
             exit_id: opened.exit_id,

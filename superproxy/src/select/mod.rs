@@ -85,6 +85,9 @@ pub struct Pool {
     recently_blocked: std::sync::Mutex<[HashSet<Uuid>; 2]>,
     /// Linked exits' dedicated addresses at the last rebuild.
     dedications: std::sync::Mutex<HashMap<Uuid, Vec<proxynet_store::Dedication>>>,
+    /// Whether any linked exit has a dedicated address: while none has, a
+    /// shared tunnel skips the check at registration (one atomic load).
+    any_dedicated: std::sync::atomic::AtomicBool,
     redis: RedisConnection,
     keys: Keys,
     registry: Arc<LinkRegistry>,
@@ -280,6 +283,7 @@ impl Pool {
             open_tunnels,
             recently_blocked: std::sync::Mutex::new([HashSet::new(), HashSet::new()]),
             dedications: std::sync::Mutex::default(),
+            any_dedicated: std::sync::atomic::AtomicBool::new(false),
             redis,
             keys,
             registry,
@@ -330,6 +334,20 @@ impl Pool {
 
     /// The last record read for exit `id`, eligible or not (a session's
     /// lost exit is usually not).
+    /// The exit's dedicated addresses as known now, when a tunnel through
+    /// it must be checked against them: `None` (nothing to check) while no
+    /// linked exit has any and the tunnel is a shared one.
+    pub fn dedications_to_check(
+        &self,
+        id: &Uuid,
+        dedicated_tunnel: bool,
+    ) -> Option<Arc<ExitRecord>> {
+        if !dedicated_tunnel && !self.any_dedicated.load(std::sync::atomic::Ordering::Acquire) {
+            return None;
+        }
+        self.record(id)
+    }
+
     pub fn record(&self, id: &Uuid) -> Option<Arc<ExitRecord>> {
         self.known.read().ok()?.records.get(id).cloned()
     }
@@ -375,6 +393,9 @@ impl Pool {
     /// longer holds it. Only exits whose dedicated addresses changed since
     /// the last rebuild are looked at.
     fn cut_misplaced(&self, now: HashMap<Uuid, Vec<proxynet_store::Dedication>>) {
+        // Before the cut: a tunnel registering after it then checks itself.
+        self.any_dedicated
+            .store(!now.is_empty(), std::sync::atomic::Ordering::Release);
         let Ok(mut last) = self.dedications.lock() else {
             return;
         };
@@ -389,15 +410,9 @@ impl Pool {
             .collect();
         for id in changed {
             let held = now.get(&id).map(Vec::as_slice).unwrap_or_default();
-            let cut = self.open_tunnels.cut_misplaced(id, |egress| {
-                if egress.dedicated {
-                    !held.iter().any(|d| {
-                        d.serves(egress.account, egress.user) && d.address.contains(egress.ip)
-                    })
-                } else {
-                    held.iter().any(|d| d.address.contains(egress.ip))
-                }
-            });
+            let cut = self
+                .open_tunnels
+                .cut_misplaced(id, |egress| egress.misplaced(held));
             if cut > 0 {
                 tracing::info!(exit = %id, tunnels = cut, "dedicated addresses changed; tunnels that may no longer leave from theirs cut");
             }
