@@ -116,6 +116,9 @@ pub(crate) enum Command {
     /// One-time exit enrollment tokens (operator)
     #[command(subcommand, name = "enrollment-tokens")]
     EnrollmentTokens(EnrollmentTokens),
+    /// Dedicated IPs: egress addresses (or IPv6 /64s) held by one account (docs/dedicated.md)
+    #[command(subcommand)]
+    Dedicated(Dedicated),
     /// A proxy user's sticky sessions
     #[command(subcommand)]
     Sessions(Sessions),
@@ -607,6 +610,89 @@ pub(crate) enum EnrollmentTokens {
     },
 }
 
+// ---- dedicated IPs ----------------------------------------------------------
+
+#[derive(Subcommand, Debug)]
+pub(crate) enum Dedicated {
+    /// An account's dedicated addresses, and its replacements this month
+    List {
+        /// Account id
+        #[arg(long, value_name = "ID")]
+        account: String,
+    },
+    /// Allocate addresses to an account: N free ones that match, or (operators) the ones named
+    #[command(group(ArgGroup::new("which").required(true).args(["count", "ips"])))]
+    Allocate {
+        /// Account id
+        #[arg(long, value_name = "ID")]
+        account: String,
+        /// How many free addresses
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+        count: Option<u64>,
+        /// With --count: on exits in this country (ISO 3166-1 alpha-2)
+        #[arg(long, value_name = "CC", conflicts_with = "ips")]
+        country: Option<String>,
+        /// With --count: on exits in this city
+        #[arg(long, conflicts_with = "ips")]
+        city: Option<String>,
+        /// With --count: on exits of this source type
+        #[arg(
+            long = "type",
+            value_name = "TYPE",
+            value_parser = ["dc", "isp", "res", "mobile"],
+            conflicts_with = "ips"
+        )]
+        source_type: Option<String>,
+        /// Or these: egress addresses, or /64s of an exit's egress prefix (operators; comma-separated or repeated)
+        #[arg(long = "ip", value_name = "ADDR", value_delimiter = ',')]
+        ips: Vec<String>,
+        /// Only these proxy users may leave from them (comma-separated or repeated) [default: every user of the account]
+        #[arg(long = "user", value_name = "UUID", value_delimiter = ',')]
+        users: Vec<String>,
+    },
+    /// Release a dedicated address back to the shared pool
+    Release {
+        /// Account id
+        #[arg(long, value_name = "ID")]
+        account: String,
+        /// The address, or the prefix (its /64 may be left out)
+        ip: String,
+    },
+    /// Swap a dedicated address for a free one of the same country, city and type (a monthly allowance)
+    Replace {
+        /// Account id
+        #[arg(long, value_name = "ID")]
+        account: String,
+        /// The address, or the prefix (its /64 may be left out)
+        ip: String,
+    },
+    /// Set which of the account's proxy users may leave from an address (no --user: all of them)
+    Assign {
+        /// Account id
+        #[arg(long, value_name = "ID")]
+        account: String,
+        /// The address, or the prefix (its /64 may be left out)
+        ip: String,
+        /// A proxy user id (comma-separated or repeated)
+        #[arg(long = "user", value_name = "UUID", value_delimiter = ',')]
+        users: Vec<String>,
+    },
+    /// Every dedicated address held, of every account (operator)
+    Map {
+        /// Only this account's
+        #[arg(long, value_name = "ID")]
+        account: Option<String>,
+    },
+    /// Move a dedicated address to another account (operator)
+    Move {
+        /// The address, or the prefix (its /64 may be left out)
+        ip: String,
+        /// The account it goes to
+        #[arg(long, value_name = "ID")]
+        to: String,
+    },
+}
+
 // ---- sessions ---------------------------------------------------------------
 
 #[derive(Subcommand, Debug)]
@@ -748,7 +834,7 @@ pub(crate) enum Webhooks {
         /// Where to deliver (http or https)
         #[arg(long)]
         url: String,
-        /// Events: quota.warning, quota.exhausted, key.revoked, webhook.disabled, exit.withdrawn (operator only); comma-separated or repeated
+        /// Events: quota.warning, quota.exhausted, key.revoked, webhook.disabled, dedicated_ip.allocated, dedicated_ip.released, dedicated_ip.replaced, dedicated_ip.moved, exit.withdrawn (operator only); comma-separated or repeated
         #[arg(
             long = "event",
             value_name = "EVENT",
@@ -883,5 +969,60 @@ mod tests {
             "b"
         ])
         .is_err());
+    }
+
+    #[test]
+    fn dedicated_addresses_are_asked_for_by_count_or_by_name() {
+        let parse = |line: &str| {
+            let args = ["proxynetctl", "dedicated"].into_iter();
+            Cli::try_parse_from(args.chain(line.split_whitespace())).map(|c| c.command)
+        };
+        let Ok(Command::Dedicated(Dedicated::Allocate {
+            count,
+            country,
+            source_type,
+            ips,
+            users,
+            ..
+        })) = parse("allocate --account a --count 2 --country DE --type dc --user u1,u2 --user u3")
+        else {
+            panic!("allocate by count");
+        };
+        assert_eq!(count, Some(2));
+        assert_eq!(country.as_deref(), Some("DE"));
+        assert_eq!(source_type.as_deref(), Some("dc"));
+        assert!(ips.is_empty());
+        assert_eq!(users, ["u1", "u2", "u3"]);
+        let Ok(Command::Dedicated(Dedicated::Allocate { count, ips, .. })) =
+            parse("allocate --account a --ip 127.0.0.2,2001:db8:0:1::/64 --ip 127.0.0.3")
+        else {
+            panic!("allocate by name");
+        };
+        assert_eq!(count, None);
+        assert_eq!(ips, ["127.0.0.2", "2001:db8:0:1::/64", "127.0.0.3"]);
+        // One way or the other, exactly; targeting only with a count.
+        for refused in [
+            "allocate --account a",
+            "allocate --account a --count 1 --ip 127.0.0.2",
+            "allocate --account a --ip 127.0.0.2 --country DE",
+            "allocate --account a --count 0",
+            "allocate --account a --count 1 --type cable",
+            "allocate --count 1",
+            "release 127.0.0.2",
+            "move 127.0.0.2",
+        ] {
+            assert!(parse(refused).is_err(), "{refused}");
+        }
+        // No --user: the address serves every user.
+        let Ok(Command::Dedicated(Dedicated::Assign { ip, users, .. })) =
+            parse("assign --account a 127.0.0.2")
+        else {
+            panic!("assign");
+        };
+        assert_eq!(ip, "127.0.0.2");
+        assert!(users.is_empty());
+        assert!(parse("move 127.0.0.2 --to b").is_ok());
+        assert!(parse("map").is_ok());
+        assert!(parse("list --account a -o json").is_ok());
     }
 }

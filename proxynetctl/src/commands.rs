@@ -12,6 +12,8 @@ use crate::client::{path, Client, Paging, Rows};
 use crate::error::Failure;
 use crate::output::{self, col, custom, fmt, Col, Fmt};
 
+mod dedicated;
+
 /// One invocation's client and output format.
 pub(crate) struct Ctx {
     pub(crate) client: Client,
@@ -392,6 +394,18 @@ const INVOICE_LINES: &[Col] = &[
     custom("AMOUNT", |v| cents(v, "amount_cents")),
 ];
 
+/// An invoice's dedicated addresses: one line per allocation interval in
+/// the month (docs/dedicated.md).
+const INVOICE_DEDICATED: &[Col] = &[
+    col("DEDICATED", "ip"),
+    col("EXIT", "exit_id"),
+    fmt("FROM", "from", Fmt::Time),
+    fmt("TO", "to", Fmt::Time),
+    col("DAYS", "address_days"),
+    col("CENTS/MONTH", "cents_per_month"),
+    custom("AMOUNT", |v| cents(v, "amount_cents")),
+];
+
 const ABUSE: &[Col] = &[
     fmt("MINUTE", "minute", Fmt::Time),
     col("EGRESS", "egress_ip"),
@@ -461,6 +475,7 @@ pub(crate) async fn run(ctx: &Ctx, command: Command) -> Done {
         Command::Consent(c) => consent(ctx, c).await,
         Command::Exits(c) => exits(ctx, c).await,
         Command::EnrollmentTokens(c) => enrollment_tokens(ctx, c).await,
+        Command::Dedicated(c) => dedicated::run(ctx, c).await,
         Command::Sessions(c) => sessions(ctx, c).await,
         Command::Sites(c) => sites(ctx, c).await,
         Command::Feedback {
@@ -1127,6 +1142,18 @@ async fn invoices(ctx: &Ctx, a: InvoiceArgs) -> Done {
     }));
     lines.push(String::new());
     lines.extend(output::table(INVOICE_LINES, &rows));
+    let dedicated = v
+        .get("dedicated")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    if !dedicated.is_empty() {
+        lines.push(String::new());
+        lines.extend(output::table(INVOICE_DEDICATED, &dedicated));
+        if let Some(days) = v.get("address_days") {
+            lines.push(format!("address days  {days}"));
+        }
+    }
     lines.push(String::new());
     lines.push(format!("total  {}", cents(&v, "total_cents")));
     output::print_lines(&lines)
@@ -1326,5 +1353,21 @@ mod tests {
             "/v1/accounts/a/webhooks/w/deliveries"
         );
         assert_eq!(webhooks_path(None, &[]).unwrap(), "/v1/webhooks");
+    }
+
+    #[test]
+    fn an_invoices_dedicated_line_reads_as_its_row() {
+        let line = json!({
+            "ip": "127.0.0.2", "exit_id": "e1", "from": "2026-12-01T00:00:00Z",
+            "to": "2026-12-11T00:00:00Z", "address_days": 10, "cents_per_month": 500,
+            "amount_cents": 162
+        });
+        assert_eq!(
+            output::table(INVOICE_DEDICATED, std::slice::from_ref(&line)),
+            vec![
+                "DEDICATED  EXIT  FROM                  TO                    DAYS  CENTS/MONTH  AMOUNT",
+                "127.0.0.2  e1    2026-12-01 00:00:00Z  2026-12-11 00:00:00Z  10    500          1.62",
+            ]
+        );
     }
 }

@@ -342,7 +342,11 @@ impl Pool {
         id: &Uuid,
         dedicated_tunnel: bool,
     ) -> Option<Arc<ExitRecord>> {
-        if !dedicated_tunnel && !self.any_dedicated.load(std::sync::atomic::Ordering::Acquire) {
+        if !dedicated_tunnel
+            && !self
+                .any_dedicated
+                .load(std::sync::atomic::Ordering::Acquire)
+        {
             return None;
         }
         self.record(id)

@@ -495,6 +495,7 @@ fn cli_reference_matches_the_binarys_help() {
         "sources",
         "consent",
         "exits",
+        "dedicated",
         "sessions",
         "usage",
         "invoices",
@@ -508,4 +509,91 @@ fn cli_reference_matches_the_binarys_help() {
             "{resource}"
         );
     }
+}
+
+/// `proxynetctl dedicated`: allocate by count, list with the allowance,
+/// replace, the operator's map and move, release — against the real API.
+#[tokio::test]
+async fn cli_allocates_lists_replaces_moves_and_releases_dedicated_addresses() {
+    let stack = Stack::start().await;
+    let first = stack.create_account("cli-ded-1").await.to_string();
+    let second = stack.create_account("cli-ded-2").await.to_string();
+    let allocated = ctl(
+        &stack,
+        &[
+            "-o",
+            "json",
+            "dedicated",
+            "allocate",
+            "--account",
+            &first,
+            "--count",
+            "1",
+        ],
+    )
+    .await
+    .ok()
+    .json();
+    let ip = allocated["items"][0]["ip"].as_str().unwrap().to_owned();
+    let listed = ctl(&stack, &["dedicated", "list", "--account", &first])
+        .await
+        .ok();
+    assert!(listed.stdout.contains(&ip), "{}", listed.stdout);
+    assert!(listed.stdout.contains("0 of 2 used"), "{}", listed.stdout);
+    let replaced = ctl(
+        &stack,
+        &[
+            "-o",
+            "json",
+            "dedicated",
+            "replace",
+            "--account",
+            &first,
+            &ip,
+        ],
+    )
+    .await
+    .ok()
+    .json();
+    let new = replaced["items"][0]["ip"].as_str().unwrap().to_owned();
+    assert_ne!(new, ip);
+    ctl(&stack, &["dedicated", "move", &new, "--to", &second])
+        .await
+        .ok();
+    let map = ctl(&stack, &["-o", "json", "dedicated", "map"])
+        .await
+        .ok()
+        .json();
+    assert_eq!(map["items"].as_array().unwrap().len(), 1, "{map}");
+    assert_eq!(map["items"][0]["account_id"], second.as_str(), "{map}");
+    ctl(
+        &stack,
+        &["dedicated", "release", "--account", &second, &new],
+    )
+    .await
+    .ok();
+    let map = ctl(&stack, &["-o", "json", "dedicated", "map"])
+        .await
+        .ok()
+        .json();
+    assert_eq!(map["items"], serde_json::json!([]), "{map}");
+    // Too many: one line, non-zero.
+    let refused = ctl(
+        &stack,
+        &[
+            "dedicated",
+            "allocate",
+            "--account",
+            &first,
+            "--count",
+            "50",
+        ],
+    )
+    .await;
+    assert_ne!(refused.code, 0);
+    assert!(
+        refused.stderr.contains("free address"),
+        "{}",
+        refused.stderr
+    );
 }
