@@ -26,8 +26,11 @@ CREATE TABLE dedicated_ips (
     CHECK (released_at IS NULL OR released_at >= allocated_at)
 );
 
--- An address is held by one account at a time.
+-- An address is held by one account at a time, and no held address lies
+-- inside another held one (a single IPv6 address inside someone's /64).
 CREATE UNIQUE INDEX dedicated_ips_held ON dedicated_ips (address) WHERE released_at IS NULL;
+ALTER TABLE dedicated_ips ADD CONSTRAINT dedicated_ips_no_overlap
+    EXCLUDE USING gist ((address::inet) inet_ops WITH &&) WHERE (released_at IS NULL);
 CREATE INDEX dedicated_ips_account ON dedicated_ips (account_id, allocated_at);
 CREATE INDEX dedicated_ips_exit ON dedicated_ips (exit_id) WHERE released_at IS NULL;
 
@@ -43,7 +46,10 @@ ALTER TABLE plans
     ADD COLUMN dedicated_ip_price_cents bigint NOT NULL DEFAULT 0 CHECK (dedicated_ip_price_cents >= 0),
     ADD COLUMN dedicated_prefix_price_cents bigint NOT NULL DEFAULT 0 CHECK (dedicated_prefix_price_cents >= 0),
     -- Replacements an account may make per calendar month.
-    ADD COLUMN dedicated_replacements_per_month integer NOT NULL DEFAULT 2 CHECK (dedicated_replacements_per_month >= 0);
+    ADD COLUMN dedicated_replacements_per_month integer NOT NULL DEFAULT 2 CHECK (dedicated_replacements_per_month >= 0),
+    -- Addresses (and prefixes) an account may hold at once by its own key;
+    -- an operator may allocate beyond it. Without a plan: none.
+    ADD COLUMN dedicated_max_addresses integer NOT NULL DEFAULT 0 CHECK (dedicated_max_addresses >= 0);
 
 -- When an account's dedicated addresses are all unusable (their exits
 -- down), route through shared addresses instead of answering 502.

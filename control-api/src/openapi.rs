@@ -254,6 +254,8 @@ fn schemas() -> Value {
         "description": "cents per dedicated IPv6 /64 per calendar month (default 0)"});
     plan["dedicated_replacements_per_month"] = json!({"type": "integer", "minimum": 0, "maximum": 2147483647,
         "description": "replacements of a dedicated address an account may make per calendar month (default 2)"});
+    plan["dedicated_max_addresses"] = json!({"type": "integer", "minimum": 0, "maximum": 2147483647,
+        "description": "dedicated addresses an account on the plan may hold at once by its own key (default 0: only an operator allocates)"});
     schemas
 }
 

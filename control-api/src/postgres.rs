@@ -27,6 +27,8 @@ use std::time::{Duration, Instant};
 const WATCH_EVERY: Duration = Duration::from_secs(1);
 /// One probe (connect and ask) of one host.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+/// Every this many checks all hosts are probed, not only the current one.
+const SURVEY_EVERY: u64 = 5;
 
 /// The pool, and with several hosts the watch that moves it.
 pub struct Postgres {
@@ -137,6 +139,7 @@ impl Postgres {
                 current: AtomicUsize::new(index),
                 writable: AtomicBool::new(writable),
                 switched,
+                checks: AtomicU64::new(1),
             }),
             pool,
         })
@@ -175,30 +178,71 @@ impl SwitchClock {
     }
 }
 
+/// What a probe learns of a host.
+#[derive(Clone, Copy)]
+struct Answer {
+    writable: bool,
+    /// The timeline of its last checkpoint: a promoted standby starts a new,
+    /// higher one, so of two hosts that both take writes (an old primary
+    /// back unfenced) the higher timeline is the one the failover chose.
+    timeline: i64,
+}
+
 /// Whether `host` answers, and if so whether it takes writes.
-async fn probe(host: &Host) -> Result<bool, String> {
+async fn probe(host: &Host) -> Result<Answer, String> {
     let asking = async {
         let mut conn = PgConnection::connect_with(&host.options).await?;
         let in_recovery: bool = sqlx::query_scalar("SELECT pg_is_in_recovery()")
             .fetch_one(&mut conn)
             .await?;
+        // Reading the control file may be refused to a least-privilege role:
+        // then the timeline is unknown (0), and URL order decides.
+        let timeline: i64 =
+            sqlx::query_scalar("SELECT timeline_id::bigint FROM pg_control_checkpoint()")
+                .fetch_one(&mut conn)
+                .await
+                .unwrap_or(0);
         let _ = conn.close().await;
-        Ok::<_, sqlx::Error>(!in_recovery)
+        Ok::<_, sqlx::Error>(Answer {
+            writable: !in_recovery,
+            timeline,
+        })
     };
     match tokio::time::timeout(PROBE_TIMEOUT, asking).await {
-        Ok(Ok(writable)) => Ok(writable),
+        Ok(Ok(answer)) => Ok(answer),
         Ok(Err(e)) => Err(e.to_string()),
         Err(_) => Err("no answer within 2 s".into()),
     }
 }
 
-/// The first host that takes writes; failing that the first that answers
-/// (a standby, read-only), preferring `current` among standbys so the pool
-/// does not wander. Every host's failure when none answers.
+/// The host that takes writes (of several, the one on the highest
+/// timeline, with a loud warning: two primaries mean the old one was not
+/// fenced); failing that the first that answers (a standby, read-only),
+/// preferring `current` among standbys so the pool does not wander. Every
+/// host's failure when none answers.
 async fn choose(hosts: &[Host], current: Option<usize>) -> Result<(usize, bool), String> {
     let answers = futures_util::future::join_all(hosts.iter().map(probe)).await;
-    if let Some(primary) = answers.iter().position(|a| matches!(a, Ok(true))) {
-        return Ok((primary, true));
+    let primaries: Vec<(usize, i64)> = answers
+        .iter()
+        .enumerate()
+        .filter_map(|(i, a)| {
+            a.as_ref()
+                .ok()
+                .filter(|a| a.writable)
+                .map(|a| (i, a.timeline))
+        })
+        .collect();
+    if primaries.len() > 1 {
+        tracing::error!(
+            hosts = %primaries.iter().map(|(i, t)| format!("{} (timeline {t})", hosts[*i].label)).collect::<Vec<_>>().join(", "),
+            "more than one Postgres host takes writes: the old primary was not fenced; using the highest timeline"
+        );
+    }
+    if let Some((primary, _)) = primaries
+        .iter()
+        .max_by_key(|(i, t)| (*t, std::cmp::Reverse(*i)))
+    {
+        return Ok((*primary, true));
     }
     let standby = current
         .filter(|&c| answers.get(c).is_some_and(Result::is_ok))
@@ -221,6 +265,7 @@ pub struct Failover {
     current: AtomicUsize,
     writable: AtomicBool,
     switched: Arc<SwitchClock>,
+    checks: AtomicU64,
 }
 
 impl Failover {
@@ -234,6 +279,13 @@ impl Failover {
 
     async fn check(&self) {
         let current = self.current.load(Ordering::Relaxed);
+        // Every few checks, all hosts are asked even while the current one
+        // takes writes: another host promoted meanwhile (the current one an
+        // old primary that was never stopped) is found on its timeline.
+        let survey = self
+            .checks
+            .fetch_add(1, Ordering::Relaxed)
+            .is_multiple_of(SURVEY_EVERY);
         let asked = tokio::time::timeout(
             PROBE_TIMEOUT,
             sqlx::query_scalar::<_, bool>("SELECT pg_is_in_recovery()").fetch_one(&self.pool),
@@ -244,7 +296,9 @@ impl Failover {
                 if !self.writable.swap(true, Ordering::Relaxed) {
                     tracing::warn!(host = %self.hosts[current].label, "Postgres takes writes again (the standby was promoted)");
                 }
-                return;
+                if !survey {
+                    return;
+                }
             }
             Ok(Ok(true)) => {
                 if self.writable.swap(false, Ordering::Relaxed) {
@@ -263,10 +317,12 @@ impl Failover {
                         writable,
                         "moving the Postgres pool to another host"
                     );
+                    // The switch time first: a connection to the old host
+                    // that completes meanwhile is then older than the switch.
+                    self.switched.record();
                     self.pool
                         .set_connect_options(self.hosts[index].options.clone());
                     self.current.store(index, Ordering::Relaxed);
-                    self.switched.record();
                 }
             }
             Err(all) => tracing::warn!(hosts = %all, "no Postgres host answers"),

@@ -39,6 +39,9 @@ pub struct TunnelEgress {
     pub account: Uuid,
     pub user: Uuid,
     pub ip: std::net::IpAddr,
+    /// A UDP association's address of the other family, when it has one:
+    /// it sends from that one too.
+    pub other_ip: Option<std::net::IpAddr>,
     /// It asked for the account's dedicated addresses.
     pub dedicated: bool,
 }
@@ -49,13 +52,16 @@ impl TunnelEgress {
     /// user) no longer holds it, or a shared tunnel on an address someone
     /// now holds.
     pub fn misplaced(&self, held: &[proxynet_store::Dedication]) -> bool {
-        if self.dedicated {
-            !held
-                .iter()
-                .any(|d| d.serves(self.account, self.user) && d.address.contains(self.ip))
-        } else {
-            held.iter().any(|d| d.address.contains(self.ip))
-        }
+        let misplaced = |ip: std::net::IpAddr| {
+            if self.dedicated {
+                !held
+                    .iter()
+                    .any(|d| d.serves(self.account, self.user) && d.address.contains(ip))
+            } else {
+                held.iter().any(|d| d.address.contains(ip))
+            }
+        };
+        misplaced(self.ip) || self.other_ip.is_some_and(misplaced)
     }
 }
 

@@ -326,12 +326,27 @@ pub(crate) async fn delete(
     .execute(&mut *tx)
     .await?
     .rows_affected();
+    // Its dedicated addresses go back to the shared pool (billing ends now).
+    let released: Vec<(Uuid,)> = sqlx::query_as(
+        "UPDATE dedicated_ips SET released_at = clock_timestamp(), release_reason = 'account_deleted'
+          WHERE account_id = $1 AND released_at IS NULL RETURNING exit_id",
+    )
+    .bind(id)
+    .fetch_all(&mut *tx)
+    .await?;
+    let mut exits: Vec<Uuid> = released.into_iter().map(|(e,)| e).collect();
+    exits.sort_unstable();
+    exits.dedup();
+    sqlx::query("UPDATE exits SET version = nextval('projection_version') WHERE id = ANY($1)")
+        .bind(&exits)
+        .execute(&mut *tx)
+        .await?;
     audit::record(
         &mut tx,
         "operator",
         "account.delete",
         &id.to_string(),
-        serde_json::json!({"keys_revoked": keys, "networks_released": networks}),
+        serde_json::json!({"keys_revoked": keys, "networks_released": networks, "dedicated_exits": exits}),
     )
     .await?;
     tx.commit().await?;
@@ -339,6 +354,9 @@ pub(crate) async fn delete(
     state.projector.account(id).await;
     if networks > 0 {
         state.projector.allowlist().await;
+    }
+    for exit in exits {
+        state.projector.exit(exit).await;
     }
     Ok(StatusCode::NO_CONTENT)
 }

@@ -69,6 +69,10 @@ pub(super) struct CreatePlan {
     /// month (default 2).
     #[serde(default)]
     dedicated_replacements_per_month: Option<i32>,
+    /// Dedicated addresses (and prefixes) an account on this plan may hold
+    /// at once by its own key (default 0: only an operator allocates).
+    #[serde(default)]
+    dedicated_max_addresses: Option<i32>,
 }
 
 #[derive(Serialize)]
@@ -79,6 +83,7 @@ pub(super) struct Plan {
     dedicated_ip_price_cents: i64,
     dedicated_prefix_price_cents: i64,
     dedicated_replacements_per_month: i32,
+    dedicated_max_addresses: i32,
 }
 
 pub(super) async fn create_plan(
@@ -106,7 +111,9 @@ pub(super) async fn create_plan(
     let replacements = body
         .dedicated_replacements_per_month
         .unwrap_or(DEFAULT_DEDICATED_REPLACEMENTS_PER_MONTH);
+    let max_addresses = body.dedicated_max_addresses.unwrap_or(0);
     for (field, value) in [
+        ("dedicated_max_addresses", i64::from(max_addresses)),
         ("dedicated_ip_price_cents", ip_price),
         ("dedicated_prefix_price_cents", prefix_price),
         ("dedicated_replacements_per_month", i64::from(replacements)),
@@ -121,14 +128,15 @@ pub(super) async fn create_plan(
     let mut tx = state.db.begin().await?;
     sqlx::query(
         "INSERT INTO plans (id, name, dedicated_ip_price_cents, dedicated_prefix_price_cents,
-                            dedicated_replacements_per_month)
-         VALUES ($1, $2, $3, $4, $5)",
+                            dedicated_replacements_per_month, dedicated_max_addresses)
+         VALUES ($1, $2, $3, $4, $5, $6)",
     )
     .bind(id)
     .bind(body.name.trim())
     .bind(ip_price)
     .bind(prefix_price)
     .bind(replacements)
+    .bind(max_addresses)
     .execute(&mut *tx)
     .await
     .map_err(|e| conflict_on_unique(e, "name: a plan with this name exists"))?;
@@ -153,6 +161,7 @@ pub(super) async fn create_plan(
             "dedicated_ip_price_cents": ip_price,
             "dedicated_prefix_price_cents": prefix_price,
             "dedicated_replacements_per_month": replacements,
+            "dedicated_max_addresses": max_addresses,
         }),
     )
     .await?;
@@ -166,6 +175,7 @@ pub(super) async fn create_plan(
             dedicated_ip_price_cents: ip_price,
             dedicated_prefix_price_cents: prefix_price,
             dedicated_replacements_per_month: replacements,
+            dedicated_max_addresses: max_addresses,
         }),
     ))
 }
@@ -226,6 +236,7 @@ struct PlanRow {
     dedicated_ip_price_cents: i64,
     dedicated_prefix_price_cents: i64,
     dedicated_replacements_per_month: i32,
+    dedicated_max_addresses: i32,
 }
 
 /// `GET /v1/plans?limit=&after=NAME` (operators), by name.
@@ -242,7 +253,7 @@ pub(super) async fn list_plans(
                 ARRAY(SELECT cents_per_gb FROM plan_prices WHERE plan_id = p.id ORDER BY source_type)
                   AS cents_per_gb,
                 p.dedicated_ip_price_cents, p.dedicated_prefix_price_cents,
-                p.dedicated_replacements_per_month
+                p.dedicated_replacements_per_month, p.dedicated_max_addresses
            FROM plans p WHERE ($1::text IS NULL OR p.name > $1) ORDER BY p.name LIMIT $2",
     )
     .bind(&page.after)
@@ -258,6 +269,7 @@ pub(super) async fn list_plans(
             dedicated_ip_price_cents: row.dedicated_ip_price_cents,
             dedicated_prefix_price_cents: row.dedicated_prefix_price_cents,
             dedicated_replacements_per_month: row.dedicated_replacements_per_month,
+            dedicated_max_addresses: row.dedicated_max_addresses,
         })
         .collect();
     let (headers, plans) =

@@ -174,6 +174,9 @@ pub(super) async fn allocate(
             if count == 0 || count > MAX_PER_CALL {
                 return Err(ApiError::BadRequest(format!("count: 1 to {MAX_PER_CALL}")));
             }
+            if caller != Caller::Operator {
+                within_plan(&mut tx, account, count, body.source_type.as_deref()).await?;
+            }
             let wanted = Wanted {
                 country: body.country.as_ref().map(|c| c.to_ascii_uppercase()),
                 city: body.city.as_ref().map(|c| c.to_lowercase()),
@@ -504,12 +507,13 @@ pub(super) async fn move_to(
         serde_json::json!({"from": from, "to": body.account_id}),
     )
     .await?;
-    for account in [from, body.account_id] {
+    // Each account learns its own side, never the other account's id.
+    for (account, direction) in [(from, "out"), (body.account_id, "in")] {
         webhooks::emit(
             &mut tx,
             EventType::DedicatedIpMoved,
             Some(account),
-            serde_json::json!({"ip": old.ip, "from": from, "to": body.account_id}),
+            serde_json::json!({"account_id": account, "ip": old.ip, "moved": direction}),
         )
         .await?;
     }
@@ -553,6 +557,41 @@ async fn account_prices(tx: &mut sqlx::PgConnection, account: Uuid) -> Result<Pr
     .await?;
     let (address, prefix) = row.ok_or(ApiError::NotFound("account"))?;
     Ok(Prices { address, prefix })
+}
+
+/// An account's own key allocates within its plan: at most the plan's
+/// `dedicated_max_addresses` held at once (none without a plan), and only
+/// of a source type the plan prices. Operators allocate beyond it.
+async fn within_plan(
+    tx: &mut sqlx::PgConnection,
+    account: Uuid,
+    count: u32,
+    source_type: Option<&str>,
+) -> Result<(), ApiError> {
+    let (held, max, priced): (i64, Option<i32>, Option<Vec<String>>) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM dedicated_ips WHERE account_id = $1 AND released_at IS NULL), \
+                p.dedicated_max_addresses, \
+                CASE WHEN p.id IS NULL THEN NULL ELSE \
+                  ARRAY(SELECT pp.source_type FROM plan_prices pp WHERE pp.plan_id = p.id) END \
+           FROM accounts a LEFT JOIN plans p ON p.id = a.plan_id WHERE a.id = $1",
+    )
+    .bind(account)
+    .fetch_one(tx)
+    .await?;
+    let max = i64::from(max.unwrap_or(0));
+    if held + i64::from(count) > max {
+        return Err(ApiError::Forbidden(format!(
+            "the account's plan allows {max} dedicated address(es); it holds {held}"
+        )));
+    }
+    if let (Some(asked), Some(priced)) = (source_type, &priced) {
+        if !priced.iter().any(|t| t == asked) {
+            return Err(ApiError::Forbidden(format!(
+                "the account's plan does not price type={asked}"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Every user must be the account's own (and not deleted).
@@ -619,7 +658,15 @@ async fn insert(
     .bind(users_by_operator)
     .execute(tx)
     .await
-    .map_err(|e| crate::error::conflict_on_unique(e, "that address is already dedicated to an account"))?;
+    .map_err(|e| {
+        // 23P01: the address overlaps one held (a /64 around it, or inside).
+        if let sqlx::Error::Database(db) = &e {
+            if db.code().as_deref() == Some("23P01") {
+                return ApiError::Conflict("that address overlaps one already dedicated to an account".into());
+            }
+        }
+        crate::error::conflict_on_unique(e, "that address is already dedicated to an account")
+    })?;
     Ok(id)
 }
 
@@ -748,7 +795,7 @@ async fn named(tx: &mut sqlx::PgConnection, ips: &[String]) -> Result<Vec<Free>,
         chosen.push(free);
     }
     let held = held_addresses(tx).await?;
-    if let Some(taken) = chosen.iter().find(|f| held.contains(&f.address)) {
+    if let Some(taken) = chosen.iter().find(|f| held.takes(&f.address)) {
         return Err(ApiError::Conflict(format!(
             "{} is already dedicated to an account",
             taken.address
@@ -757,12 +804,27 @@ async fn named(tx: &mut sqlx::PgConnection, ips: &[String]) -> Result<Vec<Free>,
     Ok(chosen)
 }
 
-async fn held_addresses(tx: &mut sqlx::PgConnection) -> Result<HashSet<String>, sqlx::Error> {
+/// Every address held now. A candidate is free only when it overlaps none
+/// of them: a single IPv6 address inside someone's /64, or a /64 around
+/// someone's single address, is taken too.
+async fn held_addresses(tx: &mut sqlx::PgConnection) -> Result<Held, sqlx::Error> {
     let rows: Vec<(String,)> =
         sqlx::query_as("SELECT address FROM dedicated_ips WHERE released_at IS NULL")
             .fetch_all(tx)
             .await?;
-    Ok(rows.into_iter().map(|(a,)| a).collect())
+    Ok(Held(
+        rows.into_iter().filter_map(|(a,)| a.parse().ok()).collect(),
+    ))
+}
+
+struct Held(Vec<Cidr>);
+
+impl Held {
+    fn takes(&self, address: &str) -> bool {
+        address
+            .parse::<Cidr>()
+            .map_or(true, |a| self.0.iter().any(|h| h.overlaps(&a)))
+    }
 }
 
 /// Exits that can carry a dedicated address and match `wanted`, live ones
@@ -797,7 +859,8 @@ async fn free_addresses(
 ) -> Result<Vec<Free>, sqlx::Error> {
     let exits = exits_matching(tx, wanted).await?;
     let mut held = held_addresses(tx).await?;
-    held.extend(exclude.iter().cloned());
+    held.0
+        .extend(exclude.iter().filter_map(|a| a.parse::<Cidr>().ok()));
     let per_exit: Vec<Vec<Free>> = exits
         .iter()
         .map(|exit| free_on(exit, wanted, &held, count))
@@ -806,7 +869,7 @@ async fn free_addresses(
 }
 
 /// The free addresses of one exit (at most `count`).
-fn free_on(exit: &ExitRow, wanted: &Wanted, held: &HashSet<String>, count: usize) -> Vec<Free> {
+fn free_on(exit: &ExitRow, wanted: &Wanted, held: &Held, count: usize) -> Vec<Free> {
     let kind_ok = |prefix: bool, v4: bool| wanted.kind.is_none_or(|k| k == (prefix, v4));
     let mut out = Vec::new();
     for ip in exit
@@ -815,7 +878,7 @@ fn free_on(exit: &ExitRow, wanted: &Wanted, held: &HashSet<String>, count: usize
         .filter_map(|ip| ip.parse::<IpAddr>().ok())
     {
         let address = ip.to_string();
-        if kind_ok(false, ip.is_ipv4()) && !held.contains(&address) {
+        if kind_ok(false, ip.is_ipv4()) && !held.takes(&address) {
             out.push(Free {
                 exit_id: exit.id,
                 address,
@@ -839,7 +902,7 @@ fn free_on(exit: &ExitRow, wanted: &Wanted, held: &HashSet<String>, count: usize
                 break;
             }
             let address = subnet.to_string();
-            if !held.contains(&address) {
+            if !held.takes(&address) {
                 out.push(Free {
                     exit_id: exit.id,
                     address,

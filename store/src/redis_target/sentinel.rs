@@ -229,15 +229,27 @@ impl SentinelConnection {
         let millis = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
         let shared = self.shared.clone();
         self.on_master(async move |conn| {
-            let reply: T = command.query_async(&mut *conn).await?;
             let role: redis::Role = redis::cmd("ROLE").query_async(&mut *conn).await?;
-            if let redis::Role::Primary { replicas, .. } = &role {
-                if replicas.is_empty() {
-                    shared.warn_alone();
-                    return Ok(reply);
+            let alone = matches!(&role, redis::Role::Primary { replicas, .. } if replicas.is_empty());
+            if alone {
+                // A master without replicas is either the survivor of a
+                // failover (its replica died) or an old master cut off from
+                // replicas that now follow another one: only the sentinels
+                // can tell. Writes go to it only while they still name it.
+                if !shared.still_master().await {
+                    return Err(RedisError::from((
+                        ErrorKind::Io,
+                        "the master has no replica and the sentinels name another: not writing to it",
+                    )));
                 }
+                shared.warn_alone();
+                return command.query_async(&mut *conn).await;
             }
-            let acknowledged: u64 = redis::cmd("WAIT")
+            // The write and its WAIT leave as one pipeline on one connection:
+            // a reconnect between them cannot make WAIT vouch for nothing.
+            let (reply, acknowledged): (T, u64) = redis::pipe()
+                .add_command(command.clone())
+                .cmd("WAIT")
                 .arg(1)
                 .arg(millis)
                 .query_async(&mut *conn)
@@ -285,6 +297,17 @@ fn failover_explains(e: &RedisError) -> bool {
 }
 
 impl Shared {
+    /// Whether the sentinels still name the master this connection writes
+    /// to (a lookup; false when none answers).
+    async fn still_master(&self) -> bool {
+        let current = self.master().address;
+        let mut sentinel = self.sentinel.lock().await;
+        match lookup(&mut sentinel, &self.settings).await {
+            Ok(client) => address_of(&client) == current,
+            Err(_) => false,
+        }
+    }
+
     fn warn_alone(&self) {
         let Ok(mut last) = self.last_alone_warning.lock() else {
             return;

@@ -455,6 +455,7 @@ impl Pipeline {
             account: client.account_id,
             user: client.user_id,
             ip: opened.egress_ip,
+            other_ip: opened.other_egress_ip,
             dedicated: opened.dedicated,
         };
         let registration = self.open_tunnels.register(

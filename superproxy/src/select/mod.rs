@@ -196,6 +196,27 @@ impl Known {
                 let control_changed = self.note_control(control_present, None);
                 crate::metrics::pool_read("delta", changed.len() + expired.len());
                 let any = !changed.is_empty() || !expired.is_empty();
+                // Exits whose liveness lapsed while the store was away (its
+                // outage, a Sentinel failover) lapsed because no heartbeat
+                // could land, not for anything they did: linked, probed
+                // ones stay eligible while their agents beat again, as
+                // after a store reset.
+                if was_degraded {
+                    self.recovered_at = Some(Instant::now());
+                }
+                let recovering = self
+                    .recovered_at
+                    .is_some_and(|at| at.elapsed() < RESET_HOLD);
+                let lapsed: Vec<Uuid> = if recovering {
+                    expired
+                        .iter()
+                        .copied()
+                        .chain(changed.iter().filter(|c| !c.live).map(|c| c.id))
+                        .filter(|id| self.live.contains(id))
+                        .collect()
+                } else {
+                    Vec::new()
+                };
                 for c in changed {
                     // Live again, or lapsed again: either way its own news
                     // from now on.
@@ -222,6 +243,16 @@ impl Known {
                 for id in expired {
                     self.lost_in_reset.remove(&id);
                     self.live.remove(&id);
+                }
+                if !lapsed.is_empty() {
+                    tracing::info!(
+                        exits = lapsed.len(),
+                        "exits' liveness lapsed while the store was away; linked, probed ones stay eligible while their agents beat again"
+                    );
+                    self.lost_in_reset.extend(lapsed);
+                    if let Some(at) = self.recovered_at {
+                        self.reset_hold_until = Some(at + RESET_HOLD);
+                    }
                 }
                 self.cursor = Some(cursor);
                 self.read_at_ms = now_ms;
@@ -253,6 +284,9 @@ struct Known {
     /// links may hold them.
     lost_in_reset: HashSet<Uuid>,
     reset_hold_until: Option<Instant>,
+    /// When reads succeeded again after the store was away: liveness that
+    /// lapses within [`RESET_HOLD`] of it is held like a reset's.
+    recovered_at: Option<Instant>,
 }
 
 /// How long linked, probed exits whose liveness a store reset lost stay

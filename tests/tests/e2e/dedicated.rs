@@ -130,6 +130,23 @@ async fn dedicated_addresses_serve_only_their_account_and_return_on_release() {
     stack.create_user(c, "dcarol", PASSWORD).await;
     let (a_key, _) = stack.account_key(a).await;
 
+    // Without a plan that allows any, an account's key allocates nothing.
+    let (status, body) = send(
+        &stack,
+        reqwest::Method::POST,
+        &format!("/v1/accounts/{a}/dedicated-ips"),
+        &a_key,
+        Some(json!({"count": 1})),
+    )
+    .await;
+    assert_eq!(status, 403, "{body}");
+    assert!(
+        body["detail"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("plan allows 0"),
+        "{body}"
+    );
     // An account may not name addresses; the operator may.
     let (status, _) = send(
         &stack,
@@ -286,7 +303,7 @@ async fn a_replacement_cuts_open_tunnels_is_rationed_and_billed_by_the_day() {
         reqwest::Method::POST,
         "/v1/plans",
         ADMIN_TOKEN,
-        Some(json!({"name": "dedicated-plan", "prices": {"dc": 100}, "dedicated_ip_price_cents": 3000, "dedicated_replacements_per_month": 1})),
+        Some(json!({"name": "dedicated-plan", "prices": {"dc": 100}, "dedicated_ip_price_cents": 3000, "dedicated_replacements_per_month": 1, "dedicated_max_addresses": 5})),
     )
     .await;
     assert_eq!(status, 201, "{plan}");
@@ -570,6 +587,24 @@ async fn an_ipv6_64_of_an_egress_prefix_is_dedicated_to_one_account() {
     stack.create_user(owner, "dolga", PASSWORD).await;
     stack.create_user(other, "doscar", PASSWORD).await;
     let (key, _) = stack.account_key(owner).await;
+    let (status, plan) = send(
+        &stack,
+        reqwest::Method::POST,
+        "/v1/plans",
+        ADMIN_TOKEN,
+        Some(json!({"name": "v6-plan", "prices": {"dc": 100}, "dedicated_prefix_price_cents": 9000, "dedicated_max_addresses": 1})),
+    )
+    .await;
+    assert_eq!(status, 201, "{plan}");
+    let (status, _) = send(
+        &stack,
+        reqwest::Method::PUT,
+        &format!("/v1/accounts/{owner}/plan"),
+        ADMIN_TOKEN,
+        Some(json!({"plan_id": plan["id"]})),
+    )
+    .await;
+    assert_eq!(status, 204);
     let (status, body) = send(
         &stack,
         reqwest::Method::POST,
@@ -581,6 +616,17 @@ async fn an_ipv6_64_of_an_egress_prefix_is_dedicated_to_one_account() {
     assert_eq!(status, 201, "{body}");
     assert_eq!(body["items"][0]["ip"], host.prefix_v6.to_string(), "{body}");
     assert_eq!(body["items"][0]["prefix"], true, "{body}");
+    assert_eq!(body["items"][0]["cents_per_month"], 9000, "{body}");
+    // The plan's cap: one is all this account may hold by its own key.
+    let (status, _) = send(
+        &stack,
+        reqwest::Method::POST,
+        &format!("/v1/accounts/{owner}/dedicated-ips"),
+        &key,
+        Some(json!({"count": 1})),
+    )
+    .await;
+    assert_eq!(status, 403);
     pool_shows(&stack, stack.proxy_addrs.admin, 1).await;
     let proxy = stack.proxy_addrs.proxy;
     let mut drawn = std::collections::HashSet::new();
