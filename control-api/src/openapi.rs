@@ -210,7 +210,7 @@ fn schemas() -> Value {
             "properties": {"name": {"type": "string"}, "source_type": {"enum": ["dc", "isp", "res", "mobile"]},
                 "channel": {"enum": ["owned", "leased", "isp", "sdk", "extension", "sharing", "reseller"]},
                 "supplier": {"type": "string"}, "agreement_ref": {"type": "string"}, "notice_description": {"type": "string"},
-                "opt_out": {"type": "string"}, "liable_party": {"type": "string"}, "abuse_contact": {"type": "string"},
+                "opt_out": {"type": "string"}, "liable_party": {"type": "string"}, "abuse_contact": {"type": "string"}, "cost_cents_per_gb": {"type": "integer", "minimum": 0},
                 "countries": {"type": "array", "items": {"type": "string", "pattern": "^[A-Z]{2}$"}},
                 "consent_required": {"type": "boolean"}}},
         "Notice": {"type": "object", "additionalProperties": false, "required": ["version", "body"],

@@ -189,6 +189,47 @@ pub struct Config {
 
     #[command(flatten)]
     pub egress: EgressArgs,
+
+    #[command(flatten)]
+    pub upstream: UpstreamArgs,
+}
+
+/// An upstream exit: a partner's backconnect gateway that this agent opens
+/// every tunnel through, instead of dialling targets itself
+/// (docs/provenance.md, "Upstream exits"). The agent still dials the
+/// partner from its `--egress-ip`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct UpstreamArgs {
+    /// The partner's gateway: `http://USER@HOST:PORT` or
+    /// `socks5h://USER@HOST:PORT` (the user is the partner account's; its
+    /// password comes from `--upstream-password-file`, never the URL).
+    #[arg(long, env = "PROXYNET_UPSTREAM")]
+    pub upstream: Option<String>,
+
+    /// The partner's username grammar, with `{user}`, `{session}`,
+    /// `{country}` and `{city}` placeholders, e.g.
+    /// `{user}-country-{country}-session-{session}`. Which placeholders it
+    /// has is what the exit promises: targeting the partner cannot honour is
+    /// never offered.
+    #[arg(long, env = "PROXYNET_UPSTREAM_TEMPLATE", default_value = "{user}")]
+    pub upstream_template: String,
+
+    /// Countries the partner serves through this exit (ISO 3166-1 alpha-2,
+    /// comma-separated). More than the enrollment token's own country needs
+    /// `{country}` in the template.
+    #[arg(long, env = "PROXYNET_UPSTREAM_COUNTRIES", value_delimiter = ',')]
+    pub upstream_countries: Vec<String>,
+
+    /// Most tunnels open through the partner at once (its concurrency
+    /// limit); beyond it new tunnels are refused as `capacity`.
+    #[arg(long, env = "PROXYNET_UPSTREAM_MAX_TUNNELS")]
+    pub upstream_max_tunnels: Option<usize>,
+
+    /// A file holding the partner account's password (one line; keep it
+    /// 0600). It stays on this host: never in the control plane's stores,
+    /// a log line or a metric.
+    #[arg(long, env = "PROXYNET_UPSTREAM_PASSWORD_FILE")]
+    pub upstream_password_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, clap::Subcommand)]
@@ -206,6 +247,14 @@ pub enum Command {
 }
 
 impl Config {
+    /// Most tunnels at once: `--max-tunnels`, or the partner's limit when it
+    /// is lower.
+    pub fn tunnel_capacity(&self) -> usize {
+        self.upstream
+            .upstream_max_tunnels
+            .map_or(self.max_tunnels, |partner| partner.min(self.max_tunnels))
+    }
+
     /// Whether this exit may send from `ip`: one of its `--egress-ip`s, or
     /// an address inside one of its `--egress-prefix`es. The one check every
     /// tunnel and association makes before it binds a requested address.

@@ -37,6 +37,21 @@ struct EnrollRequest<'a> {
     /// the field it does not know.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     behind_nat: bool,
+    /// An upstream exit's partner gateway (never its credentials).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    upstream: Option<&'a UpstreamDeclaration>,
+}
+
+/// What an upstream exit tells the control plane at enrollment: where its
+/// partner's gateway is, what it serves and which targeting keys the
+/// partner's username template carries.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct UpstreamDeclaration {
+    pub scheme: &'static str,
+    pub host: String,
+    pub port: u16,
+    pub countries: Vec<String>,
+    pub keys: Vec<&'static str>,
 }
 
 #[derive(Deserialize)]
@@ -82,6 +97,7 @@ impl ControlClient {
         egress_ips: &[IpAddr],
         egress_prefixes: &[Cidr],
         behind_nat: bool,
+        upstream: Option<&UpstreamDeclaration>,
     ) -> Result<AgentState, ControlError> {
         let hostname = std::fs::read_to_string("/etc/hostname")
             .map(|h| h.trim().to_owned())
@@ -93,6 +109,7 @@ impl ControlClient {
             hostname,
             agent_version: env!("CARGO_PKG_VERSION"),
             behind_nat,
+            upstream,
         };
         let body: EnrollResponse = self
             .post("/v1/agent/enroll", None, &request, "enrollment")
@@ -206,6 +223,7 @@ mod tests {
             hostname: "exit-1".into(),
             agent_version: "0.1.0",
             behind_nat: false,
+            upstream: None,
         })
         .unwrap();
         assert_eq!(
@@ -231,6 +249,7 @@ mod tests {
                 hostname: "home-router".into(),
                 agent_version: "0.1.0",
                 behind_nat,
+                upstream: None,
             })
             .unwrap()
         };
@@ -249,6 +268,7 @@ mod tests {
             hostname: "exit-1".into(),
             agent_version: "0.1.0",
             behind_nat: false,
+            upstream: None,
         })
         .unwrap();
         assert_eq!(body["egress_ips"], serde_json::json!([]));

@@ -24,6 +24,7 @@ pub mod public_egress;
 pub mod state;
 pub mod tunnel;
 mod udp;
+pub(crate) mod upstream;
 
 use proxynet_common::tasks::{Stop, Tasks};
 use proxynet_store::SuperproxyRecord;
@@ -70,6 +71,33 @@ pub enum StartError {
         addr: SocketAddr,
         source: std::io::Error,
     },
+    #[error("--upstream: {0}")]
+    Upstream(String),
+}
+
+/// The partner gateway of an upstream exit (`--upstream`), with its
+/// password read from `--upstream-password-file`.
+fn upstream_of(config: &Config) -> Result<Option<upstream::Upstream>, StartError> {
+    let Some(url) = &config.upstream.upstream else {
+        return Ok(None);
+    };
+    let password = match &config.upstream.upstream_password_file {
+        Some(path) => Some(
+            std::fs::read_to_string(path)
+                .map_err(|e| {
+                    StartError::Upstream(format!(
+                        "cannot read --upstream-password-file {}: {e}",
+                        path.display()
+                    ))
+                })?
+                .trim_end_matches(['\r', '\n'])
+                .to_owned(),
+        ),
+        None => None,
+    };
+    upstream::Upstream::parse(url, &config.upstream.upstream_template, password)
+        .map(Some)
+        .map_err(StartError::Upstream)
 }
 
 pub struct ExitAgent {
@@ -85,6 +113,7 @@ impl ExitAgent {
             return Err(StartError::InsecureControlApi(config.control_api.clone()));
         }
         let control = ControlClient::new(&config.control_api)?;
+        let upstream = upstream_of(&config)?;
         let identity = match AgentState::load(&config.state_file)? {
             Some(state) => {
                 if config.enroll_token.is_some() {
@@ -102,6 +131,10 @@ impl ExitAgent {
                         &config.egress_ips,
                         &config.egress_prefixes,
                         config.behind_nat,
+                        upstream
+                            .as_ref()
+                            .map(|u| u.declaration(&config.upstream.upstream_countries))
+                            .as_ref(),
                     )
                     .await?;
                 state.save(&config.state_file)?;
@@ -162,6 +195,7 @@ impl ExitAgent {
             metrics: proxynet_common::metrics::install(),
             egress_watch: Default::default(),
             beat_now: Default::default(),
+            upstream,
             config,
         });
         Ok(Self {

@@ -56,6 +56,8 @@ pub struct TunnelContext {
     /// Wakes the heartbeat loop at once: a withdrawal or its undoing is
     /// announced now, not at the next interval.
     pub beat_now: tokio::sync::Notify,
+    /// An upstream exit's partner gateway: every tunnel goes through it.
+    pub(crate) upstream: Option<crate::upstream::Upstream>,
 }
 
 impl TunnelContext {
@@ -88,6 +90,8 @@ pub struct TunnelRequest {
     port: u16,
     egress_ip: IpAddr,
     budget: Duration,
+    /// For an upstream exit: what the partner's username is built from.
+    upstream: proxynet_wire::link::UpstreamAsk,
 }
 
 impl TunnelRequest {
@@ -115,7 +119,14 @@ impl TunnelRequest {
             port,
             egress_ip,
             budget: Duration::from_millis(budget_ms),
+            upstream: Default::default(),
         })
+    }
+
+    /// With what the superproxy sent for an upstream exit.
+    pub(crate) fn with_upstream(mut self, ask: Option<proxynet_wire::link::UpstreamAsk>) -> Self {
+        self.upstream = ask.unwrap_or_default();
+        self
     }
 }
 
@@ -132,7 +143,7 @@ pub(crate) fn probe_outcome(ctx: &TunnelContext) -> Outcome {
 pub(crate) fn admit(ctx: &Arc<TunnelContext>) -> Option<ActiveGuard> {
     let previous = ctx.active.fetch_add(1, Ordering::Relaxed);
     let guard = ActiveGuard(ctx.clone());
-    (previous < ctx.config.max_tunnels).then_some(guard)
+    (previous < ctx.config.tunnel_capacity()).then_some(guard)
 }
 
 pub(crate) fn count(outcome: Outcome) {
@@ -151,6 +162,7 @@ pub(crate) async fn open(
         port,
         egress_ip,
         budget,
+        upstream: ask,
     } = request;
     let (host, port, egress_ip, budget) = (host.as_str(), *port, *egress_ip, *budget);
     if !ctx.config.owns_egress(egress_ip) {
@@ -161,6 +173,9 @@ pub(crate) async fn open(
         + budget
             .saturating_sub(BUDGET_MARGIN)
             .min(ctx.config.target_connect_timeout());
+    if let Some(upstream) = &ctx.upstream {
+        return through_partner(ctx, upstream, request, ask, freebind, deadline).await;
+    }
 
     let candidates = resolve(ctx, host, port, deadline).await?;
     // Policy first, on every resolved address: a denied target is denied,
@@ -200,6 +215,54 @@ pub(crate) async fn open(
         }
         if Instant::now() >= deadline {
             break;
+        }
+    }
+    Err(last)
+}
+
+/// An upstream exit's tunnel: the egress policy on the target as given
+/// (names stay unresolved: the partner resolves them), then the partner's
+/// gateway dialled from the egress IP and asked for the target under the
+/// templated username. Failing to reach the partner is the partner's fault
+/// (`upstream_refused`), never the target's.
+async fn through_partner(
+    ctx: &TunnelContext,
+    upstream: &crate::upstream::Upstream,
+    request: &TunnelRequest,
+    ask: &proxynet_wire::link::UpstreamAsk,
+    freebind: bool,
+    deadline: Instant,
+) -> Result<TcpStream, Outcome> {
+    let policy = ctx.policy.current();
+    crate::upstream::vet_target(&policy, &request.host, request.port)?;
+    let partner = resolve(ctx, upstream.host(), upstream.port(), deadline)
+        .await
+        .map_err(|_| Outcome::UpstreamRefused)?;
+    let mut last = Outcome::UpstreamRefused;
+    for addr in partner
+        .into_iter()
+        .filter(|a| a.is_ipv4() == request.egress_ip.is_ipv4())
+        .take(2)
+    {
+        match connect_from(request.egress_ip, freebind, addr, deadline).await {
+            Ok(tcp) => {
+                let ask = crate::upstream::UpstreamAsk {
+                    session: ask.session.clone(),
+                    country: ask.country.clone(),
+                    city: ask.city.clone(),
+                };
+                return crate::upstream::connect_through(
+                    upstream,
+                    tcp,
+                    &request.host,
+                    request.port,
+                    &ask,
+                    deadline,
+                )
+                .await;
+            }
+            Err(Outcome::EgressUnavailable) => return Err(Outcome::EgressUnavailable),
+            Err(_) => last = Outcome::UpstreamRefused,
         }
     }
     Err(last)
@@ -344,6 +407,7 @@ pub(crate) mod tests {
             metrics: None,
             egress_watch: Default::default(),
             beat_now: Default::default(),
+            upstream: None,
         })
     }
 

@@ -53,6 +53,11 @@ install_deps() {
     command -v nft >/dev/null 2>&1 || missing+=(nftables)
     # The PROXY protocol test puts a real HAProxy in front of the superproxy.
     command -v haproxy >/dev/null 2>&1 || missing+=(haproxy)
+    # Partner gateways behind upstream exits: Squid (HTTP) and microsocks
+    # (SOCKS5). The squid package starts a system Squid; the tests run
+    # their own.
+    command -v squid >/dev/null 2>&1 || missing+=(squid)
+    command -v microsocks >/dev/null 2>&1 || missing+=(microsocks)
   fi
   if [ "${#missing[@]}" -gt 0 ]; then
     say "installing: ${missing[*]}"

@@ -697,6 +697,29 @@ pub struct ExitRecord {
     /// dedicated addresses; shared tunnels never do.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub dedicated: Vec<Dedication>,
+    /// Set for an upstream exit (a partner's gateway behind the agent):
+    /// what it serves besides its own record's country, and which of our
+    /// targeting keys its partner honours.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream: Option<UpstreamExit>,
+}
+
+/// What selection needs to know of an upstream exit. Never its partner's
+/// address or credentials.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct UpstreamExit {
+    /// Countries the partner serves through it (upper case).
+    #[serde(default)]
+    pub countries: Vec<String>,
+    /// Which of `session`, `country`, `city` its username template carries.
+    #[serde(default)]
+    pub keys: Vec<String>,
+}
+
+impl UpstreamExit {
+    pub fn honours(&self, key: &str) -> bool {
+        self.keys.iter().any(|k| k == key)
+    }
 }
 
 /// One dedicated address of an exit.
@@ -718,6 +741,23 @@ impl Dedication {
 }
 
 impl ExitRecord {
+    /// Whether the exit leaves from `country`: its own, or one its partner
+    /// serves through it (and lets us choose: the template has `{country}`).
+    pub fn serves_country(&self, country: &str) -> bool {
+        self.country == country
+            || self
+                .upstream
+                .as_ref()
+                .is_some_and(|u| u.honours("country") && u.countries.iter().any(|c| c == country))
+    }
+
+    /// Whether `-city-…` can be honoured: the exit's own city, or any city
+    /// its partner is asked for by name.
+    pub fn serves_city(&self, city: &str) -> bool {
+        self.city.as_deref() == Some(city)
+            || self.upstream.as_ref().is_some_and(|u| u.honours("city"))
+    }
+
     /// Whether `ip` is dedicated to some account (and so not shared).
     pub fn is_dedicated(&self, ip: IpAddr) -> bool {
         self.dedicated.iter().any(|d| d.address.contains(ip))

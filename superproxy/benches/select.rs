@@ -69,6 +69,7 @@ fn view(n: usize, link: &Link) -> PoolView {
                 consent_expires_at_ms: None,
                 verified_egress: Vec::new(),
                 dedicated: Vec::new(),
+                upstream: None,
             }),
             link: link.clone(),
         })

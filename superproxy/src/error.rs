@@ -222,11 +222,14 @@ impl ErrorKind {
             Outcome::DnsError => ErrorKind::DnsError,
             Outcome::PolicyDenied => ErrorKind::DestinationProhibited,
             // The agent refused before dialling (a version it does not speak
-            // counts): another exit may take the same tunnel.
+            // counts), or the partner gateway of an upstream exit refused
+            // before reaching the target: another exit may take the same
+            // tunnel.
             Outcome::EgressUnavailable
             | Outcome::Draining
             | Outcome::Capacity
-            | Outcome::BadRequest => ErrorKind::ExitUnavailable,
+            | Outcome::BadRequest
+            | Outcome::UpstreamRefused => ErrorKind::ExitUnavailable,
         }
     }
 }

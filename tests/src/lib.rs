@@ -14,6 +14,7 @@ pub mod dns;
 pub mod faults;
 pub mod metrics;
 pub mod netns;
+pub mod partners;
 pub mod postgres_pair;
 pub mod process;
 pub mod protocol_bench;

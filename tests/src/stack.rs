@@ -612,12 +612,26 @@ impl Stack {
         egress_ips: &[IpAddr],
         token: String,
     ) -> usize {
+        let api_url = api_url.to_owned();
+        self.add_agent_with_args(&api_url, egress_ips, token, &[])
+            .await
+    }
+
+    /// [`Self::add_agent_via`] with flags of its own (e.g. `--upstream`).
+    pub async fn add_agent_with_args(
+        &mut self,
+        api_url: &str,
+        egress_ips: &[IpAddr],
+        token: String,
+        extra: &[String],
+    ) -> usize {
         let egress_ip = egress_ips[0];
         let state = self.dir.path().join(format!("agent-{egress_ip}.json"));
         let mut args = self.agent_args_via(api_url, egress_ip, &state);
         for more in &egress_ips[1..] {
             args.extend(["--egress-ip".into(), more.to_string()]);
         }
+        args.extend(extra.iter().cloned());
         args.extend(["--enroll-token".into(), token]);
         let log = self
             .options
@@ -783,6 +797,23 @@ impl Stack {
     /// `http://alice:...@proxy` for curl's `-x`.
     pub fn proxy_url(&self) -> String {
         crate::client::proxy_as(USERNAME, self.proxy_addrs.proxy)
+    }
+
+    /// The proxy URL for `username` (grammar and all) with the test password.
+    pub fn proxy_url_for(&self, username: &str) -> String {
+        crate::client::proxy_as(username, self.proxy_addrs.proxy)
+    }
+
+    /// The superproxy's `/v1/pool` (eligible exits with their health).
+    pub async fn pool_view(&self) -> serde_json::Value {
+        self.http
+            .get(format!("http://{}/v1/pool", self.proxy_addrs.admin))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
     }
 
     /// `https://alice:...@127.0.0.1:PORT`: the HTTPS proxy listener.

@@ -111,6 +111,10 @@ pub enum StreamRequest {
         /// mux window. The superproxy grants less under memory pressure.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         window: Option<u32>,
+        /// For an upstream exit (a partner's gateway behind the agent): what
+        /// the partner's username is built from. Never a credential.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        upstream: Option<UpstreamAsk>,
     },
     /// A health probe: answered `connected` by a live agent that is not
     /// draining, without dialling anything.
@@ -219,6 +223,22 @@ pub struct HelloReply {
     pub link_version: Option<u16>,
 }
 
+/// What an upstream exit's agent fills its partner username template with:
+/// the tunnel's targeting, as far as the exit declared the partner honours
+/// it, and a session key. The key is derived from the customer's session
+/// (the same for every tunnel of that session, on every superproxy) or
+/// fresh per tunnel for a rotating login; it never carries the customer's
+/// username or password.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct UpstreamAsk {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub country: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub city: Option<String>,
+}
+
 /// The typed result of asking an agent to open a tunnel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Outcome {
@@ -242,10 +262,14 @@ pub enum Outcome {
     Capacity,
     /// The stream request was malformed or of an unknown version.
     BadRequest,
+    /// The partner gateway an upstream exit tunnels through refused or failed
+    /// the tunnel itself (its authentication, its capacity, its own errors, no
+    /// answer in time): the exit's fault, and nothing reached the target.
+    UpstreamRefused,
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 10] = [
+    pub const ALL: [Outcome; 11] = [
         Outcome::Connected,
         Outcome::Refused,
         Outcome::TimedOut,
@@ -256,6 +280,7 @@ impl Outcome {
         Outcome::Draining,
         Outcome::Capacity,
         Outcome::BadRequest,
+        Outcome::UpstreamRefused,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -270,6 +295,7 @@ impl Outcome {
             Outcome::Draining => "draining",
             Outcome::Capacity => "capacity",
             Outcome::BadRequest => "bad_request",
+            Outcome::UpstreamRefused => "upstream_refused",
         }
     }
 
@@ -281,7 +307,10 @@ impl Outcome {
     pub fn status(self) -> u16 {
         match self {
             Outcome::Connected => 200,
-            Outcome::Refused | Outcome::Unreachable | Outcome::DnsError => 502,
+            Outcome::Refused
+            | Outcome::Unreachable
+            | Outcome::DnsError
+            | Outcome::UpstreamRefused => 502,
             Outcome::TimedOut => 504,
             Outcome::PolicyDenied => 403,
             Outcome::EgressUnavailable | Outcome::Draining | Outcome::Capacity => 503,
@@ -298,6 +327,7 @@ impl Outcome {
                 | Outcome::Draining
                 | Outcome::Capacity
                 | Outcome::BadRequest
+                | Outcome::UpstreamRefused
         )
     }
 }

@@ -47,6 +47,20 @@ pub struct ExitRow {
     /// Its dedicated addresses held now, each `ADDRESS|ACCOUNT|USER,USER`
     /// (`routes/dedicated.rs`).
     pub dedicated: Vec<String>,
+    /// An upstream exit's partner gateway, as enrolled.
+    pub upstream: Option<sqlx::types::Json<UpstreamRow>>,
+}
+
+/// An upstream exit as stored (`exits.upstream`).
+#[derive(serde::Deserialize, serde::Serialize, Clone, Debug, Default)]
+pub struct UpstreamRow {
+    pub scheme: String,
+    pub host: String,
+    pub port: u16,
+    #[serde(default)]
+    pub countries: Vec<String>,
+    #[serde(default)]
+    pub keys: Vec<String>,
 }
 
 impl ExitRow {
@@ -137,6 +151,13 @@ impl ExitRow {
                 .iter()
                 .filter_map(|d| parse_dedication(d))
                 .collect(),
+            upstream: self
+                .upstream
+                .as_ref()
+                .map(|u| proxynet_store::UpstreamExit {
+                    countries: u.countries.clone(),
+                    keys: u.keys.clone(),
+                }),
         };
         // Only what lies inside the declared egress: the column is written
         // from observations of declared egress alone, and this keeps it so.
@@ -190,7 +211,7 @@ pub(super) const EXIT_SELECT: &str = "SELECT e.id, e.name, e.source_type, e.owne
               COALESCE((SELECT string_agg(du.user_id::text, ',' ORDER BY du.user_id) \
                           FROM dedicated_ip_users du WHERE du.dedicated_ip_id = d.id), '') \
             FROM dedicated_ips d WHERE d.exit_id = e.id AND d.released_at IS NULL ORDER BY d.address) \
-       AS dedicated \
+       AS dedicated, e.upstream \
      FROM exits e LEFT JOIN sources s ON s.id = e.source_id \
      LEFT JOIN LATERAL (SELECT state, expires_at FROM consent_records \
                          WHERE exit_id = e.id ORDER BY version DESC LIMIT 1) c ON true";

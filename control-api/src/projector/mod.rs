@@ -18,7 +18,7 @@
 //! allow-list); [`resync`] the full one and its loop, [`heartbeats`] the
 //! agents' liveness and reply, [`fleet`] the reads behind the health views.
 
-mod exits;
+pub(crate) mod exits;
 mod fleet;
 mod heartbeats;
 mod resync;

@@ -169,6 +169,70 @@ pub(super) struct Enroll {
     /// declared egress is expected is the operator's word, on the token.
     #[serde(default)]
     behind_nat: bool,
+    /// An upstream exit's partner gateway (`--upstream`): where it is and
+    /// what it serves, never its credentials.
+    #[serde(default)]
+    upstream: Option<EnrollUpstream>,
+}
+
+#[derive(Deserialize, serde::Serialize, Clone)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct EnrollUpstream {
+    scheme: String,
+    host: String,
+    port: u16,
+    #[serde(default)]
+    countries: Vec<String>,
+    #[serde(default)]
+    keys: Vec<String>,
+}
+
+impl EnrollUpstream {
+    /// The agent's word, checked; the token's country is always served.
+    fn checked(mut self, token_country: &str) -> Result<Self, ApiError> {
+        if !matches!(self.scheme.as_str(), "http" | "socks5h") {
+            return Err(ApiError::BadRequest(
+                "upstream.scheme: http or socks5h".into(),
+            ));
+        }
+        if self.host.is_empty() || self.host.len() > 255 || self.host.contains(['@', '/', ' ']) {
+            return Err(ApiError::BadRequest(
+                "upstream.host: a host name or address".into(),
+            ));
+        }
+        if self.port == 0 {
+            return Err(ApiError::BadRequest("upstream.port: 1 to 65535".into()));
+        }
+        if self.countries.len() > 250
+            || !self
+                .countries
+                .iter()
+                .all(|c| c.len() == 2 && c.bytes().all(|b| b.is_ascii_uppercase()))
+        {
+            return Err(ApiError::BadRequest(
+                "upstream.countries: ISO 3166-1 alpha-2 codes in upper case".into(),
+            ));
+        }
+        if !self
+            .keys
+            .iter()
+            .all(|k| matches!(k.as_str(), "session" | "country" | "city"))
+            || self.keys.len() > 3
+        {
+            return Err(ApiError::BadRequest(
+                "upstream.keys: session, country, city".into(),
+            ));
+        }
+        if self.countries.len() > 1 && !self.keys.iter().any(|k| k == "country") {
+            return Err(ApiError::BadRequest(
+                "upstream.countries: more than one country needs {country} in the template".into(),
+            ));
+        }
+        if !self.countries.iter().any(|c| c == token_country) {
+            self.countries.insert(0, token_country.to_owned());
+        }
+        Ok(self)
+    }
 }
 
 /// Egress prefixes one exit may declare (each may hold 2^80 addresses: the
@@ -250,12 +314,17 @@ pub(super) async fn enroll(
         }
         Some(t) => t,
     };
+    let upstream = body
+        .upstream
+        .clone()
+        .map(|u| u.checked(&token.country))
+        .transpose()?;
     let exit_id = Uuid::new_v4();
     let credential = new_secret("pnexit");
     let ips: Vec<String> = body.egress_ips.iter().map(ToString::to_string).collect();
     sqlx::query(
-        "INSERT INTO exits (id, name, source_type, owner, country, egress_ips, credential_sha256, hostname, agent_version, city, asn, source_id, egress_prefixes, behind_nat, region)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)",
+        "INSERT INTO exits (id, name, source_type, owner, country, egress_ips, credential_sha256, hostname, agent_version, city, asn, source_id, egress_prefixes, behind_nat, region, upstream)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)",
     )
     .bind(exit_id)
     .bind(&token.name)
@@ -272,6 +341,7 @@ pub(super) async fn enroll(
     .bind(&prefixes)
     .bind(token.behind_nat)
     .bind(&token.region)
+    .bind(upstream.as_ref().map(sqlx::types::Json))
     .execute(&mut *tx)
     .await?;
     sqlx::query("UPDATE enrollment_tokens SET used_at = now(), exit_id = $2 WHERE id = $1")
@@ -284,7 +354,7 @@ pub(super) async fn enroll(
         "agent",
         "exit.enroll",
         &exit_id.to_string(),
-        serde_json::json!({"token_id": token.id, "egress_ips": ips, "egress_prefixes": prefixes, "hostname": body.hostname, "behind_nat": token.behind_nat, "agent_says_behind_nat": body.behind_nat}),
+        serde_json::json!({"token_id": token.id, "egress_ips": ips, "egress_prefixes": prefixes, "hostname": body.hostname, "behind_nat": token.behind_nat, "agent_says_behind_nat": body.behind_nat, "upstream": upstream}),
     )
     .await?;
     tx.commit().await?;

@@ -50,6 +50,25 @@ pub(super) struct ExitRow {
     egress_reported_at: Option<DateTime<Utc>>,
     #[serde(skip)]
     egress_unobserved: sqlx::types::Json<serde_json::Value>,
+    /// An upstream exit's partner gateway: `{scheme, host, port}` (the
+    /// credential never leaves the agent's host).
+    #[serde(serialize_with = "upstream_gateway")]
+    upstream: Option<sqlx::types::Json<crate::projector::exits::UpstreamRow>>,
+}
+
+/// Only where the partner's gateway is: the countries and keys are routing
+/// detail, shown in the record, not here.
+fn upstream_gateway<S: serde::Serializer>(
+    upstream: &Option<sqlx::types::Json<crate::projector::exits::UpstreamRow>>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    match upstream {
+        Some(u) => serde::Serialize::serialize(
+            &serde_json::json!({"scheme": u.scheme, "host": u.host, "port": u.port, "countries": u.countries}),
+            s,
+        ),
+        None => s.serialize_none(),
+    }
 }
 
 #[derive(Serialize)]
@@ -99,7 +118,7 @@ const HISTORY_SHOWN: i64 = 50;
 const COLUMNS: &str =
     "id, name, source_type, owner, country, region, egress_ips, egress_prefixes, city, asn, hostname, agent_version, \
      draining, admin_draining, disabled, enrolled_at, last_heartbeat_at, behind_nat, \
-     egress_verification, egress_reported_at, egress_unobserved";
+     egress_verification, egress_reported_at, egress_unobserved, upstream";
 
 /// `GET /v1/exits?limit=&after=EXIT_ID`, by exit id.
 pub(super) async fn list(

@@ -23,6 +23,7 @@ mod health;
 pub(crate) mod page;
 mod policy;
 mod provenance;
+mod reconciliation;
 mod sessions;
 mod sites;
 mod usage;
@@ -78,6 +79,7 @@ pub(crate) fn operations() -> Vec<Op> {
         Op::post("/v1/agent/exits/{id}/egress", egress::report, "Agent report: the public address the reflector saw from each egress (signed answers only)", Auth::Agent).body("EgressReport"),
         Op::get("/v1/exits", exits::list, "Exits with provenance, liveness and fleet health (?limit=&after=, Link rel=next)", Auth::Operator),
         Op::get("/v1/exits/{id}", exits::get_one, "One exit, with its declared, bound and observed egress", Auth::Operator),
+        Op::get("/v1/exits/{id}/reconciliation", reconciliation::reconciliation, "Bytes per UTC day through the exit as the ledger has them, with the source's cost and what customers were billed (?from=&to=; CSV with Accept: text/csv)", Auth::Operator),
         Op::post("/v1/exits/{id}/drain", exits::drain, "No new tunnels; open ones finish", Auth::Operator),
         Op::post("/v1/exits/{id}/undrain", exits::undrain, "Back into rotation", Auth::Operator),
         Op::post("/v1/exits/{id}/disable", exits::disable, "Out of rotation", Auth::Operator),

@@ -72,6 +72,7 @@ async fn serve_stream(ctx: Arc<TunnelContext>, incoming: Incoming) {
             egress_ip,
             budget_ms,
             window,
+            upstream,
         }) => {
             // Before anything is sent: the superproxy grants what it named.
             if let Some(window) = window {
@@ -82,7 +83,7 @@ async fn serve_stream(ctx: Arc<TunnelContext>, incoming: Incoming) {
                 return;
             };
             let opened = match TunnelRequest::from_target(&target, egress_ip, budget_ms) {
-                Ok(request) => open(&ctx, &request).await,
+                Ok(request) => open(&ctx, &request.with_upstream(upstream)).await,
                 Err(outcome) => Err(outcome),
             };
             match opened {

@@ -18,17 +18,20 @@ use crate::error::ProxyError;
 use crate::target::Target;
 
 /// Asks `link`'s agent to connect to `target` from `egress_ip` within `budget`.
+/// `upstream`: for an upstream exit, what its partner's username is built
+/// from (only link v2 carries it; an upstream exit's agent speaks v2).
 pub async fn open_tunnel(
     link: &Link,
     target: &Target,
     egress_ip: IpAddr,
     budget: Duration,
+    upstream: Option<proxynet_wire::link::UpstreamAsk>,
 ) -> Result<ExitStream, ProxyError> {
     match &link.sender {
         LinkSender::Http2(sender) => {
             v1_http2::open(sender.clone(), target, egress_ip, budget).await
         }
-        LinkSender::Mux(link) => v2_mux::open(link, target, egress_ip, budget).await,
+        LinkSender::Mux(link) => v2_mux::open(link, target, egress_ip, budget, upstream).await,
     }
 }
 

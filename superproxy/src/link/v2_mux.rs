@@ -65,6 +65,7 @@ pub(super) async fn open(
     target: &Target,
     egress_ip: IpAddr,
     budget: Duration,
+    upstream: Option<proxynet_wire::link::UpstreamAsk>,
 ) -> Result<ExitStream, ProxyError> {
     // What the receive budget allows a new stream now, where the agent
     // takes it from the OPEN (older agents get the full window).
@@ -74,6 +75,7 @@ pub(super) async fn open(
         egress_ip,
         budget_ms: budget.as_millis() as u64,
         window,
+        upstream,
     };
     open_stream(link, &request, window, budget).await
 }

@@ -26,5 +26,6 @@ pub(super) fn outcome_detail(outcome: Outcome) -> &'static str {
         Outcome::Draining => "exit is draining",
         Outcome::Capacity => "exit is at capacity",
         Outcome::BadRequest => "exit did not understand the tunnel request",
+        Outcome::UpstreamRefused => "exit's upstream gateway refused the tunnel",
     }
 }

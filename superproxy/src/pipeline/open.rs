@@ -241,6 +241,11 @@ impl TunnelOpener {
             if let Some(sticky) = &mut sticky {
                 sticky.keep_ip(exit.record.id, egress.first).await?;
             }
+            let upstream = exit
+                .record
+                .upstream
+                .as_ref()
+                .map(|partner| upstream_ask(partner, targeting, client));
             match self
                 .dial(
                     &exit,
@@ -248,6 +253,7 @@ impl TunnelOpener {
                     egress,
                     remaining,
                     site.map(|s| (client.account_id, s)),
+                    upstream,
                 )
                 .await
             {
@@ -291,11 +297,12 @@ impl TunnelOpener {
         egress: EgressChoice,
         budget: Duration,
         site: Option<(Uuid, &Arc<str>)>,
+        upstream: Option<proxynet_wire::link::UpstreamAsk>,
     ) -> Result<ExitStream, ProxyError> {
         let started = std::time::Instant::now();
         let result = match purpose {
             Purpose::Tunnel(target) => {
-                dial::open_tunnel(&exit.link, target, egress.first, budget).await
+                dial::open_tunnel(&exit.link, target, egress.first, budget, upstream).await
             }
             Purpose::Association => {
                 let ips: Vec<IpAddr> = std::iter::once(egress.first)
@@ -394,6 +401,34 @@ impl TunnelOpener {
             format!("no eligible exit matches {targeting}")
         };
         ProxyError::new(ErrorKind::NoExit, detail)
+    }
+}
+
+/// What an upstream exit's partner username is built from: the targeting
+/// its template honours, and a session key — the same for every tunnel of a
+/// customer's session on every superproxy (so the partner keeps the same
+/// address), fresh per tunnel for a rotating login. The key is a digest of
+/// our ids, never the customer's username or password.
+fn upstream_ask(
+    partner: &proxynet_store::UpstreamExit,
+    targeting: &Targeting,
+    client: &Client,
+) -> proxynet_wire::link::UpstreamAsk {
+    let session = match &client.request.session {
+        Some(session) => proxynet_common::secret::sha256_hex(&format!(
+            "proxynet-upstream-session:{}:{}",
+            client.user_id, session.id
+        )),
+        None => Uuid::new_v4().simple().to_string(),
+    };
+    proxynet_wire::link::UpstreamAsk {
+        session: partner.honours("session").then(|| session[..16].to_owned()),
+        country: targeting
+            .country
+            .as_ref()
+            .filter(|_| partner.honours("country"))
+            .map(|c| c.to_ascii_lowercase()),
+        city: targeting.city.clone().filter(|_| partner.honours("city")),
     }
 }
 

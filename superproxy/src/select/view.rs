@@ -190,7 +190,7 @@ pub fn matches(record: &ExitRecord, targeting: &Targeting) -> bool {
     targeting
         .country
         .as_deref()
-        .is_none_or(|c| record.country == c)
+        .is_none_or(|c| record.serves_country(c))
         && targeting
             .continent
             .is_none_or(|c| Continent::of_country(&record.country) == Some(c))
@@ -202,7 +202,7 @@ pub fn matches(record: &ExitRecord, targeting: &Targeting) -> bool {
         && targeting
             .city
             .as_deref()
-            .is_none_or(|c| record.city.as_deref() == Some(c))
+            .is_none_or(|c| record.serves_city(c))
         && targeting.asn.is_none_or(|a| record.asn == Some(a))
         && targeting
             .source_type
@@ -299,6 +299,7 @@ mod tests {
             consent_expires_at_ms: None,
             verified_egress: Vec::new(),
             dedicated: Vec::new(),
+            upstream: None,
         }
     }
 

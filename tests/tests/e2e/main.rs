@@ -59,6 +59,7 @@ mod startup;
 mod targeting;
 mod tenancy;
 mod traffic_policy;
+mod upstream_exits;
 mod usage;
 mod usage_durability;
 mod user_limits;

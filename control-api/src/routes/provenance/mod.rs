@@ -61,6 +61,10 @@ pub(super) struct SourceBody {
     /// Default: required for res/mobile and for channels that borrow someone
     /// else's line; optional (default off) for isp; never for dc.
     consent_required: Option<bool>,
+    /// What the supplier bills per GB (both directions), in cents: the
+    /// reconciliation view's cost and a plan's margin.
+    #[serde(default)]
+    cost_cents_per_gb: Option<i64>,
 }
 
 #[derive(Serialize, sqlx::FromRow)]
@@ -77,6 +81,7 @@ pub(super) struct Source {
     abuse_contact: String,
     countries: Vec<String>,
     consent_required: bool,
+    cost_cents_per_gb: Option<i64>,
     created_at: DateTime<Utc>,
     updated_at: DateTime<Utc>,
 }
@@ -93,7 +98,7 @@ pub(super) struct SourceView {
 
 const SOURCE_COLUMNS: &str = "id, name, source_type, channel, supplier, agreement_ref, \
      notice_description, opt_out, liable_party, abuse_contact, countries, consent_required, \
-     created_at, updated_at";
+     cost_cents_per_gb, created_at, updated_at";
 
 impl SourceBody {
     /// Validates shapes (completeness is reported, not required: an
@@ -101,6 +106,11 @@ impl SourceBody {
     fn validate(&self) -> Result<(SourceType, Channel, bool), ApiError> {
         if self.name.trim().is_empty() || self.name.len() > 200 {
             return Err(ApiError::BadRequest("name: 1 to 200 characters".into()));
+        }
+        if self.cost_cents_per_gb.is_some_and(|c| c < 0) {
+            return Err(ApiError::BadRequest(
+                "cost_cents_per_gb: must not be negative".into(),
+            ));
         }
         let source_type = SourceType::parse(&self.source_type).ok_or_else(|| {
             ApiError::BadRequest("source_type: one of dc, isp, res, mobile".into())
@@ -184,8 +194,8 @@ pub(super) async fn create_source(
     let mut tx = state.db.begin().await?;
     let source: Source = sqlx::query_as(&format!(
         "INSERT INTO sources (id, name, source_type, channel, supplier, agreement_ref, notice_description,
-                              opt_out, liable_party, abuse_contact, countries, consent_required)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) RETURNING {SOURCE_COLUMNS}"
+                              opt_out, liable_party, abuse_contact, countries, consent_required, cost_cents_per_gb)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) RETURNING {SOURCE_COLUMNS}"
     ))
     .bind(Uuid::new_v4())
     .bind(body.name.trim())
@@ -199,6 +209,7 @@ pub(super) async fn create_source(
     .bind(body.abuse_contact.trim())
     .bind(&body.countries)
     .bind(consent_required)
+    .bind(body.cost_cents_per_gb)
     .fetch_one(&mut *tx)
     .await
     .map_err(|e| conflict_on_unique(e, "name: a source of that name exists"))?;
@@ -253,7 +264,7 @@ pub(super) async fn replace_source(
     let source: Source = sqlx::query_as(&format!(
         "UPDATE sources SET name = $2, source_type = $3, channel = $4, supplier = $5, agreement_ref = $6,
                 notice_description = $7, opt_out = $8, liable_party = $9, abuse_contact = $10,
-                countries = $11, consent_required = $12, updated_at = now()
+                countries = $11, consent_required = $12, cost_cents_per_gb = $13, updated_at = now()
           WHERE id = $1 RETURNING {SOURCE_COLUMNS}"
     ))
     .bind(id)
@@ -268,6 +279,7 @@ pub(super) async fn replace_source(
     .bind(body.abuse_contact.trim())
     .bind(&body.countries)
     .bind(consent_required)
+    .bind(body.cost_cents_per_gb)
     .fetch_optional(&mut *tx)
     .await
     .map_err(|e| conflict_on_unique(e, "name: a source of that name exists"))?
