@@ -180,8 +180,19 @@ async fn partner_gateways_carry_tunnels_under_templated_usernames() {
     assert!(squid.usernames()[before..]
         .iter()
         .all(|u| u.starts_with("partner-country-it-")));
-    let r = curl(&["-p", "-x", &stack.proxy_url_for("uma-country-nl"), &target]).await;
-    assert_eq!(r.status, 200, "through microsocks: {}", r.headers);
+    // The SOCKS5 partner (microsocks) by every ingress too.
+    let nl = stack.proxy_url_for("uma-country-nl");
+    for args in [vec!["-p", "-x", &nl], vec!["-x", &nl]] {
+        let r = curl(&[args.as_slice(), &[target.as_str()]].concat()).await;
+        assert_eq!(r.status, 200, "through microsocks {args:?}: {}", r.headers);
+    }
+    let socks_nl = format!(
+        "socks5h://uma-country-nl:{}@{}",
+        PASSWORD.replace(' ', "%20"),
+        stack.proxy_addrs.socks
+    );
+    let r = curl(&["-x", &socks_nl, &target]).await;
+    assert_eq!(r.status, 200, "SOCKS5 through microsocks: {}", r.headers);
     let r = curl(&["-p", "-x", &stack.proxy_url_for("uma-country-es"), &target]).await;
     assert_ne!(r.status, 200);
 
