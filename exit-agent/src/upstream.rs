@@ -34,6 +34,7 @@ use proxynet_common::secret::Secret;
 use proxynet_wire::link::Outcome;
 use std::fmt;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::sync::atomic::{AtomicBool, Ordering};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
@@ -525,6 +526,17 @@ pub(crate) fn vet_target(policy: &EgressPolicy, host: &str, port: u16) -> Result
         return Err(Outcome::PolicyDenied);
     }
     let name = host.strip_suffix('.').unwrap_or(host).to_ascii_lowercase();
+    // A name ending in a number is an address in disguise to some resolver
+    // (`0000…0177.0.0.1`, `127.1`, `0x7f.1`): the partner's might read it
+    // as one we would deny. No public name ends in a numeric label.
+    let numeric_tail = name.rsplit('.').next().is_some_and(|label| {
+        label.bytes().all(|b| b.is_ascii_digit())
+            || (label.starts_with("0x") && label[2..].bytes().all(|b| b.is_ascii_hexdigit()))
+    });
+    if numeric_tail {
+        tracing::info!(target = %host, port, "upstream target is a numeric name");
+        return Err(Outcome::PolicyDenied);
+    }
     let local = !name.contains('.')
         || name == "localhost"
         || [".localhost", ".local", ".internal", ".home.arpa"]
@@ -609,6 +621,9 @@ pub(crate) async fn connect_through(
     // The username says which session and place a customer asked for: debug
     // level only. The password is never logged.
     tracing::debug!(upstream = %upstream, %username, "asking the upstream gateway for a tunnel");
+    // Set once the request naming the target has gone out: a gateway slow
+    // after that may be waiting on the target, which is not its fault.
+    let sent = AtomicBool::new(false);
     let handshake = async {
         match upstream.scheme {
             Scheme::Http => {
@@ -618,6 +633,7 @@ pub(crate) async fn connect_through(
                     upstream.password.expose(),
                     &target,
                     target_port,
+                    &sent,
                 )
                 .await
             }
@@ -628,6 +644,7 @@ pub(crate) async fn connect_through(
                     upstream.password.expose(),
                     &target,
                     target_port,
+                    &sent,
                 )
                 .await
             }
@@ -640,6 +657,10 @@ pub(crate) async fn connect_through(
             tracing::debug!(upstream = %upstream, outcome = outcome.as_str(), "the upstream gateway refused the tunnel");
             Err(outcome)
         }
+        // Before the request went out the gateway itself is slow (its
+        // fault); after, it may be waiting on the target: a target that
+        // never answers must not get the exit ejected.
+        Err(_) if sent.load(Ordering::Relaxed) => Err(Outcome::TimedOut),
         Err(_) => {
             tracing::debug!(upstream = %upstream, "the upstream gateway did not answer in time");
             Err(Outcome::UpstreamRefused)
@@ -658,6 +679,7 @@ async fn http_connect(
     password: &str,
     target: &Target,
     port: u16,
+    sent: &AtomicBool,
 ) -> Result<(), Outcome> {
     let authority = target.authority(port);
     let credential =
@@ -669,6 +691,7 @@ async fn http_connect(
         .write_all(request.as_bytes())
         .await
         .map_err(gateway_failed)?;
+    sent.store(true, Ordering::Relaxed);
     let head = read_head(stream).await?;
     let (status, headers) = parse_head(&head)?;
     http_outcome(status, &headers)
@@ -743,10 +766,24 @@ fn parse_head(head: &[u8]) -> Result<(u16, Vec<(String, String)>), Outcome> {
 /// [`connect_through`].
 fn http_outcome(status: u16, headers: &[(String, String)]) -> Result<(), Outcome> {
     match status {
+        // RFC 9110 §9.3.6: a 2xx to CONNECT carries no body; one that
+        // says it does is a gateway page, not a tunnel.
+        200..=299
+            if headers.iter().any(|(name, value)| {
+                name == "transfer-encoding" || (name == "content-length" && value.trim() != "0")
+            }) =>
+        {
+            Err(Outcome::UpstreamRefused)
+        }
         200..=299 => Ok(()),
         // Our credential, or the account's limits, at the partner.
         407 => Err(Outcome::UpstreamRefused),
         403 => Err(Outcome::PolicyDenied),
+        // The partner's own limits and authentication: its refusal of us.
+        401 | 429 => Err(Outcome::UpstreamRefused),
+        // The partner refusing what this tunnel asked (an unknown city, a
+        // malformed target): about the request, not the exit's health.
+        400..=499 => Err(Outcome::Unreachable),
         502..=504 => Err(failure_detail(headers).unwrap_or(if status == 504 {
             Outcome::TimedOut
         } else {
@@ -832,6 +869,7 @@ async fn socks5_connect(
     password: &str,
     target: &Target,
     port: u16,
+    sent: &AtomicBool,
 ) -> Result<(), Outcome> {
     // RFC 1929: each 1 to 255 bytes. Checked before a byte is sent: a
     // credential we cannot send is our side's (the exit's) problem.
@@ -888,6 +926,7 @@ async fn socks5_connect(
     }
     request.extend_from_slice(&port.to_be_bytes());
     stream.write_all(&request).await.map_err(gateway_failed)?;
+    sent.store(true, Ordering::Relaxed);
 
     let mut reply = [0u8; 4];
     stream
@@ -1349,8 +1388,12 @@ mod tests {
         partner.await.unwrap();
     }
 
+    /// An HTTP gateway silent after our CONNECT may be waiting on the
+    /// target: the budget running out is the target's timeout, not the
+    /// exit's fault (a customer aiming at a black hole must not get upstream
+    /// exits ejected). A SOCKS5 gateway that never greets is the gateway's.
     #[tokio::test]
-    async fn a_gateway_that_never_answers_is_the_upstreams_fault() {
+    async fn a_gateway_silent_after_the_request_is_a_timeout_before_it_its_fault() {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let silent = tokio::spawn(async move {
@@ -1370,8 +1413,35 @@ mod tests {
             deadline,
         )
         .await;
-        assert_eq!(result.err(), Some(Outcome::UpstreamRefused));
+        assert_eq!(result.err(), Some(Outcome::TimedOut));
         silent.abort();
+
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mute = tokio::spawn(async move {
+            let (conn, _) = listener.accept().await.unwrap();
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            drop(conn);
+        });
+        let upstream = Upstream::parse(
+            &format!("socks5h://partner@{addr}"),
+            TEMPLATE,
+            Some("secret".to_owned()),
+        )
+        .unwrap();
+        let stream = TcpStream::connect(addr).await.unwrap();
+        let deadline = Instant::now() + Duration::from_millis(100);
+        let result = connect_through(
+            &upstream,
+            stream,
+            "example.com",
+            443,
+            &UpstreamAsk::default(),
+            deadline,
+        )
+        .await;
+        assert_eq!(result.err(), Some(Outcome::UpstreamRefused));
+        mute.abort();
     }
 
     /// What a fake SOCKS5 gateway was told.

@@ -129,6 +129,21 @@ impl SquidPartner {
             .collect()
     }
 
+    /// The usernames once the access log holds at least `count` requests:
+    /// Squid writes a tunnel's line when it ends, a moment after the client
+    /// saw it close.
+    pub async fn usernames_at_least(&self, count: usize) -> Vec<String> {
+        eventually(
+            &format!("{count} requests in Squid's access log"),
+            Duration::from_secs(10),
+            || async {
+                let names = self.usernames();
+                (names.len() >= count).then_some(names)
+            },
+        )
+        .await
+    }
+
     /// Every username the auth helper was asked about.
     pub fn helper_log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("users.log")).unwrap_or_default()

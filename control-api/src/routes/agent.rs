@@ -195,7 +195,13 @@ impl EnrollUpstream {
                 "upstream.scheme: http or socks5h".into(),
             ));
         }
-        if self.host.is_empty() || self.host.len() > 255 || self.host.contains(['@', '/', ' ']) {
+        if self.host.is_empty()
+            || self.host.len() > 255
+            || !self
+                .host
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b':' | b'_'))
+        {
             return Err(ApiError::BadRequest(
                 "upstream.host: a host name or address".into(),
             ));
@@ -223,13 +229,13 @@ impl EnrollUpstream {
                 "upstream.keys: session, country, city".into(),
             ));
         }
+        if !self.countries.iter().any(|c| c == token_country) {
+            self.countries.insert(0, token_country.to_owned());
+        }
         if self.countries.len() > 1 && !self.keys.iter().any(|k| k == "country") {
             return Err(ApiError::BadRequest(
                 "upstream.countries: more than one country needs {country} in the template".into(),
             ));
-        }
-        if !self.countries.iter().any(|c| c == token_country) {
-            self.countries.insert(0, token_country.to_owned());
         }
         Ok(self)
     }
@@ -319,6 +325,21 @@ pub(super) async fn enroll(
         .clone()
         .map(|u| u.checked(&token.country))
         .transpose()?;
+    // The countries an upstream exit may serve are the operator's word, not
+    // the agent's: only those its source covers.
+    if let Some(upstream) = &upstream {
+        let covered: Option<(Vec<String>,)> =
+            sqlx::query_as("SELECT countries FROM sources WHERE id = $1")
+                .bind(token.source_id)
+                .fetch_optional(&mut *tx)
+                .await?;
+        let covered = covered.map(|(c,)| c).unwrap_or_default();
+        if let Some(outside) = upstream.countries.iter().find(|c| !covered.contains(c)) {
+            return Err(ApiError::BadRequest(format!(
+                "upstream.countries: {outside} is not among the source's countries"
+            )));
+        }
+    }
     let exit_id = Uuid::new_v4();
     let credential = new_secret("pnexit");
     let ips: Vec<String> = body.egress_ips.iter().map(ToString::to_string).collect();

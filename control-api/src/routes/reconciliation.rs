@@ -66,7 +66,10 @@ fn parse_day(what: &str, value: &str) -> Result<NaiveDate, ApiError> {
 
 /// `cents_per_gb` × bytes, rounded up (never a fraction lost).
 fn cents_for(bytes: i128, cents_per_gb: i64) -> i64 {
-    let cents = (bytes * i128::from(cents_per_gb) + BYTES_PER_GB - 1) / BYTES_PER_GB;
+    let cents = bytes
+        .saturating_mul(i128::from(cents_per_gb))
+        .saturating_add(BYTES_PER_GB - 1)
+        / BYTES_PER_GB;
     i64::try_from(cents).unwrap_or(i64::MAX)
 }
 
@@ -83,9 +86,12 @@ pub(super) async fn reconciliation(
         Some(to) => parse_day("to", to)?,
         None => Utc::now().date_naive(),
     };
+    let out_of_range = || ApiError::BadRequest("from, to: dates out of range".into());
     let from = match &range.from {
         Some(from) => parse_day("from", from)?,
-        None => to - chrono::Duration::days(29),
+        None => to
+            .checked_sub_signed(chrono::Duration::days(29))
+            .ok_or_else(out_of_range)?,
     };
     if from > to || (to - from).num_days() >= MAX_DAYS {
         return Err(ApiError::BadRequest(format!(
@@ -101,7 +107,8 @@ pub(super) async fn reconciliation(
     let (cost_cents_per_gb,) = cost.ok_or(ApiError::NotFound("exit"))?;
     let start = Utc.from_utc_datetime(&from.and_hms_opt(0, 0, 0).unwrap_or_default());
     let end = Utc.from_utc_datetime(
-        &(to + chrono::Duration::days(1))
+        &to.checked_add_signed(chrono::Duration::days(1))
+            .ok_or_else(out_of_range)?
             .and_hms_opt(0, 0, 0)
             .unwrap_or_default(),
     );

@@ -114,8 +114,10 @@ async fn connect(
     let hello = AgentHello {
         // A v1-only agent sends exactly what v1 releases sent.
         open_window: !offered.is_v1_only(),
-        // UDP associations ride the mux only (`udp.rs`).
-        udp: !offered.is_v1_only(),
+        // UDP associations ride the mux only (`udp.rs`), and never an
+        // upstream exit: its datagrams would leave from our own address, not
+        // the partner's.
+        udp: !offered.is_v1_only() && ctx.upstream.is_none(),
         version: HELLO_VERSION,
         exit_id: ctx.identity.exit_id,
         credential: ctx.identity.credential.clone(),

@@ -59,6 +59,12 @@ async fn serve_stream(ctx: Arc<TunnelContext>, incoming: Incoming) {
             reply(incoming, Outcome::BadRequest);
             return;
         }
+        Ok(StreamRequest::Udp { .. }) if ctx.upstream.is_some() => {
+            // An upstream exit said it carries no UDP; a superproxy asking
+            // anyway is refused before anything is bound.
+            reply(incoming, Outcome::BadRequest);
+            return;
+        }
         Ok(StreamRequest::Udp {
             egress_ips,
             budget_ms: _,

@@ -245,7 +245,7 @@ impl TunnelOpener {
                 .record
                 .upstream
                 .as_ref()
-                .map(|partner| upstream_ask(partner, targeting, client));
+                .map(|partner| upstream_ask(partner, &exit.record.country, targeting, client));
             match self
                 .dial(
                     &exit,
@@ -411,6 +411,7 @@ impl TunnelOpener {
 /// our ids, never the customer's username or password.
 fn upstream_ask(
     partner: &proxynet_store::UpstreamExit,
+    own_country: &str,
     targeting: &Targeting,
     client: &Client,
 ) -> proxynet_wire::link::UpstreamAsk {
@@ -423,11 +424,15 @@ fn upstream_ask(
     };
     proxynet_wire::link::UpstreamAsk {
         session: partner.honours("session").then(|| session[..16].to_owned()),
-        country: targeting
-            .country
-            .as_ref()
-            .filter(|_| partner.honours("country"))
-            .map(|c| c.to_ascii_lowercase()),
+        // No country asked: the exit's own, never the partner's pick (the
+        // account's country bounds were judged against the exit's own).
+        country: partner.honours("country").then(|| {
+            targeting
+                .country
+                .as_deref()
+                .unwrap_or(own_country)
+                .to_ascii_lowercase()
+        }),
         city: targeting.city.clone().filter(|_| partner.honours("city")),
     }
 }
