@@ -3,26 +3,10 @@
 //! password under any username, so the templated usernames pass, and logs
 //! each username it is asked about) and microsocks with one user.
 
-use crate::process::eventually;
+use crate::process::{eventually, free_port, is_root};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn is_root() -> bool {
-    // Only reads the real user id.
-    #[allow(unsafe_code)]
-    unsafe {
-        libc::getuid() == 0
-    }
-}
 
 async fn answers(port: u16) {
     eventually(

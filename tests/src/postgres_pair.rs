@@ -2,7 +2,7 @@
 //! loopback ports: the test stops the primary and promotes the standby, as
 //! an operator (or Patroni, repmgr) does in a failover.
 
-use crate::process::eventually;
+use crate::process::{eventually, free_port, is_root};
 use sqlx::Connection;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -14,14 +14,6 @@ pub struct PostgresPair {
     password: String,
     bindir: PathBuf,
     dir: tempfile::TempDir,
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 fn bindir() -> PathBuf {
@@ -37,14 +29,6 @@ fn bindir() -> PathBuf {
     found
         .pop()
         .expect("PostgreSQL server binaries (scripts/test installs them)")
-}
-
-fn is_root() -> bool {
-    // Only reads the real user id.
-    #[allow(unsafe_code)]
-    unsafe {
-        libc::getuid() == 0
-    }
 }
 
 /// A Postgres tool, run as the postgres user when we are root (the server

@@ -225,3 +225,23 @@ pub fn read_log(path: &std::path::Path) -> String {
     }
     out
 }
+
+/// A port free on loopback now (the kernel's pick; a server started on it
+/// right after gets it).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Whether the suite runs as root (then servers that refuse root run as
+/// their own users).
+pub fn is_root() -> bool {
+    // Only reads the real user id.
+    #[allow(unsafe_code)]
+    unsafe {
+        libc::getuid() == 0
+    }
+}

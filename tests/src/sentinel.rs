@@ -3,7 +3,7 @@
 //! without Cluster. The test kills the master and watches the sentinels
 //! promote the replica.
 
-use crate::process::eventually;
+use crate::process::{eventually, free_port};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -17,14 +17,6 @@ pub struct SentinelGroup {
     master: Option<Child>,
     others: Vec<Child>,
     _dir: tempfile::TempDir,
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 fn redis_server(args: &[String]) -> Child {

@@ -740,6 +740,42 @@ mod tests {
     }
 
     #[test]
+    fn liveness_lapsed_while_the_store_was_away_is_held_after_it_returns() {
+        // A Redis outage (or a Sentinel failover): no heartbeat could land,
+        // so exits that lapse in the reads right after it are not at fault.
+        let (lapsed_in_outage, lapsed_long_before) = (Uuid::new_v4(), Uuid::new_v4());
+        let mut known = Known::default();
+        known.apply(full(&[lapsed_in_outage, lapsed_long_before], true));
+        known.apply(delta(&[lapsed_long_before], true));
+        known.degraded = true; // reads failed for a while
+        known.apply(delta(&[lapsed_in_outage], true));
+        let now = Instant::now();
+        assert!(known.held_by_link(&lapsed_in_outage, now, GRACE));
+        assert!(
+            !known.held_by_link(&lapsed_long_before, now, GRACE),
+            "an exit out before the outage stays out"
+        );
+        assert!(
+            !known.held_by_link(&lapsed_in_outage, now + RESET_HOLD, GRACE),
+            "not past the hold"
+        );
+        // Its agent beats again: its own news from then on.
+        known.apply(Read::Delta {
+            now_ms: 0,
+            cursor: "2-0".into(),
+            expired: Vec::new(),
+            changed: vec![Changed {
+                id: lapsed_in_outage,
+                live: true,
+                agent_draining: false,
+                record: None,
+            }],
+            control_present: true,
+        });
+        assert!(!known.held_by_link(&lapsed_in_outage, Instant::now(), GRACE));
+    }
+
+    #[test]
     fn an_exit_lapsing_in_the_read_that_finds_the_silence_was_live_before_it() {
         // One read's window is the resolution: the last read that saw the
         // control plane listed it live.

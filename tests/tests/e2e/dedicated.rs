@@ -13,7 +13,7 @@ use proxynet_tests::stack::{Stack, StackOptions, ADMIN_TOKEN, PASSWORD};
 use proxynet_tests::targets::echo_server;
 use serde_json::{json, Value};
 use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::time::Duration;
 
 fn basic(user: &str) -> String {
@@ -82,21 +82,12 @@ async fn send(
 
 /// Waits until the superproxy's pool shows exactly `held` dedicated
 /// addresses: the allocation has reached the data plane.
-async fn pool_shows(stack: &Stack, admin: SocketAddr, held: usize) {
+async fn pool_shows(stack: &Stack, held: usize) {
     eventually(
         &format!("the superproxy to hold {held} dedicated address(es)"),
         Duration::from_secs(10),
         || async {
-            let pool: Value = stack
-                .http
-                .get(format!("http://{admin}/v1/pool"))
-                .send()
-                .await
-                .ok()?
-                .json()
-                .await
-                .ok()?;
-            eprintln!("pool: {pool}");
+            let pool = stack.pool_view().await;
             let count: usize = pool["eligible"]
                 .as_array()?
                 .iter()
@@ -179,7 +170,7 @@ async fn dedicated_addresses_serve_only_their_account_and_return_on_release() {
     )
     .await;
     assert_eq!(status, 409);
-    pool_shows(&stack, stack.proxy_addrs.admin, 2).await;
+    pool_shows(&stack, 2).await;
 
     // 200 dedicated requests each leave only from the account's own address.
     assert_eq!(
@@ -278,7 +269,7 @@ async fn dedicated_addresses_serve_only_their_account_and_return_on_release() {
     )
     .await;
     assert_eq!(status, 204);
-    pool_shows(&stack, stack.proxy_addrs.admin, 0).await;
+    pool_shows(&stack, 0).await;
     let after = spread(&stack, "dcarol", 200).await;
     assert!(
         after.contains_key(&ip("127.0.0.2")) && after.contains_key(&ip("127.0.0.3")),
@@ -345,7 +336,7 @@ async fn a_replacement_cuts_open_tunnels_is_rationed_and_billed_by_the_day() {
     assert_eq!(status, 201, "{body}");
     let old: IpAddr = body["items"][0]["ip"].as_str().unwrap().parse().unwrap();
     assert_eq!(body["items"][0]["cents_per_month"], 3000, "{body}");
-    pool_shows(&stack, stack.proxy_addrs.admin, 1).await;
+    pool_shows(&stack, 1).await;
     assert_eq!(egress(&stack, "ddana-dedicated").await.unwrap(), old);
 
     // A tunnel open through the old address is cut by the replacement.
@@ -506,7 +497,7 @@ async fn users_can_be_bound_to_dedicated_addresses_and_to_a_subset() {
     .await;
     assert_eq!(status, 201, "{body}");
     assert_eq!(body["items"][0]["users"], json!([erin]), "{body}");
-    pool_shows(&stack, stack.proxy_addrs.admin, 1).await;
+    pool_shows(&stack, 1).await;
     assert_eq!(
         spread(&stack, "derin-dedicated", 20).await,
         HashMap::from([(ip("127.0.0.2"), 20)])
@@ -627,7 +618,7 @@ async fn an_ipv6_64_of_an_egress_prefix_is_dedicated_to_one_account() {
     )
     .await;
     assert_eq!(status, 403);
-    pool_shows(&stack, stack.proxy_addrs.admin, 1).await;
+    pool_shows(&stack, 1).await;
     let proxy = stack.proxy_addrs.proxy;
     let mut drawn = std::collections::HashSet::new();
     for _ in 0..10 {
@@ -667,7 +658,7 @@ async fn an_ipv6_64_of_an_egress_prefix_is_dedicated_to_one_account() {
     )
     .await;
     assert_eq!(status, 204);
-    pool_shows(&stack, stack.proxy_addrs.admin, 0).await;
+    pool_shows(&stack, 0).await;
     let ip: IpAddr = egress_via(&proxy_as("doscar-ipversion-6", proxy), &whoami.url(true))
         .await
         .parse()
