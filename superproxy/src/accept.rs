@@ -457,7 +457,7 @@ impl PreAuth {
         cut: &CancellationToken,
         accepted: Instant,
     ) -> Admission {
-        let source = crate::limits::limit_key(peer.ip());
+        let source = crate::login_throttle::limit_key(peer.ip());
         let deadline = accepted + self.limits.timeout;
         let Ok(mut guard) = self.state.lock() else {
             return Admission::Refused("unauthenticated_per_source");

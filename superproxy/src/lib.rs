@@ -5,7 +5,7 @@
 //! protocol) → [`ingress`] (speak the client's protocol: HTTP CONNECT,
 //! absolute-form, SOCKS5, over TCP or TLS) → [`pipeline`], which runs the
 //! stages proper, a file each: authenticate (credentials via
-//! [`authenticate`], throttled by [`limits`]) → authorize (the account's
+//! [`credentials`], throttled by [`login_throttle`]) → authorize (the account's
 //! entitlements bound the username's asks) → admit ([`admission`]: limits,
 //! quotas) → open (an exit from [`select`]: the pool, a session pin, egress IP,
 //! safe retry; dialled over a [`link`]) → meter ([`usage`]) → splice (bytes
@@ -31,14 +31,14 @@ pub mod admin;
 pub mod admission;
 pub mod allowlist;
 pub mod announce;
-pub mod authenticate;
 pub mod config;
+pub mod credentials;
 pub mod error;
 pub mod events;
 pub mod health;
 pub mod ingress;
-pub mod limits;
 pub mod link;
+pub mod login_throttle;
 pub mod metrics;
 pub mod open_tunnels;
 pub mod operator_policy;
@@ -68,8 +68,8 @@ use uuid::Uuid;
 
 use accept::{Gate, Listeners};
 use admin::AdminState;
-use authenticate::Authenticator;
 pub use config::Config;
+use credentials::Authenticator;
 use ingress::{IngressLimits, Ingresses};
 use link::registry::LinkRegistry;
 use link::tls::LinkIdentity;
@@ -132,7 +132,7 @@ pub struct Superproxy {
 /// The components the background loops share with the pipeline.
 struct Parts {
     auth: Authenticator,
-    auth_limiter: Arc<limits::AuthFailureLimiter>,
+    auth_limiter: Arc<login_throttle::AuthFailureLimiter>,
     admission: Arc<admission::Admission>,
     usage: Arc<usage::UsageRecorder>,
     open_tunnels: Arc<open_tunnels::OpenTunnels>,
@@ -272,7 +272,7 @@ impl Superproxy {
                 config.usage_memory_batches,
                 stats.clone(),
             )),
-            auth_limiter: Arc::new(limits::AuthFailureLimiter::new(
+            auth_limiter: Arc::new(login_throttle::AuthFailureLimiter::new(
                 config.auth_failures_per_minute,
             )),
             admission: Arc::new(admission::Admission::new(

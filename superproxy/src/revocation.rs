@@ -15,7 +15,7 @@ use proxynet_common::tasks::Stop;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::authenticate::Authenticator;
+use crate::credentials::Authenticator;
 use crate::open_tunnels::{OpenTunnels, PolicyWatch};
 use proxynet_store::UserEntry;
 use sha2::{Digest, Sha256};

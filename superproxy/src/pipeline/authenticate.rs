@@ -14,9 +14,9 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use crate::allowlist::Allowlist;
-use crate::authenticate::{Authenticator, Verified};
+use crate::credentials::{Authenticator, Verified};
 use crate::error::{ErrorKind, ProxyError};
-use crate::limits::AuthFailureLimiter;
+use crate::login_throttle::AuthFailureLimiter;
 use crate::request::Credentials;
 use crate::username::{self, ParsedUsername};
 

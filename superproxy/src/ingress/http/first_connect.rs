@@ -25,7 +25,7 @@ use super::head_guard::{HeadGuard, TunnelSwitch};
 use super::response::connect_established;
 use super::MAX_HEADERS;
 use crate::accept::ConnectionTicket;
-use crate::authenticate::parse_basic;
+use crate::credentials::parse_basic;
 use crate::error::serialize_response;
 use crate::ingress::IngressLimits;
 use crate::pipeline::Pipeline;

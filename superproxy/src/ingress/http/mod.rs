@@ -27,7 +27,7 @@ use std::convert::Infallible;
 use std::sync::Arc;
 
 use crate::accept::ConnectionTicket;
-use crate::authenticate::parse_basic;
+use crate::credentials::parse_basic;
 use crate::error::{ErrorKind, ProxyError};
 use crate::ingress::IngressLimits;
 use crate::pipeline::Pipeline;
