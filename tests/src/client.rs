@@ -199,8 +199,7 @@ pub async fn connect_tunnel(
     password: &str,
     target: SocketAddr,
 ) -> (TcpStream, String) {
-    use base64::Engine;
-    let auth = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
+    let auth = basic_credential(user, password);
     let mut s = TcpStream::connect(proxy)
         .await
         .expect("connect to the proxy");
@@ -282,4 +281,10 @@ pub async fn egress_via(proxy_url: &str, target: &str) -> String {
         .peer
         .ip()
         .to_string()
+}
+
+/// `user:password` as a `Basic` credential's token.
+pub fn basic_credential(user: &str, password: &str) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"))
 }

@@ -799,23 +799,6 @@ impl Stack {
         crate::client::proxy_as(USERNAME, self.proxy_addrs.proxy)
     }
 
-    /// The proxy URL for `username` (grammar and all) with the test password.
-    pub fn proxy_url_for(&self, username: &str) -> String {
-        crate::client::proxy_as(username, self.proxy_addrs.proxy)
-    }
-
-    /// The superproxy's `/v1/pool` (eligible exits with their health).
-    pub async fn pool_view(&self) -> serde_json::Value {
-        self.http
-            .get(format!("http://{}/v1/pool", self.proxy_addrs.admin))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap()
-    }
-
     /// `https://alice:...@127.0.0.1:PORT`: the HTTPS proxy listener.
     pub fn tls_proxy_url(&self) -> String {
         format!(

@@ -327,20 +327,7 @@ pub(crate) async fn delete(
     .await?
     .rows_affected();
     // Its dedicated addresses go back to the shared pool (billing ends now).
-    let released: Vec<(Uuid,)> = sqlx::query_as(
-        "UPDATE dedicated_ips SET released_at = clock_timestamp(), release_reason = 'account_deleted'
-          WHERE account_id = $1 AND released_at IS NULL RETURNING exit_id",
-    )
-    .bind(id)
-    .fetch_all(&mut *tx)
-    .await?;
-    let mut exits: Vec<Uuid> = released.into_iter().map(|(e,)| e).collect();
-    exits.sort_unstable();
-    exits.dedup();
-    sqlx::query("UPDATE exits SET version = nextval('projection_version') WHERE id = ANY($1)")
-        .bind(&exits)
-        .execute(&mut *tx)
-        .await?;
+    let exits = crate::routes::dedicated::release_all_of(&mut tx, id).await?;
     audit::record(
         &mut tx,
         "operator",
@@ -355,9 +342,7 @@ pub(crate) async fn delete(
     if networks > 0 {
         state.projector.allowlist().await;
     }
-    for exit in exits {
-        state.projector.exit(exit).await;
-    }
+    crate::routes::dedicated::reproject(&state, exits).await;
     Ok(StatusCode::NO_CONTENT)
 }
 

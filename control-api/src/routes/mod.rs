@@ -15,7 +15,7 @@ mod agent;
 mod api_keys;
 mod billing;
 pub(crate) mod dashboard;
-mod dedicated;
+pub(crate) mod dedicated;
 pub(crate) mod egress;
 mod exits;
 mod feedback;

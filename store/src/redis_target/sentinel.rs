@@ -211,11 +211,6 @@ impl SentinelConnection {
         Ok(Self { shared })
     }
 
-    /// The master's address as last resolved (`host:port`), for logs.
-    pub fn master_address(&self) -> String {
-        self.shared.master().address
-    }
-
     /// Runs `command` and then waits (up to `timeout`) until a replica holds
     /// it, on one connection to one master, so the acknowledgement is for
     /// this write. A master with no replica connected (`ROLE`) cannot be

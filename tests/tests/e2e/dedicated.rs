@@ -5,7 +5,8 @@
 //! prefix can be dedicated like a single address.
 
 use proxynet_tests::client::{
-    assert_gateway_error, closed_within, connect_tunnel, egress_via, proxy_as, raw_request,
+    assert_gateway_error, basic_credential, closed_within, connect_tunnel, egress_via, proxy_as,
+    raw_request,
 };
 use proxynet_tests::netns::ExitHost;
 use proxynet_tests::process::eventually;
@@ -16,11 +17,6 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 use std::time::Duration;
 
-fn basic(user: &str) -> String {
-    use base64::Engine;
-    base64::engine::general_purpose::STANDARD.encode(format!("{user}:{PASSWORD}"))
-}
-
 /// One absolute-form request to the whoami target: the egress address it
 /// saw, or the gateway's refusal.
 async fn egress(
@@ -29,7 +25,7 @@ async fn egress(
 ) -> Result<IpAddr, proxynet_tests::client::RawResponse> {
     let request = format!(
         "GET http://{w}/ HTTP/1.1\r\nHost: {w}\r\nProxy-Authorization: Basic {}\r\nConnection: close\r\n\r\n",
-        basic(username),
+        basic_credential(username, PASSWORD),
         w = stack.whoami
     );
     let r = raw_request(
@@ -87,7 +83,7 @@ async fn pool_shows(stack: &Stack, held: usize) {
         &format!("the superproxy to hold {held} dedicated address(es)"),
         Duration::from_secs(10),
         || async {
-            let pool = stack.pool_view().await;
+            let pool = stack.pool().await;
             let count: usize = pool["eligible"]
                 .as_array()?
                 .iter()

@@ -2,7 +2,9 @@
 //! sentinels, keep serving while it dies, follow the promoted replica, and
 //! the ledger ends up with exactly the bytes that moved.
 
-use proxynet_tests::client::{assert_gateway_error, open_echo_tunnel, raw_request};
+use proxynet_tests::client::{
+    assert_gateway_error, basic_credential, open_echo_tunnel, raw_request,
+};
 use proxynet_tests::sentinel::{SentinelGroup, MASTER_NAME};
 use proxynet_tests::stack::{Stack, StackOptions, PASSWORD};
 use proxynet_tests::targets::{echo_server, pump};
@@ -33,10 +35,7 @@ async fn a_sentinel_failover_mid_traffic_loses_no_tunnel_and_no_byte() {
     // `--redis-url` names only the sentinels; the master and the replica
     // they name are protected all the same.
     for port in [group.master_port, group.replica_port] {
-        let auth = base64::Engine::encode(
-            &base64::engine::general_purpose::STANDARD,
-            format!("watched:{PASSWORD}"),
-        );
+        let auth = basic_credential("watched", PASSWORD);
         let connect = format!(
             "CONNECT 127.0.0.1:{port} HTTP/1.1\r\nHost: x\r\nProxy-Authorization: Basic {auth}\r\n\r\n"
         );

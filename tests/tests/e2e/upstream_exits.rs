@@ -7,7 +7,7 @@
 //! the egress policy refuses before the partner is asked; and the
 //! reconciliation view sums to the ledger.
 
-use proxynet_tests::client::{assert_gateway_error, curl, raw_request};
+use proxynet_tests::client::{assert_gateway_error, basic_credential, curl, proxy_as, raw_request};
 use proxynet_tests::partners::{password_file, SocksPartner, SquidPartner};
 use proxynet_tests::process::eventually;
 use proxynet_tests::stack::{redis_service_addr, Stack, StackOptions, ADMIN_TOKEN, PASSWORD};
@@ -39,11 +39,6 @@ async fn partner_source(stack: &Stack) -> Uuid {
             "cost_cents_per_gb": 250,
         }))
         .await
-}
-
-fn basic(user: &str) -> String {
-    use base64::Engine;
-    base64::engine::general_purpose::STANDARD.encode(format!("{user}:{PASSWORD}"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -125,7 +120,7 @@ async fn partner_gateways_carry_tunnels_under_templated_usernames() {
 
     let account = stack.create_account("reseller-customer").await;
     stack.create_user(account, "uma", PASSWORD).await;
-    let proxy = stack.proxy_url_for("uma-country-fr");
+    let proxy = proxy_as("uma-country-fr", stack.proxy_addrs.proxy);
     let target = stack.whoami_url();
 
     // CONNECT, absolute-form and SOCKS5 through the HTTP partner.
@@ -156,7 +151,7 @@ async fn partner_gateways_carry_tunnels_under_templated_usernames() {
 
     // A sticky session keeps one partner session; rotating tunnels get fresh ones.
     let before = squid.usernames().len();
-    let sticky = stack.proxy_url_for("uma-country-fr-session-s1");
+    let sticky = proxy_as("uma-country-fr-session-s1", stack.proxy_addrs.proxy);
     for _ in 0..4 {
         let r = curl(&["-p", "-x", &sticky, &target]).await;
         assert_eq!(r.status, 200, "{}", r.headers);
@@ -180,13 +175,19 @@ async fn partner_gateways_carry_tunnels_under_templated_usernames() {
     // Targeting: IT is declared by the HTTP upstream (and asked of the
     // partner), NL only by the SOCKS one, ES by none.
     let before = squid.usernames().len();
-    let r = curl(&["-p", "-x", &stack.proxy_url_for("uma-country-it"), &target]).await;
+    let r = curl(&[
+        "-p",
+        "-x",
+        &proxy_as("uma-country-it", stack.proxy_addrs.proxy),
+        &target,
+    ])
+    .await;
     assert_eq!(r.status, 200, "{}", r.headers);
     assert!(squid.usernames_at_least(before + 1).await[before..]
         .iter()
         .all(|u| u.starts_with("partner-country-it-")));
     // The SOCKS5 partner (microsocks) by every ingress too.
-    let nl = stack.proxy_url_for("uma-country-nl");
+    let nl = proxy_as("uma-country-nl", stack.proxy_addrs.proxy);
     for args in [vec!["-p", "-x", &nl], vec!["-x", &nl]] {
         let r = curl(&[args.as_slice(), &[target.as_str()]].concat()).await;
         assert_eq!(r.status, 200, "through microsocks {args:?}: {}", r.headers);
@@ -198,7 +199,13 @@ async fn partner_gateways_carry_tunnels_under_templated_usernames() {
     );
     let r = curl(&["-x", &socks_nl, &target]).await;
     assert_eq!(r.status, 200, "SOCKS5 through microsocks: {}", r.headers);
-    let r = curl(&["-p", "-x", &stack.proxy_url_for("uma-country-es"), &target]).await;
+    let r = curl(&[
+        "-p",
+        "-x",
+        &proxy_as("uma-country-es", stack.proxy_addrs.proxy),
+        &target,
+    ])
+    .await;
     assert_ne!(r.status, 200);
 
     // The egress policy refuses a protected loopback service before the
@@ -207,7 +214,7 @@ async fn partner_gateways_carry_tunnels_under_templated_usernames() {
     let redis = redis_service_addr().expect("scripts/test exports the Redis port");
     let request = format!(
         "CONNECT {redis} HTTP/1.1\r\nHost: {redis}\r\nProxy-Authorization: Basic {}\r\n\r\n",
-        basic("uma-country-fr")
+        basic_credential("uma-country-fr", PASSWORD)
     );
     let r = raw_request(
         stack.proxy_addrs.proxy,
@@ -236,14 +243,20 @@ async fn partner_gateways_carry_tunnels_under_templated_usernames() {
     // … the partner refusing our credential (407) is: that exit leaves
     // rotation while the others keep serving.
     for _ in 0..6 {
-        let r = curl(&["-p", "-x", &stack.proxy_url_for("uma-country-pl"), &target]).await;
+        let r = curl(&[
+            "-p",
+            "-x",
+            &proxy_as("uma-country-pl", stack.proxy_addrs.proxy),
+            &target,
+        ])
+        .await;
         assert_ne!(r.status, 200);
     }
     eventually(
         "the refused upstream exit to be unavailable",
         Duration::from_secs(20),
         || async {
-            let pool = stack.pool_view().await;
+            let pool = stack.pool().await;
             let health = |id: Uuid| {
                 pool["eligible"]
                     .as_array()?
@@ -259,7 +272,7 @@ async fn partner_gateways_carry_tunnels_under_templated_usernames() {
     let r = curl(&[
         "-p",
         "-x",
-        &stack.proxy_url_for("alice-country-de"),
+        &proxy_as("alice-country-de", stack.proxy_addrs.proxy),
         &target,
     ])
     .await;

@@ -128,12 +128,9 @@ pub(super) async fn free_addresses(
     tx: &mut sqlx::PgConnection,
     wanted: &Wanted,
     count: usize,
-    exclude: &[String],
 ) -> Result<Vec<Free>, sqlx::Error> {
     let exits = exits_matching(tx, wanted).await?;
-    let mut held = held_addresses(tx).await?;
-    held.0
-        .extend(exclude.iter().filter_map(|a| a.parse::<Cidr>().ok()));
+    let held = held_addresses(tx).await?;
     let per_exit: Vec<Vec<Free>> = exits
         .iter()
         .map(|exit| free_on(exit, wanted, &held, count))

@@ -33,6 +33,7 @@ mod tests;
 
 use free::{free_addresses, named};
 use steps::*;
+pub(crate) use steps::{release_all_of, reproject};
 
 /// Most addresses one call allocates.
 const MAX_PER_CALL: u32 = 256;
@@ -181,7 +182,7 @@ pub(super) async fn allocate(
                 source_type: body.source_type.clone(),
                 kind: None,
             };
-            let free = free_addresses(&mut tx, &wanted, count as usize, &[]).await?;
+            let free = free_addresses(&mut tx, &wanted, count as usize).await?;
             if free.len() < count as usize {
                 return Err(ApiError::Conflict(format!(
                     "only {} free address(es) match{}; asked for {count}",
@@ -355,7 +356,7 @@ pub(super) async fn replace(
     };
     // The old address stays held until this transaction ends, so it is
     // never handed back as its own replacement.
-    let free = free_addresses(&mut tx, &wanted, 1, &[]).await?;
+    let free = free_addresses(&mut tx, &wanted, 1).await?;
     let Some(free) = free.into_iter().next() else {
         return Err(ApiError::Conflict(format!(
             "no free address matches{} to replace {}",

@@ -256,7 +256,27 @@ pub(super) async fn touch(tx: &mut sqlx::PgConnection, exits: &[Uuid]) -> Result
         .map(|_| ())
 }
 
-pub(super) async fn reproject(state: &AppState, exits: Vec<Uuid>) {
+/// Releases every address `account` holds (it is being deleted); the exits
+/// they were on, touched for re-projection after the commit.
+pub(crate) async fn release_all_of(
+    tx: &mut sqlx::PgConnection,
+    account: Uuid,
+) -> Result<Vec<Uuid>, sqlx::Error> {
+    let released: Vec<(Uuid,)> = sqlx::query_as(
+        "UPDATE dedicated_ips SET released_at = clock_timestamp(), release_reason = 'account_deleted'
+          WHERE account_id = $1 AND released_at IS NULL RETURNING exit_id",
+    )
+    .bind(account)
+    .fetch_all(&mut *tx)
+    .await?;
+    let mut exits: Vec<Uuid> = released.into_iter().map(|(e,)| e).collect();
+    exits.sort_unstable();
+    exits.dedup();
+    touch(tx, &exits).await?;
+    Ok(exits)
+}
+
+pub(crate) async fn reproject(state: &AppState, exits: Vec<Uuid>) {
     let mut seen = HashSet::new();
     for exit in exits {
         if seen.insert(exit) {
