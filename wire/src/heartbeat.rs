@@ -1,10 +1,12 @@
 //! The heartbeat an agent sends the control-api, and the answer: one
-//! definition for both ends (`POST /v1/agent/exits/{id}/heartbeat`).
+//! definition for both ends (`POST /v1/agent/exits/{id}/heartbeat`). The
+//! answer names the superproxies to dial as each announced itself
+//! ([`SuperproxyRecord`], which `proxynet-store` re-exports: the same JSON
+//! is the announcement's record in Redis).
 
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
-
-use proxynet_store::SuperproxyRecord;
+use uuid::Uuid;
 
 /// Most admin addresses one agent may report (more are ignored).
 pub const MAX_ADMIN_ADDRS: usize = 16;
@@ -48,6 +50,24 @@ pub struct HeartbeatReply {
     /// where the agent learns the public address its traffic leaves from.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub reflectors: Vec<String>,
+}
+
+/// A superproxy's announcement: where agents should dial and which certificate to pin.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SuperproxyRecord {
+    pub id: Uuid,
+    pub link_addr: SocketAddr,
+    /// SHA-256 (hex) of the DER certificate the link listener presents.
+    pub cert_sha256: String,
+    /// Every address this superproxy's listeners answer on (proxy, SOCKS,
+    /// admin, link), unspecified binds expanded to its host's addresses:
+    /// agents deny them as tunnel targets, however the target is spelled.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub service_addrs: Vec<SocketAddr>,
+    /// Where this superproxy's egress reflector answers (`GET /whoami`):
+    /// agents learn the public address their traffic leaves from there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reflector: Option<SocketAddr>,
 }
 
 #[cfg(test)]

@@ -26,11 +26,11 @@ use chrono::{DateTime, Utc};
 // How long a `blocked` report cools the exit for the reporting account and
 // the bounds on account-scoped cooldowns are the contract's: the
 // superproxies write the same for the `Proxynet-Report` request header.
+use proxynet_store::session_pin::PinValue;
 use proxynet_store::site_cooldowns::{
     self as contract, AccountAnnouncement, ACCOUNT_COOLDOWNS_PER_ACCOUNT, ACCOUNT_COOLDOWNS_TOTAL,
     ACCOUNT_COOL_MS,
 };
-use proxynet_wire::session_pin::PinValue;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 

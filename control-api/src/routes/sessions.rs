@@ -13,7 +13,7 @@ use crate::extract::Json;
 use crate::extract::Path;
 use axum::extract::State;
 use axum::http::StatusCode;
-use proxynet_wire::session_pin::PinValue;
+use proxynet_store::session_pin::PinValue;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 

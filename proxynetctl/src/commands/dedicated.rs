@@ -6,7 +6,7 @@
 use reqwest::Method;
 use serde_json::{json, Value};
 
-use super::{object, Ctx, Done};
+use super::common::{object, query, Ctx, Done};
 use crate::cli::Dedicated;
 use crate::client::{path, Body};
 use crate::error::Failure;
@@ -191,7 +191,7 @@ pub(super) async fn run(ctx: &Ctx, c: Dedicated) -> Done {
             show(ctx, Method::PUT, &p, &[], Some(body), DEDICATED).await
         }
         Dedicated::Map { account } => {
-            let q = super::query(&[("account_id", account.as_deref())]);
+            let q = query(&[("account_id", account.as_deref())]);
             show(ctx, Method::GET, "/v1/dedicated-ips", &q, None, MAP).await
         }
         Dedicated::Move { ip, to } => {

@@ -175,8 +175,7 @@ impl Pipeline {
         let (target, held, lease, quotas, opened, first_bytes) = match opened {
             Ok(done) => done,
             Err(e) => {
-                self.stats.tunnel_failed(ingress, e.kind);
-                access_log::refused(ingress, ticket.peer(), started, Some(&client), &e);
+                self.record_refusal(ingress, ticket, started, Some(&client), &e);
                 return Err(e);
             }
         };
@@ -334,8 +333,7 @@ impl Pipeline {
                 Ok((tunnel, other_family))
             }
             Err(e) => {
-                self.stats.tunnel_failed(ingress, e.kind);
-                access_log::refused(ingress, ticket.peer(), started, Some(&client), &e);
+                self.record_refusal(ingress, ticket, started, Some(&client), &e);
                 Err(e)
             }
         }
@@ -580,10 +578,25 @@ impl Pipeline {
             Err(_) => "error",
         });
         if let Err(e) = &result {
-            self.stats.tunnel_failed(ingress, e.kind);
-            access_log::refused(ingress, ticket.peer(), started, None, e);
+            self.record_refusal(ingress, ticket, started, None, e);
         }
         result
+    }
+
+    /// A tunnel refused before it opened, by any stage and for every
+    /// ingress: the failure is counted for `ingress`, then the refusal has
+    /// its access-log line (`client`: who it was for, once authenticated).
+    /// The caller answers with the error as its ingress does.
+    fn record_refusal(
+        &self,
+        ingress: Ingress,
+        ticket: &ConnectionTicket,
+        started: Instant,
+        client: Option<&Client>,
+        error: &ProxyError,
+    ) {
+        self.stats.tunnel_failed(ingress, error.kind);
+        access_log::refused(ingress, ticket.peer(), started, client, error);
     }
 }
 
@@ -630,15 +643,4 @@ fn recorded_name(name: &str) -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::recorded_name;
-
-    #[test]
-    fn datagram_names_are_recorded_as_policies_match_them() {
-        assert_eq!(recorded_name("VM."), "vm");
-        assert_eq!(recorded_name("Www.Example.TEST"), "www.example.test");
-        assert_eq!(recorded_name("0x7f.1"), "127.0.0.1");
-        // Not a host name: folded all the same.
-        assert_eq!(recorded_name("A..B."), "a..b");
-    }
-}
+mod tests;

@@ -197,9 +197,14 @@ impl TunnelOpener {
                 .report(report, client.account_id, client.user_id, reported, site);
         }
         let cooling = site.and_then(|site| self.sites.cooling_for(client.account_id, site));
-        let mut candidates = Candidates::new(&self.pool, targeting, MAX_ATTEMPTS)
-            .needing_udp(matches!(purpose, Purpose::Association))
-            .for_site(cooling);
+        let mut candidates = Candidates::new(
+            self.pool.view(),
+            self.pool.health(),
+            targeting,
+            MAX_ATTEMPTS,
+        )
+        .needing_udp(matches!(purpose, Purpose::Association))
+        .for_site(cooling);
         let mut last_error = None;
         let mut no_family = false;
         // A ban retry (exits to avoid) already withdrew from the budget: it
@@ -213,7 +218,12 @@ impl TunnelOpener {
                 break;
             }
             let exit = match &mut sticky {
-                Some(sticky) => sticky.choose(&mut candidates, purpose.target()).await?,
+                Some(sticky) => {
+                    let pool = &self.pool;
+                    sticky
+                        .choose(&mut candidates, purpose.target(), |id| pool.record(id))
+                        .await?
+                }
                 None => candidates.draw(),
             };
             let Some(exit) = exit else { break };

@@ -1,9 +1,11 @@
 //! One tunnel's candidates, in the order the opener tries them (pingora's
-//! `BackendIter` idea): the session's pin first when it is usable (or, for
-//! a `rotate-tunnel` connection, the exit its last request used), then
-//! power-of-two draws from the pool snapshot, never an exit already tried,
-//! at most `cap` in all. A soft session that lost its exit draws as like
-//! the lost one as it can ([`Candidates::draw_like`]). A UDP association's
+//! `BackendIter` idea): an iterator over one immutable pool snapshot, taken
+//! when the tunnel starts choosing, so every draw of a tunnel sees the same
+//! pool and takes no lock. The session's pin first when it is usable (or,
+//! for a `rotate-tunnel` connection, the exit its last request used), then
+//! power-of-two draws from the snapshot, never an exit already tried, at
+//! most `cap` in all. A soft session that lost its exit draws as like the
+//! lost one as it can ([`Candidates::draw_like`]). A UDP association's
 //! candidates are only exits whose link carries UDP: the others are passed
 //! over without costing an attempt.
 //!
@@ -16,13 +18,16 @@ use std::sync::Arc;
 use uuid::Uuid;
 
 use super::cooling::SiteCooling;
-use super::{matches, Candidate, Pool};
+use super::view::{choose_avoiding, choose_like_avoiding, matches, Candidate, PoolView};
+use crate::health::HealthBook;
 use crate::link::dial::carries_udp;
 use crate::username::Targeting;
+use proxynet_store::ExitRecord;
 
-/// The exits one tunnel may still try.
+/// The exits one tunnel may still try, drawn from one pool snapshot.
 pub struct Candidates<'a> {
-    pool: &'a Pool,
+    view: Arc<PoolView>,
+    health: &'a HealthBook,
     targeting: &'a Targeting,
     tried: Vec<Uuid>,
     cap: usize,
@@ -39,14 +44,23 @@ pub struct Candidates<'a> {
 const MAX_PASSED_OVER: usize = 64;
 
 impl<'a> Candidates<'a> {
-    pub fn new(pool: &'a Pool, targeting: &'a Targeting, cap: usize) -> Self {
+    /// At most `cap` candidates from `view` for `targeting`, judged by
+    /// `health` (its scores, loads and capacity change under the tunnel; the
+    /// pool does not).
+    pub(crate) fn new(
+        view: Arc<PoolView>,
+        health: &'a HealthBook,
+        targeting: &'a Targeting,
+        cap: usize,
+    ) -> Self {
         // Exits the request already went through (a ban retry's) count as
         // tried, so no draw takes them, and cost none of the `cap` attempts.
         let avoided = targeting.avoid.len();
         let mut tried = Vec::with_capacity(cap + avoided);
         tried.extend_from_slice(&targeting.avoid);
         Self {
-            pool,
+            view,
+            health,
             targeting,
             tried,
             cap: cap + avoided,
@@ -57,7 +71,7 @@ impl<'a> Candidates<'a> {
     }
 
     /// Skips the exits cooled for the tunnel's site (`None`: no exit is).
-    pub fn for_site(mut self, cooling: Option<Arc<SiteCooling>>) -> Self {
+    pub(crate) fn for_site(mut self, cooling: Option<Arc<SiteCooling>>) -> Self {
         self.cooling = cooling;
         self
     }
@@ -69,77 +83,89 @@ impl<'a> Candidates<'a> {
 
     /// Whether `exit` is cooled for the tunnel's site now (and the site is
     /// not in panic): a session pinned to it does not use it.
-    pub fn cooled(&self, exit: Uuid) -> bool {
+    pub(crate) fn cooled(&self, exit: Uuid) -> bool {
         self.avoiding()
             .is_some_and(|c| c.cools(exit, std::time::Instant::now()))
     }
 
     /// The tunnel's site, when some exit is cooled for it.
-    pub fn site(&self) -> Option<&str> {
+    pub(crate) fn site(&self) -> Option<&str> {
         self.cooling.as_deref().map(SiteCooling::site)
     }
 
     /// Only exits whose link carries UDP (a SOCKS5 UDP association).
-    pub fn needing_udp(mut self, needs_udp: bool) -> Self {
+    pub(crate) fn needing_udp(mut self, needs_udp: bool) -> Self {
         self.needs_udp = needs_udp;
         self
     }
 
     /// Whether a matching exit was passed over for not carrying UDP.
-    pub fn passed_over_for_udp(&self) -> bool {
+    pub(crate) fn passed_over_for_udp(&self) -> bool {
         self.passed_over > 0
+    }
+
+    /// The eligible exit `id` of the snapshot, matching the targeting and
+    /// carrying what the tunnel needs.
+    fn usable(&self, exit: Uuid) -> Option<&Candidate> {
+        self.view
+            .get(&exit)
+            .filter(|c| matches(&c.record, self.targeting))
+            .filter(|c| !self.needs_udp || carries_udp(&c.link))
     }
 
     /// Whether `exit`, eligible and matching, cannot carry what is asked
     /// (a session pinned to an exit without UDP asks for an association).
-    pub fn lacks_udp(&self, exit: Uuid) -> bool {
+    pub(crate) fn lacks_udp(&self, exit: Uuid) -> bool {
         self.needs_udp
             && self
-                .pool
-                .eligible(&exit)
+                .view
+                .get(&exit)
                 .is_some_and(|c| matches(&c.record, self.targeting) && !carries_udp(&c.link))
     }
 
     /// What this tunnel's exits must match (the username's asks and the
     /// account's bounds).
-    pub fn targeting(&self) -> &Targeting {
+    pub(crate) fn targeting(&self) -> &Targeting {
         self.targeting
     }
 
     /// No attempt is left.
-    pub fn exhausted(&self) -> bool {
+    pub(crate) fn exhausted(&self) -> bool {
         self.tried.len() - self.passed_over >= self.cap
     }
 
-    /// The next exit drawn from the pool (power of two choices among the
-    /// eligible, matching, untried ones), counted as tried. The first draw
-    /// of a tunnel whose targeting prefers an exit (`rotate-tunnel`: the one
-    /// the connection's last request used) takes that exit while it is
-    /// eligible, matching, healthy and below capacity.
-    pub fn draw(&mut self) -> Option<Candidate> {
+    /// The next exit drawn from the snapshot (power of two choices among
+    /// the eligible, matching, untried ones), counted as tried. The first
+    /// draw of a tunnel whose targeting prefers an exit (`rotate-tunnel`:
+    /// the one the connection's last request used) takes that exit while it
+    /// is eligible, matching, healthy and below capacity.
+    pub(crate) fn draw(&mut self) -> Option<Candidate> {
         if self.exhausted() {
             return None;
         }
         if let Some(kept) = self.preferred() {
             return Some(kept);
         }
-        let targeting = self.targeting;
-        self.draw_with(|pool, tried, avoid| pool.pick_avoiding(tried, targeting, avoid))
+        let (targeting, health) = (self.targeting, self.health);
+        self.draw_with(|view, tried, avoid| choose_avoiding(view, health, tried, targeting, avoid))
     }
 
-    /// The next exit for a soft session that lost its pinned exit `lost`:
-    /// the most like it (same country, city and ASN; then country and city;
-    /// then country; then any matching exit), counted as tried.
-    pub fn draw_like(&mut self, lost: Uuid) -> Option<Candidate> {
+    /// The next exit for a soft session that lost its pinned exit, whose
+    /// last known record is `lost`: the most like it (same country, city and
+    /// ASN; then country and city; then country; then any matching exit),
+    /// counted as tried. Nothing known of it (a record removed meanwhile):
+    /// any will do.
+    pub(crate) fn draw_like(&mut self, lost: Option<&ExitRecord>) -> Option<Candidate> {
+        let Some(lost) = lost else {
+            return self.draw();
+        };
         if self.exhausted() {
             return None;
         }
-        let Some(lost) = self.pool.record(&lost) else {
-            // Nothing known of it (a record removed meanwhile): any will do.
-            return self.draw();
-        };
-        let targeting = self.targeting;
-        self.draw_with(|pool, tried, avoid| pool.pick_like(tried, targeting, &lost, avoid))
+        let (targeting, health) = (self.targeting, self.health);
+        self.draw_with(|view, tried, avoid| {
+            choose_like_avoiding(view, health, tried, targeting, lost, avoid)
+        })
     }
 
     /// The preferred exit, on the first draw only.
@@ -152,9 +178,7 @@ impl<'a> Candidates<'a> {
             exit: Some(kept),
             ..self.targeting.clone()
         };
-        let picked = self
-            .pool
-            .pick(&self.tried, &exactly)
+        let picked = choose_avoiding(&self.view, self.health, &self.tried, &exactly, None)
             .filter(|c| !self.needs_udp || carries_udp(&c.link))?;
         self.tried.push(kept);
         Some(picked)
@@ -164,11 +188,11 @@ impl<'a> Candidates<'a> {
     /// left; past the site's cooled exits unless only they are left.
     fn draw_with(
         &mut self,
-        pick: impl Fn(&Pool, &[Uuid], Option<&SiteCooling>) -> Option<Candidate>,
+        pick: impl Fn(&PoolView, &[Uuid], Option<&SiteCooling>) -> Option<Candidate>,
     ) -> Option<Candidate> {
         loop {
-            let (pool, tried) = (self.pool, &self.tried);
-            let picked = unless_all_cooled(self.avoiding(), |avoid| pick(pool, tried, avoid))?;
+            let (view, tried) = (&*self.view, &self.tried);
+            let picked = unless_all_cooled(self.avoiding(), |avoid| pick(view, tried, avoid))?;
             self.tried.push(picked.record.id);
             if !self.needs_udp || carries_udp(&picked.link) {
                 return Some(picked);
@@ -182,15 +206,11 @@ impl<'a> Candidates<'a> {
 
     /// Exactly `exit` (a session's pin), if it is eligible, matches the
     /// targeting and was not tried yet; counted as tried.
-    pub fn exactly(&mut self, exit: Uuid) -> Option<Candidate> {
+    pub(crate) fn exactly(&mut self, exit: Uuid) -> Option<Candidate> {
         if self.exhausted() || self.tried.contains(&exit) {
             return None;
         }
-        let usable = self
-            .pool
-            .eligible(&exit)
-            .filter(|c| matches(&c.record, self.targeting))
-            .filter(|c| !self.needs_udp || carries_udp(&c.link))?;
+        let usable = self.usable(exit)?.clone();
         self.tried.push(exit);
         Some(usable)
     }
@@ -198,17 +218,14 @@ impl<'a> Candidates<'a> {
     /// `exit` in place of the last candidate drawn, `drawn`, when it is
     /// eligible, matches this request's targeting and was not tried: another
     /// superproxy re-pinned the session first, and the pin it wrote wins.
-    pub fn follow(&mut self, exit: Uuid, drawn: Candidate) -> Candidate {
+    pub(crate) fn follow(&mut self, exit: Uuid, drawn: Candidate) -> Candidate {
         if exit == drawn.record.id {
             return drawn;
         }
-        let usable = self
-            .pool
-            .eligible(&exit)
-            .filter(|c| matches(&c.record, self.targeting) && !self.tried.contains(&exit))
-            .filter(|c| !self.needs_udp || carries_udp(&c.link))
-            .filter(|_| !self.cooled(exit));
-        match usable {
+        if self.tried.contains(&exit) || self.cooled(exit) {
+            return drawn;
+        }
+        match self.usable(exit).cloned() {
             Some(pinned) => {
                 if let Some(last) = self.tried.last_mut() {
                     *last = exit;
@@ -217,6 +234,16 @@ impl<'a> Candidates<'a> {
             }
             None => drawn,
         }
+    }
+}
+
+/// The candidates in the order the opener tries them: [`Candidates::draw`]
+/// until no attempt is left.
+impl Iterator for Candidates<'_> {
+    type Item = Candidate;
+
+    fn next(&mut self) -> Option<Candidate> {
+        self.draw()
     }
 }
 
@@ -239,92 +266,4 @@ fn unless_all_cooled<T>(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::collections::HashMap;
-    use std::time::{Duration, Instant};
-
-    #[test]
-    fn a_pick_ignores_the_cooling_only_when_it_finds_nothing_else() {
-        let (cooled, fine) = (Uuid::new_v4(), Uuid::new_v4());
-        let until = Instant::now() + Duration::from_secs(60);
-        let cooling = SiteCooling::new(
-            "refuser.test".into(),
-            HashMap::from([(cooled, (until, 0))]),
-            false,
-        );
-        let now = Instant::now();
-        // A pool of `exits`: the first not avoided.
-        let pick = |exits: &[Uuid]| {
-            let exits = exits.to_vec();
-            move |avoid: Option<&SiteCooling>| {
-                exits
-                    .iter()
-                    .copied()
-                    .find(|e| !avoid.is_some_and(|a| a.cools(*e, now)))
-            }
-        };
-        assert_eq!(
-            unless_all_cooled(Some(&cooling), pick(&[cooled, fine])),
-            Some(fine)
-        );
-        assert_eq!(
-            unless_all_cooled(Some(&cooling), pick(&[cooled])),
-            Some(cooled),
-            "only cooled exits left: one of them"
-        );
-        assert_eq!(unless_all_cooled(None, pick(&[cooled])), Some(cooled));
-        assert_eq!(unless_all_cooled(Some(&cooling), pick(&[])), None);
-    }
-
-    #[test]
-    fn an_accounts_own_cooldowns_are_skipped_for_its_tunnels_only() {
-        use crate::sites::{SiteBook, SiteSettings};
-        use proxynet_store::site_cooldowns::{AccountAnnouncement, Announcement};
-
-        let book = SiteBook::new(SiteSettings::default());
-        let (by_fleet, reported, fine) = (Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4());
-        let (account, other) = (Uuid::new_v4(), Uuid::new_v4());
-        book.apply(Announcement::Cooled {
-            exit: by_fleet,
-            site: "shop.test".into(),
-            remaining_ms: 60_000,
-            level: 0,
-        });
-        book.apply_account(AccountAnnouncement::Cooled {
-            account,
-            exit: reported,
-            site: "shop.test".into(),
-            remaining_ms: 60_000,
-        });
-        let now = Instant::now();
-        let pick = |exits: &[Uuid]| {
-            let exits = exits.to_vec();
-            move |avoid: Option<&SiteCooling>| {
-                exits
-                    .iter()
-                    .copied()
-                    .find(|e| !avoid.is_some_and(|a| a.cools(*e, now)))
-            }
-        };
-        let mine = book.cooling_for(account, "shop.test");
-        let theirs = book.cooling_for(other, "shop.test");
-        assert_eq!(
-            unless_all_cooled(mine.as_deref(), pick(&[by_fleet, reported, fine])),
-            Some(fine),
-            "the account skips both the fleet's and its own"
-        );
-        assert_eq!(
-            unless_all_cooled(theirs.as_deref(), pick(&[by_fleet, reported, fine])),
-            Some(reported),
-            "another account skips the fleet's only"
-        );
-        assert_eq!(
-            unless_all_cooled(mine.as_deref(), pick(&[reported])),
-            Some(reported),
-            "only exits cooled for it left: one of them"
-        );
-        // A site without any record: nothing skipped, nothing allocated.
-        assert!(book.cooling_for(account, "other.test").is_none());
-    }
-}
+mod tests;

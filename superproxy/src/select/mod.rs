@@ -51,6 +51,8 @@ mod egress_ip;
 pub mod sessions;
 mod sticky;
 mod sync;
+#[cfg(test)]
+mod test_support;
 mod view;
 
 pub use candidates::Candidates;
@@ -340,30 +342,6 @@ impl Pool {
     /// Picks an exit matching `targeting`, skipping `tried` (see [`choose`]).
     pub fn pick(&self, tried: &[Uuid], targeting: &Targeting) -> Option<Candidate> {
         choose(&self.view(), &self.health, tried, targeting)
-    }
-
-    /// [`Pool::pick`], skipping the exits `avoid` cools for the tunnel's
-    /// site (see [`choose_avoiding`]).
-    pub fn pick_avoiding(
-        &self,
-        tried: &[Uuid],
-        targeting: &Targeting,
-        avoid: Option<&SiteCooling>,
-    ) -> Option<Candidate> {
-        choose_avoiding(&self.view(), &self.health, tried, targeting, avoid)
-    }
-
-    /// Picks an exit matching `targeting` and as like `lost` as the pool
-    /// allows, skipping `tried` and the exits `avoid` cools for the
-    /// tunnel's site (see [`choose_like_avoiding`]).
-    pub fn pick_like(
-        &self,
-        tried: &[Uuid],
-        targeting: &Targeting,
-        lost: &ExitRecord,
-        avoid: Option<&SiteCooling>,
-    ) -> Option<Candidate> {
-        choose_like_avoiding(&self.view(), &self.health, tried, targeting, lost, avoid)
     }
 
     /// The last record read for exit `id`, eligible or not (a session's

@@ -21,8 +21,8 @@
 //! Redis.
 
 use proxynet_store::redis_target::RedisConnection;
+use proxynet_store::session_pin::PinValue;
 use proxynet_store::Keys;
-use proxynet_wire::session_pin::PinValue;
 use proxynet_wire::username::Session;
 use std::collections::HashMap;
 use std::net::IpAddr;

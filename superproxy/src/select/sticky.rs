@@ -11,6 +11,7 @@
 //! every tunnel through its pin moves the pin's idle deadline
 //! ([`Sessions::touch`]).
 
+use proxynet_store::ExitRecord;
 use std::net::IpAddr;
 use uuid::Uuid;
 
@@ -48,11 +49,13 @@ impl<'a> Sticky<'a> {
 
     /// The next exit for this session: the pinned one while usable;
     /// otherwise (soft) the next candidate, pinned. `Ok(None)`: no
-    /// candidate is left.
+    /// candidate is left. `record_of` finds a lost exit's last known record
+    /// (it is usually no longer in the pool snapshot).
     pub async fn choose(
         &mut self,
         candidates: &mut Candidates<'_>,
         target: Option<&Target>,
+        record_of: impl FnOnce(&Uuid) -> Option<std::sync::Arc<ExitRecord>>,
     ) -> Result<Option<Candidate>, ProxyError> {
         let mut lost = None;
         if let Some(current) = self.pin {
@@ -100,7 +103,7 @@ impl<'a> Sticky<'a> {
         }
         let drawn = match lost {
             // A soft re-pin: as like the lost exit as the pool allows.
-            Some(lost) => candidates.draw_like(lost),
+            Some(lost) => candidates.draw_like(record_of(&lost).as_deref()),
             None => candidates.draw(),
         };
         let Some(drawn) = drawn else {

@@ -13,15 +13,17 @@
 //! GOAWAY stops new streams; PING/PONG keep an idle link honest.
 
 mod connection;
+mod error;
+mod flow;
 pub mod frame;
 pub mod read_ahead;
 mod recv_queue;
+mod shared;
 mod stream;
 
-pub use connection::{
-    start, Connection, Incoming, MuxConfig, MuxError, MuxHandle, OpenError, RecvBudget, Role,
-    INITIAL_STREAM_WINDOW, MIN_STREAM_WINDOW,
-};
+pub use connection::{start, Connection, Incoming, MuxConfig, MuxHandle, Role};
+pub use error::{MuxError, OpenError};
+pub use flow::{RecvBudget, INITIAL_STREAM_WINDOW, MIN_STREAM_WINDOW};
 pub use read_ahead::ReadAhead;
 pub use stream::MuxStream;
 

@@ -11,9 +11,9 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use super::connection::Shared;
 use super::frame::{Frame, Kind, FLAG_FIN, MAX_DATA_PAYLOAD};
 use super::recv_queue::RecvQueue;
+use super::shared::Shared;
 use proxynet_common::splice::ChunkIo;
 
 pub struct MuxStream {
