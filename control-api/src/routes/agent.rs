@@ -17,14 +17,17 @@ use axum::response::IntoResponse;
 use chrono::{DateTime, Utc};
 use proxynet_common::egress::{check_egress_prefix, Cidr};
 use proxynet_common::secret::{constant_time_eq, sha256_hex, Secret};
-use proxynet_store::{ExitRecord, SuperproxyRecord};
 use serde::{Deserialize, Serialize};
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use uuid::Uuid;
 
 use crate::auth::{bearer, new_secret, Operator};
 use crate::error::ApiError;
 use crate::{audit, AppState};
+
+mod deny;
+
+use deny::{deny_list, sort_admin_claims};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -394,90 +397,7 @@ fn truncate(s: &str, max: usize) -> String {
     s.chars().take(max).collect()
 }
 
-use proxynet_wire::heartbeat::{HeartbeatReply, HeartbeatRequest as Heartbeat, MAX_ADMIN_ADDRS};
-
-/// Most admin addresses of one exit that enter the fleet's protected set
-/// (an agent listens on one port, on a few addresses at most).
-pub(crate) const MAX_PROTECTED_ADMIN_ADDRS: usize = 8;
-
-/// An exit's reported admin addresses, sorted by what the fleet does with
-/// them.
-#[derive(Debug, Default, PartialEq, Eq)]
-pub(crate) struct AdminClaims {
-    /// Every exit is told to deny these.
-    pub(crate) protected: Vec<SocketAddr>,
-    /// Claimed on an address the control plane has not verified the exit
-    /// holds: ignored (logged, and shown on `GET /v1/exits/{id}`).
-    pub(crate) unverified: Vec<SocketAddr>,
-}
-
-/// Sorts `reported` (an agent's admin addresses) against `record`. An
-/// address is protected fleet-wide only when the exit holds it as far as
-/// the control plane knows: it is one the reflector verified
-/// ([`ExitRecord::verified_egress`]: seen as the exit's own, not merely
-/// declared), or a loopback address of an exit the reflector saw on
-/// loopback (it shares the reflector's host, a demo or test stack, where
-/// its neighbours' tunnels could reach its loopback listener; anywhere
-/// else another host's loopback is no concern of the fleet's). Anything
-/// else would let an exit put any address on every exit's deny list and
-/// refuse it to every customer. At most [`MAX_PROTECTED_ADMIN_ADDRS`].
-pub(crate) fn sort_admin_claims(record: &ExitRecord, reported: &[SocketAddr]) -> AdminClaims {
-    let verified = &record.verified_egress;
-    let seen_on_loopback = verified.iter().any(|ip| ip.is_loopback());
-    let mut claims = AdminClaims::default();
-    for addr in reported.iter().take(MAX_ADMIN_ADDRS) {
-        let ip = addr.ip().to_canonical();
-        let held = verified.contains(&ip)
-            || (ip.is_loopback() && seen_on_loopback)
-            || is_private_network(ip);
-        let list = if held {
-            &mut claims.protected
-        } else {
-            &mut claims.unverified
-        };
-        if !list.contains(addr) {
-            list.push(*addr);
-        }
-    }
-    claims.protected.truncate(MAX_PROTECTED_ADMIN_ADDRS);
-    claims
-}
-
-/// A private network's address (RFC 1918, IPv6 unique-local): the egress
-/// policy refuses these to every customer unless the operator made an exit
-/// `internal`, so protecting one takes nothing from anybody, and it keeps a
-/// NAT'd exit's admin listener from its LAN neighbours' tunnels (such an
-/// address can never be verified by the reflector).
-fn is_private_network(ip: std::net::IpAddr) -> bool {
-    match ip {
-        std::net::IpAddr::V4(v4) => v4.is_private(),
-        std::net::IpAddr::V6(v6) => (v6.segments()[0] & 0xfe00) == 0xfc00,
-    }
-}
-
-/// The reply's deny list and superproxy records from what the projector read.
-fn deny_list(
-    own: &[std::net::SocketAddr],
-    inputs: crate::projector::DenyInputs,
-    internal: bool,
-) -> (Vec<SuperproxyRecord>, Vec<std::net::SocketAddr>) {
-    let mut deny: Vec<std::net::SocketAddr> = own.to_vec();
-    let mut superproxies = inputs.superproxies;
-    for s in &mut superproxies {
-        deny.extend(std::mem::take(&mut s.service_addrs));
-        deny.push(s.link_addr);
-        // The reflector the agent is told to ask: no exit may reach it
-        // through another exit's tunnel (it would sign that exit's address).
-        deny.extend(s.reflector);
-    }
-    deny.extend(inputs.agent_admin);
-    if !internal {
-        deny.retain(|a| !proxynet_common::egress::in_special_range(a.ip()));
-    }
-    deny.sort_unstable();
-    deny.dedup();
-    (superproxies, deny)
-}
+use proxynet_wire::heartbeat::{HeartbeatReply, HeartbeatRequest as Heartbeat};
 
 /// Answers from Redis alone (liveness must not wait for Postgres, see
 /// `liveness.rs`); Postgres hears of the beat in a later batch. Every agent
@@ -609,107 +529,4 @@ pub(super) async fn heartbeat(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_deny_list_is_unlabelled_and_only_what_the_agent_could_reach() {
-        let a = |s: &str| -> std::net::SocketAddr { s.parse().unwrap() };
-        let inputs = || crate::projector::DenyInputs {
-            superproxies: vec![SuperproxyRecord {
-                id: Uuid::nil(),
-                link_addr: a("203.0.113.10:7000"),
-                cert_sha256: "ab".into(),
-                service_addrs: vec![a("203.0.113.10:8080"), a("10.0.0.5:8080")],
-                reflector: None,
-            }],
-            agent_admin: vec![a("127.0.0.1:9091"), a("198.51.100.7:9091")],
-        };
-        let own = [a("10.0.0.9:6379"), a("192.0.2.44:5432")];
-        let (records, public) = deny_list(&own, inputs(), false);
-        assert!(records[0].service_addrs.is_empty(), "no labelled listeners");
-        // 203.0.113.0/24, 198.51.100.0/24 and 192.0.2.0/24 are documentation
-        // ranges (special), so an agent without internal targets needs none.
-        assert!(public.is_empty(), "{public:?}");
-        let (_, internal) = deny_list(&own, inputs(), true);
-        for addr in [
-            "10.0.0.9:6379",
-            "192.0.2.44:5432",
-            "203.0.113.10:7000",
-            "203.0.113.10:8080",
-            "10.0.0.5:8080",
-            "127.0.0.1:9091",
-            "198.51.100.7:9091",
-        ] {
-            assert!(internal.contains(&a(addr)), "{addr} missing");
-        }
-        let mut with_public = inputs();
-        with_public.agent_admin.push(a("93.184.216.34:9091"));
-        let (_, public) = deny_list(&own, with_public, false);
-        assert_eq!(public, vec![a("93.184.216.34:9091")]);
-        // A superproxy's announced reflector is denied, and still announced.
-        let mut with_reflector = inputs();
-        with_reflector.superproxies[0].reflector = Some(a("93.184.216.40:8099"));
-        let (records, public) = deny_list(&own, with_reflector, false);
-        assert_eq!(public, vec![a("93.184.216.40:8099")]);
-        assert_eq!(records[0].reflector, Some(a("93.184.216.40:8099")));
-    }
-
-    fn record(verified: &[&str]) -> ExitRecord {
-        let json = serde_json::json!({
-            "id": Uuid::nil(), "name": "x", "egress_ips": ["93.184.216.34", "127.0.0.9"],
-            "egress_prefixes": ["2001:db8:7::/48"],
-            "source_type": "dc", "country": "DE", "owner": "o", "draining": false,
-            "disabled": false, "credential_sha256": "", "verified_egress": verified,
-        });
-        serde_json::from_value(json).unwrap()
-    }
-
-    #[test]
-    fn only_admin_addresses_on_verified_egress_are_protected() {
-        let a = |s: &str| -> SocketAddr { s.parse().unwrap() };
-        let reported = [
-            a("93.184.216.34:443"),
-            a("[2001:db8:7::5]:9091"),
-            a("127.0.0.1:9091"),
-            a("10.0.0.7:9091"),
-            a("93.184.216.34:443"),
-        ];
-        // Declared is not verified: nothing public is protected, all is
-        // shown; a private network's address is protected (customers never
-        // reach one unless the operator made an exit internal).
-        let claims = sort_admin_claims(&record(&[]), &reported);
-        assert_eq!(claims.protected, vec![a("10.0.0.7:9091")], "{claims:?}");
-        assert_eq!(claims.unverified, reported[..3].to_vec(), "once each");
-        // The reflector saw the exit at 93.184.216.34 and inside the prefix:
-        // those addresses, exactly, are its own.
-        let claims = sort_admin_claims(&record(&["93.184.216.34", "2001:db8:7::5"]), &reported);
-        assert_eq!(
-            claims.protected,
-            vec![
-                a("93.184.216.34:443"),
-                a("[2001:db8:7::5]:9091"),
-                a("10.0.0.7:9091")
-            ]
-        );
-        assert_eq!(claims.unverified, vec![a("127.0.0.1:9091")]);
-        let other_in_prefix = sort_admin_claims(
-            &record(&["2001:db8:7::5"]),
-            &[a("[2001:db8:7::6]:9091"), a("[::ffff:93.184.216.34]:443")],
-        );
-        assert!(other_in_prefix.protected.is_empty(), "{other_in_prefix:?}");
-        // Seen on loopback (the reflector's own host): its loopback listener
-        // is protected, for the neighbours on that host.
-        let claims = sort_admin_claims(&record(&["127.0.0.9"]), &reported);
-        assert_eq!(
-            claims.protected,
-            vec![a("127.0.0.1:9091"), a("10.0.0.7:9091")]
-        );
-        // At most MAX_PROTECTED_ADMIN_ADDRS.
-        let many: Vec<SocketAddr> = (0..12)
-            .map(|port| SocketAddr::new("127.0.0.1".parse().unwrap(), 9000 + port))
-            .collect();
-        let claims = sort_admin_claims(&record(&["127.0.0.9"]), &many);
-        assert_eq!(claims.protected, many[..MAX_PROTECTED_ADMIN_ADDRS].to_vec());
-    }
-}
+mod tests;

@@ -36,7 +36,7 @@ use crate::extract::{Path, Query};
 use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
-use chrono::{DateTime, Datelike, TimeZone, Utc};
+use chrono::{Datelike, TimeZone, Utc};
 use proxynet_store::{QuotaPeriod, SourceType};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -46,6 +46,10 @@ use crate::auth::{Caller, Operator};
 use crate::error::{conflict_on_unique, ApiError};
 use crate::routes::users::fetch;
 use crate::{audit, AppState};
+
+mod dedicated;
+
+use dedicated::{dedicated_line, DedicatedInterval, DedicatedLine};
 
 const BYTES_PER_GB: i128 = 1_000_000_000;
 
@@ -296,20 +300,6 @@ pub(super) struct InvoiceLine {
     amount_cents: i64,
 }
 
-/// One dedicated allocation interval, clipped to the invoice's month.
-#[derive(Debug, Serialize)]
-pub(super) struct DedicatedLine {
-    /// The address, or the prefix with its length (`2001:db8:0:1::/64`).
-    ip: String,
-    prefix: bool,
-    exit_id: Uuid,
-    from: DateTime<Utc>,
-    to: DateTime<Utc>,
-    address_days: i64,
-    cents_per_month: i64,
-    amount_cents: i64,
-}
-
 #[derive(Serialize)]
 pub(super) struct Invoice {
     account_id: Uuid,
@@ -320,82 +310,6 @@ pub(super) struct Invoice {
     /// The dedicated lines' address-days, summed.
     address_days: i64,
     total_cents: i64,
-}
-
-/// A `dedicated_ips` row as the invoice reads it.
-#[derive(sqlx::FromRow)]
-struct DedicatedInterval {
-    address: String,
-    is_prefix: bool,
-    exit_id: Uuid,
-    allocated_at: DateTime<Utc>,
-    released_at: Option<DateTime<Utc>>,
-    cents_per_month: i64,
-}
-
-const MICROS_PER_DAY: i64 = 86_400_000_000;
-
-/// The part of `[allocated_at, released_at)` inside `[month_start,
-/// month_end)`, an open interval ending `now`; `None` when nothing of it is
-/// (an interval that ends where the month starts, or one not begun by now).
-fn clip_to_month(
-    allocated_at: DateTime<Utc>,
-    released_at: Option<DateTime<Utc>>,
-    now: DateTime<Utc>,
-    month_start: DateTime<Utc>,
-    month_end: DateTime<Utc>,
-) -> Option<(DateTime<Utc>, DateTime<Utc>)> {
-    let from = allocated_at.max(month_start);
-    let to = released_at.unwrap_or(now).min(month_end);
-    (to > from).then_some((from, to))
-}
-
-/// Whole days from `from` to `to`, a started day counting as one (Postgres
-/// keeps microseconds: a microsecond into a day starts it). 0 when `to` is
-/// not after `from`.
-fn address_days(from: DateTime<Utc>, to: DateTime<Utc>) -> i64 {
-    // Past ±292,000 years microseconds overflow: no allocation spans that.
-    let micros = (to - from).num_microseconds().unwrap_or(i64::MAX).max(0);
-    micros / MICROS_PER_DAY + i64::from(micros % MICROS_PER_DAY != 0)
-}
-
-/// `ceil(cents_per_month × address_days / days_in_month)` in integers
-/// (i128: no product overflows), rounded up like a byte line: never a
-/// fraction of a cent below the days' share of the month.
-fn dedicated_amount(cents_per_month: i64, address_days: i64, days_in_month: i64) -> i64 {
-    let numerator = i128::from(cents_per_month.max(0)) * i128::from(address_days.max(0));
-    let days_in_month = i128::from(days_in_month.max(1));
-    let amount = (numerator + days_in_month - 1) / days_in_month;
-    i64::try_from(amount).unwrap_or(i64::MAX)
-}
-
-/// The invoice line of one allocation interval in the month
-/// `[month_start, month_end)` (module doc), or `None` when it lies outside.
-fn dedicated_line(
-    interval: DedicatedInterval,
-    now: DateTime<Utc>,
-    month_start: DateTime<Utc>,
-    month_end: DateTime<Utc>,
-) -> Option<DedicatedLine> {
-    let (from, to) = clip_to_month(
-        interval.allocated_at,
-        interval.released_at,
-        now,
-        month_start,
-        month_end,
-    )?;
-    let days_in_month = (month_end - month_start).num_days();
-    let days = address_days(from, to).min(days_in_month);
-    Some(DedicatedLine {
-        ip: interval.address,
-        prefix: interval.is_prefix,
-        exit_id: interval.exit_id,
-        from,
-        to,
-        address_days: days,
-        cents_per_month: interval.cents_per_month,
-        amount_cents: dedicated_amount(interval.cents_per_month, days, days_in_month),
-    })
 }
 
 /// `GET /v1/accounts/{id}/invoices?month=YYYY-MM&format=json|csv`
@@ -621,145 +535,4 @@ pub(super) async fn quota(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn at(y: i32, mo: u32, d: u32, h: u32, mi: u32, s: u32) -> DateTime<Utc> {
-        Utc.with_ymd_and_hms(y, mo, d, h, mi, s).single().unwrap()
-    }
-
-    fn interval(
-        allocated_at: DateTime<Utc>,
-        released_at: Option<DateTime<Utc>>,
-        cents_per_month: i64,
-    ) -> DedicatedInterval {
-        DedicatedInterval {
-            address: "192.0.2.7".into(),
-            is_prefix: false,
-            exit_id: Uuid::nil(),
-            allocated_at,
-            released_at,
-            cents_per_month,
-        }
-    }
-
-    #[test]
-    fn a_started_day_is_a_billed_day() {
-        let t = at(2026, 12, 10, 8, 0, 0);
-        assert_eq!(address_days(t, t), 0);
-        assert_eq!(address_days(t, t + chrono::Duration::microseconds(1)), 1);
-        assert_eq!(address_days(t, t + chrono::Duration::hours(23)), 1);
-        assert_eq!(address_days(t, t + chrono::Duration::days(1)), 1);
-        assert_eq!(
-            address_days(
-                t,
-                t + chrono::Duration::days(1) + chrono::Duration::seconds(1)
-            ),
-            2
-        );
-        // 47 hours across three calendar days: two days of holding, not three.
-        assert_eq!(address_days(t, at(2026, 12, 12, 7, 0, 0)), 2);
-        assert_eq!(
-            address_days(at(2026, 12, 1, 0, 0, 0), at(2027, 1, 1, 0, 0, 0)),
-            31
-        );
-        // Backwards is nothing, never negative.
-        assert_eq!(address_days(t, t - chrono::Duration::days(3)), 0);
-    }
-
-    #[test]
-    fn the_amount_is_the_days_share_of_the_month_rounded_up() {
-        assert_eq!(dedicated_amount(3100, 31, 31), 3100);
-        assert_eq!(dedicated_amount(3100, 2, 31), 200);
-        // 1000 / 31 = 32.26 cents a day: one day bills 33.
-        assert_eq!(dedicated_amount(1000, 1, 31), 33);
-        assert_eq!(dedicated_amount(300, 10, 30), 100);
-        assert_eq!(dedicated_amount(500, 29, 29), 500);
-        assert_eq!(dedicated_amount(0, 31, 31), 0);
-        assert_eq!(dedicated_amount(1000, 0, 31), 0);
-        // No overflow: the product is taken in i128.
-        assert_eq!(dedicated_amount(i64::MAX, 31, 31), i64::MAX);
-        assert_eq!(dedicated_amount(i64::MAX, 1, 31), i64::MAX / 31 + 1);
-    }
-
-    #[test]
-    fn an_interval_is_clipped_to_the_month_and_an_open_one_ends_now() {
-        let (start, end) = (at(2026, 12, 1, 0, 0, 0), at(2027, 1, 1, 0, 0, 0));
-        let now = at(2026, 12, 15, 12, 0, 0);
-        // Held since November, still held: from the month's start to now.
-        assert_eq!(
-            clip_to_month(at(2026, 11, 20, 0, 0, 0), None, now, start, end),
-            Some((start, now))
-        );
-        // Released in January: up to the month's end.
-        let later = at(2027, 2, 1, 0, 0, 0);
-        assert_eq!(
-            clip_to_month(
-                at(2026, 12, 30, 0, 0, 0),
-                Some(at(2027, 1, 5, 0, 0, 0)),
-                later,
-                start,
-                end
-            ),
-            Some((at(2026, 12, 30, 0, 0, 0), end))
-        );
-        // Released the instant the month began, or allocated as it ended.
-        assert_eq!(
-            clip_to_month(at(2026, 11, 1, 0, 0, 0), Some(start), now, start, end),
-            None
-        );
-        assert_eq!(clip_to_month(end, None, later, start, end), None);
-        // A month not begun yet holds nothing of an open allocation.
-        assert_eq!(
-            clip_to_month(
-                at(2026, 11, 1, 0, 0, 0),
-                None,
-                at(2026, 11, 30, 0, 0, 0),
-                start,
-                end
-            ),
-            None
-        );
-    }
-
-    #[test]
-    fn a_line_bills_its_own_price_snapshot_for_its_days_in_the_month() {
-        let (start, end) = (at(2028, 2, 1, 0, 0, 0), at(2028, 3, 1, 0, 0, 0));
-        let now = at(2028, 6, 1, 0, 0, 0);
-        // Held across the whole of February 2028 (29 days) and beyond.
-        let line = dedicated_line(
-            interval(at(2028, 1, 31, 23, 0, 0), None, 2900),
-            now,
-            start,
-            end,
-        )
-        .unwrap();
-        assert_eq!((line.from, line.to), (start, end));
-        assert_eq!(line.address_days, 29);
-        assert_eq!(line.amount_cents, 2900);
-        // 47 hours: two days of 29 at 2900 a month.
-        let line = dedicated_line(
-            interval(
-                at(2028, 2, 10, 8, 0, 0),
-                Some(at(2028, 2, 12, 7, 0, 0)),
-                2900,
-            ),
-            now,
-            start,
-            end,
-        )
-        .unwrap();
-        assert_eq!(line.address_days, 2);
-        assert_eq!(line.amount_cents, 200);
-        assert_eq!(line.ip, "192.0.2.7");
-        assert!(!line.prefix);
-        // An interval of another month is no line.
-        assert!(dedicated_line(
-            interval(at(2028, 1, 1, 0, 0, 0), Some(at(2028, 1, 9, 0, 0, 0)), 2900),
-            now,
-            start,
-            end
-        )
-        .is_none());
-    }
-}
+mod tests;

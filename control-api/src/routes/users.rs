@@ -8,7 +8,8 @@
 //! Limits an operator writes become the user's ceilings; an account key's
 //! writes are fitted under them and under the account's entitlements
 //! ([`crate::ceilings`]). Allow-listed networks obey the account's
-//! [`AllowlistRules`] and never overlap another user's.
+//! [`AllowlistRules`](crate::ceilings::AllowlistRules) and never overlap
+//! another user's.
 
 use crate::extract::Json;
 use crate::extract::{Path, Query};
@@ -21,11 +22,18 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::auth::Caller;
-use crate::ceilings::{fit_under, AllowlistRules, Ceiling, Entitlements, Limits};
+use crate::ceilings::Limits;
 use crate::error::{conflict_on_unique, ApiError};
 use crate::passwords::{validate_password, validate_username};
 use crate::routes::page::{finish, PageQuery};
 use crate::{audit, AppState};
+
+mod allowlist;
+mod limits;
+
+use allowlist::{check_network_count, set_cidrs, validate_allowlist};
+pub(crate) use limits::entitlements;
+use limits::limits_to_store;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -43,129 +51,6 @@ pub(crate) struct CreateUser {
     /// username (e.g. `country-de-type-dc`, `session-office1-sesstime-30`).
     #[serde(default)]
     allowlist_options: String,
-}
-
-/// Checks CIDRs (address/prefix, IPv4 or IPv6) against the account's rules
-/// (prefix length, special ranges) and the allow-list options.
-fn validate_allowlist(
-    username: &str,
-    cidrs: &[String],
-    options: &str,
-    rules: &AllowlistRules,
-) -> Result<(), ApiError> {
-    if cidrs.len() > 256 {
-        return Err(ApiError::BadRequest(
-            "allowed_source_cidrs: at most 256".into(),
-        ));
-    }
-    for c in cidrs {
-        let cidr = c
-            .parse::<proxynet_common::egress::Cidr>()
-            .map_err(|e| ApiError::BadRequest(format!("allowed_source_cidrs: {e}")))?;
-        check_allowlist_network(&cidr, rules)?;
-    }
-    if options.is_empty() {
-        return Ok(());
-    }
-    if options.len() > proxynet_wire::username::MAX_OPTIONS_BYTES {
-        return Err(ApiError::BadRequest(format!(
-            "allowlist_options: at most {} bytes",
-            proxynet_wire::username::MAX_OPTIONS_BYTES
-        )));
-    }
-    // The superproxy's own parser, on the string it will parse at login:
-    // options accepted here always parse there.
-    proxynet_wire::username::parse_options(username, options)
-        .map(drop)
-        .map_err(|e| {
-            ApiError::BadRequest(format!(
-                "allowlist_options: {e} (key-value pairs of the username grammar, e.g. \
-                 country-de-type-dc; docs/username.md)"
-            ))
-        })
-}
-
-/// One allow-listed network against the account's rules: no wider than the
-/// account may claim (IPv4 /24, IPv6 /48 unless the operator allowed more),
-/// and no special-purpose range (private, loopback, multicast, ...) unless the
-/// operator allowed those: anyone behind such an address could otherwise
-/// ride the account without a password. IPv4-mapped IPv6 networks are
-/// refused: peers are matched as IPv4.
-fn check_allowlist_network(
-    cidr: &proxynet_common::egress::Cidr,
-    rules: &AllowlistRules,
-) -> Result<(), ApiError> {
-    if let std::net::IpAddr::V6(v6) = cidr.network() {
-        if v6.to_ipv4_mapped().is_some() && cidr.prefix_len() >= 96 {
-            return Err(ApiError::BadRequest(format!(
-                "allowed_source_cidrs: {cidr} is IPv4-mapped; write the IPv4 network"
-            )));
-        }
-    }
-    rules
-        .permits(cidr)
-        .map_err(|reason| ApiError::Forbidden(format!("allowed_source_cidrs: {reason}")))
-}
-
-/// Refuses more allow-listed networks than the account may hold, counting
-/// those of its other users.
-async fn check_network_count(
-    db: &sqlx::PgPool,
-    account: Uuid,
-    user: Option<Uuid>,
-    adding: usize,
-    rules: &AllowlistRules,
-) -> Result<(), ApiError> {
-    if adding == 0 {
-        return Ok(());
-    }
-    let (others,): (i64,) = sqlx::query_as(
-        "SELECT count(*) FROM user_source_cidrs c JOIN proxy_users u ON u.id = c.user_id
-          WHERE u.account_id = $1 AND u.deleted_at IS NULL AND ($2::uuid IS NULL OR u.id <> $2)",
-    )
-    .bind(account)
-    .bind(user)
-    .fetch_one(db)
-    .await?;
-    let max = i64::from(rules.max_networks());
-    if others + adding as i64 > max {
-        return Err(ApiError::Forbidden(format!(
-            "allowed_source_cidrs: the account may hold {max} allow-listed networks (an operator can allow more)"
-        )));
-    }
-    Ok(())
-}
-
-/// Replaces a user's allow-listed CIDRs inside `tx`; an overlap with another
-/// user's is a 409 that names neither that user, nor its account, nor its
-/// network.
-async fn set_cidrs(
-    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
-    user: Uuid,
-    cidrs: &[String],
-) -> Result<(), ApiError> {
-    sqlx::query("DELETE FROM user_source_cidrs WHERE user_id = $1")
-        .bind(user)
-        .execute(&mut **tx)
-        .await?;
-    for c in cidrs {
-        sqlx::query("INSERT INTO user_source_cidrs (user_id, cidr) VALUES ($1, $2::cidr)")
-            .bind(user)
-            .bind(c)
-            .execute(&mut **tx)
-            .await
-            .map_err(|e| match &e {
-                sqlx::Error::Database(db)
-                    if matches!(db.code().as_deref(), Some("23P01") | Some("23505")) =>
-                {
-                    ApiError::Conflict(format!(
-                        "allowed_source_cidrs: {c} cannot be allow-listed: it overlaps a network already in use"
-                    ))
-                }
-                _ => ApiError::from(e),
-            })?;
-    }
-    Ok(())
 }
 
 #[derive(Deserialize)]
@@ -237,64 +122,6 @@ fn policy_set_by_operator() -> ApiError {
     ApiError::Forbidden(
         "policy: the operator set this user's policy; only an operator can change it".into(),
     )
-}
-
-/// The account's entitlements, 404 if the account is absent or deleted.
-pub(crate) async fn entitlements(
-    db: impl sqlx::PgExecutor<'_>,
-    account: Uuid,
-) -> Result<Entitlements, ApiError> {
-    let row: Option<(sqlx::types::Json<Entitlements>,)> =
-        sqlx::query_as("SELECT entitlements FROM accounts WHERE id = $1 AND deleted_at IS NULL")
-            .bind(account)
-            .fetch_optional(db)
-            .await?;
-    row.map(|(e,)| e.0).ok_or(ApiError::NotFound("account"))
-}
-
-/// What the caller may store as a user's limits and ceilings: an operator's
-/// limits become the ceilings; an account key's are fitted under the user's
-/// ceilings and the account's entitlements.
-fn limits_to_store(
-    caller: Caller,
-    mut limits: Limits,
-    ceilings: &Limits,
-    entitled: &Entitlements,
-) -> Result<(Limits, Limits), ApiError> {
-    match caller {
-        Caller::Operator => Ok((limits.clone(), limits)),
-        Caller::Account(_) => {
-            // What a left-out field takes: the user's ceiling, no higher
-            // than the account's entitlement (else `{}` could never pass).
-            let bounded = crate::ceilings::stricter(ceilings, &entitled.limits);
-            let fill = Limits {
-                max_concurrent_tunnels: ceilings
-                    .max_concurrent_tunnels
-                    .and(bounded.max_concurrent_tunnels),
-                max_new_tunnels_per_second: ceilings
-                    .max_new_tunnels_per_second
-                    .and(bounded.max_new_tunnels_per_second),
-                bandwidth_bytes: ceilings.bandwidth_bytes.and(bounded.bandwidth_bytes),
-                period: ceilings.period.clone(),
-                warn_percent: None,
-                allowed_source_types: ceilings
-                    .allowed_source_types
-                    .as_ref()
-                    .and(bounded.allowed_source_types),
-                allowed_countries: ceilings
-                    .allowed_countries
-                    .as_ref()
-                    .and(bounded.allowed_countries),
-                allowed_channels: ceilings
-                    .allowed_channels
-                    .as_ref()
-                    .and(bounded.allowed_channels),
-            };
-            fit_under(&mut limits, &fill, Ceiling::User)?;
-            fit_under(&mut limits, &entitled.limits, Ceiling::Account)?;
-            Ok((limits, ceilings.clone()))
-        }
-    }
 }
 
 pub(crate) async fn create(

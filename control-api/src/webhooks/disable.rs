@@ -17,11 +17,10 @@
 //! or its failures disabled, its owner may enable.
 
 use chrono::{DateTime, Utc};
-use sqlx::{Postgres, Transaction};
+use sqlx::{PgPool, Postgres, Transaction};
 use std::time::Duration;
 use uuid::Uuid;
 
-use super::delivery::Deliverer;
 use crate::audit;
 
 /// Failed deliveries in a row that disable a webhook, by default.
@@ -112,21 +111,24 @@ async fn give_up_pending(
     .rows_affected())
 }
 
-impl Deliverer {
-    /// Counts a delivery that ended failed against its webhook, and
-    /// disables the webhook when its run of failures is long and old enough.
-    pub(crate) async fn failed_delivery(
-        &self,
-        webhook: Uuid,
-        account: Option<Uuid>,
-        error: &str,
-    ) -> Result<(), sqlx::Error> {
-        let mut tx = self.db.begin().await?;
-        // Ages are the database's: its clock set every time compared here.
-        // The SET expressions read the row as it is when locked (another
-        // instance's failure that committed first included): no count is lost.
-        let run: Option<(i32, DateTime<Utc>, bool)> = sqlx::query_as(
-            "UPDATE webhooks
+/// Counts a delivery that ended failed against its webhook (in `db`), and
+/// disables the webhook when its run of failures is long and old enough: at
+/// least `disable_after_failures` in a row (0: never), the first of them at
+/// least `disable_after` old. The delivery worker calls it with its rules.
+pub(crate) async fn failed_delivery(
+    db: &PgPool,
+    disable_after_failures: u32,
+    disable_after: Duration,
+    webhook: Uuid,
+    account: Option<Uuid>,
+    error: &str,
+) -> Result<(), sqlx::Error> {
+    let mut tx = db.begin().await?;
+    // Ages are the database's: its clock set every time compared here.
+    // The SET expressions read the row as it is when locked (another
+    // instance's failure that committed first included): no count is lost.
+    let run: Option<(i32, DateTime<Utc>, bool)> = sqlx::query_as(
+        "UPDATE webhooks
                 SET failed_in_row = CASE WHEN failing_since IS NULL
                                            OR COALESCE(last_failed_at, failing_since)
                                               < now() - make_interval(secs => $2)
@@ -139,61 +141,59 @@ impl Deliverer {
               WHERE id = $1 AND disabled_at IS NULL
              RETURNING failed_in_row, failing_since,
                        failing_since <= now() - make_interval(secs => $3)",
-        )
-        .bind(webhook)
-        .bind(RUN_GAP.as_secs_f64())
-        .bind(self.rules.disable_after.as_secs_f64())
-        .fetch_optional(&mut *tx)
-        .await?;
-        let Some((failed, since, old_enough)) = run else {
-            // Deleted, or disabled already.
-            return tx.commit().await;
-        };
-        let due = self.rules.disable_after_failures > 0
-            && u32::try_from(failed).unwrap_or(0) >= self.rules.disable_after_failures
-            && old_enough;
-        if !due {
-            return tx.commit().await;
-        }
-        let reason = format!(
-            "{failed} deliveries in a row failed (since {}); the last: {error}",
-            since.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
-        );
-        let reason = truncate(&reason, REASON_BYTES);
-        let (disabled_at, given_up) =
-            disable(&mut tx, webhook, &reason, DisabledBy::Failures).await?;
-        audit::record(
-            &mut tx,
-            "control-api",
-            "webhook.disable",
-            &webhook.to_string(),
-            serde_json::json!({"account_id": account, "cause": "failures",
-                               "failed_in_row": failed, "given_up": given_up}),
-        )
-        .await?;
-        super::emit(
-            &mut tx,
-            super::EventType::WebhookDisabled,
-            account,
-            serde_json::json!({
-                "webhook_id": webhook,
-                "account_id": account,
-                "cause": "failures",
-                "failed_deliveries": failed,
-                "failing_since": since,
-                "disabled_at": disabled_at,
-                "reason": reason,
-                "given_up": given_up,
-            }),
-        )
-        .await?;
-        tx.commit().await?;
-        super::wake();
-        metrics::counter!("proxynet_webhooks_disabled_total", "cause" => "failures").increment(1);
-        tracing::warn!(webhook = %webhook, account = ?account, failed_in_row = failed,
-            given_up, "webhook disabled: its deliveries keep failing");
-        Ok(())
+    )
+    .bind(webhook)
+    .bind(RUN_GAP.as_secs_f64())
+    .bind(disable_after.as_secs_f64())
+    .fetch_optional(&mut *tx)
+    .await?;
+    let Some((failed, since, old_enough)) = run else {
+        // Deleted, or disabled already.
+        return tx.commit().await;
+    };
+    let due = disable_after_failures > 0
+        && u32::try_from(failed).unwrap_or(0) >= disable_after_failures
+        && old_enough;
+    if !due {
+        return tx.commit().await;
     }
+    let reason = format!(
+        "{failed} deliveries in a row failed (since {}); the last: {error}",
+        since.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+    );
+    let reason = truncate(&reason, REASON_BYTES);
+    let (disabled_at, given_up) = disable(&mut tx, webhook, &reason, DisabledBy::Failures).await?;
+    audit::record(
+        &mut tx,
+        "control-api",
+        "webhook.disable",
+        &webhook.to_string(),
+        serde_json::json!({"account_id": account, "cause": "failures",
+                           "failed_in_row": failed, "given_up": given_up}),
+    )
+    .await?;
+    super::emit(
+        &mut tx,
+        super::EventType::WebhookDisabled,
+        account,
+        serde_json::json!({
+            "webhook_id": webhook,
+            "account_id": account,
+            "cause": "failures",
+            "failed_deliveries": failed,
+            "failing_since": since,
+            "disabled_at": disabled_at,
+            "reason": reason,
+            "given_up": given_up,
+        }),
+    )
+    .await?;
+    tx.commit().await?;
+    super::wake();
+    metrics::counter!("proxynet_webhooks_disabled_total", "cause" => "failures").increment(1);
+    tracing::warn!(webhook = %webhook, account = ?account, failed_in_row = failed,
+        given_up, "webhook disabled: its deliveries keep failing");
+    Ok(())
 }
 
 /// At most `bytes` of `text`, cut at a character boundary.
