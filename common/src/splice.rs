@@ -249,9 +249,27 @@ impl Direction {
             if self.chunk.is_none() && !self.read_done {
                 let read = if reader.chunked() {
                     reader.as_mut().poll_read_chunk(cx)
+                } else if self.next_read <= FIRST_CHUNK_READ {
+                    // A request/response exchange: read on the stack and hand
+                    // over an exact-size copy, so a read that finds nothing
+                    // (most wakeups of a short tunnel) allocates nothing.
+                    let mut stack = [std::mem::MaybeUninit::<u8>::uninit(); FIRST_CHUNK_READ];
+                    let mut buf = ReadBuf::uninit(&mut stack);
+                    match reader.as_mut().poll_read(cx, &mut buf) {
+                        Poll::Ready(Ok(())) if buf.filled().is_empty() => Poll::Ready(Ok(None)),
+                        Poll::Ready(Ok(())) => {
+                            let filled = buf.filled();
+                            if filled.len() >= FIRST_CHUNK_READ {
+                                self.next_read = FIRST_CHUNK_READ * 2;
+                            }
+                            Poll::Ready(Ok(Some(Bytes::copy_from_slice(filled))))
+                        }
+                        Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+                        Poll::Pending => Poll::Pending,
+                    }
                 } else {
-                    // Read into a buffer of its own, handed over whole. An
-                    // idle tunnel does not keep it: it is dropped at Pending.
+                    // Bulk: read into a buffer of its own, handed over whole.
+                    // An idle tunnel does not keep it: it is dropped at Pending.
                     let size = self.next_read.clamp(FIRST_CHUNK_READ, COPY_BUFFER);
                     let mut buf = BytesMut::with_capacity(size);
                     match tokio_util::io::poll_read_buf(reader.as_mut(), cx, &mut buf) {

@@ -71,6 +71,7 @@ fn respond(gateway: &AdminState, req: &Request<Incoming>) -> Response<Full<Bytes
         "/healthz" => text(StatusCode::OK, "ok\n".into()),
         "/metrics" => match &gateway.metrics {
             Some(handle) => {
+                crate::metrics::publish_levels();
                 let mut r = text(StatusCode::OK, proxynet_common::metrics::render(handle));
                 r.headers_mut().insert(
                     header::CONTENT_TYPE,

@@ -95,7 +95,7 @@ impl Drop for Registration {
         if let Ok(mut entries) = self.registry.entries.lock() {
             entries.remove(&self.id);
         }
-        crate::metrics::tunnels_active(-1.0);
+        crate::metrics::tunnels_active(-1);
     }
 }
 
@@ -129,7 +129,7 @@ impl OpenTunnels {
                 },
             );
         }
-        crate::metrics::tunnels_active(1.0);
+        crate::metrics::tunnels_active(1);
         Registration {
             registry: self.clone(),
             id,

@@ -29,6 +29,16 @@ pub enum Ingress {
 }
 
 impl Ingress {
+    /// Every ingress, in declaration order (`ingress as usize` indexes it).
+    pub const ALL: [Ingress; 6] = [
+        Ingress::Connect,
+        Ingress::Forward,
+        Ingress::Socks5,
+        Ingress::H2Connect,
+        Ingress::H2Forward,
+        Ingress::Socks5Udp,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Ingress::Connect => "connect",

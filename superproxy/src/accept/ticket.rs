@@ -107,14 +107,14 @@ struct OpenConnection;
 
 impl OpenConnection {
     fn new() -> Self {
-        crate::metrics::connections_open(1.0);
+        crate::metrics::connections_open(1);
         Self
     }
 }
 
 impl Drop for OpenConnection {
     fn drop(&mut self) {
-        crate::metrics::connections_open(-1.0);
+        crate::metrics::connections_open(-1);
     }
 }
 

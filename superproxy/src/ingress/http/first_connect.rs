@@ -14,7 +14,7 @@
 //! carries the same headers, a refusal the same status, `Proxy-Status` and
 //! body ([`ProxyError::to_response`]).
 
-use http::{header, HeaderValue};
+use http::header;
 use proxynet_common::secret::Secret;
 use proxynet_common::splice::Plain;
 use std::io;
@@ -190,8 +190,7 @@ impl ConnectRequest {
         for field in request.headers.iter() {
             let is = |name: &header::HeaderName| field.name.eq_ignore_ascii_case(name.as_str());
             if is(&header::CONNECTION) {
-                let value = HeaderValue::from_bytes(field.value).ok()?;
-                let value = value.to_str().ok()?;
+                let value = visible_ascii(field.value)?;
                 if value
                     .split(',')
                     .any(|token| token.trim().eq_ignore_ascii_case("close"))
@@ -201,9 +200,8 @@ impl ConnectRequest {
             } else if is(&header::PROXY_AUTHORIZATION) && credentials.is_none() {
                 // The first one counts, as `HeaderMap::get` on hyper's path;
                 // one that does not decode still counts as presented (and fails).
-                let (username, password) = HeaderValue::from_bytes(field.value)
-                    .ok()
-                    .and_then(|v| v.to_str().ok().and_then(parse_basic))
+                let (username, password) = visible_ascii(field.value)
+                    .and_then(parse_basic)
                     .unwrap_or_default();
                 credentials = Some(Credentials {
                     username,
@@ -227,12 +225,37 @@ impl ConnectRequest {
     }
 }
 
+/// A header value as hyper's `HeaderValue::from_bytes` then `to_str` read
+/// it (visible ASCII and tabs), without copying it into a `HeaderValue`.
+fn visible_ascii(value: &[u8]) -> Option<&str> {
+    value
+        .iter()
+        .all(|&b| b == b'\t' || (32..127).contains(&b))
+        .then(|| std::str::from_utf8(value).ok())
+        .flatten()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn parse(head: &str) -> Option<ConnectRequest> {
         ConnectRequest::parse(head.as_bytes())
+    }
+
+    #[test]
+    fn a_value_is_read_exactly_when_hyper_would_read_it() {
+        for b in 0..=255u8 {
+            let value = [b'a', b, b'z'];
+            let hyper_reads = http::HeaderValue::from_bytes(&value)
+                .ok()
+                .is_some_and(|v| v.to_str().is_ok());
+            assert_eq!(
+                visible_ascii(&value).is_some(),
+                hyper_reads,
+                "byte {b:#04x}"
+            );
+        }
     }
 
     #[test]
