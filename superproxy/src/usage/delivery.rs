@@ -3,16 +3,77 @@
 //! script); a batch Redis does not take goes to the spill file, replayed
 //! oldest first when Redis answers again; the flush loop and the flush at
 //! shutdown.
+//!
+//! Its own type ([`Delivery`]) because it owns what only delivery touches:
+//! the queue of unsent batches, the Redis connection, the spill file and
+//! the outage state. It owns the [`Collector`] too, as a batch is collected
+//! under the queue's lock (so batches queue in sequence order); the other
+//! parts it reaches only through their methods ([`Parts`]).
 
-use super::*;
+use super::collect::{Collector, Parts, Pending};
+use super::spill::Spill;
+use proxynet_common::tasks::Stop;
+use proxynet_store::redis_target::RedisConnection;
+use proxynet_store::Keys;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+use uuid::Uuid;
+
+/// (Public so tests can run it against a real Redis.)
+/// `KEYS[1]` quota counter, `KEYS[2]` its applied-sequence hash; `ARGV[1]`
+/// bytes, `ARGV[2]` expiry (Unix s), `ARGV[3]` superproxy id, `ARGV[4]` batch
+/// sequence. Adds the bytes once per (superproxy, sequence); returns the total.
+pub const ADD_ONCE_SCRIPT: &str = r"
+local last = tonumber(redis.call('HGET', KEYS[2], ARGV[3]) or '0')
+if tonumber(ARGV[4]) > last then
+  redis.call('HSET', KEYS[2], ARGV[3], ARGV[4])
+  redis.call('EXPIREAT', KEYS[2], ARGV[2])
+  local total = redis.call('INCRBY', KEYS[1], ARGV[1])
+  redis.call('EXPIREAT', KEYS[1], ARGV[2])
+  return total
+end
+return tonumber(redis.call('GET', KEYS[1]) or '0')
+";
 
 /// How long a usage batch waits for a replica to acknowledge it (Sentinel).
 const REPLICA_WAIT: Duration = Duration::from_secs(1);
 
-impl UsageRecorder {
+/// The collector, the batches it made that Redis has not taken yet, and
+/// where they go.
+pub(super) struct Delivery {
+    collector: Collector,
+    redis: RedisConnection,
+    pending: tokio::sync::Mutex<Vec<Pending>>,
+    spill: Option<Spill>,
+    /// Most unsent batches kept in memory (only without a spill directory).
+    memory_batches: usize,
+    /// Whether the current Redis outage was already logged (one warning
+    /// per outage, not one per flush).
+    outage_logged: AtomicBool,
+}
+
+impl Delivery {
+    pub(super) fn new(
+        superproxy_id: Uuid,
+        redis: RedisConnection,
+        keys: Keys,
+        spill_dir: Option<PathBuf>,
+        memory_batches: usize,
+    ) -> Self {
+        Self {
+            collector: Collector::new(superproxy_id, keys),
+            redis,
+            pending: tokio::sync::Mutex::new(Vec::new()),
+            spill: spill_dir.map(|dir| Spill { dir }),
+            memory_batches: memory_batches.max(1),
+            outage_logged: AtomicBool::new(false),
+        }
+    }
+
     /// Sends one batch: the stream entry, then each owner's quota counter
     /// (both idempotent, so a retry after a lost reply counts nothing twice).
-    pub(super) async fn send(&self, next: &Pending) -> Result<(), redis::RedisError> {
+    async fn send(&self, next: &Pending, parts: Parts<'_>) -> Result<(), redis::RedisError> {
         let json = serde_json::to_string(&next.batch).map_err(|e| {
             redis::RedisError::from((redis::ErrorKind::Client, "encoding", e.to_string()))
         })?;
@@ -22,7 +83,7 @@ impl UsageRecorder {
         let _: () = redis
             .query_replicated(
                 redis::cmd("XADD")
-                    .arg(self.keys.usage_stream())
+                    .arg(self.collector.usage_stream())
                     .arg("*")
                     .arg("batch")
                     .arg(json),
@@ -53,19 +114,12 @@ impl UsageRecorder {
         for (delta, total) in next.quota.iter().zip(totals) {
             // The shared counter is the truth (it includes other instances),
             // less what this instance spent since the batch was collected.
-            if let (Some(at_collect), Some(budget)) = (
-                delta.spent_at_collect,
-                self.budgets
-                    .lock()
-                    .ok()
-                    .and_then(|b| b.get(&delta.owner).cloned()),
-            ) {
-                let unsent = budget.spent().saturating_sub(at_collect);
-                budget.reset(delta.limit as i64 - total as i64 - unsent as i64);
-            }
+            parts
+                .budgets
+                .refresh(delta.owner, delta.spent_at_collect, delta.limit, total);
             if total >= delta.limit {
                 tracing::info!(owner = %delta.owner, total, limit = delta.limit, "bandwidth quota exhausted; cutting its tunnels");
-                self.cut_owner(delta.owner);
+                parts.meters.cut_owner(delta.owner);
             }
         }
         Ok(())
@@ -75,14 +129,14 @@ impl UsageRecorder {
     /// first (they are older), then those in memory. A batch Redis does not
     /// take goes to the spill file at once (with a spill directory), so
     /// nothing collected lives only in memory beyond one failed send.
-    pub async fn flush(&self) {
+    pub(super) async fn flush(&self, parts: Parts<'_>) {
         let mut pending = self.pending.lock().await;
-        if let Some(batch) = self.collect() {
+        if let Some(batch) = self.collector.collect(parts) {
             pending.push(batch);
         }
         if let Some(spill) = &self.spill {
-            if let Err(e) = self.replay(spill).await {
-                self.keep_budgets.store(true, Ordering::Relaxed);
+            if let Err(e) = self.replay(spill, parts).await {
+                parts.budgets.keep();
                 if !self.outage_logged.swap(true, Ordering::Relaxed) {
                     tracing::warn!(error = %e, "replaying spilled usage failed; keeping it for the next try");
                 } else {
@@ -98,7 +152,7 @@ impl UsageRecorder {
         }
         let mut failed = false;
         while let Some(next) = pending.first() {
-            match self.send(next).await {
+            match self.send(next, parts).await {
                 Ok(()) => {
                     pending.remove(0);
                     crate::metrics::usage_batch("flushed");
@@ -124,28 +178,18 @@ impl UsageRecorder {
         // (A flush that sent everything after an outage clears the mark; the
         // next one may clean up.)
         if failed {
-            self.keep_budgets.store(true, Ordering::Relaxed);
+            parts.budgets.keep();
         }
         let counters_current = !failed
             && pending.is_empty()
-            && !self.keep_budgets.swap(false, Ordering::Relaxed)
+            && !parts.budgets.take_kept()
             && self.spill_is_empty().await;
         if !failed && pending.is_empty() && self.outage_logged.swap(false, Ordering::Relaxed) {
             tracing::info!("usage reaches Redis again");
         }
         if counters_current {
-            let active: std::collections::HashSet<Uuid> = self
-                .meters
-                .lock()
-                .map(|m| {
-                    m.iter()
-                        .flat_map(|t| t.meter.quotas.iter().map(|q| q.owner.id()))
-                        .collect()
-                })
-                .unwrap_or_default();
-            if let Ok(mut budgets) = self.budgets.lock() {
-                budgets.retain(|owner, _| active.contains(owner));
-            }
+            let active = parts.meters.owners();
+            parts.budgets.retain(&active);
         }
         self.spill_overflow(&mut pending).await;
         crate::metrics::usage_batches(pending.len());
@@ -153,7 +197,7 @@ impl UsageRecorder {
 
     /// Without a spill directory: drops batches beyond the in-memory bound
     /// (with an error); with one, nothing stays in memory to bound.
-    pub(super) async fn spill_overflow(&self, pending: &mut Vec<Pending>) {
+    async fn spill_overflow(&self, pending: &mut Vec<Pending>) {
         if pending.len() <= self.memory_batches {
             return;
         }
@@ -163,12 +207,12 @@ impl UsageRecorder {
         self.spill_or_drop(overflow).await;
     }
 
-    pub(super) async fn spill_or_drop(&self, batches: Vec<Pending>) {
+    async fn spill_or_drop(&self, batches: Vec<Pending>) {
         if batches.is_empty() {
             return;
         }
         match &self.spill {
-            Some(spill) => match spill.append(self.superproxy_id, &batches).await {
+            Some(spill) => match spill.append(self.collector.superproxy_id(), &batches).await {
                 Ok(()) => {
                     metrics::counter!("proxynet_usage_batches_total", "outcome" => "spilled")
                         .increment(batches.len() as u64);
@@ -184,7 +228,7 @@ impl UsageRecorder {
     }
 
     /// Whether no spill file waits (no spill directory: none ever does).
-    pub(super) async fn spill_is_empty(&self) -> bool {
+    async fn spill_is_empty(&self) -> bool {
         match &self.spill {
             Some(spill) => spill.files().await.is_ok_and(|f| f.is_empty()),
             None => true,
@@ -196,7 +240,7 @@ impl UsageRecorder {
     /// file that cannot be read (a torn write, bad permissions) is set aside
     /// (`.bad`) rather than blocking every later flush; only Redis errors
     /// stop the replay.
-    pub(super) async fn replay(&self, spill: &Spill) -> Result<(), String> {
+    async fn replay(&self, spill: &Spill, parts: Parts<'_>) -> Result<(), String> {
         use tokio::io::AsyncBufReadExt;
         for file in spill.files().await.map_err(|e| e.to_string())? {
             let lines = match tokio::fs::File::open(&file).await {
@@ -224,7 +268,7 @@ impl UsageRecorder {
                     tracing::error!(file = %file.display(), "skipping an unreadable spilled usage line");
                     continue;
                 };
-                self.send(&batch).await.map_err(|e| e.to_string())?;
+                self.send(&batch, parts).await.map_err(|e| e.to_string())?;
                 sent += 1;
             }
             if tokio::fs::try_exists(&file).await.unwrap_or(false) {
@@ -241,11 +285,11 @@ impl UsageRecorder {
 
     /// The last flush of a stopping instance: everything in memory reaches
     /// Redis, or the spill file if Redis does not answer within a few tries.
-    pub async fn flush_for_shutdown(&self) {
+    pub(super) async fn flush_for_shutdown(&self, parts: Parts<'_>) {
         // Nobody settles a held meter after this: its bytes are billed.
-        self.stopping.store(true, Ordering::Relaxed);
+        parts.meters.stop();
         for _ in 0..5 {
-            self.flush().await;
+            self.flush(parts).await;
             if self.pending.lock().await.is_empty() {
                 return;
             }
@@ -256,11 +300,12 @@ impl UsageRecorder {
         self.spill_or_drop(left).await;
     }
 
-    pub async fn run(self: Arc<Self>, every: Duration, stop: Stop) {
+    /// Flushes every `every` until `stop`.
+    pub(super) async fn run(&self, every: Duration, stop: Stop, parts: Parts<'_>) {
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         while stop.run_until_cancelled(tick.tick()).await.is_some() {
-            self.flush().await;
+            self.flush(parts).await;
         }
     }
 }

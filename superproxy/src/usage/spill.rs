@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 use uuid::Uuid;
 
-use super::Pending;
+use super::collect::Pending;
 
 /// The spill directory: one append-only JSON-lines file per superproxy
 /// instance (`usage-<id>.jsonl`), each line a [`Pending`] batch.
