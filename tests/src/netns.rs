@@ -430,7 +430,7 @@ impl ExitHost {
         base.service_ip = Some(IpAddr::V4(self.root_addr));
         for network in self.target_networks() {
             base.superproxy_args
-                .extend(["--egress-allow".to_owned(), network.to_string()]);
+                .extend(crate::stack::SuperproxyArgs::new().egress_allow(network));
         }
         base
     }

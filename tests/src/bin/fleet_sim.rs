@@ -15,6 +15,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use clap::Parser;
+use proxynet_common::egress::Cidr;
+use proxynet_tests::stack::SuperproxyArgs;
 use rand::RngCore;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
@@ -472,22 +474,17 @@ async fn run(args: Args) -> Report {
     let mut superproxies = Vec::new();
     for _ in 0..args.superproxies {
         let (relay_addr, counts) = relay(redis_addr).await;
+        let any_port = SocketAddr::from(([127, 0, 0, 1], 0));
         let (proc, ready) = spawn(
             &args,
             "superproxy",
-            &[
-                "--listen",
-                "127.0.0.1:0",
-                "--socks-listen",
-                "127.0.0.1:0",
-                "--admin-listen",
-                "127.0.0.1:0",
-                "--link-listen",
-                "127.0.0.1:0",
-                "--egress-allow",
-                "127.0.0.0/8",
-            ]
-            .map(String::from),
+            SuperproxyArgs::new()
+                .listen(any_port)
+                .socks_listen(any_port)
+                .admin_listen(any_port)
+                .link_listen(any_port)
+                .egress_allow(Cidr::v4(127, 0, 0, 0, 8))
+                .as_slice(),
             &[
                 ("PROXYNET_REDIS_URL", format!("redis://{relay_addr}/")),
                 ("PROXYNET_REDIS_PREFIX", prefix.clone()),

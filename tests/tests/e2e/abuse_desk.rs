@@ -15,10 +15,10 @@ use proxynet_tests::client::{curl, raw_request};
 use proxynet_tests::netns::ExitHost;
 use proxynet_tests::process::eventually;
 use proxynet_tests::reflector;
-use proxynet_tests::stack::{Stack, StackOptions, ADMIN_TOKEN, PASSWORD, USERNAME};
+use proxynet_tests::stack::{Stack, StackOptions, SuperproxyArgs, ADMIN_TOKEN, PASSWORD, USERNAME};
 use proxynet_tests::whoami::Seen;
 use serde_json::Value;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 use uuid::Uuid;
 
@@ -26,9 +26,10 @@ use uuid::Uuid;
 /// side of the uplink, where the agent in EXIT reaches it.
 async fn stack_behind_nat(host: &ExitHost, api_env: Vec<(String, String)>) -> Stack {
     host.masquerade_uplink();
+    let reflector = SocketAddr::from((host.root_addr, 0));
     Stack::start_with(host.stack_options(StackOptions {
         egress_ips: Vec::new(),
-        superproxy_args: vec!["--reflector-listen".into(), format!("{}:0", host.root_addr)],
+        superproxy_args: SuperproxyArgs::new().reflector_listen(reflector).into(),
         api_env,
         ..Default::default()
     }))

@@ -115,13 +115,9 @@ async fn removing_an_allow_listed_network_cuts_its_open_tunnel() {
     )
     .await;
     let r = stack
-        .http
-        .patch(stack.api(&format!("/v1/users/{user_id}")))
-        .bearer_auth(ADMIN_TOKEN)
-        .json(&json!({"allowed_source_cidrs": []}))
-        .send()
-        .await
-        .unwrap();
+        .admin()
+        .patch_user(&user_id, &json!({"allowed_source_cidrs": []}))
+        .await;
     assert_eq!(r.status(), 200);
     let mut buf = [0u8; 16];
     let closed = tokio::time::timeout(Duration::from_secs(5), open.read(&mut buf)).await;

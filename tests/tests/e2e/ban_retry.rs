@@ -92,16 +92,12 @@ async fn a_banned_exit_is_retried_cooled_for_its_site_and_not_billed() {
     // the exit at once; probe.test's is only named a ban (counted, nothing
     // else), so the rules' arrival at the superproxy can be seen.
     let r = stack
-        .http
-        .patch(stack.api(&format!("/v1/users/{}", stack.user_id)))
-        .bearer_auth(ADMIN_TOKEN)
-        .json(&json!({ "retry_rules": [
+        .admin()
+        .patch_user(stack.user_id, &json!({ "retry_rules": [
             {"sites": ["ban.test"], "statuses": [403], "header": "cf-mitigated", "retry": 2, "cool": true},
             {"sites": ["probe.test"], "statuses": [403], "header": "cf-mitigated"}
         ]}))
-        .send()
-        .await
-        .unwrap();
+        .await;
     assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
     let pinned = format!("{USERNAME}-exit-{}", banned.simple());
     eventually(

@@ -4,7 +4,7 @@
 
 use proxynet_tests::client::curl;
 use proxynet_tests::process::eventually;
-use proxynet_tests::stack::{Stack, StackOptions, ADMIN_TOKEN, PASSWORD, USERNAME};
+use proxynet_tests::stack::{Stack, StackOptions, PASSWORD, USERNAME};
 use proxynet_tests::targets::{echo_round_trip, echo_server};
 use proxynet_tests::whoami::Seen;
 use serde_json::{json, Value};
@@ -147,14 +147,7 @@ async fn the_https_proxy_listener_serves_tunnels_and_reloads_its_certificate_on_
 }
 
 async fn create_user(stack: &Stack, account: uuid::Uuid, body: Value) -> (u16, Value) {
-    let r = stack
-        .http
-        .post(stack.api(&format!("/v1/accounts/{account}/users")))
-        .bearer_auth(ADMIN_TOKEN)
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let r = stack.admin().create_user_with(account, &body).await;
     (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
 }
 
@@ -220,13 +213,9 @@ async fn an_allow_listed_address_tunnels_without_credentials_and_is_billed() {
     .await;
 
     let r = stack
-        .http
-        .patch(stack.api(&format!("/v1/users/{user_id}")))
-        .bearer_auth(ADMIN_TOKEN)
-        .json(&json!({"allowed_source_cidrs": []}))
-        .send()
-        .await
-        .unwrap();
+        .admin()
+        .patch_user(user_id, &json!({"allowed_source_cidrs": []}))
+        .await;
     assert_eq!(r.status(), 200);
     eventually(
         "the next tunnel to be refused",

@@ -4,7 +4,7 @@
 use proxynet_tests::client::open_echo_tunnel;
 use proxynet_tests::client::{connect_tunnel, raw_request, status_of};
 use proxynet_tests::process::eventually;
-use proxynet_tests::stack::{Stack, StackOptions, PASSWORD, USERNAME};
+use proxynet_tests::stack::{Stack, StackOptions, SuperproxyArgs, PASSWORD, USERNAME};
 use proxynet_tests::targets::echo_server;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -19,7 +19,7 @@ fn basic(user: &str, password: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn open_connect_tunnels_count_against_max_connections() {
     let stack = Stack::start_with(StackOptions {
-        superproxy_args: vec!["--max-connections".into(), "2".into()],
+        superproxy_args: SuperproxyArgs::new().max_connections(2).into(),
         ..Default::default()
     })
     .await;

@@ -7,7 +7,7 @@
 use proxynet_tests::client::{connect_tunnel, raw_request, read_head};
 use proxynet_tests::metrics::{sample, scrape};
 use proxynet_tests::process::eventually;
-use proxynet_tests::stack::{Stack, StackOptions, PASSWORD, USERNAME};
+use proxynet_tests::stack::{Stack, StackOptions, SuperproxyArgs, PASSWORD, USERNAME};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
@@ -84,12 +84,10 @@ fn raise_open_file_limit(want: libc::rlim_t) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silent_connections_from_one_address_hold_at_most_their_share() {
     let stack = Stack::start_with(StackOptions {
-        superproxy_args: vec![
-            "--unauthenticated-timeout-ms".into(),
-            "6000".into(),
-            "--max-unauthenticated-waiting-per-source".into(),
-            "200".into(),
-        ],
+        superproxy_args: SuperproxyArgs::new()
+            .unauthenticated_timeout_ms(6000)
+            .max_unauthenticated_waiting_per_source(200)
+            .into(),
         ..Default::default()
     })
     .await;
@@ -221,12 +219,10 @@ async fn five_hundred_connections_at_once_from_one_address_all_log_in() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_user_without_limits_meets_the_default_cap_and_sessions_are_capped() {
     let stack = Stack::start_with(StackOptions {
-        superproxy_args: vec![
-            "--default-user-max-tunnels".into(),
-            "2".into(),
-            "--max-sessions-per-user".into(),
-            "3".into(),
-        ],
+        superproxy_args: SuperproxyArgs::new()
+            .default_user_max_tunnels(2)
+            .max_sessions_per_user(3)
+            .into(),
         ..Default::default()
     })
     .await;

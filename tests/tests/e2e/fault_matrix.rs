@@ -6,7 +6,7 @@
 
 use proxynet_tests::client::connect_tunnel;
 use proxynet_tests::process::eventually;
-use proxynet_tests::stack::{spawn_superproxy, Stack, StackOptions, PASSWORD};
+use proxynet_tests::stack::{spawn_superproxy, Stack, StackOptions, SuperproxyArgs, PASSWORD};
 use proxynet_tests::stores::OwnRedis;
 use proxynet_tests::targets::{echo_server, pump};
 use std::net::SocketAddr;
@@ -19,19 +19,12 @@ const FROZEN: Duration = Duration::from_secs(6);
 
 /// Probes fast enough that an exit's fault is noticed within a second.
 fn fast_probes() -> Vec<String> {
-    [
-        "--probe-interval-ms",
-        "200",
-        "--probe-timeout-ms",
-        "300",
-        "--unhealthy-threshold",
-        "2",
-        "--healthy-threshold",
-        "2",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect()
+    SuperproxyArgs::new()
+        .probe_interval_ms(200)
+        .probe_timeout_ms(300)
+        .unhealthy_threshold(2)
+        .healthy_threshold(2)
+        .into()
 }
 
 /// A user of its own for a test, whose ledger rows the test checks.

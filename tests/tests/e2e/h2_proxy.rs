@@ -3,7 +3,7 @@
 //! pipeline, and the bounds a hostile HTTP/2 client meets.
 
 use proxynet_tests::metrics::{sample, scrape};
-use proxynet_tests::stack::{Stack, StackOptions, ADMIN_TOKEN};
+use proxynet_tests::stack::{Stack, StackOptions};
 use proxynet_tests::targets::echo_server;
 use serde_json::{json, Value};
 use std::net::SocketAddr;
@@ -45,16 +45,13 @@ async fn node_and_chromium_speak_http2_to_the_https_proxy() {
     let files = stack.tls.as_ref().unwrap();
     let account = stack.create_account("h2-limited").await;
     let r = stack
-        .http
-        .post(stack.api(&format!("/v1/accounts/{account}/users")))
-        .bearer_auth(ADMIN_TOKEN)
-        .json(
+        .admin()
+        .create_user_with(
+            account,
             &json!({"username": "twostreams", "password": "two-streams-pass",
                       "limits": {"max_concurrent_tunnels": 2}}),
         )
-        .send()
-        .await
-        .unwrap();
+        .await;
     assert_eq!(r.status(), 201);
     let echo = echo_server().await;
     let origins = [whoami().await, whoami().await, whoami().await];

@@ -3,7 +3,9 @@
 //! answers when the target or the policy says no.
 
 use proxynet_tests::client::{curl, raw_exchange, socks5, status_of};
-use proxynet_tests::stack::{redis_service_addr, Stack, StackOptions, PASSWORD, USERNAME};
+use proxynet_tests::stack::{
+    redis_service_addr, Stack, StackOptions, SuperproxyArgs, PASSWORD, USERNAME,
+};
 use proxynet_tests::whoami::Seen;
 use std::collections::HashSet;
 use std::time::Duration;
@@ -392,7 +394,7 @@ async fn blackhole_target() -> (
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_target_that_never_answers_gets_504_from_the_exit_within_the_budget() {
     let stack = Stack::start_with(StackOptions {
-        superproxy_args: vec!["--connect-budget-ms".into(), "1500".into()],
+        superproxy_args: SuperproxyArgs::new().connect_budget_ms(1500).into(),
         ..Default::default()
     })
     .await;

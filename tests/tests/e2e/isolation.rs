@@ -5,7 +5,7 @@
 
 use proxynet_tests::client::connect_tunnel;
 use proxynet_tests::process::eventually;
-use proxynet_tests::stack::{Stack, StackOptions, PASSWORD, USERNAME};
+use proxynet_tests::stack::{Stack, StackOptions, SuperproxyArgs, PASSWORD, USERNAME};
 use proxynet_tests::targets::{download_server, firehose};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -28,7 +28,7 @@ async fn stalled_tunnels_cannot_block_a_fresh_one_on_a_v1_link() {
 async fn a_full_receive_budget_still_lets_a_fresh_download_through() {
     stalled_tunnels_and_a_fresh_one_with(
         Vec::new(),
-        vec!["--link-receive-budget-mb".into(), "2".into()],
+        SuperproxyArgs::new().link_receive_budget_mb(2).into(),
     )
     .await;
 }

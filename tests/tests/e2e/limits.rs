@@ -3,23 +3,23 @@
 
 use proxynet_tests::client::{raw_exchange, status_of};
 use proxynet_tests::process::Proc;
-use proxynet_tests::stack::{spawn_superproxy, ProxyAddrs};
+use proxynet_tests::stack::{spawn_superproxy, SuperproxyArgs};
 use proxynet_tests::stores::TestStores;
 use std::time::{Duration, Instant};
+use superproxy::Addresses;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 /// A superproxy on its own (no exits needed for these answers).
-async fn lone_superproxy(extra: &[&str]) -> (TestStores, Proc, ProxyAddrs) {
+async fn lone_superproxy(extra: SuperproxyArgs) -> (TestStores, Proc, Addresses) {
     let stores = TestStores::create().await;
-    let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
-    let (proc, addrs) = spawn_superproxy(&stores, &extra).await;
+    let (proc, addrs) = spawn_superproxy(&stores, extra.as_slice()).await;
     (stores, proc, addrs)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn oversized_heads_get_431() {
-    let (_stores, _proc, addrs) = lone_superproxy(&[]).await;
+    let (_stores, _proc, addrs) = lone_superproxy(SuperproxyArgs::new()).await;
     let big = format!(
         "GET http://example.com/ HTTP/1.1\r\nHost: example.com\r\nX-Big: {}\r\n\r\n",
         "a".repeat(70 * 1024)
@@ -43,7 +43,7 @@ async fn oversized_heads_get_431() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ambiguous_framing_gets_400_with_proxy_status() {
-    let (_stores, _proc, addrs) = lone_superproxy(&[]).await;
+    let (_stores, _proc, addrs) = lone_superproxy(SuperproxyArgs::new()).await;
     for bad in [
         "GET http://example.com/ HTTP/1.1\nHost: example.com\n\n",
         "POST http://example.com/ HTTP/1.1\r\nHost: e\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n",
@@ -61,7 +61,8 @@ async fn ambiguous_framing_gets_400_with_proxy_status() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unfinished_heads_and_handshakes_are_closed_at_the_header_timeout() {
-    let (_stores, _proc, addrs) = lone_superproxy(&["--header-read-timeout-ms", "700"]).await;
+    let (_stores, _proc, addrs) =
+        lone_superproxy(SuperproxyArgs::new().header_read_timeout_ms(700)).await;
     for (what, addr, partial) in [
         (
             "http head",
@@ -99,7 +100,7 @@ async fn unfinished_heads_and_handshakes_are_closed_at_the_header_timeout() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_over_the_limit_get_a_clear_503() {
-    let (_stores, _proc, addrs) = lone_superproxy(&["--max-connections", "2"]).await;
+    let (_stores, _proc, addrs) = lone_superproxy(SuperproxyArgs::new().max_connections(2)).await;
     let mut held = Vec::new();
     for _ in 0..2 {
         let mut s = TcpStream::connect(addrs.proxy).await.unwrap();
@@ -133,7 +134,7 @@ async fn repeated_failed_logins_get_429_without_a_password_check() {
     use proxynet_tests::client::curl;
     use proxynet_tests::stack::{Stack, StackOptions, PASSWORD, USERNAME};
     let stack = Stack::start_with(StackOptions {
-        superproxy_args: vec!["--auth-failures-per-minute".into(), "3".into()],
+        superproxy_args: SuperproxyArgs::new().auth_failures_per_minute(3).into(),
         ..Default::default()
     })
     .await;

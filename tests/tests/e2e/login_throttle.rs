@@ -4,7 +4,7 @@
 use proxynet_tests::client::raw_request;
 use proxynet_tests::metrics::{sample, scrape};
 use proxynet_tests::process::eventually;
-use proxynet_tests::stack::{Stack, StackOptions, USERNAME};
+use proxynet_tests::stack::{Stack, StackOptions, SuperproxyArgs, USERNAME};
 use std::time::Duration;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
@@ -25,7 +25,7 @@ async fn verifications_started(stack: &Stack) -> f64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn logins_reset_mid_hash_still_count() {
     let stack = Stack::start_with(StackOptions {
-        superproxy_args: vec!["--auth-failures-per-minute".into(), "3".into()],
+        superproxy_args: SuperproxyArgs::new().auth_failures_per_minute(3).into(),
         ..Default::default()
     })
     .await;
@@ -65,7 +65,7 @@ async fn logins_reset_mid_hash_still_count() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn simultaneous_wrong_passwords_are_limited_like_sequential_ones() {
     let stack = Stack::start_with(StackOptions {
-        superproxy_args: vec!["--auth-failures-per-minute".into(), "3".into()],
+        superproxy_args: SuperproxyArgs::new().auth_failures_per_minute(3).into(),
         ..Default::default()
     })
     .await;

@@ -2,10 +2,11 @@
 //! a real Prometheus running every dashboard query), the built-in dashboard
 //! in headless Chromium, the JSON access log, and compose.yaml's flags.
 
+use proxynet_common::telemetry::LogFormat;
 use proxynet_tests::client::{curl, socks5};
 use proxynet_tests::metrics::{sample, scrape};
 use proxynet_tests::process::{bin, eventually};
-use proxynet_tests::stack::{Stack, StackOptions, ADMIN_TOKEN, PASSWORD, USERNAME};
+use proxynet_tests::stack::{Stack, StackOptions, SuperproxyArgs, ADMIN_TOKEN, PASSWORD, USERNAME};
 use serde_json::Value;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -229,16 +230,11 @@ fn artefact(name: &str) -> PathBuf {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_dashboard_shows_the_fleet_and_an_ejection_in_chromium() {
     let stack = Stack::start_with(StackOptions {
-        superproxy_args: [
-            "--probe-interval-ms",
-            "300",
-            "--probe-timeout-ms",
-            "200",
-            "--unhealthy-threshold",
-            "2",
-        ]
-        .map(String::from)
-        .to_vec(),
+        superproxy_args: SuperproxyArgs::new()
+            .probe_interval_ms(300)
+            .probe_timeout_ms(200)
+            .unhealthy_threshold(2)
+            .into(),
         ..Default::default()
     })
     .await;
@@ -341,7 +337,7 @@ async fn every_tunnel_has_one_json_access_log_line_and_no_secret_is_logged() {
     let logs = tempfile::tempdir().unwrap();
     let stack = Stack::start_with(StackOptions {
         log_dir: Some(logs.path().to_owned()),
-        superproxy_args: vec!["--log-format".into(), "json".into()],
+        superproxy_args: SuperproxyArgs::new().log_format(LogFormat::Json).into(),
         ..Default::default()
     })
     .await;

@@ -6,7 +6,7 @@
 use proxynet_tests::client::open_echo_tunnel;
 use proxynet_tests::postgres_pair::PostgresPair;
 use proxynet_tests::process::eventually;
-use proxynet_tests::stack::{Stack, StackOptions, ADMIN_TOKEN, PASSWORD};
+use proxynet_tests::stack::{Stack, StackOptions, SuperproxyArgs, ADMIN_TOKEN, PASSWORD};
 use proxynet_tests::targets::{echo_server, pump};
 use std::time::{Duration, Instant};
 
@@ -20,7 +20,7 @@ async fn a_promoted_standby_takes_over_with_no_gap_or_duplicate_in_the_ledger() 
     pair.create_database("failover").await;
     let stack = Stack::start_with(StackOptions {
         database_url: Some(pair.url("failover")),
-        superproxy_args: vec!["--usage-flush-ms".into(), "200".into()],
+        superproxy_args: SuperproxyArgs::new().usage_flush_ms(200).into(),
         ..Default::default()
     })
     .await;

@@ -4,7 +4,7 @@
 //! without a header is closed and anyone else's header is just bad input.
 
 use proxynet_tests::process::{eventually, read_log, Proc};
-use proxynet_tests::stack::{Stack, StackOptions, ADMIN_TOKEN};
+use proxynet_tests::stack::{Stack, StackOptions, SuperproxyArgs};
 use serde_json::json;
 use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
@@ -92,7 +92,9 @@ async fn a_client_behind_haproxy_is_itself_and_no_one_else_can_claim_an_address(
     let logs = tempfile::tempdir().unwrap();
     let log = logs.path().join("superproxy.log");
     let stack = Stack::start_with(StackOptions {
-        superproxy_args: vec!["--proxy-protocol-from".into(), format!("{BALANCER}/32")],
+        superproxy_args: SuperproxyArgs::new()
+            .proxy_protocol_from(format!("{BALANCER}/32").parse().unwrap())
+            .into(),
         superproxy_log: Some(log.clone()),
         ..Default::default()
     })
@@ -100,17 +102,16 @@ async fn a_client_behind_haproxy_is_itself_and_no_one_else_can_claim_an_address(
     let account = stack.create_account("balanced").await;
     stack.allow_loopback_allowlists(account).await;
     let r = stack
-        .http
-        .post(stack.api(&format!("/v1/accounts/{account}/users")))
-        .bearer_auth(ADMIN_TOKEN)
-        .json(&json!({
-            "username": "office",
-            "password": "allowlisted-pw-1",
-            "allowed_source_cidrs": ["127.0.77.0/24"],
-        }))
-        .send()
-        .await
-        .unwrap();
+        .admin()
+        .create_user_with(
+            account,
+            &json!({
+                "username": "office",
+                "password": "allowlisted-pw-1",
+                "allowed_source_cidrs": ["127.0.77.0/24"],
+            }),
+        )
+        .await;
     assert_eq!(r.status().as_u16(), 201);
 
     let listen = {

@@ -36,13 +36,9 @@ async fn download_server(size: usize) -> SocketAddr {
 async fn quota_user(stack: &Stack, name: &str) -> String {
     let account = stack.create_account(name).await;
     let r = stack
-        .http
-        .post(stack.api(&format!("/v1/accounts/{account}/users")))
-        .bearer_auth(ADMIN_TOKEN)
-        .json(&json!({ "username": name, "password": PASS, "limits": { "bandwidth_bytes": QUOTA, "period": "daily" } }))
-        .send()
-        .await
-        .unwrap();
+        .admin()
+        .create_user_with(account, &json!({ "username": name, "password": PASS, "limits": { "bandwidth_bytes": QUOTA, "period": "daily" } }))
+        .await;
     proxynet_tests::stack::created_id(r, "create quota user")
         .await
         .to_string()
@@ -133,13 +129,9 @@ async fn forty_parallel_tunnels_stay_within_a_quota_and_a_read() {
     let stack = Stack::start().await;
     let account = stack.create_account("tight").await;
     let r = stack
-        .http
-        .post(stack.api(&format!("/v1/accounts/{account}/users")))
-        .bearer_auth(ADMIN_TOKEN)
-        .json(&json!({ "username": "tight", "password": PASS, "limits": { "bandwidth_bytes": 300_000, "period": "daily" } }))
-        .send()
-        .await
-        .unwrap();
+        .admin()
+        .create_user_with(account, &json!({ "username": "tight", "password": PASS, "limits": { "bandwidth_bytes": 300_000, "period": "daily" } }))
+        .await;
     proxynet_tests::stack::created_id(r, "create quota user").await;
     let target = download_server(5_000_000).await;
     let proxy = stack.proxy_addrs.proxy;

@@ -6,7 +6,7 @@ use proxynet_tests::client::{
     assert_gateway_error, basic_credential, open_echo_tunnel, raw_request,
 };
 use proxynet_tests::sentinel::{SentinelGroup, MASTER_NAME};
-use proxynet_tests::stack::{Stack, StackOptions, PASSWORD};
+use proxynet_tests::stack::{Stack, StackOptions, SuperproxyArgs, PASSWORD};
 use proxynet_tests::targets::{echo_server, pump};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -24,7 +24,7 @@ async fn a_sentinel_failover_mid_traffic_loses_no_tunnel_and_no_byte() {
         redis_sentinel_master: Some(MASTER_NAME.to_owned()),
         // The exits' own check is what refuses the data nodes below.
         superproxy_protects_redis: false,
-        superproxy_args: vec!["--usage-flush-ms".into(), "200".into()],
+        superproxy_args: SuperproxyArgs::new().usage_flush_ms(200).into(),
         ..Default::default()
     })
     .await;

@@ -9,7 +9,7 @@
 use base64::Engine;
 use proxynet_tests::client::{curl, proxy_as, read_head, CurlResult};
 use proxynet_tests::process::eventually;
-use proxynet_tests::stack::{Stack, ADMIN_TOKEN, PASSWORD, USERNAME};
+use proxynet_tests::stack::{Stack, PASSWORD, USERNAME};
 use proxynet_tests::whoami::Seen;
 use serde_json::json;
 use std::collections::HashSet;
@@ -192,16 +192,13 @@ async fn an_allow_listed_client_takes_its_options_from_the_header_within_its_bou
         )
         .await;
     let r = stack
-        .http
-        .post(stack.api(&format!("/v1/accounts/{account}/users")))
-        .bearer_auth(ADMIN_TOKEN)
-        .json(
+        .admin()
+        .create_user_with(
+            account,
             &json!({"username": "office", "password": "allowlisted-pw-1",
                       "allowed_source_cidrs": ["127.0.0.0/8"]}),
         )
-        .send()
-        .await
-        .unwrap();
+        .await;
     assert_eq!(r.status(), 201);
     // No credentials at all: the allow-listed address is the login.
     let anonymous = format!("http://{}", stack.proxy_addrs.proxy);

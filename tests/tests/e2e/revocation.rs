@@ -98,13 +98,9 @@ async fn a_stale_projection_write_does_not_resurrect_a_disabled_user() {
         .unwrap();
 
     let r = stack
-        .http
-        .patch(stack.api(&format!("/v1/users/{user}")))
-        .bearer_auth(ADMIN_TOKEN)
-        .json(&json!({"enabled": false}))
-        .send()
-        .await
-        .unwrap();
+        .admin()
+        .patch_user(user, &json!({"enabled": false}))
+        .await;
     assert!(r.status().is_success());
     // What a resync that read Postgres before the disable would write now.
     let written: i64 = redis::Script::new(proxynet_store::PUT_USER_SCRIPT)

@@ -10,7 +10,7 @@
 
 use proxynet_tests::dns::TestDns;
 use proxynet_tests::process::eventually;
-use proxynet_tests::stack::{Stack, StackOptions, ADMIN_TOKEN, PASSWORD, USERNAME};
+use proxynet_tests::stack::{Stack, StackOptions, PASSWORD, USERNAME};
 use proxynet_tests::targets::{echo_round_trip, resetting};
 use serde_json::json;
 use std::collections::{HashMap, HashSet};
@@ -169,14 +169,7 @@ async fn three_sites_refusing_most_of_a_ten_exit_pool_are_served_by_the_rest() {
         {"sites": ["ban7.test"], "statuses": [403], "header": "cf-mitigated", "retry": 3, "cool": true},
         {"sites": ["ban9.test"], "statuses": [429], "retry": 3, "cool": true}
     ]});
-    let r = stack
-        .http
-        .patch(stack.api(&format!("/v1/users/{}", stack.user_id)))
-        .bearer_auth(ADMIN_TOKEN)
-        .json(&rules)
-        .send()
-        .await
-        .unwrap();
+    let r = stack.admin().patch_user(stack.user_id, &rules).await;
     assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
     let proxy = stack.proxy_addrs.proxy;
     // The rules reach the superproxy with the user's change event: a ban

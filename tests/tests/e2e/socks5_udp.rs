@@ -10,7 +10,7 @@ use proxynet_tests::dns::TestDns;
 use proxynet_tests::metrics::{sample, scrape};
 use proxynet_tests::netns::ExitHost;
 use proxynet_tests::process::eventually;
-use proxynet_tests::stack::{Stack, StackOptions, ADMIN_TOKEN};
+use proxynet_tests::stack::{Stack, StackOptions, SuperproxyArgs};
 use proxynet_tests::targets::udp_echo;
 use serde_json::Value;
 use std::net::SocketAddr;
@@ -351,13 +351,9 @@ async fn unanswered(client: &UdpSocket, relay: SocketAddr, host: &str, port: u16
 async fn set_policy_and_wait(stack: &Stack, user_id: uuid::Uuid, user: &str, mut policy: Value) {
     policy["denied_domains"] = serde_json::json!(["marker.test"]);
     let r = stack
-        .http
-        .patch(stack.api(&format!("/v1/users/{user_id}")))
-        .bearer_auth(ADMIN_TOKEN)
-        .json(&serde_json::json!({ "policy": policy }))
-        .send()
-        .await
-        .unwrap();
+        .admin()
+        .patch_user(user_id, &serde_json::json!({ "policy": policy }))
+        .await;
     assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
     eventually(
         "the user's policy to apply",
@@ -534,7 +530,7 @@ async fn an_association_ends_when_idle_and_when_its_user_is_revoked() {
     let logs = tempfile::tempdir().unwrap();
     let log = logs.path().join("superproxy.log");
     let stack = Stack::start_with(StackOptions {
-        superproxy_args: vec!["--tunnel-idle-timeout-secs".into(), "3".into()],
+        superproxy_args: SuperproxyArgs::new().tunnel_idle_timeout_secs(3).into(),
         superproxy_log: Some(log.clone()),
         ..Default::default()
     })
@@ -598,13 +594,9 @@ async fn an_association_ends_when_idle_and_when_its_user_is_revoked() {
         }
     });
     let r = stack
-        .http
-        .patch(stack.api(&format!("/v1/users/{revoked}")))
-        .json(&serde_json::json!({"enabled": false}))
-        .bearer_auth(ADMIN_TOKEN)
-        .send()
-        .await
-        .unwrap();
+        .admin()
+        .patch_user(revoked, &serde_json::json!({"enabled": false}))
+        .await;
     assert!(r.status().is_success(), "{}", r.status());
     assert!(
         closed_within(&mut control, Duration::from_secs(10)).await,

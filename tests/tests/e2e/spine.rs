@@ -163,13 +163,9 @@ async fn deleting_or_disabling_a_user_revokes_access() {
     assert_eq!(ok.status, 200);
 
     let r = stack
-        .http
-        .patch(stack.api(&format!("/v1/users/{user_id}")))
-        .bearer_auth(ADMIN_TOKEN)
-        .json(&serde_json::json!({ "enabled": false }))
-        .send()
-        .await
-        .unwrap();
+        .admin()
+        .patch_user(user_id, &serde_json::json!({ "enabled": false }))
+        .await;
     assert_eq!(r.status(), 200);
     eventually("disable to take effect", Duration::from_secs(5), || async {
         let r = curl(&["-p", "-x", &proxy, &stack.whoami_url()]).await;
@@ -179,13 +175,12 @@ async fn deleting_or_disabling_a_user_revokes_access() {
 
     // Password rotation: the old password stops working, the new one works.
     let r = stack
-        .http
-        .patch(stack.api(&format!("/v1/users/{user_id}")))
-        .bearer_auth(ADMIN_TOKEN)
-        .json(&serde_json::json!({ "enabled": true, "password": "bob-password-2" }))
-        .send()
-        .await
-        .unwrap();
+        .admin()
+        .patch_user(
+            user_id,
+            &serde_json::json!({ "enabled": true, "password": "bob-password-2" }),
+        )
+        .await;
     assert_eq!(r.status(), 200);
     let new_proxy = format!("http://bob:bob-password-2@{}", stack.proxy_addrs.proxy);
     eventually(

@@ -231,12 +231,10 @@ fn spilled_bytes(dir: &std::path::Path, user: uuid::Uuid) -> (u64, u64) {
 async fn a_superproxy_killed_during_a_redis_outage_loses_no_usage() {
     let spill = tempfile::tempdir().unwrap();
     let mut redis = proxynet_tests::stores::OwnRedis::start().await;
-    let args: Vec<String> = vec![
-        "--usage-spill-dir".into(),
-        spill.path().display().to_string(),
-        "--usage-flush-ms".into(),
-        "200".into(),
-    ];
+    let args: Vec<String> = proxynet_tests::stack::SuperproxyArgs::new()
+        .usage_spill_dir(spill.path())
+        .usage_flush_ms(200)
+        .into();
     let mut stack = Stack::start_with(proxynet_tests::stack::StackOptions {
         redis_url: Some(redis.url()),
         superproxy_args: args.clone(),

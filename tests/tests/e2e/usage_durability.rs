@@ -3,7 +3,7 @@
 
 use proxynet_tests::client::open_echo_tunnel;
 use proxynet_tests::process::eventually;
-use proxynet_tests::stack::{Stack, StackOptions, PASSWORD};
+use proxynet_tests::stack::{Stack, StackOptions, SuperproxyArgs, PASSWORD};
 use proxynet_tests::stores::OwnRedis;
 use proxynet_tests::targets::{echo_server, pump};
 use std::time::Duration;
@@ -16,14 +16,11 @@ async fn usage_spills_to_disk_during_a_redis_outage_and_is_replayed_once() {
     let mut redis = OwnRedis::start().await;
     let stack = Stack::start_with(StackOptions {
         redis_url: Some(redis.url()),
-        superproxy_args: vec![
-            "--usage-spill-dir".into(),
-            spill.path().display().to_string(),
-            "--usage-memory-batches".into(),
-            "1".into(),
-            "--usage-flush-ms".into(),
-            "200".into(),
-        ],
+        superproxy_args: SuperproxyArgs::new()
+            .usage_spill_dir(spill.path())
+            .usage_memory_batches(1)
+            .usage_flush_ms(200)
+            .into(),
         ..Default::default()
     })
     .await;

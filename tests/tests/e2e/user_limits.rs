@@ -3,7 +3,7 @@
 
 use proxynet_tests::client::{self, curl, socks5};
 use proxynet_tests::process::eventually;
-use proxynet_tests::stack::{spawn_superproxy, Stack, StackOptions, ADMIN_TOKEN};
+use proxynet_tests::stack::{spawn_superproxy, Stack, StackOptions, SuperproxyArgs};
 use serde_json::json;
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -14,13 +14,12 @@ const PASS: &str = "limited-password-1";
 async fn limited_user(stack: &Stack, name: &str, limits: serde_json::Value) -> String {
     let account = stack.create_account(name).await;
     let r = stack
-        .http
-        .post(stack.api(&format!("/v1/accounts/{account}/users")))
-        .bearer_auth(ADMIN_TOKEN)
-        .json(&json!({ "username": name, "password": PASS, "limits": limits }))
-        .send()
-        .await
-        .unwrap();
+        .admin()
+        .create_user_with(
+            account,
+            &json!({ "username": name, "password": PASS, "limits": limits }),
+        )
+        .await;
     proxynet_tests::stack::created_id(r, "create limited user")
         .await
         .to_string()
@@ -69,13 +68,16 @@ async fn the_concurrency_limit_refuses_the_next_tunnel_and_frees_on_close() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_superproxy_frees_its_leases() {
     let mut stack = Stack::start_with(StackOptions {
-        superproxy_args: vec!["--lease-ttl-ms".into(), "1500".into()],
+        superproxy_args: SuperproxyArgs::new().lease_ttl_ms(1500).into(),
         ..Default::default()
     })
     .await;
     limited_user(&stack, "onlyone", json!({ "max_concurrent_tunnels": 1 })).await;
-    let (_other, other) =
-        spawn_superproxy(&stack.stores, &["--lease-ttl-ms".into(), "1500".into()]).await;
+    let (_other, other) = spawn_superproxy(
+        &stack.stores,
+        SuperproxyArgs::new().lease_ttl_ms(1500).as_slice(),
+    )
+    .await;
     stack.wait_eligible_at(other.admin, 2).await;
 
     let (_held, head) = hold_tunnel(stack.proxy_addrs.proxy, "onlyone", stack.whoami).await;
@@ -124,13 +126,9 @@ async fn the_new_tunnel_rate_is_limited_and_limits_can_change() {
 
     // Lifting the limit takes effect without a restart.
     let r = stack
-        .http
-        .patch(stack.api(&format!("/v1/users/{id}")))
-        .bearer_auth(ADMIN_TOKEN)
-        .json(&json!({ "limits": {} }))
-        .send()
-        .await
-        .unwrap();
+        .admin()
+        .patch_user(&id, &json!({ "limits": {} }))
+        .await;
     assert_eq!(r.status(), 200);
     eventually(
         "the lifted limit to apply",

@@ -323,14 +323,13 @@ async fn a_quota_running_out_through_tunnels_is_announced_signed_within_twenty_s
     let (customer, operator) = (Receiver::start().await, Receiver::start().await);
     let account = stack.create_account("hooked").await;
     let r = stack
-        .http
-        .post(stack.api(&format!("/v1/accounts/{account}/users")))
-        .bearer_auth(ADMIN_TOKEN)
-        .json(&json!({"username": "hooked", "password": PASS,
-                      "limits": {"bandwidth_bytes": QUOTA, "period": "daily", "warn_percent": 50}}))
-        .send()
-        .await
-        .unwrap();
+        .admin()
+        .create_user_with(
+            account,
+            &json!({"username": "hooked", "password": PASS,
+                      "limits": {"bandwidth_bytes": QUOTA, "period": "daily", "warn_percent": 50}}),
+        )
+        .await;
     let user = created_id(r, "create the metered user").await;
     let (key, _) = stack.account_key(account).await;
     let hooks = format!("/v1/accounts/{account}/webhooks");
