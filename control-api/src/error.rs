@@ -5,7 +5,7 @@
 
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
-use serde_json::json;
+use serde::Serialize;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
@@ -92,6 +92,21 @@ impl ApiError {
     }
 }
 
+/// RFC 9457 problem details: the body of every error answer
+/// (`application/problem+json`).
+#[derive(Serialize, schemars::JsonSchema)]
+pub(crate) struct Problem {
+    /// Always `about:blank`: the status says what kind of problem it is.
+    #[serde(rename = "type")]
+    kind: &'static str,
+    /// The status's reason phrase.
+    title: &'static str,
+    /// The HTTP status code.
+    status: u16,
+    /// What went wrong, for a person to read.
+    detail: String,
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.status();
@@ -102,13 +117,15 @@ impl IntoResponse for ApiError {
             }
             other => other.to_string(),
         };
-        let body = json!({
-            "type": "about:blank",
-            "title": status.canonical_reason().unwrap_or("error"),
-            "status": status.as_u16(),
-            "detail": detail,
-        });
-        let mut response = (status, body.to_string()).into_response();
+        let body = Problem {
+            kind: "about:blank",
+            title: status.canonical_reason().unwrap_or("error"),
+            status: status.as_u16(),
+            detail,
+        };
+        // A struct of strings and a number always serialises.
+        let body = serde_json::to_string(&body).unwrap_or_default();
+        let mut response = (status, body).into_response();
         response.headers_mut().insert(
             header::CONTENT_TYPE,
             header::HeaderValue::from_static("application/problem+json"),

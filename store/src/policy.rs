@@ -36,20 +36,30 @@ use serde::{Deserialize, Serialize};
 /// A customer's rules for its traffic: on an account (bounding every user of
 /// it) and on a user (narrowing the account's, never widening them).
 /// Unknown fields are ignored here (a newer control-api may add some); the
-/// control-api refuses them on input ([`TrafficPolicy::FIELDS`]).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// control-api refuses them on input ([`TrafficPolicy::FIELDS`]), which is
+/// what its schema says (`additionalProperties: false`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[schemars(
+    deny_unknown_fields,
+    description = "A customer's rules by target (docs/policy.md): entries are host names \
+        (covering their subdomains) or IP networks"
+)]
 pub struct TrafficPolicy {
     /// When not empty: only targets matching an entry.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = MAX_ENTRIES))]
     pub allowed_domains: Vec<String>,
     /// Targets matching an entry are refused.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = MAX_ENTRIES))]
     pub denied_domains: Vec<String>,
     /// New tunnels per second to one registrable domain (all superproxies).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = MAX_DOMAIN_LIMIT))]
     pub domain_new_tunnels_per_second: Option<u32>,
     /// Tunnels open at once to one registrable domain (all superproxies).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = MAX_DOMAIN_LIMIT))]
     pub domain_max_concurrent_tunnels: Option<u32>,
     /// `denied_domains` and `allowed_domains` made ready for matching.
     #[serde(skip)]
@@ -110,23 +120,32 @@ impl TrafficPolicy {
 
 /// The operator's rules for every account: refused domains and ports, and
 /// aggregate per-domain limits over all accounts and superproxies (the guard
-/// that keeps the network from becoming one domain's flood).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// that keeps the network from becoming one domain's flood). Unknown fields
+/// are ignored here, as in [`TrafficPolicy`]; the control-api refuses them
+/// on input ([`OperatorPolicy::FIELDS`]), as its schema says.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[schemars(
+    deny_unknown_fields,
+    description = "Rules for every account (docs/policy.md); domain limits count all accounts together"
+)]
 pub struct OperatorPolicy {
     #[serde(default)]
+    #[schemars(length(max = MAX_ENTRIES))]
     pub denied_domains: Vec<String>,
     /// Refused target ports, besides the egress policy's built-in 25/465/587.
     #[serde(default)]
+    #[schemars(length(max = MAX_ENTRIES), inner(range(min = 1)))]
     pub denied_ports: Vec<u16>,
     /// Limits for the named domains (the most specific entry applies).
     #[serde(default)]
+    #[schemars(length(max = MAX_ENTRIES))]
     pub domain_limits: Vec<DomainLimit>,
     /// The limit for any other registrable domain; none unless set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub default_domain_limit: Option<Limit>,
-    /// Ban rules for every account, after the user's and the account's own
-    /// ([`rule_for`]).
+    /// Ban rules for every account, after the user's and the account's own.
     #[serde(default)]
+    #[schemars(length(max = MAX_RETRY_RULES))]
     pub retry_rules: Vec<RetryRule>,
     /// `denied_domains` and the `domain_limits` entries made ready for
     /// matching.
@@ -187,7 +206,10 @@ impl OperatorPolicy {
 }
 
 /// One operator limit entry.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+// The control-api refuses unknown fields of an entry on input: so does the
+// schema (serde itself ignores them, as for the policies).
+#[schemars(deny_unknown_fields)]
 pub struct DomainLimit {
     pub domain: String,
     #[serde(flatten)]
@@ -195,13 +217,24 @@ pub struct DomainLimit {
 }
 
 /// A rate and a concurrency bound; either may be absent.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
+// Refused unknown fields as `default_domain_limit` (by the control-api), as
+// the schema says; its name in the document is the one it always had.
+#[schemars(rename = "DomainLimitValues", deny_unknown_fields)]
 pub struct Limit {
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = MAX_DOMAIN_LIMIT))]
     pub new_tunnels_per_second: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = MAX_DOMAIN_LIMIT))]
     pub max_concurrent_tunnels: Option<u32>,
 }
+
+/// The largest per-domain rate or concurrency a policy may name (the
+/// control-api refuses more).
+pub const MAX_DOMAIN_LIMIT: u32 = 1_000_000;
 
 impl Limit {
     pub fn is_set(&self) -> bool {

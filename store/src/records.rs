@@ -126,7 +126,9 @@ impl UserEntry {
 pub const TOMBSTONE_TTL_SECS: u64 = 86_400;
 
 /// The window a bandwidth quota counts over (UTC calendar day or month).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum QuotaPeriod {
     Daily,

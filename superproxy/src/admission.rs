@@ -14,6 +14,7 @@
 use proxynet_common::tasks::Stop;
 use proxynet_store::redis_target::RedisConnection;
 use proxynet_store::{Keys, QuotaPeriod};
+use redis::RedisResult;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -297,13 +298,9 @@ impl Admission {
             .arg(rate)
             .invoke_async(&mut redis)
             .await;
-        match wait_ms {
-            Ok(ms) if ms > 0 => Err(limited(
-                format!("{whose} new-tunnel rate limit ({rate}/s) reached"),
-                ms as u64,
-            )),
-            _ => Ok(()),
-        }
+        rate_verdict(wait_ms, || {
+            format!("{whose} new-tunnel rate limit ({rate}/s) reached")
+        })
     }
 
     /// Takes one of `max` leases in the set `set`, or says why not.
@@ -322,12 +319,7 @@ impl Admission {
             .arg(self.lease_ttl.as_millis() as u64)
             .invoke_async(&mut redis)
             .await;
-        let granted = match acquired {
-            Ok(n) => n == 1,
-            // Redis away: hold the line with what this instance alone holds.
-            Err(_) => self.held_by_us(&set) < max as usize,
-        };
-        if !granted {
+        if acquire_refusal(acquired, max, || self.held_by_us(&set)).is_some() {
             return Err(limited(
                 format!("{whose} concurrent tunnel limit ({max}) reached"),
                 1000,
@@ -450,14 +442,9 @@ impl Admission {
                 .arg(account.to_string())
                 .invoke_async(&mut redis)
                 .await;
-            if let Ok(ms) = wait_ms {
-                if ms > 0 {
-                    return Err(limited(
-                        format!("{whose} per-domain ({domain}) new-tunnel rate limit ({rate}/s) reached"),
-                        ms as u64,
-                    ));
-                }
-            }
+            rate_verdict(wait_ms, || {
+                format!("{whose} per-domain ({domain}) new-tunnel rate limit ({rate}/s) reached")
+            })?;
         }
         let Some(max) = limit.max_concurrent_tunnels else {
             return Ok(None);
@@ -479,19 +466,9 @@ impl Admission {
             .arg(self.lease_ttl.as_millis() as u64)
             .invoke_async(&mut redis)
             .await;
-        let refusal = match acquired {
-            Ok(1) => None,
-            Ok(-1) => Some(format!(
-                "{whose} per-domain ({domain}) concurrent tunnel limit ({max}): the account's fair share is in use"
-            )),
-            Ok(_) => Some(format!(
-                "{whose} per-domain ({domain}) concurrent tunnel limit ({max}) reached"
-            )),
-            // Redis away: hold the line with what this instance alone holds.
-            Err(_) => (self.held_by_us(&set) >= max as usize).then(|| {
-                format!("{whose} per-domain ({domain}) concurrent tunnel limit ({max}) reached")
-            }),
-        };
+        let refusal = acquire_refusal(acquired, max, || self.held_by_us(&set)).map(|why| {
+            format!("{whose} per-domain ({domain}) concurrent tunnel limit ({max}){why}")
+        });
         match refusal {
             Some(detail) => Err(limited(detail, 1000)),
             None => Ok(Some(self.hold(set, id, Some(holders)))),
@@ -569,15 +546,7 @@ impl Admission {
             }
         }
     }
-}
 
-fn limited(detail: String, retry_after_ms: u64) -> ProxyError {
-    let mut e = ProxyError::new(ErrorKind::TooManyRequests, detail);
-    e.retry_after = Some(u32::try_from(retry_after_ms.div_ceil(1000).max(1)).unwrap_or(u32::MAX));
-    e
-}
-
-impl Admission {
     /// Bytes a quota owner has used this period according to the shared
     /// counter (`None` when Redis cannot say).
     pub async fn quota_used(&self, owner: QuotaOwner, period: QuotaPeriod) -> Option<u64> {
@@ -594,3 +563,36 @@ impl Admission {
         used.ok().map(|u| u.unwrap_or(0))
     }
 }
+
+fn limited(detail: String, retry_after_ms: u64) -> ProxyError {
+    let mut e = ProxyError::new(ErrorKind::TooManyRequests, detail);
+    e.retry_after = Some(u32::try_from(retry_after_ms.div_ceil(1000).max(1)).unwrap_or(u32::MAX));
+    e
+}
+
+/// A rate script's reply: 0 (or Redis away) allowed, else a 429 with its wait.
+fn rate_verdict(wait: RedisResult<i64>, why: impl FnOnce() -> String) -> Result<(), ProxyError> {
+    match wait {
+        Ok(ms) if ms > 0 => Err(limited(why(), ms as u64)),
+        _ => Ok(()),
+    }
+}
+
+/// An acquire script's reply: `None` granted (1), else the end of the
+/// refusal's detail (-1: a shared set's fair share). Redis away: refused once
+/// this instance alone holds `max` (`held_here`, asked only then).
+fn acquire_refusal(
+    acquired: RedisResult<i64>,
+    max: u32,
+    held_here: impl FnOnce() -> usize,
+) -> Option<&'static str> {
+    match acquired {
+        Ok(1) => None,
+        Ok(-1) => Some(": the account's fair share is in use"),
+        Ok(_) => Some(" reached"),
+        Err(_) => (held_here() >= max as usize).then_some(" reached"),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -12,8 +12,9 @@ use uuid::Uuid;
 pub const MAX_ADMIN_ADDRS: usize = 16;
 
 /// What an agent says about itself in each beat.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(rename = "Heartbeat")]
 pub struct HeartbeatRequest {
     /// The agent is draining (SIGTERM) or withdrawn: no new tunnels.
     #[serde(default)]
@@ -21,8 +22,11 @@ pub struct HeartbeatRequest {
     #[serde(default)]
     pub active_tunnels: u64,
     /// The agent's admin listener: every other exit is told to deny it, so
-    /// a tunnel through a neighbour cannot reach it.
+    /// a tunnel through a neighbour cannot reach it. Only the first 16
+    /// (`MAX_ADMIN_ADDRS`) are read, and only those on addresses the
+    /// reflector verified the exit holds are protected.
     #[serde(default)]
+    #[schemars(length(max = MAX_ADMIN_ADDRS))]
     pub admin_addrs: Vec<SocketAddr>,
     /// The agent's egress policy widens a built-in special range
     /// (`--egress-allow`): only then is it told about service addresses in

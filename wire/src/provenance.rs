@@ -6,7 +6,7 @@
 use serde::{Deserialize, Serialize};
 
 /// Where an exit's traffic comes from: the provenance the customer targets by.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum SourceType {
     Dc,
@@ -37,7 +37,7 @@ impl SourceType {
 }
 
 /// How an exit's IP address was obtained (the provenance's acquisition channel).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Channel {
     /// Hardware we own, in our racks.

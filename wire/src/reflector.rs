@@ -47,7 +47,7 @@ const CHALLENGE_FUTURE_SKEW_SECS: i64 = 2;
 pub const MAX_REPORTED: usize = 320;
 
 /// What the reflector saw: the body of its `200` answer.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Reflection {
     /// The peer address of the connection, as the reflector saw it.
     pub address: IpAddr,
@@ -172,23 +172,26 @@ fn proof_mac(credential_sha256: &str, exit: Uuid, challenge: &str) -> Option<Hma
 }
 
 /// An agent's report of what the reflectors saw from its egress addresses.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct EgressReport {
     #[serde(default)]
+    #[schemars(length(max = MAX_REPORTED))]
     pub observed: Vec<EgressObservation>,
     /// Egress the agent could not observe (no reflector of its family, a
     /// timeout, a refused bind): reported, never an error.
     #[serde(default)]
+    #[schemars(length(max = MAX_REPORTED))]
     pub unobserved: Vec<EgressUnobserved>,
 }
 
 /// One egress address and what a reflector saw from it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct EgressObservation {
     /// The declared egress it stands for: an egress IP (as a /32 or /128)
     /// or an egress prefix.
+    #[schemars(with = "String")]
     pub egress: Cidr,
     /// The address the agent bound (inside `egress`).
     pub bound: IpAddr,
@@ -197,9 +200,11 @@ pub struct EgressObservation {
 }
 
 /// One egress address the agent could not observe, and why.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct EgressUnobserved {
+    /// The declared egress it stands for (CIDR).
+    #[schemars(with = "String")]
     pub egress: Cidr,
     pub bound: IpAddr,
     pub reason: String,

@@ -11,37 +11,48 @@
 //! writes both into the user's record).
 
 use proxynet_store::{Channel, QuotaPeriod, SourceType};
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::error::ApiError;
 
 /// Per-user (or, as entitlements, per-account) limits. `null` or absent: no
 /// limit of that kind (under a ceiling: the ceiling's).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+// The kinds are kept as strings (what is stored); their schemas are those of
+// the types `validate` parses them into, so the document lists the values.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Limits {
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
     pub max_concurrent_tunnels: Option<i32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
     pub max_new_tunnels_per_second: Option<i32>,
     /// Bytes (up + down) per `period`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
     pub bandwidth_bytes: Option<i64>,
     /// `daily` or `monthly` (UTC calendar); default monthly.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<QuotaPeriod>")]
     pub period: Option<String>,
     /// Soft warning threshold, percent of `bandwidth_bytes` (default 80).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 100))]
     pub warn_percent: Option<i32>,
     /// Exit source types the user may use (default: any).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<Vec<SourceType>>")]
     pub allowed_source_types: Option<Vec<String>>,
     /// Exit countries (ISO 3166-1 alpha-2, upper case) the user may use (default: any).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(inner(regex(pattern = "^[A-Z]{2}$")))]
     pub allowed_countries: Option<Vec<String>>,
     /// Acquisition channels of exit sources the user may use (default: any),
     /// e.g. `["owned", "leased"]` for datacenter addresses we own or lease only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<Vec<Channel>>")]
     pub allowed_channels: Option<Vec<String>>,
 }
 
@@ -116,14 +127,24 @@ impl Limits {
 }
 
 /// How wide an account's allow-listed networks may be (operator-set).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AllowlistRules {
     /// Shortest IPv4 prefix allowed (default [`MIN_PREFIX_V4`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        range(min = 0, max = 32),
+        description = "Shortest IPv4 prefix allowed",
+        extend("default" = MIN_PREFIX_V4)
+    )]
     pub min_prefix_v4: Option<u8>,
     /// Shortest IPv6 prefix allowed (default [`MIN_PREFIX_V6`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        range(min = 0, max = 128),
+        description = "Shortest IPv6 prefix allowed",
+        extend("default" = MIN_PREFIX_V6)
+    )]
     pub min_prefix_v6: Option<u8>,
     /// Allow special-purpose ranges (private, loopback, multicast, ...).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -132,6 +153,10 @@ pub struct AllowlistRules {
     /// [`MAX_NETWORKS`]): a squatter cannot claim other people's space at
     /// scale.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        description = "Most networks the account's users may hold together",
+        extend("default" = MAX_NETWORKS)
+    )]
     pub max_networks: Option<u32>,
 }
 
@@ -170,7 +195,7 @@ pub const MIN_PREFIX_V4: u8 = 24;
 pub const MIN_PREFIX_V6: u8 = 48;
 
 /// What an operator grants an account (`PUT /v1/accounts/{id}/entitlements`).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Entitlements {
     /// Account-wide totals (tunnels at once, new tunnels a second, bytes per

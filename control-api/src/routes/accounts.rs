@@ -6,6 +6,8 @@ use crate::extract::{Path, Query};
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use chrono::{DateTime, Utc};
+use proxynet_store::policy::{RetryRule, TrafficPolicy, MAX_RETRY_RULES};
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
@@ -15,9 +17,10 @@ use crate::error::ApiError;
 use crate::routes::page::{finish, PageQuery};
 use crate::{audit, AppState};
 
-#[derive(Deserialize)]
+#[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct CreateAccount {
+    #[schemars(length(min = 1, max = 200))]
     name: String,
 }
 
@@ -28,20 +31,25 @@ pub(crate) struct Account {
     plan_id: Option<Uuid>,
     entitlements: sqlx::types::Json<Entitlements>,
     /// The account's own traffic policy, bounding all of its users.
-    policy: sqlx::types::Json<proxynet_store::policy::TrafficPolicy>,
+    policy: sqlx::types::Json<TrafficPolicy>,
     /// The account's ban rules, after each user's own (docs/policy.md).
-    retry_rules: sqlx::types::Json<Vec<proxynet_store::policy::RetryRule>>,
+    retry_rules: sqlx::types::Json<Vec<RetryRule>>,
     created_at: DateTime<Utc>,
 }
 
 const ACCOUNT_COLUMNS: &str = "id, name, plan_id, entitlements, policy, retry_rules, created_at";
 
-#[derive(Deserialize)]
+// `policy` and `retry_rules` are read as JSON and checked by hand
+// (`routes::policy`: unknown fields refused, entries normalised); their
+// schemas are those of the types they are checked into.
+#[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct UpdateAccount {
     /// Replaces the account's traffic policy when present (`{}` clears it).
+    #[schemars(with = "Option<TrafficPolicy>")]
     policy: Option<serde_json::Value>,
     /// Replaces the account's ban rules when present (`[]` clears them).
+    #[schemars(with = "Option<Vec<RetryRule>>", length(max = MAX_RETRY_RULES))]
     retry_rules: Option<serde_json::Value>,
     /// Operators: route through shared addresses when none of the
     /// account's dedicated ones is usable, instead of answering 502.

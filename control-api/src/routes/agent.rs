@@ -17,6 +17,7 @@ use axum::response::IntoResponse;
 use chrono::{DateTime, Utc};
 use proxynet_common::egress::{check_egress_prefix, Cidr};
 use proxynet_common::secret::{constant_time_eq, sha256_hex, Secret};
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::net::IpAddr;
 use uuid::Uuid;
@@ -29,21 +30,27 @@ mod deny;
 
 use deny::{deny_list, sort_admin_claims};
 
-#[derive(Deserialize)]
+#[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct CreateEnrollmentToken {
     name: String,
     /// The source (`POST /v1/sources`) the exit's address belongs to.
     source_id: Uuid,
+    /// ISO 3166-1 alpha-2, upper case; one of the source's countries.
+    #[schemars(regex(pattern = "^[A-Z]{2}$"))]
     country: String,
     /// ISO 3166-2 subdivision of `country` (`DE-BY`, any case), for the
     /// `state` / `region` username key.
+    #[schemars(regex(pattern = "^[A-Za-z]{2}-[A-Za-z0-9]{1,3}$"))]
     region: Option<String>,
     /// Lower-case city (`a-z 0-9 _`), for city targeting.
+    #[schemars(regex(pattern = "^[a-z0-9_]{1,64}$"))]
     city: Option<String>,
     /// Autonomous system number of the exit's egress IPs, for ASN targeting.
+    #[schemars(range(min = 1))]
     asn: Option<u32>,
     /// Defaults to the server's `enrollment_ttl_secs`.
+    #[schemars(range(min = 1, max = MAX_ENROLLMENT_TTL_SECS))]
     ttl_seconds: Option<u64>,
     /// The operator's word that the exit sits behind NAT (the world sees
     /// another public address than the one it binds). Only the token can
@@ -103,8 +110,10 @@ pub(super) async fn create_enrollment_token(
         ),
     };
     let ttl = body.ttl_seconds.unwrap_or(state.config.enrollment_ttl_secs);
-    if ttl == 0 || ttl > 30 * 24 * 3600 {
-        return Err(ApiError::BadRequest("ttl_seconds: 1 to 2592000".into()));
+    if ttl == 0 || ttl > MAX_ENROLLMENT_TTL_SECS {
+        return Err(ApiError::BadRequest(format!(
+            "ttl_seconds: 1 to {MAX_ENROLLMENT_TTL_SECS}"
+        )));
     }
     let source: Option<(String, String, Vec<String>)> =
         sqlx::query_as("SELECT source_type, supplier, countries FROM sources WHERE id = $1")
@@ -154,14 +163,20 @@ pub(super) async fn create_enrollment_token(
     ))
 }
 
-#[derive(Deserialize)]
+/// An exit needs at least one egress IP or egress prefix.
+#[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct Enroll {
+    /// The one-time enrollment token.
+    #[schemars(with = "String")]
     token: Secret,
     #[serde(default)]
+    #[schemars(length(max = MAX_EGRESS_IPS))]
     egress_ips: Vec<IpAddr>,
-    /// Prefixes the exit sends from any address of (`--egress-prefix`).
+    /// Prefixes the exit sends from any address of (`--egress-prefix`):
+    /// CIDR, IPv6 /48 to /128, IPv4 /24 to /32.
     #[serde(default)]
+    #[schemars(with = "Vec<String>", length(max = MAX_EGRESS_PREFIXES))]
     egress_prefixes: Vec<Cidr>,
     #[serde(default)]
     hostname: String,
@@ -178,15 +193,26 @@ pub(super) struct Enroll {
     upstream: Option<EnrollUpstream>,
 }
 
-#[derive(Deserialize, serde::Serialize, Clone)]
+/// An upstream exit's partner gateway: where it is and what it serves.
+#[derive(Deserialize, serde::Serialize, Clone, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct EnrollUpstream {
+    #[schemars(extend("enum" = ["http", "socks5h"]))]
     scheme: String,
+    /// A host name or address.
+    #[schemars(length(min = 1, max = 255))]
     host: String,
+    #[schemars(range(min = 1))]
     port: u16,
+    /// Countries served (ISO 3166-1 alpha-2, upper case); the token's is
+    /// always served, and more than one needs the `country` key.
     #[serde(default)]
+    #[schemars(length(max = 250), inner(regex(pattern = "^[A-Z]{2}$")))]
     countries: Vec<String>,
+    /// The targeting keys (`session`, `country`, `city`) the partner's
+    /// username template carries.
     #[serde(default)]
+    #[schemars(length(max = 3))]
     keys: Vec<String>,
 }
 
@@ -247,6 +273,10 @@ impl EnrollUpstream {
 /// Egress prefixes one exit may declare (each may hold 2^80 addresses: the
 /// bound is on rows and records, not on addresses).
 const MAX_EGRESS_PREFIXES: usize = 64;
+/// Egress IPs one exit may declare.
+const MAX_EGRESS_IPS: usize = 256;
+/// The longest an enrollment token may live: 30 days.
+const MAX_ENROLLMENT_TTL_SECS: u64 = 30 * 24 * 3600;
 
 #[derive(Serialize)]
 pub(super) struct Enrolled {
@@ -275,10 +305,10 @@ pub(super) async fn enroll(
     State(state): State<AppState>,
     Json(body): Json<Enroll>,
 ) -> Result<(StatusCode, Json<Enrolled>), ApiError> {
-    if body.egress_ips.len() > 256 {
-        return Err(ApiError::BadRequest(
-            "egress_ips: at most 256 addresses".into(),
-        ));
+    if body.egress_ips.len() > MAX_EGRESS_IPS {
+        return Err(ApiError::BadRequest(format!(
+            "egress_ips: at most {MAX_EGRESS_IPS} addresses"
+        )));
     }
     if body.egress_prefixes.len() > MAX_EGRESS_PREFIXES {
         return Err(ApiError::BadRequest(format!(

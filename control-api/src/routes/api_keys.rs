@@ -21,10 +21,11 @@ use crate::routes::page::{finish, PageQuery};
 use crate::routes::users::actor;
 use crate::{audit, AppState};
 
-#[derive(Deserialize, Default)]
+#[derive(Deserialize, Default, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct CreateKey {
     #[serde(default)]
+    #[schemars(length(max = 200))]
     name: String,
 }
 

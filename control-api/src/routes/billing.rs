@@ -38,6 +38,7 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use chrono::{Datelike, TimeZone, Utc};
 use proxynet_store::{QuotaPeriod, SourceType};
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use uuid::Uuid;
@@ -57,25 +58,32 @@ const BYTES_PER_GB: i128 = 1_000_000_000;
 /// default too).
 const DEFAULT_DEDICATED_REPLACEMENTS_PER_MONTH: i32 = 2;
 
-#[derive(Deserialize)]
+#[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct CreatePlan {
     name: String,
     /// Cents per GB by source type (`dc`, `isp`, `res`, `mobile`).
+    // Read as strings and checked (a source type each, never negative);
+    // described as the map it is checked to be.
+    #[schemars(with = "BTreeMap<SourceType, u64>")]
     prices: BTreeMap<String, i64>,
     /// Cents per dedicated address per calendar month (default 0).
     #[serde(default)]
+    #[schemars(range(min = 0))]
     dedicated_ip_price_cents: Option<i64>,
     /// Cents per dedicated IPv6 /64 per calendar month (default 0).
     #[serde(default)]
+    #[schemars(range(min = 0))]
     dedicated_prefix_price_cents: Option<i64>,
     /// Replacements of a dedicated address an account may make per calendar
     /// month (default 2).
     #[serde(default)]
+    #[schemars(range(min = 0, max = i32::MAX))]
     dedicated_replacements_per_month: Option<i32>,
     /// Dedicated addresses (and prefixes) an account on this plan may hold
     /// at once by its own key (default 0: only an operator allocates).
     #[serde(default)]
+    #[schemars(range(min = 0, max = i32::MAX))]
     dedicated_max_addresses: Option<i32>,
 }
 
@@ -184,7 +192,7 @@ pub(super) async fn create_plan(
     ))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct SetPlan {
     plan_id: Uuid,

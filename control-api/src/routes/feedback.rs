@@ -48,7 +48,7 @@ const CORROBORATION_WINDOW: &str = "1 hour";
 /// Users searched for a session when the report names none.
 const MAX_USERS_SEARCHED: usize = 1_000;
 
-#[derive(Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Deserialize, Clone, Copy, Debug, PartialEq, Eq, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub(super) enum Verdict {
     Blocked,
@@ -66,7 +66,10 @@ impl Verdict {
     }
 }
 
-#[derive(Deserialize)]
+/// Name the exit by `exit_id` or by `session` (its pinned exit; `user_id`
+/// narrows the search to one user, required of operators), not both
+/// (docs/health.md).
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct Feedback {
     /// The exit (e.g. from a `Proxynet-Exit` answer header)…
@@ -74,12 +77,14 @@ pub(super) struct Feedback {
     exit_id: Option<Uuid>,
     /// …or a sticky session, for the exit it is pinned to.
     #[serde(default)]
+    #[schemars(regex(pattern = "^[A-Za-z0-9]{1,64}$"))]
     session: Option<String>,
     /// The session's proxy user; without it, the account's users are
     /// searched (required of operators).
     #[serde(default)]
     user_id: Option<Uuid>,
-    /// A host name, URL, address or address block.
+    /// A host name, URL, address or address block; counted as its
+    /// registrable domain, IPv4 /24 or IPv6 /64.
     site: String,
     verdict: Verdict,
 }

@@ -19,8 +19,9 @@ use crate::auth::Operator;
 use crate::error::ApiError;
 use crate::{audit, AppState};
 
-/// The largest per-domain rate or concurrency a policy may name.
-const MAX_LIMIT: u32 = 1_000_000;
+/// The largest per-domain rate or concurrency a policy may name (as the
+/// policies' schemas say).
+const MAX_LIMIT: u32 = proxynet_store::policy::MAX_DOMAIN_LIMIT;
 
 /// Fields of a JSON object outside `known`: refused, as every other body.
 fn refuse_unknown(field: &str, value: &Value, known: &[&str]) -> Result<(), ApiError> {

@@ -119,10 +119,11 @@ pub(super) async fn get_one(
         .ok_or(ApiError::NotFound("session"))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct SetSessionTime {
     /// The pin's remaining life from now, 1 to 1440 minutes.
+    #[schemars(range(min = 1, max = proxynet_wire::username::MAX_SESSION_MINUTES))]
     sesstime_minutes: u32,
 }
 

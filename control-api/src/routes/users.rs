@@ -18,6 +18,8 @@ use axum::http::HeaderMap;
 use axum::http::StatusCode;
 use chrono::{DateTime, Utc};
 use proxynet_common::secret::Secret;
+use proxynet_store::policy::{RetryRule, TrafficPolicy, MAX_RETRY_RULES};
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
@@ -35,10 +37,19 @@ use allowlist::{check_network_count, set_cidrs, validate_allowlist};
 pub(crate) use limits::entitlements;
 use limits::limits_to_store;
 
-#[derive(Deserialize)]
+/// A base username: 1 to 64 of letters, digits, `_` and `.`
+/// ([`validate_username`]).
+const USERNAME_PATTERN: &str = "^[A-Za-z0-9_.]{1,64}$";
+/// Allow-list options: username-grammar key-value pairs, at most 200 bytes.
+const ALLOWLIST_OPTIONS_PATTERN: &str = "^[A-Za-z0-9_-]{0,200}$";
+
+#[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct CreateUser {
+    #[schemars(regex(pattern = USERNAME_PATTERN))]
     username: String,
+    /// 8 to 255 bytes, no control characters.
+    #[schemars(with = "String", length(min = 8, max = 255))]
     password: Secret,
     #[serde(default)]
     limits: Limits,
@@ -46,28 +57,39 @@ pub(crate) struct CreateUser {
     /// credentials are this user: IP allow-list login. Never overlapping
     /// another user's (409).
     #[serde(default)]
+    #[schemars(length(max = 256))]
     allowed_source_cidrs: Vec<String>,
     /// Username-grammar options for allow-listed traffic, which carries no
     /// username (e.g. `country-de-type-dc`, `session-office1-sesstime-30`).
     #[serde(default)]
+    #[schemars(regex(pattern = ALLOWLIST_OPTIONS_PATTERN))]
     allowlist_options: String,
 }
 
-#[derive(Deserialize)]
+// `policy` and `retry_rules` are read as JSON and checked by hand
+// (`routes::policy`: unknown fields refused, entries normalised); their
+// schemas are those of the types they are checked into.
+#[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct UpdateUser {
     enabled: Option<bool>,
+    /// 8 to 255 bytes, no control characters.
+    #[schemars(with = "Option<String>", length(min = 8, max = 255))]
     password: Option<Secret>,
     /// Replaces the allow-listed networks when present (`[]` removes them).
+    #[schemars(length(max = 256))]
     allowed_source_cidrs: Option<Vec<String>>,
+    #[schemars(regex(pattern = ALLOWLIST_OPTIONS_PATTERN))]
     allowlist_options: Option<String>,
     /// Replaces all limits when present.
     limits: Option<Limits>,
     /// Replaces the user's traffic policy when present (`{}` clears it);
     /// it may narrow the account's, never widen it.
+    #[schemars(with = "Option<TrafficPolicy>")]
     policy: Option<serde_json::Value>,
     /// Replaces the user's ban rules when present (`[]` clears them);
     /// they come before the account's and the operator's (docs/policy.md).
+    #[schemars(with = "Option<Vec<RetryRule>>", length(max = MAX_RETRY_RULES))]
     retry_rules: Option<serde_json::Value>,
     /// Always route through the account's dedicated addresses, as if every
     /// username said `-dedicated` (docs/dedicated.md).
@@ -96,12 +118,12 @@ pub(crate) struct User {
     /// Disabled by an operator: an account key cannot enable it again.
     disabled_by_operator: bool,
     /// The user's own traffic policy (docs/policy.md).
-    policy: sqlx::types::Json<proxynet_store::policy::TrafficPolicy>,
+    policy: sqlx::types::Json<TrafficPolicy>,
     /// The policy was written by an operator: an account key cannot change
     /// or clear it (nor delete the user to shed it).
     policy_by_operator: bool,
     /// The user's own ban rules (docs/policy.md, "Retry rules").
-    retry_rules: sqlx::types::Json<Vec<proxynet_store::policy::RetryRule>>,
+    retry_rules: sqlx::types::Json<Vec<RetryRule>>,
     /// Always through the account's dedicated addresses.
     dedicated_only: bool,
     created_at: DateTime<Utc>,

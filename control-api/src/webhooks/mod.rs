@@ -88,6 +88,25 @@ impl EventType {
     }
 }
 
+// As a subscription names it: one of the names of `EventType::ALL`.
+impl schemars::JsonSchema for EventType {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "EventType".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        let mut schema = serde_json::Map::new();
+        schema.insert("type".into(), "string".into());
+        let names: Value = EventType::ALL.iter().map(|e| e.as_str()).collect();
+        schema.insert("enum".into(), names);
+        schema.insert(
+            "description".into(),
+            "An event a webhook can subscribe to".into(),
+        );
+        schemars::Schema::from(schema)
+    }
+}
+
 /// Wakes this process's delivery workers (after a commit that emitted).
 static WAKE: tokio::sync::Notify = tokio::sync::Notify::const_new();
 

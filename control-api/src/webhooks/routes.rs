@@ -29,10 +29,18 @@ use crate::{audit, AppState};
 /// Most webhooks one account (or the operator) may hold.
 pub(crate) const MAX_WEBHOOKS: i64 = 10;
 
-#[derive(Deserialize)]
+/// docs/webhooks.md; `exit.withdrawn` on operator webhooks
+/// (`/v1/webhooks`) only.
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct CreateWebhook {
+    /// http(s), no credentials; a public address unless
+    /// `--webhook-allow-internal`.
+    #[schemars(url, length(max = target::MAX_URL_BYTES))]
     url: String,
+    // Read as names and checked by `events`; described as the names it
+    // accepts.
+    #[schemars(with = "Vec<EventType>", length(min = 1))]
     events: Vec<String>,
 }
 
@@ -47,7 +55,10 @@ pub(crate) struct NewWebhook {
     created_at: DateTime<Utc>,
 }
 
-#[derive(Deserialize)]
+/// `true`: enable (its run of failures starts again; one the operator
+/// paused, operators only: 403 to the account's key); `false`: pause (its
+/// pending deliveries are given up).
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct UpdateWebhook {
     enabled: bool,

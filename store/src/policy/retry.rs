@@ -29,22 +29,45 @@ const MAX_HEADER_NAME: usize = 64;
 /// Unknown fields are ignored here, as in [`TrafficPolicy`](super::TrafficPolicy) (a newer
 /// control-api may add some, and a record an older superproxy cannot read
 /// would lock its user out); the control-api refuses them on input
-/// ([`RetryRule::FIELDS`]).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// ([`RetryRule::FIELDS`]), as its schema says, and needs at least one
+/// status ([`RetryRule::normalized`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[schemars(
+    deny_unknown_fields,
+    description = "A ban rule (docs/policy.md, \"Retry rules\"): an answer from one of \
+        `sites` with one of `statuses` (and `header`, if given) means the exit is refused by \
+        that site; up to `retry` other exits are tried (for requests safe to repeat) and, with \
+        `cool`, the exit is cooled for the site. The first rule whose sites cover the target \
+        decides: the user's before the account's before the operator's."
+)]
 pub struct RetryRule {
     /// Domain entries as in the policies (a name covers the names under
     /// it, a network IP-literal targets); empty: every site.
     #[serde(default)]
+    #[schemars(length(max = MAX_RULE_SITES))]
     pub sites: Vec<String>,
     /// Response statuses that mean a ban; empty: any status.
     #[serde(default)]
+    // Required on input (`normalized` refuses a rule without one), though
+    // a stored rule reads without.
+    #[schemars(
+        !default,
+        length(min = 1),
+        inner(range(min = 400, max = 599)),
+        description = "Error statuses (400 to 599) that mean a ban; at least one"
+    )]
     pub statuses: Vec<u16>,
     /// A response header (lower case) whose presence means a ban, e.g.
     /// `cf-mitigated`; none: any headers.
     #[serde(default)]
+    #[schemars(regex(pattern = r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,64}$"))]
     pub header: Option<String>,
     /// How many other exits to try after a ban, 0 to [`MAX_RETRIES`].
     #[serde(default)]
+    #[schemars(
+        range(min = 0, max = MAX_RETRIES),
+        description = "How many other exits to try after a ban"
+    )]
     pub retry: u8,
     /// Whether a ban cools the exit for the site at once.
     #[serde(default)]

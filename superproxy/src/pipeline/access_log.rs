@@ -128,3 +128,6 @@ pub(super) fn refused(
         "tunnel refused"
     );
 }
+
+#[cfg(test)]
+mod tests;

@@ -73,3 +73,6 @@ impl Admit {
         Ok((leases, quotas))
     }
 }
+
+#[cfg(test)]
+mod tests;

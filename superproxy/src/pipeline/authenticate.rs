@@ -165,3 +165,6 @@ impl Login {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -17,15 +17,22 @@
 //! some domain rule could apply, has its per-domain rules judged by the
 //! server name in its client's TLS ClientHello ([`sni`]), read after the
 //! `200` and before any client byte reaches the exit
-//! ([`Pipeline::judge_first_bytes`]).
+//! ([`Pipeline::judge_first_bytes`], in [`first_bytes`]).
+//!
+//! A SOCKS5 UDP association goes through the same stages but the target's,
+//! which are per datagram ([`association`]).
 
 mod access_log;
 mod admit;
+mod association;
 mod authenticate;
 mod authorize;
+mod first_bytes;
 pub mod open;
 pub mod sni;
 mod target_policy;
+#[cfg(test)]
+pub(crate) mod test_support;
 mod tunnel;
 
 pub use admit::Admit;
@@ -34,11 +41,8 @@ pub use open::{Purpose, TunnelOpener};
 pub use target_policy::{customer_refuses, TargetPolicy};
 pub use tunnel::{Holds, Tunnel};
 
-use proxynet_wire::datagram::DatagramAddr;
-use std::net::IpAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use std::time::Instant;
 use uuid::Uuid;
 
 use crate::accept::ConnectionTicket;
@@ -47,10 +51,6 @@ use crate::metrics::Stats;
 use crate::open_tunnels::OpenTunnels;
 use crate::request::{Client, Credentials, Ingress, TargetAsk, TargetSpec};
 use crate::usage::{Metered, UsageRecorder};
-
-/// How long a client's first bytes are waited for when a tunnel is judged
-/// by them ([`Pipeline::judge_first_bytes`]); then it is judged without.
-const FIRST_BYTES_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What the last stage keeps of the target: as logged, as policies match
 /// it (for cutting it on a policy change), the registrable domain its
@@ -202,227 +202,6 @@ impl Pipeline {
             }
         }
         Ok(tunnel)
-    }
-
-    /// For a tunnel opened to an IP literal while some domain rule could
-    /// apply ([`Tunnel::judges_first_bytes`]; for any other tunnel this
-    /// returns at once): its per-domain rules, judged by what its client
-    /// sends first, after the `200` and before any of it reaches the exit.
-    ///
-    /// The client's first TLS record is read (at most
-    /// [`sni::MAX_RECORD`] bytes, for at most [`FIRST_BYTES_TIMEOUT`]; less
-    /// when it is not a handshake record, or when the exit speaks first —
-    /// a protocol whose server talks first has no ClientHello to wait for).
-    /// With a server name in it, the denied domains apply to that name and
-    /// the per-domain limits count the tunnel under its registrable domain;
-    /// without, the limits count it under the address's /24 or /64
-    /// ([`TargetPolicy`]). Admitted: the leases join the tunnel's, what the
-    /// exit sent goes to the client and what the client sent to the exit,
-    /// and `true` (splice on). Refused: the access log says so, the error
-    /// is counted, and `false`: the caller drops the tunnel, which closes
-    /// the connection (the `200` is already sent; nothing of the client's
-    /// reached the target). `false` too when either side failed meanwhile.
-    pub async fn judge_first_bytes<C>(&self, tunnel: &mut Tunnel, client: &mut C) -> bool
-    where
-        C: AsyncRead + AsyncWrite + Unpin,
-    {
-        if tunnel.first_bytes.is_none() {
-            return true;
-        }
-        // Boxed: every tunnel's task awaits this, and inline its buffers and
-        // Redis futures would enlarge each idle tunnel's task for good.
-        Box::pin(self.judge_first_bytes_now(tunnel, client)).await
-    }
-
-    async fn judge_first_bytes_now<C>(&self, tunnel: &mut Tunnel, client: &mut C) -> bool
-    where
-        C: AsyncRead + AsyncWrite + Unpin,
-    {
-        let Some(target) = tunnel.first_bytes.take() else {
-            return true;
-        };
-        let (from_client, from_exit) = read_first_bytes(client, &mut tunnel.io).await;
-        let server_name = sni::server_name(&from_client);
-        let holds = &mut tunnel.holds;
-        // The tunnel's outcome stays recorded under the address's block,
-        // the site its exit was chosen for: a server name is the client's
-        // word, and a forged one must not charge another site's record.
-        let judged = self
-            .target_policy
-            .judge_server_name(
-                holds.log.account_id,
-                holds.log.user_id,
-                &holds.record,
-                target.1,
-                server_name.as_deref(),
-            )
-            .await;
-        match judged {
-            Ok(leases) => holds._lease.add_domain(leases),
-            Err(e) => {
-                tracing::debug!(error = %e, server_name = ?server_name, "tunnel refused by its first bytes");
-                self.stats.tunnel_failed(holds.log.ingress, e.kind);
-                holds.refused(&e);
-                return false;
-            }
-        }
-        if !from_exit.is_empty() {
-            let written = async {
-                client.write_all(&from_exit).await?;
-                client.flush().await
-            };
-            if let Err(e) = written.await {
-                tunnel
-                    .holds
-                    .ended(proxynet_common::splice::End::Error(e.kind()));
-                return false;
-            }
-        }
-        if !from_client.is_empty() {
-            if let Err(e) = tunnel.io.write_all(&from_client).await {
-                tunnel
-                    .holds
-                    .ended(proxynet_common::splice::End::Error(e.kind()));
-                return false;
-            }
-        }
-        true
-    }
-
-    /// The stages after authentication for a SOCKS5 UDP association: it is
-    /// admitted like a tunnel (one concurrent-tunnel lease, the quotas, the
-    /// targeting and session pin) and opened on an exit that carries UDP.
-    /// Its destinations are per datagram: the relay records them
-    /// ([`Pipeline::record_datagram_target`]) and asks
-    /// [`Pipeline::datagram_allowed`] of each. Besides the tunnel: the
-    /// association's egress address of the other family, if it has one.
-    pub async fn open_association(
-        &self,
-        client: Client,
-        ticket: &ConnectionTicket,
-        started: Instant,
-    ) -> Result<(Tunnel, Option<IpAddr>), ProxyError> {
-        let ingress = Ingress::Socks5Udp;
-        let opened = async {
-            let (lease, quotas) = self.admit.admit(&client).await?;
-            let opened = self
-                .opener
-                .open(Purpose::Association, &client, None, None)
-                .await?;
-            Ok::<_, ProxyError>((lease, quotas, opened))
-        }
-        .await;
-        match opened {
-            Ok((lease, quotas, opened)) => {
-                let other_family = opened.other_egress_ip;
-                let tunnel = self.hold(
-                    client,
-                    ingress,
-                    HeldTarget {
-                        shown: "udp".to_owned(),
-                        policy_host: None,
-                        domain: None,
-                        site: None,
-                    },
-                    lease,
-                    quotas,
-                    opened,
-                    ticket,
-                    started,
-                );
-                Ok((tunnel, other_family))
-            }
-            Err(e) => {
-                self.record_refusal(ingress, ticket, started, Some(&client), &e);
-                Err(e)
-            }
-        }
-    }
-
-    /// Whether a datagram may leave for `destination`: literal addresses are
-    /// checked against the egress policy here, names at the exit (which
-    /// resolves them), as for tunnels.
-    pub fn datagram_allowed(&self, holds: &Holds, destination: &DatagramAddr) -> bool {
-        let literal_allowed = match destination {
-            DatagramAddr::Ip(addr) => self.opener.policy.check(*addr).is_ok(),
-            DatagramAddr::Name(..) => true,
-        };
-        literal_allowed
-            && self
-                .target_policy
-                .permits_datagram(&holds.record, destination)
-    }
-
-    /// Whether any per-domain limit could apply to the association's
-    /// datagrams now: only then does its relay keep a table of flows
-    /// ([`Pipeline::admit_flow`]). Memory only.
-    pub fn flows_limited(&self, holds: &Holds) -> bool {
-        self.target_policy.any_domain_limit(&holds.record)
-    }
-
-    /// Admits one new flow of an association (its first datagram to a
-    /// destination and port) under the per-domain limits, as a tunnel to
-    /// that destination would be; the leases it holds while it is active.
-    /// A refusal says why (429 with `Retry-After` for a limit).
-    pub async fn admit_flow(
-        &self,
-        holds: &Holds,
-        destination: &DatagramAddr,
-    ) -> Result<Vec<crate::admission::Lease>, ProxyError> {
-        self.target_policy
-            .limit_datagram(
-                holds.log.account_id,
-                holds.log.user_id,
-                &holds.record,
-                destination,
-            )
-            .await
-    }
-
-    /// Records one destination of an association in the target log (the
-    /// abuse desk's record), as a tunnel's target is recorded, under the
-    /// egress address it leaves from: the one of its family; for a name
-    /// (resolved at the exit, family unknown here) each of the two. Names
-    /// are recorded as policies match them (lower case, no trailing dot,
-    /// IDNA to ASCII; a name that cannot be normalised in lower case
-    /// without its trailing dot), addresses canonical, so a lookup finds
-    /// `VM.` as `vm`.
-    pub fn record_datagram_target(
-        &self,
-        holds: &Holds,
-        other_family: Option<IpAddr>,
-        destination: &DatagramAddr,
-    ) {
-        let log = &holds.log;
-        let (host, port, sources) = match destination {
-            DatagramAddr::Ip(addr) => {
-                let v4 = addr.ip().to_canonical().is_ipv4();
-                let source = match other_family {
-                    Some(other) if log.egress_ip.is_ipv4() != v4 => other,
-                    _ => log.egress_ip,
-                };
-                (
-                    addr.ip().to_canonical().to_string(),
-                    addr.port(),
-                    [Some(source), None],
-                )
-            }
-            DatagramAddr::Name(name, port) => (
-                recorded_name(name),
-                *port,
-                [Some(log.egress_ip), other_family],
-            ),
-        };
-        for source in sources.into_iter().flatten() {
-            self.usage.record_target(
-                log.account_id,
-                log.user_id,
-                log.exit_id,
-                source,
-                host.clone(),
-                port,
-            );
-        }
     }
 
     /// The last stage for every opened stream: the meter, the revocation
@@ -599,48 +378,3 @@ impl Pipeline {
         access_log::refused(ingress, ticket.peer(), started, client, error);
     }
 }
-
-/// Reads what a client sends first through a tunnel judged by it: its first
-/// TLS record, whole, or what it sent before that proved not to be one, or
-/// before the exit spoke first (whose bytes come back too), or before
-/// [`FIRST_BYTES_TIMEOUT`]. Never more than [`sni::MAX_RECORD`] bytes of
-/// the client's (a read may take some of what follows the record; it is
-/// all forwarded); the rest stays in its connection for the splice.
-async fn read_first_bytes<C, E>(client: &mut C, exit: &mut E) -> (Vec<u8>, Vec<u8>)
-where
-    C: AsyncRead + Unpin,
-    E: AsyncRead + Unpin,
-{
-    let deadline = tokio::time::Instant::now() + FIRST_BYTES_TIMEOUT;
-    let mut from_client = Vec::new();
-    let mut from_exit = Vec::new();
-    let mut chunk = [0u8; 2048];
-    while sni::first_record(&from_client) == sni::FirstRecord::Partial {
-        // Partial: fewer than MAX_RECORD bytes so far.
-        let room = (sni::MAX_RECORD - from_client.len()).min(chunk.len());
-        tokio::select! {
-            read = client.read(&mut chunk[..room]) => match read {
-                Ok(n) if n > 0 => from_client.extend_from_slice(&chunk[..n]),
-                // The client closed or failed: judged by what came.
-                _ => break,
-            },
-            // The server spoke first (or closed): no ClientHello comes
-            // before the client has read it.
-            _ = exit.read_buf(&mut from_exit) => break,
-            () = tokio::time::sleep_until(deadline) => break,
-        }
-    }
-    (from_client, from_exit)
-}
-
-/// A datagram's destination name as the target log keeps it: normalised as
-/// policies match names ([`proxynet_store::policy::normalize_host`]), or, for
-/// what cannot be a host name, in lower case without its trailing dot (the
-/// abuse desk's lookup folds the same way).
-fn recorded_name(name: &str) -> String {
-    proxynet_store::policy::normalize_host(name)
-        .unwrap_or_else(|_| name.strip_suffix('.').unwrap_or(name).to_ascii_lowercase())
-}
-
-#[cfg(test)]
-mod tests;

@@ -17,6 +17,8 @@ use crate::extract::{Json, Path, Query};
 use axum::extract::State;
 use axum::http::StatusCode;
 use chrono::{DateTime, Utc};
+use proxynet_store::SourceType;
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::net::IpAddr;
 use uuid::Uuid;
@@ -112,14 +114,21 @@ async fn items_where(
     .await
 }
 
-#[derive(Deserialize)]
+/// `count` (with optional targeting) or, for operators, `ips`
+/// (docs/dedicated.md).
+#[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(rename = "AllocateDedicated")]
 pub(super) struct Allocate {
+    #[schemars(range(min = 1, max = MAX_PER_CALL))]
     count: Option<u32>,
+    #[schemars(regex(pattern = "^[A-Za-z]{2}$"))]
     country: Option<String>,
     city: Option<String>,
+    #[schemars(with = "Option<SourceType>")]
     source_type: Option<String>,
     /// Operators only: these addresses (or /64 prefixes), exactly.
+    #[schemars(length(min = 1, max = MAX_PER_CALL))]
     ips: Option<Vec<String>>,
     /// The account's users the addresses serve (none: all of them).
     users: Option<Vec<Uuid>>,
@@ -401,8 +410,9 @@ pub(super) async fn replace(
     Ok(Json(Items { items }))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(rename = "AssignDedicated")]
 pub(super) struct AssignUsers {
     user_ids: Vec<Uuid>,
 }
@@ -451,8 +461,9 @@ pub(super) async fn set_users(
     Ok(Json(Items { items }))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(rename = "MoveDedicated")]
 pub(super) struct Move {
     account_id: Uuid,
 }

@@ -3,12 +3,16 @@
 
 use super::*;
 
-#[derive(Deserialize)]
+/// How consent may have been given.
+const CONSENT_METHODS: [&str; 3] = ["in_app_opt_in", "click_through_terms", "signed_contract"];
+
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct GrantConsent {
     /// When the person agreed (default: now).
     granted_at: Option<DateTime<Utc>>,
     /// `in_app_opt_in`, `click_through_terms` or `signed_contract`.
+    #[schemars(extend("enum" = CONSENT_METHODS))]
     method: String,
     notice_version: String,
     /// If given, must equal the stored notice's SHA-256 (what the device saw).
@@ -20,7 +24,7 @@ pub(crate) struct GrantConsent {
     expires_at: Option<DateTime<Utc>>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RevokeConsent {
     reason: String,
@@ -213,8 +217,7 @@ pub(super) async fn grant(
     body: GrantConsent,
     mode: Append,
 ) -> Result<(StatusCode, Json<ConsentRecord>), ApiError> {
-    if !["in_app_opt_in", "click_through_terms", "signed_contract"].contains(&body.method.as_str())
-    {
+    if !CONSENT_METHODS.contains(&body.method.as_str()) {
         return Err(ApiError::BadRequest(
             "method: in_app_opt_in, click_through_terms or signed_contract".into(),
         ));

@@ -38,11 +38,17 @@ use crate::{audit, AppState};
 
 // ---- sources ----------------------------------------------------------------
 
-#[derive(Deserialize)]
+/// A source's answers to the four questions (docs/provenance.md).
+// `source_type` and `channel` are read as strings and parsed by `validate`;
+// their schemas are those of the types they are parsed into.
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(rename = "Source")]
 pub(super) struct SourceBody {
     name: String,
+    #[schemars(with = "SourceType")]
     source_type: String,
+    #[schemars(with = "Channel")]
     channel: String,
     #[serde(default)]
     supplier: String,
@@ -56,7 +62,9 @@ pub(super) struct SourceBody {
     liable_party: String,
     #[serde(default)]
     abuse_contact: String,
+    /// ISO 3166-1 alpha-2 codes, upper case.
     #[serde(default)]
+    #[schemars(inner(regex(pattern = "^[A-Z]{2}$")))]
     countries: Vec<String>,
     /// Default: required for res/mobile and for channels that borrow someone
     /// else's line; optional (default off) for isp; never for dc.
@@ -64,6 +72,7 @@ pub(super) struct SourceBody {
     /// What the supplier bills per GB (both directions), in cents: the
     /// reconciliation view's cost and a plan's margin.
     #[serde(default)]
+    #[schemars(range(min = 0))]
     cost_cents_per_gb: Option<i64>,
 }
 

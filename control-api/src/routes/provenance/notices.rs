@@ -3,10 +3,13 @@
 
 use super::*;
 
-#[derive(Deserialize)]
+#[derive(Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(rename = "Notice")]
 pub(crate) struct NoticeBody {
+    #[schemars(regex(pattern = "^[A-Za-z0-9._-]{1,64}$"))]
     version: String,
+    /// The notice text (at most 200000 bytes).
     body: String,
 }
 

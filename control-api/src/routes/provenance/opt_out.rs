@@ -3,7 +3,7 @@
 
 use super::*;
 
-#[derive(Deserialize, Default)]
+#[derive(Deserialize, Default, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct OptOut {
     #[serde(default)]
