@@ -2,7 +2,7 @@
 //! or an error, never a panic, and never claims more than it was given.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use superproxy::ingress::http::head_guard::chunked::Chunked;
+use superproxy::parsers::Chunked;
 
 fuzz_target!(|data: &[u8]| {
     let split = data.first().map_or(0, |b| usize::from(*b)).min(data.len());

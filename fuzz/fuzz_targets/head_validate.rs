@@ -3,9 +3,9 @@
 //! hyper's own parser accepts too.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use superproxy::ingress::http::head_guard::validate::validate_head;
+use superproxy::parsers::validate_head;
 
 fuzz_target!(|data: &[u8]| {
-    let _ = validate_head(data, superproxy::ingress::http::MAX_HEADERS);
+    let _ = validate_head(data, superproxy::parsers::MAX_HEADERS);
     let _ = validate_head(data, 4);
 });

@@ -5,7 +5,7 @@
 //! past a header.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use superproxy::accept::proxy_protocol::{parse, Parsed, V1_MAX, V2_FIXED, V2_MAX_PAYLOAD};
+use superproxy::parsers::proxy_protocol::{parse, Parsed, V1_MAX, V2_FIXED, V2_MAX_PAYLOAD};
 
 fuzz_target!(|data: &[u8]| {
     match parse(data) {

@@ -29,9 +29,9 @@ fuzz_target!(|data: &[u8]| {
                 .ok()?;
             let _ = match target {
                 TargetAddr::Ip(addr) => {
-                    superproxy::target::Target::new(&addr.ip().to_string(), addr.port())
+                    superproxy::parsers::Target::new(&addr.ip().to_string(), addr.port())
                 }
-                TargetAddr::Domain(name, port) => superproxy::target::Target::new(&name, port),
+                TargetAddr::Domain(name, port) => superproxy::parsers::Target::new(&name, port),
             };
             Some(())
         };

@@ -3,7 +3,7 @@
 //! panic; a name is ASCII and at most 255 bytes.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use superproxy::pipeline::sni;
+use superproxy::parsers::sni;
 
 fuzz_target!(|data: &[u8]| {
     let _ = sni::first_record(data);

@@ -5,7 +5,7 @@ use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(text) = std::str::from_utf8(data) {
-        if let Ok(parsed) = superproxy::username::parse(text) {
+        if let Ok(parsed) = proxynet_wire::username::parse(text) {
             assert!(!parsed.user.is_empty());
         }
     }

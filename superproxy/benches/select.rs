@@ -9,14 +9,14 @@
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use proxynet_store::{ExitRecord, SourceType};
 use proxynet_wire::mux;
+use proxynet_wire::username::Targeting;
 use std::collections::HashMap;
 use std::hint::black_box;
 use std::sync::Arc;
 use std::time::Duration;
-use superproxy::health::{HealthBook, HealthConfig};
-use superproxy::link::registry::{Link, LinkSender};
-use superproxy::select::{choose, Candidate, PoolView};
-use superproxy::username::Targeting;
+use superproxy::selection::{
+    choose, Candidate, HealthBook, HealthConfig, Link, LinkSender, MuxLink, PoolView,
+};
 use uuid::Uuid;
 
 fn link(rt: &tokio::runtime::Runtime) -> Link {
@@ -29,7 +29,7 @@ fn link(rt: &tokio::runtime::Runtime) -> Link {
             id: 1,
             exit_id: Uuid::nil(),
             peer: "127.0.0.1:1".parse().unwrap(),
-            sender: LinkSender::Mux(superproxy::link::registry::MuxLink {
+            sender: LinkSender::Mux(MuxLink {
                 handle,
                 open_window: true,
                 udp: true,

@@ -43,7 +43,7 @@ mod ticket;
 #[cfg(test)]
 mod tests;
 
-pub use gate::{Gate, ProxyProtocol};
-pub use listen::{run, ConnectionHandler, Listeners};
-pub use pre_auth::{PreAuth, PreAuthLimits};
-pub use ticket::ConnectionTicket;
+pub(crate) use gate::{Gate, ProxyProtocol};
+pub(crate) use listen::{run, ConnectionHandler, Listeners};
+pub(crate) use pre_auth::{PreAuth, PreAuthLimits};
+pub(crate) use ticket::ConnectionTicket;

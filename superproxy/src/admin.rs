@@ -16,7 +16,7 @@ use crate::link::registry::LinkRegistry;
 use crate::select::Pool;
 
 /// What the admin endpoints report on.
-pub struct AdminState {
+pub(crate) struct AdminState {
     /// `/metrics` (none if another recorder was installed first).
     pub metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
     pub superproxy_id: uuid::Uuid,
@@ -27,12 +27,12 @@ pub struct AdminState {
 }
 
 impl AdminState {
-    pub fn is_draining(&self) -> bool {
+    pub(crate) fn is_draining(&self) -> bool {
         self.draining.load(std::sync::atomic::Ordering::Relaxed)
     }
 }
 
-pub async fn run(listener: TcpListener, gateway: Arc<AdminState>, stop: Stop) {
+pub(crate) async fn run(listener: TcpListener, gateway: Arc<AdminState>, stop: Stop) {
     loop {
         let accepted = tokio::select! {
             () = stop.cancelled() => return,

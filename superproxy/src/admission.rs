@@ -154,7 +154,7 @@ end
 return 1
 ";
 
-pub struct Admission {
+pub(crate) struct Admission {
     redis: RedisConnection,
     keys: Keys,
     superproxy_id: Uuid,
@@ -178,7 +178,7 @@ struct HeldSet {
 }
 
 /// A concurrency slot in one lease set; released when dropped.
-pub struct Lease {
+pub(crate) struct Lease {
     admission: Arc<Admission>,
     set: String,
     id: String,
@@ -227,7 +227,7 @@ impl Drop for Lease {
 }
 
 /// A slot in this instance's count of a user without a limit of its own.
-pub struct LocalSlot {
+pub(crate) struct LocalSlot {
     admission: Arc<Admission>,
     user: Uuid,
 }
@@ -248,7 +248,7 @@ impl Drop for LocalSlot {
 /// Everything a tunnel holds against concurrency limits: the user's lease
 /// (or its slot in the local default count) and the account's lease.
 #[derive(Default)]
-pub struct Leases {
+pub(crate) struct Leases {
     _user: Option<Lease>,
     _local: Option<LocalSlot>,
     _account: Option<Lease>,
@@ -258,20 +258,20 @@ pub struct Leases {
 
 impl Leases {
     /// These leases and the target policy's, held as one.
-    pub fn with_domain(mut self, domain: Vec<Lease>) -> Self {
+    pub(crate) fn with_domain(mut self, domain: Vec<Lease>) -> Self {
         self._domain = domain;
         self
     }
 
     /// Per-domain leases taken after the tunnel opened (the judgement of a
     /// tunnel to an address by its first bytes), held alongside.
-    pub fn add_domain(&mut self, domain: Vec<Lease>) {
+    pub(crate) fn add_domain(&mut self, domain: Vec<Lease>) {
         self._domain.extend(domain);
     }
 }
 
 impl Admission {
-    pub fn new(
+    pub(crate) fn new(
         redis: RedisConnection,
         keys: Keys,
         superproxy_id: Uuid,
@@ -349,7 +349,7 @@ impl Admission {
     /// Admits one new tunnel for `user` of `account` or says why not (429 +
     /// Retry-After): the user's own limits, or this instance's default cap
     /// when it has none, and the account's totals.
-    pub async fn admit(
+    pub(crate) async fn admit(
         self: &Arc<Self>,
         user: Uuid,
         account: Uuid,
@@ -390,7 +390,7 @@ impl Admission {
     /// rate, then a lease in its concurrency set, shared by every superproxy
     /// like the user limits. The operator's aggregate is
     /// [`Self::admit_shared_domain`].
-    pub async fn admit_domain(
+    pub(crate) async fn admit_domain(
         self: &Arc<Self>,
         scope: &str,
         domain: &str,
@@ -424,7 +424,7 @@ impl Admission {
     /// its share of the concurrency. One script call each, as for an
     /// owner's limit. While Redis is away the rate lets tunnels through and
     /// the concurrency counts this instance's leases, as for the others.
-    pub async fn admit_shared_domain(
+    pub(crate) async fn admit_shared_domain(
         self: &Arc<Self>,
         domain: &str,
         limit: proxynet_store::policy::Limit,
@@ -507,7 +507,7 @@ impl Admission {
     }
 
     /// Extends this instance's leases every third of their lifetime.
-    pub async fn run_renewals(self: Arc<Self>, stop: Stop) {
+    pub(crate) async fn run_renewals(self: Arc<Self>, stop: Stop) {
         let mut tick = tokio::time::interval(self.lease_ttl / 3);
         while stop.run_until_cancelled(tick.tick()).await.is_some() {
             let snapshot: Vec<(String, Option<String>, Vec<String>)> = self
@@ -549,7 +549,7 @@ impl Admission {
 
     /// Bytes a quota owner has used this period according to the shared
     /// counter (`None` when Redis cannot say).
-    pub async fn quota_used(&self, owner: QuotaOwner, period: QuotaPeriod) -> Option<u64> {
+    pub(crate) async fn quota_used(&self, owner: QuotaOwner, period: QuotaPeriod) -> Option<u64> {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs() as i64);

@@ -27,7 +27,7 @@ use std::net::IpAddr;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-pub struct Allowlist {
+pub(crate) struct Allowlist {
     redis: RedisConnection,
     keys: Keys,
     entries: RwLock<Arc<Vec<(Cidr, String)>>>,
@@ -35,7 +35,7 @@ pub struct Allowlist {
 }
 
 impl Allowlist {
-    pub fn new(
+    pub(crate) fn new(
         redis: RedisConnection,
         keys: Keys,
         open_tunnels: Arc<crate::open_tunnels::OpenTunnels>,
@@ -49,7 +49,7 @@ impl Allowlist {
     }
 
     /// The allow-listed network containing `ip` and the user it belongs to.
-    pub fn lookup(&self, ip: IpAddr) -> Option<(Cidr, String)> {
+    pub(crate) fn lookup(&self, ip: IpAddr) -> Option<(Cidr, String)> {
         let ip = match ip {
             IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
             v4 => v4,
@@ -59,7 +59,7 @@ impl Allowlist {
     }
 
     /// Re-reads the map; on failure the last one stays in use.
-    pub async fn refresh(&self) {
+    pub(crate) async fn refresh(&self) {
         let mut redis = self.redis.clone();
         let map: Result<HashMap<String, String>, _> = redis.hgetall(self.keys.allowlist()).await;
         // An empty map from a Redis that lost the projection (restarted
@@ -106,7 +106,7 @@ impl Allowlist {
         }
     }
 
-    pub async fn run(self: Arc<Self>, interval: Duration, stop: Stop) {
+    pub(crate) async fn run(self: Arc<Self>, interval: Duration, stop: Stop) {
         let mut tick = tokio::time::interval(interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         while stop.run_until_cancelled(tick.tick()).await.is_some() {

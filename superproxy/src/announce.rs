@@ -12,7 +12,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 #[derive(Clone)]
-pub struct Announcer {
+pub(crate) struct Announcer {
     pub redis: RedisConnection,
     pub keys: Keys,
     pub record: SuperproxyRecord,
@@ -20,7 +20,7 @@ pub struct Announcer {
 }
 
 impl Announcer {
-    pub async fn run(self, stop: Stop) {
+    pub(crate) async fn run(self, stop: Stop) {
         let mut tick = tokio::time::interval(self.interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         while stop.run_until_cancelled(tick.tick()).await.is_some() {
@@ -30,7 +30,7 @@ impl Announcer {
         }
     }
 
-    pub async fn announce_once(&self) -> Result<(), redis::RedisError> {
+    pub(crate) async fn announce_once(&self) -> Result<(), redis::RedisError> {
         let mut redis = self.redis.clone();
         let ttl_ms = u64::try_from(self.interval.as_millis())
             .unwrap_or(u64::MAX)
@@ -51,7 +51,7 @@ impl Announcer {
     }
 
     /// Withdraws the announcement so agents stop dialling (best effort).
-    pub async fn withdraw(&self) {
+    pub(crate) async fn withdraw(&self) {
         let mut redis = self.redis.clone();
         let _: Result<(), _> = redis
             .zrem(self.keys.superproxies_live(), self.record.id.to_string())
@@ -66,7 +66,7 @@ impl Announcer {
 /// and the address the reflector is announced at (`reflector`). The
 /// reflector is among them so that no exit reaches it through a tunnel:
 /// what it signs must be what the asking exit's own line looks like.
-pub fn service_addresses(
+pub(crate) fn service_addresses(
     bound: &crate::Addresses,
     advertised: SocketAddr,
     reflector: Option<SocketAddr>,

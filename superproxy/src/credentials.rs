@@ -49,7 +49,7 @@ struct CachedRecord {
 
 /// A user whose password was verified, and the hash it was verified against.
 #[derive(Clone)]
-pub struct Verified {
+pub(crate) struct Verified {
     pub record: Arc<UserRecord>,
     /// SHA-256 of the stored password hash: a tunnel authenticated with it is
     /// revoked when the stored hash changes.
@@ -57,7 +57,7 @@ pub struct Verified {
 }
 
 #[derive(Clone)]
-pub struct Authenticator {
+pub(crate) struct Authenticator {
     inner: Arc<Inner>,
 }
 
@@ -75,7 +75,7 @@ struct Inner {
 }
 
 impl Authenticator {
-    pub fn new(
+    pub(crate) fn new(
         redis: RedisConnection,
         keys: Keys,
         record_ttl: Duration,
@@ -113,7 +113,7 @@ impl Authenticator {
     /// an argon2 verification is about to start (so it counts when it starts,
     /// whatever happens to the client afterwards) and for a remembered
     /// failure. The failed-auth limiter charges the source address there.
-    pub async fn authenticate(
+    pub(crate) async fn authenticate(
         &self,
         username: &str,
         password: &str,
@@ -138,7 +138,7 @@ impl Authenticator {
 
     /// An enabled user by name, with no password check: for IP allow-list
     /// logins, where the source address is the credential.
-    pub async fn allowlisted(&self, username: &str) -> Result<Verified, ProxyError> {
+    pub(crate) async fn allowlisted(&self, username: &str) -> Result<Verified, ProxyError> {
         if !is_base_username(username) {
             return Err(ProxyError::auth_required());
         }
@@ -152,7 +152,7 @@ impl Authenticator {
     }
 
     /// Forgets the cached record of `username` (called on a change event).
-    pub fn invalidate(&self, username: &str) {
+    pub(crate) fn invalidate(&self, username: &str) {
         if let Ok(mut records) = self.inner.records.lock() {
             records.remove(username);
         }
@@ -162,7 +162,7 @@ impl Authenticator {
     /// refreshes). `Err` when Redis cannot say — down, or back from a restart
     /// and not yet re-projected (an absent user proves nothing then, and a
     /// known user must not be refused and charged as a failed login).
-    pub async fn fresh_entry(&self, username: &str) -> Result<UserEntry, redis::RedisError> {
+    pub(crate) async fn fresh_entry(&self, username: &str) -> Result<UserEntry, redis::RedisError> {
         let mut redis = self.inner.redis.clone();
         // One MULTI (the marker shares the user key's slot): a flush and
         // re-projection cannot fall between the two reads.
@@ -350,18 +350,6 @@ impl Inner {
         }
         let _ = answer.send(Some(ok));
     }
-
-    /// Verifications running or waiting for a permit (for tests and metrics).
-    fn in_flight(&self) -> usize {
-        self.in_flight.lock().map(|m| m.len()).unwrap_or(0)
-    }
-}
-
-impl Authenticator {
-    /// Password verifications running or queued right now.
-    pub fn verifications_in_flight(&self) -> usize {
-        self.inner.in_flight()
-    }
 }
 
 /// HMAC accepts keys of any length, so construction cannot fail.
@@ -371,7 +359,7 @@ fn unreachable_hmac() -> Hmac<Sha256> {
 }
 
 /// Decodes `Proxy-Authorization: Basic base64(user:pass)`.
-pub fn parse_basic(header: &str) -> Option<(String, String)> {
+pub(crate) fn parse_basic(header: &str) -> Option<(String, String)> {
     use base64::Engine;
     let (scheme, value) = header.trim().split_once(' ')?;
     if !scheme.eq_ignore_ascii_case("basic") {

@@ -25,7 +25,7 @@ const PING_EVERY: Duration = Duration::from_secs(5);
 const PING_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// What each kind of event refreshes.
-pub struct Listeners {
+pub(crate) struct Listeners {
     pub revoker: Arc<Revoker>,
     pub pool: Arc<Pool>,
     pub allowlist: Arc<crate::allowlist::Allowlist>,
@@ -33,7 +33,7 @@ pub struct Listeners {
     pub sites: Arc<crate::sites::SiteBook>,
 }
 
-pub async fn run(mut redis: RedisTarget, channel: String, listeners: Listeners, stop: Stop) {
+pub(crate) async fn run(mut redis: RedisTarget, channel: String, listeners: Listeners, stop: Stop) {
     stop.run_until_cancelled(follow(&mut redis, &channel, &listeners))
         .await;
 }

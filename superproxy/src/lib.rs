@@ -26,33 +26,51 @@
 //! `drain_delay`, listeners closed, open tunnels given `drain_timeout`, the
 //! rest cut, usage flushed.
 
-pub mod accept;
-pub mod admin;
-pub mod admission;
-pub mod allowlist;
-pub mod announce;
-pub mod config;
-pub mod credentials;
+mod accept;
+mod admin;
+mod admission;
+mod allowlist;
+mod announce;
+mod config;
+mod credentials;
 pub mod error;
-pub mod events;
-pub mod health;
-pub mod ingress;
-pub mod link;
-pub mod login_throttle;
-pub mod metrics;
-pub mod open_tunnels;
-pub mod operator_policy;
-pub mod pipeline;
-pub mod probe;
-pub mod reflector;
-pub mod request;
-pub mod revocation;
-pub mod select;
-pub mod sites;
-pub mod target;
-/// The username grammar, shared with the control-api.
-pub use proxynet_wire::username;
-pub mod usage;
+mod events;
+mod health;
+mod ingress;
+mod link;
+mod login_throttle;
+mod metrics;
+mod open_tunnels;
+mod operator_policy;
+mod pipeline;
+mod probe;
+mod reflector;
+mod request;
+mod revocation;
+mod select;
+mod sites;
+mod target;
+mod usage;
+
+/// The parsers a client's first bytes meet, for the fuzz targets.
+pub mod parsers {
+    pub use crate::accept::proxy_protocol;
+    pub use crate::ingress::http::head_guard::{chunked::Chunked, validate::validate_head};
+    pub use crate::ingress::http::MAX_HEADERS;
+    pub use crate::pipeline::sni;
+    pub use crate::target::Target;
+}
+
+/// Exit selection over a hand-built pool, for the benches.
+pub mod selection {
+    pub use crate::health::{HealthBook, HealthConfig};
+    pub use crate::link::registry::{Link, LinkSender, MuxLink};
+    pub use crate::select::{choose, Candidate, PoolView};
+}
+
+/// The script that advances a shared quota counter once per batch (the
+/// usage tests run it against a real Redis).
+pub use usage::ADD_ONCE_SCRIPT;
 
 use proxynet_common::egress::EgressPolicy;
 use proxynet_store::redis_target::{RedisConnection, RedisTarget};

@@ -30,7 +30,7 @@ const MAX_BLOCK: Duration = Duration::from_secs(3600);
 /// Offences are forgotten after this long without one.
 const STRIKE_MEMORY: Duration = Duration::from_secs(3600);
 
-pub struct AuthFailureLimiter {
+pub(crate) struct AuthFailureLimiter {
     limiter: DefaultKeyedRateLimiter<IpAddr>,
     clock: DefaultClock,
     blocks: Mutex<HashMap<IpAddr, Block>>,
@@ -44,7 +44,7 @@ struct Block {
 }
 
 /// The address a limit applies to: IPv4 as is, IPv6 by its /64.
-pub fn limit_key(ip: IpAddr) -> IpAddr {
+pub(crate) fn limit_key(ip: IpAddr) -> IpAddr {
     match ip {
         IpAddr::V4(_) => ip,
         IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
@@ -71,7 +71,7 @@ fn refusal(until: Instant) -> ProxyError {
 }
 
 impl AuthFailureLimiter {
-    pub fn new(failures_per_minute: u32) -> Self {
+    pub(crate) fn new(failures_per_minute: u32) -> Self {
         let per_minute = NonZeroU32::new(failures_per_minute.max(1)).unwrap_or(NonZeroU32::MIN);
         Self {
             limiter: DefaultKeyedRateLimiter::keyed(Quota::per_minute(per_minute)),
@@ -81,7 +81,7 @@ impl AuthFailureLimiter {
     }
 
     /// Refuses a client that is blocked.
-    pub fn check(&self, ip: IpAddr) -> Result<(), ProxyError> {
+    pub(crate) fn check(&self, ip: IpAddr) -> Result<(), ProxyError> {
         let key = limit_key(ip);
         let block = self.blocks.lock().ok().and_then(|b| b.get(&key).copied());
         match block {
@@ -92,7 +92,7 @@ impl AuthFailureLimiter {
 
     /// Charges one attempt (a password check about to run, or a malformed
     /// login); over budget, the address is blocked and the attempt refused.
-    pub fn charge(&self, ip: IpAddr) -> Result<(), ProxyError> {
+    pub(crate) fn charge(&self, ip: IpAddr) -> Result<(), ProxyError> {
         self.check(ip)?;
         let key = limit_key(ip);
         let Err(not_until) = self.limiter.check_key(&key) else {
@@ -123,7 +123,7 @@ impl AuthFailureLimiter {
     }
 
     /// Drops state of addresses that are quiet again (bounded memory).
-    pub fn housekeeping(&self) {
+    pub(crate) fn housekeeping(&self) {
         self.limiter.retain_recent();
         let now = Instant::now();
         if let Ok(mut blocks) = self.blocks.lock() {
@@ -132,7 +132,7 @@ impl AuthFailureLimiter {
         }
     }
 
-    pub async fn run_housekeeping(self: std::sync::Arc<Self>, stop: Stop) {
+    pub(crate) async fn run_housekeeping(self: std::sync::Arc<Self>, stop: Stop) {
         let mut tick = tokio::time::interval(Duration::from_secs(60));
         while stop.run_until_cancelled(tick.tick()).await.is_some() {
             self.housekeeping();

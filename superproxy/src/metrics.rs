@@ -18,7 +18,7 @@ use crate::request::Ingress;
 
 /// Running totals this instance publishes for the fleet view.
 #[derive(Default)]
-pub struct Stats {
+pub(crate) struct Stats {
     opened: AtomicU64,
     failed: [AtomicU64; ErrorKind::ALL.len()],
     bytes_up: AtomicU64,
@@ -49,14 +49,14 @@ fn per_tunnel() -> &'static PerTunnel {
 }
 
 impl Stats {
-    pub fn tunnel_opened(&self, ingress: Ingress, setup: Duration) {
+    pub(crate) fn tunnel_opened(&self, ingress: Ingress, setup: Duration) {
         self.opened.fetch_add(1, Ordering::Relaxed);
         let series = per_tunnel();
         series.opened[ingress as usize].increment(1);
         series.setup[ingress as usize].record(setup.as_secs_f64());
     }
 
-    pub fn tunnel_failed(&self, ingress: Ingress, kind: ErrorKind) {
+    pub(crate) fn tunnel_failed(&self, ingress: Ingress, kind: ErrorKind) {
         if let Some(i) = ErrorKind::ALL.iter().position(|k| *k == kind) {
             self.failed[i].fetch_add(1, Ordering::Relaxed);
         }
@@ -78,7 +78,7 @@ impl Stats {
         }
     }
 
-    pub fn bytes(&self, up: u64, down: u64) {
+    pub(crate) fn bytes(&self, up: u64, down: u64) {
         self.bytes_up.fetch_add(up, Ordering::Relaxed);
         self.bytes_down.fetch_add(down, Ordering::Relaxed);
         counter!("proxynet_tunnel_bytes_total", "direction" => "up").increment(up);
@@ -86,7 +86,7 @@ impl Stats {
     }
 
     /// The snapshot the fleet view reads (totals since start).
-    pub fn snapshot(&self) -> SuperproxyStats {
+    pub(crate) fn snapshot(&self) -> SuperproxyStats {
         SuperproxyStats {
             tunnels_opened: self.opened.load(Ordering::Relaxed),
             tunnels_failed: ErrorKind::ALL
@@ -112,7 +112,7 @@ impl Stats {
 }
 
 /// Outcome of a login attempt (`ok`, `denied`, `limited`, `bad_username`).
-pub fn auth(outcome: &'static str) {
+pub(crate) fn auth(outcome: &'static str) {
     if outcome == "ok" {
         per_tunnel().logins_ok.increment(1);
     } else {
@@ -121,20 +121,20 @@ pub fn auth(outcome: &'static str) {
 }
 
 /// An HTTP/2 client connection we closed for its behaviour (`rapid_reset`).
-pub fn h2_connection_closed(reason: &'static str) {
+pub(crate) fn h2_connection_closed(reason: &'static str) {
     counter!("proxynet_h2_connections_closed_total", "reason" => reason).increment(1);
 }
 
 /// A PROXY protocol header read from a trusted balancer's connection, or
 /// why none was: `proxied`, `local` (the peer's address kept), `malformed`,
 /// `timeout`, `closed` (the last three close the connection).
-pub fn proxy_protocol(outcome: &'static str) {
+pub(crate) fn proxy_protocol(outcome: &'static str) {
     counter!("proxynet_proxy_protocol_headers_total", "outcome" => outcome).increment(1);
 }
 
 /// One datagram of a UDP association, `up` (client to exit) or `down`, and
 /// what became of it (`relayed`, or why it was dropped).
-pub fn udp_datagram(direction: &'static str, outcome: &'static str) {
+pub(crate) fn udp_datagram(direction: &'static str, outcome: &'static str) {
     counter!("proxynet_udp_datagrams_total", "direction" => direction, "outcome" => outcome)
         .increment(1);
 }
@@ -142,7 +142,7 @@ pub fn udp_datagram(direction: &'static str, outcome: &'static str) {
 /// One destination of a UDP association to be written to the target log at
 /// its first sight in a minute: `recorded`, or `rate_limited` (the
 /// association's record rate was spent; its next datagram tries again).
-pub fn udp_target_record(outcome: &'static str) {
+pub(crate) fn udp_target_record(outcome: &'static str) {
     counter!("proxynet_udp_target_records_total", "outcome" => outcome).increment(1);
 }
 
@@ -153,32 +153,32 @@ pub fn udp_target_record(outcome: &'static str) {
 static TUNNELS_ACTIVE: AtomicI64 = AtomicI64::new(0);
 static CONNECTIONS_OPEN: AtomicI64 = AtomicI64::new(0);
 
-pub fn tunnels_active(delta: i64) {
+pub(crate) fn tunnels_active(delta: i64) {
     TUNNELS_ACTIVE.fetch_add(delta, Ordering::Relaxed);
 }
 
-pub fn connections_open(delta: i64) {
+pub(crate) fn connections_open(delta: i64) {
     CONNECTIONS_OPEN.fetch_add(delta, Ordering::Relaxed);
 }
 
 /// Sets the level gauges from their atomics, just before a rendering.
-pub fn publish_levels() {
+pub(crate) fn publish_levels() {
     gauge!("proxynet_tunnels_active").set(TUNNELS_ACTIVE.load(Ordering::Relaxed) as f64);
     gauge!("proxynet_connections_open").set(CONNECTIONS_OPEN.load(Ordering::Relaxed) as f64);
 }
 
 /// Connections not logged in yet: holding a pre-auth slot of their address,
 /// and waiting (unread) for one.
-pub fn unauthenticated(held: usize, waiting: usize) {
+pub(crate) fn unauthenticated(held: usize, waiting: usize) {
     gauge!("proxynet_unauthenticated_connections", "state" => "held").set(held as f64);
     gauge!("proxynet_unauthenticated_connections", "state" => "waiting").set(waiting as f64);
 }
 
-pub fn link_event(event: &'static str) {
+pub(crate) fn link_event(event: &'static str) {
     counter!("proxynet_link_events_total", "event" => event).increment(1);
 }
 
-pub fn pool(eligible: usize, blocked: usize, live: usize, degraded: bool) {
+pub(crate) fn pool(eligible: usize, blocked: usize, live: usize, degraded: bool) {
     gauge!("proxynet_pool_exits", "state" => "eligible").set(eligible as f64);
     gauge!("proxynet_pool_exits", "state" => "blocked_by_provenance").set(blocked as f64);
     gauge!("proxynet_pool_exits", "state" => "live").set(live as f64);
@@ -187,7 +187,7 @@ pub fn pool(eligible: usize, blocked: usize, live: usize, degraded: bool) {
 
 /// Whether the control plane is silent (and for how long), and how many
 /// exits only their probed links keep eligible meanwhile.
-pub fn control_plane(silent_since: Option<std::time::Instant>, held_by_links: usize) {
+pub(crate) fn control_plane(silent_since: Option<std::time::Instant>, held_by_links: usize) {
     gauge!("proxynet_control_plane_silent").set(if silent_since.is_some() { 1.0 } else { 0.0 });
     gauge!("proxynet_control_plane_silent_seconds")
         .set(silent_since.map_or(0.0, |s| s.elapsed().as_secs_f64()));
@@ -195,61 +195,61 @@ pub fn control_plane(silent_since: Option<std::time::Instant>, held_by_links: us
 }
 
 /// One pool read: `full` or `delta`, and how many exits it carried.
-pub fn pool_read(kind: &'static str, exits: usize) {
+pub(crate) fn pool_read(kind: &'static str, exits: usize) {
     counter!("proxynet_pool_reads_total", "kind" => kind).increment(1);
     counter!("proxynet_pool_read_exits_total", "kind" => kind).increment(exits as u64);
 }
 
-pub fn health(linked: usize, available: usize, ejected: usize, panic: bool) {
+pub(crate) fn health(linked: usize, available: usize, ejected: usize, panic: bool) {
     gauge!("proxynet_exits_health", "state" => "linked").set(linked as f64);
     gauge!("proxynet_exits_health", "state" => "available").set(available as f64);
     gauge!("proxynet_exits_health", "state" => "ejected").set(ejected as f64);
     gauge!("proxynet_health_panic").set(if panic { 1.0 } else { 0.0 });
 }
 
-pub fn probe(rtt: Option<Duration>) {
+pub(crate) fn probe(rtt: Option<Duration>) {
     match rtt {
         Some(rtt) => histogram!("proxynet_probe_rtt_seconds").record(rtt.as_secs_f64()),
         None => counter!("proxynet_probe_failures_total").increment(1),
     }
 }
 
-pub fn store_error(store: &'static str, op: &'static str) {
+pub(crate) fn store_error(store: &'static str, op: &'static str) {
     counter!("proxynet_store_errors_total", "store" => store, "op" => op).increment(1);
 }
 
-pub fn usage_batches(pending: usize) {
+pub(crate) fn usage_batches(pending: usize) {
     gauge!("proxynet_usage_batches_pending").set(pending as f64);
 }
 
-pub fn usage_batch(outcome: &'static str) {
+pub(crate) fn usage_batch(outcome: &'static str) {
     counter!("proxynet_usage_batches_total", "outcome" => outcome).increment(1);
 }
 
-pub fn revoked(tunnels: usize, why: &'static str) {
+pub(crate) fn revoked(tunnels: usize, why: &'static str) {
     counter!("proxynet_tunnels_cut_total", "reason" => why).increment(tunnels as u64);
 }
 
 /// One outcome of a tunnel or request as its target site saw it
 /// (`ok`, `refused`, `handshake_closed`, `banned`: [`crate::sites::Verdict`]).
-pub fn site_outcome(verdict: &'static str) {
+pub(crate) fn site_outcome(verdict: &'static str) {
     counter!("proxynet_site_outcomes_total", "verdict" => verdict).increment(1);
 }
 
 /// An exit this instance cooled for a site (announced to the fleet).
-pub fn site_cooled() {
+pub(crate) fn site_cooled() {
     counter!("proxynet_site_cooldowns_total").increment(1);
 }
 
 /// Site cooling ignored: `threshold` (a site entered panic: nearly every
 /// eligible exit is cooled for it) or `fallback` (a pick found only exits
 /// cooled for the tunnel's site).
-pub fn site_panic(reason: &'static str) {
+pub(crate) fn site_panic(reason: &'static str) {
     counter!("proxynet_site_panic_total", "reason" => reason).increment(1);
 }
 
 /// (exit, site) cooldowns in force now, as this instance holds them.
-pub fn site_cooldowns_active(n: usize) {
+pub(crate) fn site_cooldowns_active(n: usize) {
     gauge!("proxynet_site_cooldowns_active").set(n as f64);
 }
 
@@ -257,19 +257,19 @@ pub fn site_cooldowns_active(n: usize) {
 /// `retried` (the request went to another exit), `exhausted` (its last
 /// allowed attempt was banned too), `budget` (the retry budget was spent),
 /// `unanswered` (no other exit answered the retry: the ban is relayed).
-pub fn ban_retry(outcome: &'static str) {
+pub(crate) fn ban_retry(outcome: &'static str) {
     counter!("proxynet_ban_retries_total", "outcome" => outcome).increment(1);
 }
 
 /// An exit cooled for a site in one account's routing only (a customer's
 /// report, or one account's failures not yet corroborated by another's).
-pub fn site_account_cooled() {
+pub(crate) fn site_account_cooled() {
     counter!("proxynet_site_account_cooldowns_total").increment(1);
 }
 
 /// Account-scoped (exit, site) cooldowns this instance holds now: exits
 /// cooled for a site in one account's routing only.
-pub fn site_account_cooldowns_active(n: usize) {
+pub(crate) fn site_account_cooldowns_active(n: usize) {
     gauge!("proxynet_site_account_cooldowns_active").set(n as f64);
 }
 
@@ -278,7 +278,7 @@ pub fn site_account_cooldowns_active(n: usize) {
 /// `no_session`, `no_pin`, `ignored`). `source="header"` tells
 /// these from the control-api's reports to `POST /v1/feedback`, which count
 /// under the same name.
-pub fn site_report(verdict: &'static str, result: &'static str) {
+pub(crate) fn site_report(verdict: &'static str, result: &'static str) {
     counter!(
         "proxynet_site_reports_total",
         "source" => "header",
@@ -292,6 +292,6 @@ pub fn site_report(verdict: &'static str, result: &'static str) {
 /// busiest sites only (at most [`crate::sites::TOP_SITES`] series at once;
 /// a site that leaves them stops being set, and its series goes with the
 /// exporter's idle timeout).
-pub fn site_success_ratio(site: &str, ratio: f64) {
+pub(crate) fn site_success_ratio(site: &str, ratio: f64) {
     gauge!("proxynet_site_success_ratio", "site" => site.to_owned()).set(ratio);
 }

@@ -16,8 +16,7 @@ use uuid::Uuid;
 
 /// What a tunnel was opened for, as far as revocation cares.
 #[derive(Debug, Clone)]
-pub struct Entry {
-    pub user_id: Uuid,
+pub(crate) struct Entry {
     pub username: String,
     /// SHA-256 of the password hash the user was verified against.
     pub credential_digest: [u8; 32],
@@ -35,7 +34,7 @@ pub struct Entry {
 
 /// A tunnel's egress address and whose tunnel it is.
 #[derive(Debug, Clone, Copy)]
-pub struct TunnelEgress {
+pub(crate) struct TunnelEgress {
     pub account: Uuid,
     pub user: Uuid,
     pub ip: std::net::IpAddr,
@@ -51,7 +50,7 @@ impl TunnelEgress {
     /// exit's dedicated addresses now: a dedicated tunnel whose account (or
     /// user) no longer holds it, or a shared tunnel on an address someone
     /// now holds.
-    pub fn misplaced(&self, held: &[proxynet_store::Dedication]) -> bool {
+    pub(crate) fn misplaced(&self, held: &[proxynet_store::Dedication]) -> bool {
         let misplaced = |ip: std::net::IpAddr| {
             if self.dedicated {
                 !held
@@ -67,7 +66,7 @@ impl TunnelEgress {
 
 /// What a traffic-policy change re-checks for an open entry.
 #[derive(Debug, Clone)]
-pub enum PolicyWatch {
+pub(crate) enum PolicyWatch {
     /// A client connection: nothing of its own.
     Nothing,
     /// A tunnel: its target's normalised host and port.
@@ -79,13 +78,13 @@ pub enum PolicyWatch {
 }
 
 #[derive(Default)]
-pub struct OpenTunnels {
+pub(crate) struct OpenTunnels {
     entries: Mutex<HashMap<u64, Entry>>,
     next_id: AtomicU64,
 }
 
 /// Keeps a tunnel in the registry; dropping it removes the entry.
-pub struct Registration {
+pub(crate) struct Registration {
     registry: Arc<OpenTunnels>,
     id: u64,
 }
@@ -102,9 +101,8 @@ impl Drop for Registration {
 impl OpenTunnels {
     // Each argument is one field of the entry; a struct would only rename them.
     #[allow(clippy::too_many_arguments)]
-    pub fn register(
+    pub(crate) fn register(
         self: &Arc<Self>,
-        user_id: Uuid,
         username: &str,
         credential_digest: [u8; 32],
         exit_id: Uuid,
@@ -118,7 +116,6 @@ impl OpenTunnels {
             entries.insert(
                 id,
                 Entry {
-                    user_id,
                     username: username.to_owned(),
                     credential_digest,
                     exit_id,
@@ -136,16 +133,8 @@ impl OpenTunnels {
         }
     }
 
-    pub fn len(&self) -> usize {
-        self.entries.lock().map(|e| e.len()).unwrap_or(0)
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     /// Distinct usernames with at least one open tunnel here.
-    pub fn usernames(&self) -> Vec<String> {
+    pub(crate) fn usernames(&self) -> Vec<String> {
         let Ok(entries) = self.entries.lock() else {
             return Vec::new();
         };
@@ -156,13 +145,13 @@ impl OpenTunnels {
     }
 
     /// Cuts the tunnels of `username` for which `revoked` says so; returns how many.
-    pub fn cut_user_if(&self, username: &str, revoked: impl Fn(&Entry) -> bool) -> usize {
+    pub(crate) fn cut_user_if(&self, username: &str, revoked: impl Fn(&Entry) -> bool) -> usize {
         self.cut_where(|e| e.username == username && revoked(e))
     }
 
     /// Cuts the allow-listed tunnels for which `gone(network, username)`
     /// says their network no longer admits their user; returns how many.
-    pub fn cut_where_network(
+    pub(crate) fn cut_where_network(
         &self,
         gone: impl Fn(&proxynet_common::egress::Cidr, &str) -> bool,
     ) -> usize {
@@ -171,19 +160,23 @@ impl OpenTunnels {
 
     /// Cuts the tunnels whose target `refused(host, port)` says a changed
     /// policy no longer permits; returns how many.
-    pub fn cut_where_target(&self, refused: impl Fn(&str, u16) -> bool) -> usize {
+    pub(crate) fn cut_where_target(&self, refused: impl Fn(&str, u16) -> bool) -> usize {
         self.cut_where(|e| matches!(&e.watch, PolicyWatch::Target(h, p) if refused(h, *p)))
     }
 
     /// Cuts the tunnels through `exit_id` whose egress `misplaced` says may
     /// no longer leave from where they do (an address allocated or
     /// released); returns how many.
-    pub fn cut_misplaced(&self, exit_id: Uuid, misplaced: impl Fn(&TunnelEgress) -> bool) -> usize {
+    pub(crate) fn cut_misplaced(
+        &self,
+        exit_id: Uuid,
+        misplaced: impl Fn(&TunnelEgress) -> bool,
+    ) -> usize {
         self.cut_where(|e| e.exit_id == exit_id && e.egress.as_ref().is_some_and(&misplaced))
     }
 
     /// Cuts every tunnel through `exit_id`; returns how many.
-    pub fn cut_exit(&self, exit_id: Uuid) -> usize {
+    pub(crate) fn cut_exit(&self, exit_id: Uuid) -> usize {
         self.cut_where(|e| e.exit_id == exit_id)
     }
 
@@ -210,10 +203,9 @@ mod tests {
     #[test]
     fn cuts_only_what_matches_and_forgets_ended_tunnels() {
         let registry = Arc::new(OpenTunnels::default());
-        let (alice, bob, exit) = (Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4());
+        let exit = Uuid::new_v4();
         let (a, b) = (CancellationToken::new(), CancellationToken::new());
         let ra = registry.register(
-            alice,
             "alice",
             [1; 32],
             exit,
@@ -224,7 +216,6 @@ mod tests {
         );
         let net: proxynet_common::egress::Cidr = "192.0.2.0/24".parse().unwrap();
         let _rb = registry.register(
-            bob,
             "bob",
             [2; 32],
             Uuid::new_v4(),
@@ -243,7 +234,7 @@ mod tests {
         assert!(a.is_cancelled() && !b.is_cancelled());
         drop(ra);
         assert_eq!(registry.cut_exit(exit), 0);
-        assert_eq!(registry.len(), 1);
+        assert_eq!(registry.entries.lock().unwrap().len(), 1);
         assert_eq!(registry.cut_where_network(|n, _| *n == net), 1);
         assert!(b.is_cancelled());
     }

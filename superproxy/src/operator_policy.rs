@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use crate::open_tunnels::OpenTunnels;
 
-pub struct OperatorRules {
+pub(crate) struct OperatorRules {
     redis: RedisConnection,
     keys: Keys,
     current: RwLock<Arc<OperatorPolicy>>,
@@ -24,7 +24,7 @@ pub struct OperatorRules {
 }
 
 impl OperatorRules {
-    pub fn new(redis: RedisConnection, keys: Keys, open_tunnels: Arc<OpenTunnels>) -> Self {
+    pub(crate) fn new(redis: RedisConnection, keys: Keys, open_tunnels: Arc<OpenTunnels>) -> Self {
         Self {
             redis,
             keys,
@@ -34,7 +34,7 @@ impl OperatorRules {
     }
 
     /// The rules in force now.
-    pub fn current(&self) -> Arc<OperatorPolicy> {
+    pub(crate) fn current(&self) -> Arc<OperatorPolicy> {
         self.current
             .read()
             .map(|p| p.clone())
@@ -42,7 +42,7 @@ impl OperatorRules {
     }
 
     /// Re-reads the rules; on failure (or a missing key) the last ones stay.
-    pub async fn refresh(&self) {
+    pub(crate) async fn refresh(&self) {
         let mut redis = self.redis.clone();
         let json: Result<Option<String>, _> = redis.get(self.keys.operator_policy()).await;
         let policy = match json {
@@ -74,7 +74,7 @@ impl OperatorRules {
         tracing::info!(tunnels_cut = cut, "operator policy changed");
     }
 
-    pub async fn run(self: Arc<Self>, interval: Duration, stop: Stop) {
+    pub(crate) async fn run(self: Arc<Self>, interval: Duration, stop: Stop) {
         let mut tick = tokio::time::interval(interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         while stop.run_until_cancelled(tick.tick()).await.is_some() {

@@ -18,7 +18,7 @@ use crate::health::HealthBook;
 use crate::link::dial;
 use crate::link::registry::LinkRegistry;
 
-pub struct Prober {
+pub(crate) struct Prober {
     pub stats: Arc<crate::metrics::Stats>,
     pub usage: Arc<crate::usage::UsageRecorder>,
     pub superproxy_id: Uuid,
@@ -29,7 +29,7 @@ pub struct Prober {
 }
 
 impl Prober {
-    pub async fn run(self, stop: Stop) {
+    pub(crate) async fn run(self, stop: Stop) {
         let config = self.health.config;
         let mut tick = tokio::time::interval(config.probe_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -50,11 +50,11 @@ use tokio::net::TcpListener;
 use uuid::Uuid;
 
 /// Connections served at once; beyond it new ones are closed unanswered.
-pub const MAX_IN_FLIGHT: usize = 256;
+pub(crate) const MAX_IN_FLIGHT: usize = 256;
 /// Time a client has to send its request head.
-pub const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
 /// Longest one connection lives, answer included.
-pub const CONNECTION_DEADLINE: Duration = Duration::from_secs(10);
+pub(crate) const CONNECTION_DEADLINE: Duration = Duration::from_secs(10);
 /// How often the key is re-read from Redis: a Redis that lost it gets a new
 /// one from whichever process asks first, and every signer follows within this.
 const KEY_REFRESH: Duration = Duration::from_secs(30);
@@ -63,14 +63,14 @@ const MAX_PARAM: usize = 256;
 
 /// The reflector key as last read from Redis (`None` until the first read
 /// succeeds: the reflector then answers `503`).
-pub struct ReflectorKey {
+pub(crate) struct ReflectorKey {
     redis: RedisConnection,
     keys: Keys,
     current: RwLock<Option<Arc<Vec<u8>>>>,
 }
 
 impl ReflectorKey {
-    pub fn new(redis: RedisConnection, keys: Keys) -> Self {
+    pub(crate) fn new(redis: RedisConnection, keys: Keys) -> Self {
         Self {
             redis,
             keys,
@@ -78,12 +78,12 @@ impl ReflectorKey {
         }
     }
 
-    pub fn current(&self) -> Option<Arc<Vec<u8>>> {
+    pub(crate) fn current(&self) -> Option<Arc<Vec<u8>>> {
         self.current.read().ok().and_then(|k| k.clone())
     }
 
     /// Reads (or makes) the key; on failure the last one stays.
-    pub async fn refresh(&self) {
+    pub(crate) async fn refresh(&self) {
         let mut redis = self.redis.clone();
         match proxynet_store::reflector_key(&mut redis, &self.keys).await {
             Ok(key) => {
@@ -98,7 +98,7 @@ impl ReflectorKey {
     }
 
     /// Re-reads the key every [`KEY_REFRESH`] until `stop`.
-    pub async fn run(self: Arc<Self>, stop: Stop) {
+    pub(crate) async fn run(self: Arc<Self>, stop: Stop) {
         let mut tick = tokio::time::interval(KEY_REFRESH);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         while stop.run_until_cancelled(tick.tick()).await.is_some() {
@@ -111,13 +111,13 @@ impl ReflectorKey {
 /// SHA-256 of its credential, in the exit's record in Redis (the digest the
 /// link listener checks hellos against).
 #[derive(Clone)]
-pub struct ExitCredentials {
+pub(crate) struct ExitCredentials {
     redis: RedisConnection,
     keys: Keys,
 }
 
 impl ExitCredentials {
-    pub fn new(redis: RedisConnection, keys: Keys) -> Self {
+    pub(crate) fn new(redis: RedisConnection, keys: Keys) -> Self {
         Self { redis, keys }
     }
 
@@ -133,14 +133,14 @@ impl ExitCredentials {
 
 /// The reflector's listener, the key it signs with and where it checks
 /// exits' proofs.
-pub struct Reflector {
+pub(crate) struct Reflector {
     pub listener: TcpListener,
     pub key: Arc<ReflectorKey>,
     pub exits: ExitCredentials,
 }
 
 impl Reflector {
-    pub async fn run(self, stop: Stop) {
+    pub(crate) async fn run(self, stop: Stop) {
         let slots = Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT));
         loop {
             let accepted = tokio::select! {

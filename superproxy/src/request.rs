@@ -12,11 +12,11 @@ use uuid::Uuid;
 
 use crate::error::{ErrorKind, ProxyError};
 use crate::target::Target;
-use crate::username::ParsedUsername;
+use proxynet_wire::username::ParsedUsername;
 
 /// Which client protocol a tunnel came in on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Ingress {
+pub(crate) enum Ingress {
     Connect,
     Forward,
     Socks5,
@@ -30,7 +30,7 @@ pub enum Ingress {
 
 impl Ingress {
     /// Every ingress, in declaration order (`ingress as usize` indexes it).
-    pub const ALL: [Ingress; 6] = [
+    pub(crate) const ALL: [Ingress; 6] = [
         Ingress::Connect,
         Ingress::Forward,
         Ingress::Socks5,
@@ -39,7 +39,7 @@ impl Ingress {
         Ingress::Socks5Udp,
     ];
 
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Ingress::Connect => "connect",
             Ingress::Forward => "forward",
@@ -56,18 +56,18 @@ impl Ingress {
 /// username (allow-listed addresses, browsers, SDKs): they replace the
 /// username's options (docs/username.md, "Options by header"). Read on
 /// CONNECT, absolute-form and HTTP/2 requests; never forwarded.
-pub const OPTIONS_HEADER: &str = "proxynet-options";
+pub(crate) const OPTIONS_HEADER: &str = "proxynet-options";
 
 /// The request header by which a client says the site it asks for refused
 /// the exit its session last used (`Proxynet-Report: blocked`): that exit
 /// is cooled for the site in the account's routing before the exit is
 /// chosen, so the session moves (docs/health.md, "Reports by header").
 /// Read on CONNECT, absolute-form and HTTP/2 requests; never forwarded.
-pub const REPORT_HEADER: &str = "proxynet-report";
+pub(crate) const REPORT_HEADER: &str = "proxynet-report";
 
 /// What a `Proxynet-Report` header says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SiteReport {
+pub(crate) enum SiteReport {
     /// `blocked`: the site refused the session's exit.
     Blocked,
     /// Any other value: ignored (and counted), never a refusal, so a
@@ -78,7 +78,7 @@ pub enum SiteReport {
 impl SiteReport {
     /// The header's value, read as the grammar's words are: ASCII, case
     /// and surrounding blanks ignored.
-    pub fn from_value(value: &[u8]) -> Self {
+    pub(crate) fn from_value(value: &[u8]) -> Self {
         if value.trim_ascii().eq_ignore_ascii_case(b"blocked") {
             SiteReport::Blocked
         } else {
@@ -88,14 +88,14 @@ impl SiteReport {
 }
 
 /// Proxy credentials as the client presented them.
-pub struct Credentials {
+pub(crate) struct Credentials {
     /// The full proxy username, grammar and all (`alice-session-x1`).
     pub username: String,
     pub password: Secret,
 }
 
 /// The destination as the ingress read it, parsed by the pipeline.
-pub enum TargetSpec<'a> {
+pub(crate) enum TargetSpec<'a> {
     /// CONNECT's authority-form `host:port` (the port is required).
     Authority(&'a str),
     /// An absolute-form URL's authority (`host[:port]`, port 80 when absent).
@@ -107,7 +107,7 @@ pub enum TargetSpec<'a> {
 /// A target as the ingress read it, with what its client reported about
 /// the target's site (the `Proxynet-Report` header), if anything. A
 /// [`TargetSpec`] is one without a report.
-pub struct TargetAsk<'a> {
+pub(crate) struct TargetAsk<'a> {
     pub spec: TargetSpec<'a>,
     pub report: Option<SiteReport>,
 }
@@ -121,7 +121,7 @@ impl<'a> From<TargetSpec<'a>> for TargetAsk<'a> {
 impl<'a> TargetSpec<'a> {
     /// This target with the client's report on its site (`None`: the
     /// request carried no `Proxynet-Report`).
-    pub fn reported(self, report: Option<SiteReport>) -> TargetAsk<'a> {
+    pub(crate) fn reported(self, report: Option<SiteReport>) -> TargetAsk<'a> {
         TargetAsk { spec: self, report }
     }
 }
@@ -142,7 +142,7 @@ impl TargetSpec<'_> {
 /// authorize stage makes one; a copy is the same authenticated client, for
 /// another attempt of one request).
 #[derive(Clone)]
-pub struct Client {
+pub(crate) struct Client {
     pub user_id: Uuid,
     pub account_id: Uuid,
     /// The base username (no grammar, never the password).
@@ -159,7 +159,7 @@ pub struct Client {
 
 /// The limits of one user, from their record.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct UserLimits {
+pub(crate) struct UserLimits {
     pub max_concurrent_tunnels: Option<u32>,
     pub max_new_tunnels_per_second: Option<u32>,
     /// Bytes (up + down) per period.

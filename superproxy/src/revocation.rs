@@ -20,14 +20,14 @@ use crate::open_tunnels::{OpenTunnels, PolicyWatch};
 use proxynet_store::UserEntry;
 use sha2::{Digest, Sha256};
 
-pub struct Revoker {
+pub(crate) struct Revoker {
     pub auth: Authenticator,
     pub open_tunnels: Arc<OpenTunnels>,
 }
 
 impl Revoker {
     /// Drops the cached record and cuts the user's tunnels that it no longer allows.
-    pub async fn user_changed(&self, username: &str) {
+    pub(crate) async fn user_changed(&self, username: &str) {
         self.auth.invalidate(username);
         self.revalidate(username).await;
     }
@@ -73,7 +73,7 @@ impl Revoker {
     }
 
     /// Re-checks every user with an open tunnel here, every `interval`.
-    pub async fn run_sweep(self: Arc<Self>, interval: Duration, stop: Stop) {
+    pub(crate) async fn run_sweep(self: Arc<Self>, interval: Duration, stop: Stop) {
         let mut tick = tokio::time::interval(interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         while stop.run_until_cancelled(tick.tick()).await.is_some() {

@@ -46,8 +46,7 @@ mod upkeep;
 #[cfg(test)]
 mod tests;
 
-pub use ratios::TOP_SITES;
-pub use reports::{ReportedExit, REPORTS_PER_MINUTE, REPORT_BURST};
+pub(crate) use reports::ReportedExit;
 
 use proxynet_store::redis_target::RedisConnection;
 use proxynet_store::site_cooldowns::{AccountAnnouncement, Announcement};
@@ -58,19 +57,19 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 use uuid::Uuid;
 
-pub use crate::select::cooling::{Exits, SiteCooling};
+pub(crate) use crate::select::cooling::{Exits, SiteCooling};
 use crate::select::Pool;
 
 /// Most (exit, site) failure streaks held at once: a streak exists only
 /// after a failure, and one idle for [`STREAK_IDLE`] is swept.
-pub const MAX_STREAKS: usize = 10_000;
+pub(crate) const MAX_STREAKS: usize = 10_000;
 
 /// A streak without a new failure for this long is forgotten.
 const STREAK_IDLE: Duration = Duration::from_secs(600);
 
 /// Most cooldowns the fleet keeps (the script's global bound; also the
 /// bound on the levels this instance remembers).
-pub const MAX_COOLDOWNS: usize = 100_000;
+pub(crate) const MAX_COOLDOWNS: usize = 100_000;
 
 /// How often expiries are dropped and the panic flags recomputed.
 const TICK: Duration = Duration::from_secs(1);
@@ -92,10 +91,10 @@ const JITTER_PERMILLE: std::ops::RangeInclusive<u32> = 800..=1200;
 /// A tunnel that moved at most this many bytes down before its target
 /// closed it was refused within the handshake (a TLS server's first
 /// answer alone is larger).
-pub const HANDSHAKE_BYTES: u64 = 64;
+pub(crate) const HANDSHAKE_BYTES: u64 = 64;
 
 /// ... and closed within this long of its start.
-pub const HANDSHAKE_TIME: Duration = Duration::from_secs(10);
+pub(crate) const HANDSHAKE_TIME: Duration = Duration::from_secs(10);
 
 /// The thresholds and lengths, from the configuration.
 #[derive(Debug, Clone, Copy)]
@@ -133,7 +132,7 @@ impl Default for SiteSettings {
 
 /// What one tunnel or request through an exit says about a site.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict {
+pub(crate) enum Verdict {
     /// The site answered: a failure streak ends.
     Ok,
     /// The agent could not connect: refused, timed out or unreachable.
@@ -147,7 +146,7 @@ pub enum Verdict {
 }
 
 impl Verdict {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Verdict::Ok => "ok",
             Verdict::Refused => "refused",
@@ -189,7 +188,7 @@ struct Fleet {
 
 /// Every site with an exit cooled for it, the failure streaks that may
 /// cool more, and the fleet's copy in Redis.
-pub struct SiteBook {
+pub(crate) struct SiteBook {
     settings: SiteSettings,
     sites: RwLock<HashMap<Arc<str>, Arc<SiteCooling>>>,
     streaks: Mutex<HashMap<(Uuid, Arc<str>), Streak>>,
@@ -213,7 +212,7 @@ pub struct SiteBook {
 impl SiteBook {
     /// A book of this instance's own (no Redis, no pool: no panic rule but
     /// the pick's fallback) until [`Self::shared`] and [`Self::over`].
-    pub fn new(settings: SiteSettings) -> Self {
+    pub(crate) fn new(settings: SiteSettings) -> Self {
         Self {
             settings,
             sites: RwLock::new(HashMap::new()),
@@ -230,24 +229,20 @@ impl SiteBook {
     }
 
     /// Shares cooldowns with the fleet through `redis`.
-    pub fn shared(mut self, redis: RedisConnection, keys: Keys) -> Self {
+    pub(crate) fn shared(mut self, redis: RedisConnection, keys: Keys) -> Self {
         self.fleet = Some(Fleet { redis, keys });
         self
     }
 
     /// Judges the panic rule against `pool`'s eligible exits.
-    pub fn over(mut self, pool: Arc<Pool>) -> Self {
+    pub(crate) fn over(mut self, pool: Arc<Pool>) -> Self {
         self.pool = Some(pool);
         self
     }
 
-    pub fn settings(&self) -> SiteSettings {
-        self.settings
-    }
-
     /// The exits cooled for `site`, if any: one map read, the tunnel path's
     /// whole cost for a site without a record.
-    pub fn cooling(&self, site: &str) -> Option<Arc<SiteCooling>> {
+    pub(crate) fn cooling(&self, site: &str) -> Option<Arc<SiteCooling>> {
         let sites = self.sites.read().ok()?;
         sites.get(site).cloned()
     }
@@ -257,7 +252,7 @@ impl SiteBook {
     /// While no account holds a cooldown this is [`Self::cooling`] and one
     /// atomic load; a new set is made only when both the fleet and the
     /// account cool some exit for the site.
-    pub fn cooling_for(&self, account: Uuid, site: &str) -> Option<Arc<SiteCooling>> {
+    pub(crate) fn cooling_for(&self, account: Uuid, site: &str) -> Option<Arc<SiteCooling>> {
         let fleet = self.cooling(site);
         let Some(own) = self.accounts.cooling(account, site) else {
             return fleet;
@@ -268,16 +263,8 @@ impl SiteBook {
         }
     }
 
-    /// Every site with a cooling now (for views of the whole book).
-    pub fn all(&self) -> Vec<Arc<SiteCooling>> {
-        self.sites
-            .read()
-            .map(|sites| sites.values().cloned().collect())
-            .unwrap_or_default()
-    }
-
     /// Applies a change announced on the events channel: memory only.
-    pub fn apply(&self, announcement: Announcement) {
+    pub(crate) fn apply(&self, announcement: Announcement) {
         match announcement {
             Announcement::Cooled {
                 exit,
@@ -296,7 +283,7 @@ impl SiteBook {
 
     /// Applies a change to one account's cooldowns announced on the events
     /// channel: memory only, as [`Self::apply`].
-    pub fn apply_account(&self, announcement: AccountAnnouncement) {
+    pub(crate) fn apply_account(&self, announcement: AccountAnnouncement) {
         match announcement {
             AccountAnnouncement::Cooled {
                 account,
@@ -319,7 +306,13 @@ impl SiteBook {
 
     /// Whether `exit` is cooled for `site` in `account`'s own routing (an
     /// account-scoped cooldown, not the fleet's) at `now`.
-    pub fn cooled_for_account(&self, account: Uuid, exit: Uuid, site: &str, now: Instant) -> bool {
+    pub(crate) fn cooled_for_account(
+        &self,
+        account: Uuid,
+        exit: Uuid,
+        site: &str,
+        now: Instant,
+    ) -> bool {
         self.accounts
             .cooling(account, site)
             .is_some_and(|c| c.cools(exit, now))
@@ -376,7 +369,7 @@ impl SiteBook {
 
 /// A cooldown's length at `level`: `base` × 2^level × `jitter_permille` /
 /// 1000, at most `max` (never zero).
-pub fn backoff(base: Duration, max: Duration, level: u32, jitter_permille: u32) -> Duration {
+pub(crate) fn backoff(base: Duration, max: Duration, level: u32, jitter_permille: u32) -> Duration {
     let ms = millis(base)
         .saturating_mul(1u64 << level.min(MAX_LEVEL))
         .saturating_mul(u64::from(jitter_permille))
@@ -385,7 +378,7 @@ pub fn backoff(base: Duration, max: Duration, level: u32, jitter_permille: u32) 
 }
 
 /// Whether `cooled` of `eligible` exits put a site in panic at `percent`.
-pub fn panics(cooled: usize, eligible: usize, percent: u32) -> bool {
+pub(crate) fn panics(cooled: usize, eligible: usize, percent: u32) -> bool {
     eligible > 0
         && cooled.saturating_mul(100) >= (percent.min(100) as usize).saturating_mul(eligible)
 }
@@ -395,7 +388,7 @@ pub fn panics(cooled: usize, eligible: usize, percent: u32) -> bool {
 /// target's side ended first (`exit_ended_first`) with no more than that,
 /// within [`HANDSHAKE_TIME`]; nothing for a tunnel cut from outside (a
 /// revocation, a drain, a spent quota) or one the client ended.
-pub fn tunnel_verdict(
+pub(crate) fn tunnel_verdict(
     down: u64,
     cut: bool,
     exit_ended_first: bool,

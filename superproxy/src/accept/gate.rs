@@ -15,7 +15,7 @@ use super::pre_auth::PreAuth;
 use super::ticket::Issuer;
 
 /// Connection permits and the drain counter.
-pub struct Gate {
+pub(crate) struct Gate {
     permits: Arc<Semaphore>,
     alive: Option<mpsc::Sender<()>>,
     all_done: mpsc::Receiver<()>,
@@ -44,7 +44,7 @@ impl ProxyProtocol {
 }
 
 impl Gate {
-    pub fn new(max_connections: usize, pre_auth: Arc<PreAuth>) -> Self {
+    pub(crate) fn new(max_connections: usize, pre_auth: Arc<PreAuth>) -> Self {
         let (alive, all_done) = mpsc::channel(1);
         Self {
             permits: Arc::new(Semaphore::new(max_connections.max(1))),
@@ -57,7 +57,7 @@ impl Gate {
     }
 
     /// Requires a PROXY protocol header of connections from `trusted`.
-    pub fn with_proxy_protocol(mut self, trusted: ProxyProtocol) -> Self {
+    pub(crate) fn with_proxy_protocol(mut self, trusted: ProxyProtocol) -> Self {
         self.proxy_protocol = Arc::new(trusted);
         self
     }
@@ -71,12 +71,12 @@ impl Gate {
     }
 
     /// Connections (and tunnels) still open.
-    pub fn open(&self, max_connections: usize) -> usize {
+    pub(crate) fn open(&self, max_connections: usize) -> usize {
         max_connections.max(1) - self.permits.available_permits()
     }
 
     /// Waits until every ticket is gone, at most `deadline`; true if they are.
-    pub async fn wait_idle(&mut self, deadline: Duration) -> bool {
+    pub(crate) async fn wait_idle(&mut self, deadline: Duration) -> bool {
         self.alive = None;
         tokio::time::timeout(deadline, self.all_done.recv())
             .await
@@ -84,7 +84,7 @@ impl Gate {
     }
 
     /// Ends every open connection and tunnel now.
-    pub fn cut_all(&self) {
+    pub(crate) fn cut_all(&self) {
         self.cut_all.cancel();
     }
 }

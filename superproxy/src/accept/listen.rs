@@ -21,7 +21,7 @@ use crate::error::{ErrorKind, ProxyError};
 /// Serves the connections the acceptor admits, one call per connection; the
 /// futures it returns are spawned, each on a task of its own. The acceptor
 /// knows nothing of the protocols spoken on them.
-pub trait ConnectionHandler {
+pub(crate) trait ConnectionHandler {
     /// A connection on the HTTP proxy listener.
     fn proxy(
         &self,
@@ -43,7 +43,7 @@ pub trait ConnectionHandler {
 }
 
 /// The client listeners of one superproxy.
-pub struct Listeners {
+pub(crate) struct Listeners {
     /// HTTP proxy (SOCKS5 is recognised there too).
     pub proxy: TcpListener,
     pub socks: TcpListener,
@@ -70,7 +70,7 @@ async fn accept_tls(
 
 /// Accepts on both listeners until `stop` resolves, then drops them, so new
 /// connections are refused instead of waiting in the backlog.
-pub async fn run<H: ConnectionHandler + Clone + Send + 'static>(
+pub(crate) async fn run<H: ConnectionHandler + Clone + Send + 'static>(
     listeners: Listeners,
     handler: &H,
     gate: &Gate,

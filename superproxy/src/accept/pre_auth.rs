@@ -45,7 +45,7 @@ pub struct PreAuthLimits {
 /// instead of closed, while silent sockets still hold no more than the
 /// allowance. Waiters are bounded too (per address and in all), so what a
 /// flood costs stays bounded; past those bounds connections are closed.
-pub struct PreAuth {
+pub(crate) struct PreAuth {
     limits: PreAuthLimits,
     pub(super) state: std::sync::Mutex<PreAuthState>,
 }
@@ -234,7 +234,7 @@ const MAX_KNOWN_SOURCES: usize = 100_000;
 const PRUNE_EVERY: u64 = 40;
 
 impl PreAuth {
-    pub fn new(limits: PreAuthLimits) -> Arc<Self> {
+    pub(crate) fn new(limits: PreAuthLimits) -> Arc<Self> {
         let per_source = limits.per_source.clamp(1, Semaphore::MAX_PERMITS);
         Arc::new(Self {
             limits: PreAuthLimits {
@@ -392,19 +392,19 @@ impl PreAuth {
     }
 
     /// Unauthenticated connections holding a slot now (for tests and metrics).
-    pub fn held(&self) -> usize {
+    pub(crate) fn held(&self) -> usize {
         self.state.lock().map(|s| s.pending.len()).unwrap_or(0)
     }
 
     /// Connections waiting for a slot now (for tests and metrics).
-    pub fn waiting(&self) -> usize {
+    pub(crate) fn waiting(&self) -> usize {
         self.state.lock().map(|s| s.waiting).unwrap_or(0)
     }
 
     /// Cuts connections past their pre-auth deadline, every quarter second:
     /// one sweep for all connections instead of a timer each. Also lowers
     /// the allowance of addresses no longer known and keeps the gauges.
-    pub async fn run_deadlines(self: Arc<Self>, stop: Stop) {
+    pub(crate) async fn run_deadlines(self: Arc<Self>, stop: Stop) {
         let mut tick = tokio::time::interval(Duration::from_millis(250));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut sweeps = 0u64;

@@ -14,7 +14,7 @@ use super::pre_auth::PreAuthSlot;
 
 /// What a client connection holds while it, or a tunnel on it, lives.
 #[derive(Clone)]
-pub struct ConnectionTicket(Arc<TicketInner>);
+pub(crate) struct ConnectionTicket(Arc<TicketInner>);
 
 struct TicketInner {
     peer: SocketAddr,
@@ -51,14 +51,14 @@ impl Drop for StreamPlace {
 impl ConnectionTicket {
     /// The client's address: the TCP peer's, or the one a trusted
     /// balancer's PROXY protocol header carried.
-    pub fn peer(&self) -> SocketAddr {
+    pub(crate) fn peer(&self) -> SocketAddr {
         self.0.peer
     }
 
     /// The connection has logged in: it no longer counts against its
     /// address's pre-auth bound nor runs against the pre-auth deadline, and
     /// (at its first login) its address counts as known for a while.
-    pub fn authenticated(&self) {
+    pub(crate) fn authenticated(&self) {
         match &self.0.holds {
             TicketHolds::Connection { pre_auth, .. } => {
                 let slot = pre_auth.lock().ok().and_then(|mut slot| slot.take());
@@ -78,7 +78,7 @@ impl ConnectionTicket {
     /// connection's, so revoking the user of one HTTP/2 stream cuts that
     /// stream and leaves the connection's other users' streams alone, while
     /// cutting the connection still cuts every stream.
-    pub fn stream(&self) -> ConnectionTicket {
+    pub(crate) fn stream(&self) -> ConnectionTicket {
         self.0.streams.fetch_add(1, Ordering::Relaxed);
         ConnectionTicket(Arc::new(TicketInner {
             peer: self.0.peer,
@@ -92,12 +92,12 @@ impl ConnectionTicket {
 
     /// Stream tickets of this connection alive now: requests in flight and
     /// the tunnels they opened.
-    pub fn open_streams(&self) -> usize {
+    pub(crate) fn open_streams(&self) -> usize {
         self.0.streams.load(Ordering::Relaxed)
     }
 
     /// Cancelled when the connection must end now (revocation, drain deadline).
-    pub fn cut(&self) -> &CancellationToken {
+    pub(crate) fn cut(&self) -> &CancellationToken {
         &self.0.cut
     }
 }

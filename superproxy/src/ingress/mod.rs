@@ -5,10 +5,10 @@
 //! which no HTTP request line starts with ([`serve_any`]). [`Ingresses`] is
 //! what the acceptor hands each admitted connection to.
 
-pub mod http;
-pub mod socks5;
-pub mod socks5_udp;
-pub mod tls;
+pub(crate) mod http;
+pub(crate) mod socks5;
+pub(crate) mod socks5_udp;
+pub(crate) mod tls;
 
 use proxynet_common::splice::TunnelLimits;
 use std::future::Future;
@@ -22,7 +22,7 @@ use crate::pipeline::Pipeline;
 
 /// What the ingresses need besides the pipeline.
 #[derive(Debug, Clone, Copy)]
-pub struct IngressLimits {
+pub(crate) struct IngressLimits {
     /// A request head (or SOCKS handshake) must arrive within this.
     pub header_read_timeout: Duration,
     /// Idle timeout and lifetime of every tunnel.
@@ -34,13 +34,13 @@ pub struct IngressLimits {
 
 /// Every ingress, as the acceptor's connection handler.
 #[derive(Clone)]
-pub struct Ingresses {
+pub(crate) struct Ingresses {
     pipeline: Arc<Pipeline>,
     limits: IngressLimits,
 }
 
 impl Ingresses {
-    pub fn new(pipeline: Arc<Pipeline>, limits: IngressLimits) -> Self {
+    pub(crate) fn new(pipeline: Arc<Pipeline>, limits: IngressLimits) -> Self {
         Self { pipeline, limits }
     }
 }
@@ -80,7 +80,7 @@ impl ConnectionHandler for Ingresses {
 }
 
 /// Peeks at the first byte and hands the connection to the right protocol.
-pub async fn serve_any(
+pub(crate) async fn serve_any(
     pipeline: Arc<Pipeline>,
     limits: IngressLimits,
     stream: TcpStream,

@@ -36,7 +36,7 @@ enum Request {
     },
 }
 
-pub async fn serve_connection(
+pub(crate) async fn serve_connection(
     pipeline: Arc<Pipeline>,
     limits: IngressLimits,
     stream: TcpStream,

@@ -61,7 +61,7 @@ const RECV_BUFFER: usize = datagram::MAX_PAYLOAD + 3 + 1 + 1 + 255 + 2 + 1;
 
 /// Where the client's datagrams may come from.
 #[derive(Debug, Clone, Copy)]
-pub struct SourceFilter {
+pub(crate) struct SourceFilter {
     /// The control connection's source address.
     pub ip: IpAddr,
     /// The port the client declared in its request, if it declared one.
@@ -77,7 +77,7 @@ impl SourceFilter {
 
 /// Runs the association until it ends; the tunnel's holds (lease, meter,
 /// registration, access-log line) are released when this returns.
-pub async fn relay(
+pub(crate) async fn relay(
     pipeline: Arc<Pipeline>,
     mut control: TcpStream,
     udp: UdpSocket,

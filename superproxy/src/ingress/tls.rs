@@ -18,7 +18,7 @@ use std::sync::{Arc, RwLock};
 
 /// The certificate currently served, swappable while the listener runs.
 #[derive(Debug)]
-pub struct ReloadableCert {
+pub(crate) struct ReloadableCert {
     cert_path: PathBuf,
     key_path: PathBuf,
     current: RwLock<Arc<CertifiedKey>>,
@@ -54,7 +54,7 @@ fn load(cert_path: &Path, key_path: &Path) -> Result<Arc<CertifiedKey>, String> 
 }
 
 impl ReloadableCert {
-    pub fn new(cert_path: PathBuf, key_path: PathBuf) -> Result<Self, String> {
+    pub(crate) fn new(cert_path: PathBuf, key_path: PathBuf) -> Result<Self, String> {
         let current = RwLock::new(load(&cert_path, &key_path)?);
         Ok(Self {
             cert_path,
@@ -64,7 +64,7 @@ impl ReloadableCert {
     }
 
     /// Re-reads the files; on failure the certificate in service stays.
-    pub fn reload(&self) -> Result<(), String> {
+    pub(crate) fn reload(&self) -> Result<(), String> {
         let fresh = load(&self.cert_path, &self.key_path)?;
         if let Ok(mut current) = self.current.write() {
             *current = fresh;
@@ -73,7 +73,7 @@ impl ReloadableCert {
     }
 
     /// The rustls configuration for the HTTPS proxy listener.
-    pub fn server_config(self: &Arc<Self>) -> Result<Arc<ServerConfig>, String> {
+    pub(crate) fn server_config(self: &Arc<Self>) -> Result<Arc<ServerConfig>, String> {
         let mut config =
             ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
                 .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
@@ -87,7 +87,7 @@ impl ReloadableCert {
     }
 
     /// Reloads on every SIGHUP until `stop`.
-    pub async fn reload_on_sighup(self: Arc<Self>, stop: Stop) {
+    pub(crate) async fn reload_on_sighup(self: Arc<Self>, stop: Stop) {
         #[cfg(unix)]
         {
             use tokio::signal::unix::{signal, SignalKind};

@@ -20,7 +20,7 @@ use crate::target::Target;
 /// Asks `link`'s agent to connect to `target` from `egress_ip` within `budget`.
 /// `upstream`: for an upstream exit, what its partner's username is built
 /// from (only link v2 carries it; an upstream exit's agent speaks v2).
-pub async fn open_tunnel(
+pub(crate) async fn open_tunnel(
     link: &Link,
     target: &Target,
     egress_ip: IpAddr,
@@ -38,7 +38,7 @@ pub async fn open_tunnel(
 /// Asks `link`'s agent for a UDP association from `egress_ips` (at most one
 /// per family). v1 links and agents that did not offer UDP refuse before
 /// anything is sent (retry-safe).
-pub async fn open_association(
+pub(crate) async fn open_association(
     link: &Link,
     egress_ips: &[IpAddr],
     budget: Duration,
@@ -53,13 +53,13 @@ pub async fn open_association(
 }
 
 /// Whether `link` can carry a UDP association.
-pub fn carries_udp(link: &Link) -> bool {
+pub(crate) fn carries_udp(link: &Link) -> bool {
     matches!(&link.sender, LinkSender::Mux(mux) if mux.udp)
 }
 
 /// Sends one health probe on `link`; its round trip if the agent answered
 /// it healthy in time.
-pub async fn probe(link: &Link, timeout: Duration) -> Option<Duration> {
+pub(crate) async fn probe(link: &Link, timeout: Duration) -> Option<Duration> {
     let started = std::time::Instant::now();
     probe_ok(link, timeout).await.then(|| started.elapsed())
 }

@@ -24,7 +24,7 @@ use super::{v1_http2, v2_mux};
 /// Time an agent has for TLS plus its hello.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
-pub struct LinkListener {
+pub(crate) struct LinkListener {
     pub listener: TcpListener,
     pub acceptor: TlsAcceptor,
     pub registry: Arc<LinkRegistry>,
@@ -39,7 +39,7 @@ pub struct LinkListener {
 }
 
 impl LinkListener {
-    pub async fn run(self, stop: Stop) {
+    pub(crate) async fn run(self, stop: Stop) {
         let this = Arc::new(self);
         loop {
             let accepted = tokio::select! {

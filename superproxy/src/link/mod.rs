@@ -8,15 +8,15 @@
 //! [`v1_http2`] and [`v2_mux`] (starting the link, opening and probing
 //! streams); the rest is shared.
 
-pub mod dial;
-pub mod listener;
-pub mod registry;
-pub mod stream;
-pub mod tls;
-pub mod v1_http2;
-pub mod v2_mux;
+pub(crate) mod dial;
+pub(crate) mod listener;
+pub(crate) mod registry;
+pub(crate) mod stream;
+pub(crate) mod tls;
+pub(crate) mod v1_http2;
+pub(crate) mod v2_mux;
 mod version;
 
 /// ALPN protocol id of the link. It names the hello exchange, which every
 /// link version shares; the link version itself is agreed in the hello.
-pub const LINK_ALPN: &[u8] = b"proxynet-link/1";
+pub(crate) const LINK_ALPN: &[u8] = b"proxynet-link/1";

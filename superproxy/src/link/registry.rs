@@ -14,11 +14,11 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::RwLock;
 use tokio::sync::watch;
 use uuid::Uuid;
 
-pub use super::v1_http2::Http2Sender;
+pub(crate) use super::v1_http2::Http2Sender;
 pub use super::v2_mux::MuxLink;
 
 /// How streams are opened on a link, by link version.
@@ -48,7 +48,7 @@ pub struct Link {
     pub sender: LinkSender,
 }
 
-pub struct LinkRegistry {
+pub(crate) struct LinkRegistry {
     links: RwLock<HashMap<Uuid, Link>>,
     next_id: AtomicU64,
     changed: watch::Sender<u64>,
@@ -67,7 +67,7 @@ impl Default for LinkRegistry {
 impl LinkRegistry {
     /// Registers a new link for `exit_id`, replacing any older one; returns
     /// its id and the link it replaced.
-    pub fn insert(
+    pub(crate) fn insert(
         &self,
         exit_id: Uuid,
         peer: std::net::SocketAddr,
@@ -91,7 +91,7 @@ impl LinkRegistry {
     }
 
     /// Removes the link `link_id` of `exit_id` if it is still the registered one.
-    pub fn remove(&self, exit_id: Uuid, link_id: u64) {
+    pub(crate) fn remove(&self, exit_id: Uuid, link_id: u64) {
         let removed = match self.links.write() {
             Ok(mut links) if links.get(&exit_id).is_some_and(|l| l.id == link_id) => {
                 links.remove(&exit_id);
@@ -105,25 +105,15 @@ impl LinkRegistry {
         }
     }
 
-    pub fn get(&self, exit_id: &Uuid) -> Option<Link> {
-        self.links.read().ok()?.get(exit_id).cloned()
-    }
-
-    pub fn snapshot(&self) -> HashMap<Uuid, Link> {
+    pub(crate) fn snapshot(&self) -> HashMap<Uuid, Link> {
         self.links.read().map(|l| l.clone()).unwrap_or_default()
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.links.read().map(|l| l.len()).unwrap_or(0)
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    pub fn subscribe(&self) -> watch::Receiver<u64> {
+    pub(crate) fn subscribe(&self) -> watch::Receiver<u64> {
         self.changed.subscribe()
     }
 }
-
-pub type SharedRegistry = Arc<LinkRegistry>;

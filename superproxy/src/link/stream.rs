@@ -10,7 +10,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-pub enum ExitStream {
+pub(crate) enum ExitStream {
     /// v1: an upgraded HTTP/2 CONNECT stream.
     Http2(TokioIo<Upgraded>),
     /// v2: a mux stream.

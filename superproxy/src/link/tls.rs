@@ -10,7 +10,7 @@ use sha2::{Digest, Sha256};
 use std::path::Path;
 use std::sync::Arc;
 
-pub struct LinkIdentity {
+pub(crate) struct LinkIdentity {
     pub server_config: Arc<ServerConfig>,
     /// Lower-case hex SHA-256 of the end-entity certificate (DER).
     pub cert_sha256: String,
@@ -28,7 +28,7 @@ pub enum TlsSetupError {
 }
 
 impl LinkIdentity {
-    pub fn self_signed() -> Result<Self, TlsSetupError> {
+    pub(crate) fn self_signed() -> Result<Self, TlsSetupError> {
         let generated = rcgen::generate_simple_self_signed(vec!["proxynet-superproxy".to_owned()])
             .map_err(|e| TlsSetupError::Invalid(format!("generating a certificate: {e}")))?;
         let cert = generated.cert.der().clone();
@@ -38,7 +38,7 @@ impl LinkIdentity {
         Self::from_parts(vec![cert], key)
     }
 
-    pub fn from_pem_files(cert_path: &Path, key_path: &Path) -> Result<Self, TlsSetupError> {
+    pub(crate) fn from_pem_files(cert_path: &Path, key_path: &Path) -> Result<Self, TlsSetupError> {
         use rustls::pki_types::pem::PemObject;
         let read = |p: &Path| {
             std::fs::read(p).map_err(|source| TlsSetupError::Read {

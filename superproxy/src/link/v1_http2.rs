@@ -21,7 +21,7 @@ use super::version::{outcome_detail, AgentTls, LinkDriver};
 use crate::error::{ErrorKind, ProxyError};
 use crate::target::Target;
 
-pub type Http2Sender = SendRequest<Empty<Bytes>>;
+pub(crate) type Http2Sender = SendRequest<Empty<Bytes>>;
 
 /// The HTTP/2 handshake on an admitted link. Windows are credit, not
 /// buffers: memory grows only while a peer does not read (see the constants

@@ -11,13 +11,13 @@ use crate::request::Client;
 use crate::usage::{QuotaOwner, QuotaSpec, UsageRecorder};
 
 /// The admission stage: the shared limits and the usage budgets.
-pub struct Admit {
+pub(crate) struct Admit {
     admission: Arc<Admission>,
     usage: Arc<UsageRecorder>,
 }
 
 impl Admit {
-    pub fn new(admission: Arc<Admission>, usage: Arc<UsageRecorder>) -> Self {
+    pub(crate) fn new(admission: Arc<Admission>, usage: Arc<UsageRecorder>) -> Self {
         Self { admission, usage }
     }
 

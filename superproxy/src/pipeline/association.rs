@@ -22,7 +22,7 @@ impl Pipeline {
     /// ([`Pipeline::record_datagram_target`]) and asks
     /// [`Pipeline::datagram_allowed`] of each. Besides the tunnel: the
     /// association's egress address of the other family, if it has one.
-    pub async fn open_association(
+    pub(crate) async fn open_association(
         &self,
         client: Client,
         ticket: &ConnectionTicket,
@@ -68,7 +68,7 @@ impl Pipeline {
     /// Whether a datagram may leave for `destination`: literal addresses are
     /// checked against the egress policy here, names at the exit (which
     /// resolves them), as for tunnels.
-    pub fn datagram_allowed(&self, holds: &Holds, destination: &DatagramAddr) -> bool {
+    pub(crate) fn datagram_allowed(&self, holds: &Holds, destination: &DatagramAddr) -> bool {
         let literal_allowed = match destination {
             DatagramAddr::Ip(addr) => self.opener.policy.check(*addr).is_ok(),
             DatagramAddr::Name(..) => true,
@@ -82,7 +82,7 @@ impl Pipeline {
     /// Whether any per-domain limit could apply to the association's
     /// datagrams now: only then does its relay keep a table of flows
     /// ([`Pipeline::admit_flow`]). Memory only.
-    pub fn flows_limited(&self, holds: &Holds) -> bool {
+    pub(crate) fn flows_limited(&self, holds: &Holds) -> bool {
         self.target_policy.any_domain_limit(&holds.record)
     }
 
@@ -90,7 +90,7 @@ impl Pipeline {
     /// destination and port) under the per-domain limits, as a tunnel to
     /// that destination would be; the leases it holds while it is active.
     /// A refusal says why (429 with `Retry-After` for a limit).
-    pub async fn admit_flow(
+    pub(crate) async fn admit_flow(
         &self,
         holds: &Holds,
         destination: &DatagramAddr,
@@ -113,7 +113,7 @@ impl Pipeline {
     /// IDNA to ASCII; a name that cannot be normalised in lower case
     /// without its trailing dot), addresses canonical, so a lookup finds
     /// `VM.` as `vm`.
-    pub fn record_datagram_target(
+    pub(crate) fn record_datagram_target(
         &self,
         holds: &Holds,
         other_family: Option<IpAddr>,

@@ -18,13 +18,13 @@ use crate::credentials::{Authenticator, Verified};
 use crate::error::{ErrorKind, ProxyError};
 use crate::login_throttle::AuthFailureLimiter;
 use crate::request::Credentials;
-use crate::username::{self, ParsedUsername};
+use proxynet_wire::username::{self, ParsedUsername};
 
 /// The header's name as errors spell it.
 const OPTIONS_HEADER_NAME: &str = "Proxynet-Options";
 
 /// The login stage: the credential checker, the throttle and the allow-list.
-pub struct Login {
+pub(crate) struct Login {
     auth: Authenticator,
     throttle: Arc<AuthFailureLimiter>,
     allowlist: Arc<Allowlist>,
@@ -39,7 +39,7 @@ pub(super) struct LoggedIn {
 }
 
 impl Login {
-    pub fn new(
+    pub(crate) fn new(
         auth: Authenticator,
         throttle: Arc<AuthFailureLimiter>,
         allowlist: Arc<Allowlist>,

@@ -81,7 +81,7 @@ pub(super) fn authorize(logged_in: LoggedIn) -> Result<Client, ProxyError> {
     })
 }
 
-fn source_type(targeting: &crate::username::Targeting) -> &'static str {
+fn source_type(targeting: &proxynet_wire::username::Targeting) -> &'static str {
     targeting
         .source_type
         .map(|t| t.as_str())

@@ -32,7 +32,7 @@ impl Pipeline {
     /// is counted, and `false`: the caller drops the tunnel, which closes
     /// the connection (the `200` is already sent; nothing of the client's
     /// reached the target). `false` too when either side failed meanwhile.
-    pub async fn judge_first_bytes<C>(&self, tunnel: &mut Tunnel, client: &mut C) -> bool
+    pub(crate) async fn judge_first_bytes<C>(&self, tunnel: &mut Tunnel, client: &mut C) -> bool
     where
         C: AsyncRead + AsyncWrite + Unpin,
     {

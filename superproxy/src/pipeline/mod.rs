@@ -28,18 +28,18 @@ mod association;
 mod authenticate;
 mod authorize;
 mod first_bytes;
-pub mod open;
+pub(crate) mod open;
 pub mod sni;
 mod target_policy;
 #[cfg(test)]
 pub(crate) mod test_support;
 mod tunnel;
 
-pub use admit::Admit;
-pub use authenticate::Login;
-pub use open::{Purpose, TunnelOpener};
-pub use target_policy::{customer_refuses, TargetPolicy};
-pub use tunnel::{Holds, Tunnel};
+pub(crate) use admit::Admit;
+pub(crate) use authenticate::Login;
+pub(crate) use open::{Purpose, TunnelOpener};
+pub(crate) use target_policy::{customer_refuses, TargetPolicy};
+pub(crate) use tunnel::{Holds, Tunnel};
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -64,7 +64,7 @@ struct HeldTarget {
 }
 
 /// The stages, built by the caller; [`Pipeline::open`] runs them in order.
-pub struct Pipeline {
+pub(crate) struct Pipeline {
     login: Login,
     target_policy: TargetPolicy,
     admit: Admit,
@@ -75,7 +75,7 @@ pub struct Pipeline {
 }
 
 impl Pipeline {
-    pub fn new(
+    pub(crate) fn new(
         login: Login,
         target_policy: TargetPolicy,
         admit: Admit,
@@ -100,7 +100,7 @@ impl Pipeline {
     /// carried one ([`crate::request::OPTIONS_HEADER`]). `target`: a
     /// [`crate::request::TargetSpec`], or one with the client's
     /// `Proxynet-Report` ([`crate::request::TargetSpec::reported`]).
-    pub async fn open<'t>(
+    pub(crate) async fn open<'t>(
         &self,
         ingress: Ingress,
         credentials: Option<Credentials>,
@@ -121,7 +121,7 @@ impl Pipeline {
     /// [`Pipeline::authenticate`] makes a [`Client`], so the order holds.
     /// A report on the target's site (`Proxynet-Report`) is taken by the
     /// open stage, once the site is known and before the exit is chosen.
-    pub async fn open_as<'t>(
+    pub(crate) async fn open_as<'t>(
         &self,
         client: Client,
         ingress: Ingress,
@@ -236,7 +236,6 @@ impl Pipeline {
             dedicated: opened.dedicated,
         };
         let registration = self.open_tunnels.register(
-            client.user_id,
             &client.username,
             client.credential_digest,
             opened.exit_id,
@@ -299,14 +298,14 @@ impl Pipeline {
 
     /// Which exits each site refuses (the forwarding path records what the
     /// answers it relays say).
-    pub fn sites(&self) -> &Arc<crate::sites::SiteBook> {
+    pub(crate) fn sites(&self) -> &Arc<crate::sites::SiteBook> {
         &self.opener.sites
     }
 
     /// The retry rule that applies to `client`'s request to `target`, if
     /// any (docs/policy.md, "Retry rules"): which answers are bans, how
     /// many other exits to try, whether a ban cools the exit. Memory only.
-    pub fn retry_rule(
+    pub(crate) fn retry_rule(
         &self,
         client: &Client,
         target: TargetSpec<'_>,
@@ -317,14 +316,14 @@ impl Pipeline {
     /// Takes one retry from the budget the opener's own retries draw on
     /// ([`open::RetryBudget`]): `false` when it is spent, and the caller
     /// does not retry.
-    pub fn withdraw_retry(&self) -> bool {
+    pub(crate) fn withdraw_retry(&self) -> bool {
         self.opener.retry_budget.withdraw()
     }
 
     /// Registers the client connection itself under `holds`' user, for as
     /// long as the returned registration is kept: a kept-alive absolute-form
     /// connection is cut on revocation even between requests.
-    pub fn register_connection(&self, holds: &Holds) -> crate::open_tunnels::Registration {
+    pub(crate) fn register_connection(&self, holds: &Holds) -> crate::open_tunnels::Registration {
         holds.register_connection(&self.open_tunnels)
     }
 
@@ -333,7 +332,7 @@ impl Pipeline {
     /// access-log line, for every ingress (`ingress`, `started`: the
     /// tunnel it was for). `options` (the `Proxynet-Options` header)
     /// replace the username's options; they are authorized as those are.
-    pub async fn authenticate(
+    pub(crate) async fn authenticate(
         &self,
         credentials: Option<Credentials>,
         options: Option<&str>,

@@ -37,14 +37,14 @@ use crate::select::sessions::{Pin, Sessions};
 use crate::select::{egress_ip_for, egress_ip_of_family, Candidate, Candidates, Pool, Sticky};
 use crate::sites::{ReportedExit, SiteBook, Verdict};
 use crate::target::Target;
-use crate::username::Targeting;
+use proxynet_wire::username::Targeting;
 
 /// Exits tried for one tunnel before giving up.
-pub const MAX_ATTEMPTS: usize = 3;
+pub(crate) const MAX_ATTEMPTS: usize = 3;
 
 /// What a stream through an exit is opened for.
 #[derive(Clone, Copy)]
-pub enum Purpose<'a> {
+pub(crate) enum Purpose<'a> {
     /// A TCP tunnel to one target.
     Tunnel(&'a Target),
     /// A UDP association: each datagram names its own destination, so the
@@ -70,7 +70,7 @@ struct EgressChoice {
 }
 
 /// A tunnel stream the exit answered `connected` on.
-pub struct Opened {
+pub(crate) struct Opened {
     pub io: ExitStream,
     pub exit_id: Uuid,
     /// The exit's source type as its record says now (what the bytes bill as).
@@ -90,7 +90,7 @@ pub struct Opened {
 /// Retries may add at most `percent` of first attempts (plus a burst of ten),
 /// so an outage that makes every exit refuse cannot triple the load it sees.
 /// Tokens are counted in hundredths of a retry.
-pub struct RetryBudget {
+pub(crate) struct RetryBudget {
     percent: u32,
     tokens: Mutex<u32>,
 }
@@ -98,7 +98,7 @@ pub struct RetryBudget {
 impl RetryBudget {
     const BURST: u32 = 10 * 100;
 
-    pub fn new(percent: u32) -> Self {
+    pub(crate) fn new(percent: u32) -> Self {
         Self {
             percent: percent.min(100),
             tokens: Mutex::new(Self::BURST),
@@ -124,7 +124,7 @@ impl RetryBudget {
     }
 }
 
-pub struct TunnelOpener {
+pub(crate) struct TunnelOpener {
     pub pool: Arc<Pool>,
     pub sessions: Sessions,
     pub policy: EgressPolicy,
@@ -137,7 +137,7 @@ pub struct TunnelOpener {
 
 impl TunnelOpener {
     /// Denies literal targets the egress policy forbids before any exit is used.
-    pub fn check_literal(&self, target: &Target) -> Result<(), ProxyError> {
+    pub(crate) fn check_literal(&self, target: &Target) -> Result<(), ProxyError> {
         match target.socket_addr() {
             Some(addr) => self.policy.check(addr).map_err(|denial| {
                 ProxyError::new(
@@ -156,7 +156,7 @@ impl TunnelOpener {
     /// account's own (one map read when none is). `report`: what the
     /// client's `Proxynet-Report` header said of the site, taken before
     /// the exit is chosen.
-    pub async fn open(
+    pub(crate) async fn open(
         &self,
         purpose: Purpose<'_>,
         client: &Client,

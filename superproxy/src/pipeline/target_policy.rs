@@ -33,7 +33,7 @@ use crate::operator_policy::OperatorRules;
 use crate::request::{Client, TargetSpec};
 use crate::target::{Host, Target};
 
-pub struct TargetPolicy {
+pub(crate) struct TargetPolicy {
     operator: Arc<OperatorRules>,
     admission: Arc<Admission>,
 }
@@ -114,7 +114,7 @@ fn customer_refusal(
 
 /// Whether the user's or account's policy in `record` refuses an open
 /// tunnel's normalised host (a policy change re-judges what is open).
-pub fn customer_refuses(record: &UserRecord, host: &str) -> bool {
+pub(crate) fn customer_refuses(record: &UserRecord, host: &str) -> bool {
     customer_refusal(record, &PolicyTarget::from_normalized(host)).is_some()
 }
 
@@ -133,7 +133,7 @@ fn denies_nothing(operator: &OperatorPolicy, record: &UserRecord) -> bool {
 }
 
 impl TargetPolicy {
-    pub fn new(operator: Arc<OperatorRules>, admission: Arc<Admission>) -> Self {
+    pub(crate) fn new(operator: Arc<OperatorRules>, admission: Arc<Admission>) -> Self {
         Self {
             operator,
             admission,
@@ -406,7 +406,7 @@ impl TargetPolicy {
     /// Whether a datagram may leave for its destination (by name or
     /// address): the same denials as a tunnel. The domain limits are the
     /// flow's, asked once per new flow ([`Self::limit_datagram`]).
-    pub fn permits_datagram(&self, record: &UserRecord, destination: &DatagramAddr) -> bool {
+    pub(crate) fn permits_datagram(&self, record: &UserRecord, destination: &DatagramAddr) -> bool {
         let operator = self.operator.current();
         if denies_nothing(&operator, record) {
             return true;

@@ -83,7 +83,7 @@ pub(crate) fn user(username: &str) -> UserRecord {
 /// The client the authorize stage makes of `record` logged in as `login`
 /// (the username with its grammar, e.g. `alice-country-de`).
 pub(crate) fn client(record: UserRecord, login: &str) -> Client {
-    let request = crate::username::parse(login).expect("a valid username");
+    let request = proxynet_wire::username::parse(login).expect("a valid username");
     let logged_in = LoggedIn {
         request,
         verified: Verified {

@@ -26,7 +26,7 @@ use crate::usage::{EndSide, Metered};
 use super::access_log::AccessLog;
 
 /// An open tunnel: the metered stream to the exit and everything it holds.
-pub struct Tunnel {
+pub(crate) struct Tunnel {
     pub io: Metered<ExitStream>,
     pub exit_id: Uuid,
     /// Set for sticky sessions.
@@ -39,7 +39,7 @@ pub struct Tunnel {
 
 /// What a tunnel holds until its bytes stop flowing; dropping it releases
 /// them and writes the access-log line.
-pub struct Holds {
+pub(crate) struct Holds {
     /// Who the tunnel runs for, as revocation sees it.
     pub credential_digest: [u8; 32],
     /// The allow-listed network it came in by, if any.
@@ -68,7 +68,6 @@ impl Holds {
     /// `open_tunnels`, for as long as the returned registration is kept.
     pub(super) fn register_connection(&self, open_tunnels: &Arc<OpenTunnels>) -> Registration {
         open_tunnels.register(
-            self.log.user_id,
             &self.log.username,
             self.credential_digest,
             Uuid::nil(),
@@ -80,29 +79,29 @@ impl Holds {
     }
 
     /// The account the tunnel runs for.
-    pub fn account_id(&self) -> Uuid {
+    pub(crate) fn account_id(&self) -> Uuid {
         self.log.account_id
     }
 
     /// The user the tunnel runs for.
-    pub fn user_id(&self) -> Uuid {
+    pub(crate) fn user_id(&self) -> Uuid {
         self.log.user_id
     }
 
     /// Resolves when the tunnel must end now (revocation, drain deadline).
-    pub fn cut(&self) -> tokio_util::sync::WaitForCancellationFuture<'_> {
+    pub(crate) fn cut(&self) -> tokio_util::sync::WaitForCancellationFuture<'_> {
         self.ticket.cut().cancelled()
     }
 
     /// Records why the tunnel ended, for its access-log line.
-    pub fn ended(&mut self, end: End) {
+    pub(crate) fn ended(&mut self, end: End) {
         self.log.end = Some(end);
     }
 
     /// Records which attempt of a forwarded request the tunnel carries
     /// (a retry rule may send one request through several exits), for its
     /// access-log line.
-    pub fn note_attempt(&mut self, attempt: u8) {
+    pub(crate) fn note_attempt(&mut self, attempt: u8) {
         self.log.attempt = Some(attempt);
     }
 
@@ -110,14 +109,14 @@ impl Holds {
     /// registrable domain (an IPv4 literal's /24, an IPv6 one's /64), or
     /// the domain of the TLS server name its client sent when the pipeline
     /// read it. `None` for a UDP association.
-    pub fn site(&self) -> Option<&Arc<str>> {
+    pub(crate) fn site(&self) -> Option<&Arc<str>> {
         self.site.as_ref().map(|tag| &tag.site)
     }
 
     /// Records what the site said of the tunnel's exit (an HTTP answer
     /// relayed through it, say); `force_cool` cools the exit for the site
     /// at the first failure. Nothing for a UDP association.
-    pub fn record_site_outcome(&self, verdict: Verdict, force_cool: bool) {
+    pub(crate) fn record_site_outcome(&self, verdict: Verdict, force_cool: bool) {
         if let Some(tag) = &self.site {
             tag.book.record(
                 self.log.account_id,
@@ -139,12 +138,12 @@ impl Holds {
 impl Tunnel {
     /// Whether the pipeline waits for the client's first bytes to judge
     /// this tunnel ([`super::Pipeline::judge_first_bytes`]).
-    pub fn judges_first_bytes(&self) -> bool {
+    pub(crate) fn judges_first_bytes(&self) -> bool {
         self.first_bytes.is_some()
     }
 
     /// Splices `client` and the exit until the tunnel ends or is cut.
-    pub async fn splice<C>(self, client: C, limits: TunnelLimits) -> SpliceOutcome
+    pub(crate) async fn splice<C>(self, client: C, limits: TunnelLimits) -> SpliceOutcome
     where
         C: proxynet_common::splice::ChunkIo,
     {

@@ -21,11 +21,11 @@ use super::cooling::SiteCooling;
 use super::view::{choose_avoiding, choose_like_avoiding, matches, Candidate, PoolView};
 use crate::health::HealthBook;
 use crate::link::dial::carries_udp;
-use crate::username::Targeting;
 use proxynet_store::ExitRecord;
+use proxynet_wire::username::Targeting;
 
 /// The exits one tunnel may still try, drawn from one pool snapshot.
-pub struct Candidates<'a> {
+pub(crate) struct Candidates<'a> {
     view: Arc<PoolView>,
     health: &'a HealthBook,
     targeting: &'a Targeting,

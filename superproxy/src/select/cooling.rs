@@ -11,12 +11,12 @@ use std::time::Instant;
 use uuid::Uuid;
 
 /// The exits cooled for one site: exit → (until, level).
-pub type Exits = HashMap<Uuid, (Instant, u32)>;
+pub(crate) type Exits = HashMap<Uuid, (Instant, u32)>;
 
 /// The exits cooled for one site. Immutable but for its panic flag: a
 /// change replaces it whole, so a tunnel holding one reads a consistent set.
 #[derive(Debug)]
-pub struct SiteCooling {
+pub(crate) struct SiteCooling {
     pub(crate) site: Arc<str>,
     pub(crate) exits: Exits,
     /// Set off the tunnel path while nearly every eligible exit is cooled
@@ -25,7 +25,7 @@ pub struct SiteCooling {
 }
 
 impl SiteCooling {
-    pub fn new(site: Arc<str>, exits: Exits, panic: bool) -> Self {
+    pub(crate) fn new(site: Arc<str>, exits: Exits, panic: bool) -> Self {
         Self {
             site,
             exits,
@@ -34,22 +34,23 @@ impl SiteCooling {
     }
 
     /// The site it is for.
-    pub fn site(&self) -> &str {
+    pub(crate) fn site(&self) -> &str {
         &self.site
     }
 
     /// Whether `exit` is cooled for the site at `now`.
-    pub fn cools(&self, exit: Uuid, now: Instant) -> bool {
+    pub(crate) fn cools(&self, exit: Uuid, now: Instant) -> bool {
         self.exits.get(&exit).is_some_and(|(until, _)| *until > now)
     }
 
     /// `exit`'s cooldown, if it has one (ended or not): until, level.
-    pub fn cooldown(&self, exit: Uuid) -> Option<(Instant, u32)> {
+    #[cfg(test)]
+    pub(crate) fn cooldown(&self, exit: Uuid) -> Option<(Instant, u32)> {
         self.exits.get(&exit).copied()
     }
 
     /// Whether cooling is ignored for the site now (panic).
-    pub fn in_panic(&self) -> bool {
+    pub(crate) fn in_panic(&self) -> bool {
         self.panic.load(Ordering::Relaxed)
     }
 

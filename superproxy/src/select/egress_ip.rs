@@ -17,7 +17,7 @@ use std::net::IpAddr;
 
 use super::Candidate;
 use crate::target::{Host, Target};
-use crate::username::Targeting;
+use proxynet_wire::username::Targeting;
 
 /// Draws from a prefix that land in a /64 someone holds are drawn again this
 /// many times before the prefix counts as taken for this tunnel.
@@ -30,7 +30,7 @@ const REDRAWS: usize = 8;
 /// addresses the targeting may use (its dedicated ones, or the shared
 /// ones). `preferred` (a session's pinned address) wins while the exit
 /// still owns it and it fits. `None`: the exit has no address that fits.
-pub fn egress_ip_for(
+pub(crate) fn egress_ip_for(
     candidate: &Candidate,
     target: &Target,
     preferred: Option<IpAddr>,
@@ -46,7 +46,7 @@ pub fn egress_ip_for(
 /// An egress address of `candidate` of the family `v4` says (`None`: any,
 /// IPv4 first), within the targeting; `preferred` as in [`egress_ip_for`].
 /// A UDP association asks for one of each family.
-pub fn egress_ip_of_family(
+pub(crate) fn egress_ip_of_family(
     candidate: &Candidate,
     v4: Option<bool>,
     preferred: Option<IpAddr>,

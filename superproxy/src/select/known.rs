@@ -39,7 +39,7 @@ pub(super) struct Known {
 
 /// How long linked, probed exits whose liveness a store reset lost stay
 /// eligible while their agents beat again: two default heartbeat TTLs.
-pub const RESET_HOLD: Duration = Duration::from_secs(30);
+pub(crate) const RESET_HOLD: Duration = Duration::from_secs(30);
 
 impl Known {
     /// Records whether the control plane's presence key was there; true

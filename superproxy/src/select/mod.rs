@@ -46,19 +46,19 @@
 //! or until its liveness comes back (or lapses again, which is then news).
 
 mod candidates;
-pub mod cooling;
+pub(crate) mod cooling;
 mod egress_ip;
 mod known;
-pub mod sessions;
+pub(crate) mod sessions;
 mod sticky;
 mod sync;
 #[cfg(test)]
 mod test_support;
 mod view;
 
-pub use candidates::Candidates;
-pub use egress_ip::{egress_ip_for, egress_ip_of_family};
-pub use sticky::Sticky;
+pub(crate) use candidates::Candidates;
+pub(crate) use egress_ip::{egress_ip_for, egress_ip_of_family};
+pub(crate) use sticky::Sticky;
 use sync::*;
 pub use view::*;
 
@@ -77,12 +77,11 @@ use uuid::Uuid;
 use crate::health::HealthBook;
 use crate::link::registry::{Link, LinkRegistry};
 use crate::open_tunnels::OpenTunnels;
-use crate::username::Targeting;
 use cooling::SiteCooling;
 use known::Known;
-pub use known::RESET_HOLD;
+use proxynet_wire::username::Targeting;
 
-pub struct Pool {
+pub(crate) struct Pool {
     health: Arc<HealthBook>,
     open_tunnels: Arc<OpenTunnels>,
     /// Exits blocked by provenance in the last two rebuilds, so a newly
@@ -117,7 +116,7 @@ const DELTA_BATCH: usize = 10_000;
 const REBUILD_AT_LEAST_EVERY: Duration = Duration::from_secs(5);
 
 impl Pool {
-    pub fn new(
+    pub(crate) fn new(
         redis: RedisConnection,
         keys: Keys,
         registry: Arc<LinkRegistry>,
@@ -144,17 +143,12 @@ impl Pool {
         }
     }
 
-    pub fn view(&self) -> Arc<PoolView> {
+    pub(crate) fn view(&self) -> Arc<PoolView> {
         self.view.read().map(|v| v.clone()).unwrap_or_default()
     }
 
-    /// Time since Redis last answered a refresh.
-    pub fn staleness(&self) -> Option<Duration> {
-        self.known.read().ok()?.last_success.map(|t| t.elapsed())
-    }
-
     /// Picks an exit matching `targeting`, skipping `tried` (see [`choose`]).
-    pub fn pick(&self, tried: &[Uuid], targeting: &Targeting) -> Option<Candidate> {
+    pub(crate) fn pick(&self, tried: &[Uuid], targeting: &Targeting) -> Option<Candidate> {
         choose(&self.view(), &self.health, tried, targeting)
     }
 
@@ -163,7 +157,7 @@ impl Pool {
     /// The exit's dedicated addresses as known now, when a tunnel through
     /// it must be checked against them: `None` (nothing to check) while no
     /// linked exit has any and the tunnel is a shared one.
-    pub fn dedications_to_check(
+    pub(crate) fn dedications_to_check(
         &self,
         id: &Uuid,
         dedicated_tunnel: bool,
@@ -178,17 +172,12 @@ impl Pool {
         self.record(id)
     }
 
-    pub fn record(&self, id: &Uuid) -> Option<Arc<ExitRecord>> {
+    pub(crate) fn record(&self, id: &Uuid) -> Option<Arc<ExitRecord>> {
         self.known.read().ok()?.records.get(id).cloned()
     }
 
-    pub fn health(&self) -> &Arc<HealthBook> {
+    pub(crate) fn health(&self) -> &Arc<HealthBook> {
         &self.health
-    }
-
-    /// The eligible exit `id`, if it still is.
-    pub fn eligible(&self, id: &Uuid) -> Option<Candidate> {
-        self.view().get(id).cloned()
     }
 
     /// Revoked or expired consent (or a withdrawal) cuts the exit's open
@@ -252,7 +241,7 @@ impl Pool {
 
     /// Keeps the view current until `stop`: on every refresh,
     /// every link change, and at the earliest consent expiry ahead.
-    pub async fn run(self: Arc<Self>, period: Duration, stop: Stop) {
+    pub(crate) async fn run(self: Arc<Self>, period: Duration, stop: Stop) {
         let mut links_changed = self.registry.subscribe();
         let mut tick = tokio::time::interval(period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -281,7 +270,7 @@ impl Pool {
     /// Reads what changed in Redis (everything, the first time) and rebuilds
     /// the view if anything did. Refreshes run one at a time: a change event
     /// arriving during the timer's read waits for it, then reads on from it.
-    pub async fn refresh(&self) {
+    pub(crate) async fn refresh(&self) {
         let _one_at_a_time = self.refreshing.lock().await;
         let (cursor, read_at_ms, was_degraded) = match self.known.read() {
             Ok(k) => (k.cursor.clone(), k.read_at_ms, k.degraded),
@@ -368,7 +357,7 @@ impl Pool {
 
     /// A live, linked exit blocked by provenance that would match
     /// `targeting`: the reason class a 503 names.
-    pub fn blocked_match(&self, targeting: &Targeting) -> Option<ProvenanceBlock> {
+    pub(crate) fn blocked_match(&self, targeting: &Targeting) -> Option<ProvenanceBlock> {
         self.view()
             .blocked
             .iter()

@@ -108,7 +108,7 @@ return 1
 const MAX_LOCAL_PINS: usize = 100_000;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Pin {
+pub(crate) struct Pin {
     pub exit: Uuid,
     /// The egress IP the session leaves from (absent in pins written before
     /// sessions kept their IP; the next tunnel records one).
@@ -121,7 +121,7 @@ pub struct Pin {
 
 impl Pin {
     /// Expiry as Unix seconds, for the `Proxynet-Session-Expires` header.
-    pub fn expires_unix(&self) -> u64 {
+    pub(crate) fn expires_unix(&self) -> u64 {
         let left = self.expires.saturating_duration_since(Instant::now());
         (SystemTime::now() + left)
             .duration_since(UNIX_EPOCH)
@@ -174,7 +174,7 @@ fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
-pub struct Sessions {
+pub(crate) struct Sessions {
     redis: RedisConnection,
     keys: Keys,
     local: Mutex<HashMap<String, Pin>>,
@@ -201,7 +201,7 @@ impl From<TooManySessions> for crate::error::ProxyError {
 }
 
 impl Sessions {
-    pub fn new(redis: RedisConnection, keys: Keys, max_per_user: usize) -> Self {
+    pub(crate) fn new(redis: RedisConnection, keys: Keys, max_per_user: usize) -> Self {
         Self {
             redis,
             keys,
@@ -212,7 +212,7 @@ impl Sessions {
 
     /// The pin in force, if any. A `sessidle` pin past its idle deadline is
     /// removed and reported as none: the tunnel picks afresh.
-    pub async fn get(&self, user: Uuid, session: &str) -> Option<Pin> {
+    pub(crate) async fn get(&self, user: Uuid, session: &str) -> Option<Pin> {
         let key = self.keys.session(user, session);
         let mut redis = self.redis.clone();
         let answer: Result<Option<(String, i64, i64)>, _> = redis::Script::new(GET_PIN)
@@ -262,7 +262,7 @@ impl Sessions {
     /// A tunnel goes through `pin`: a `sessidle` session's idle deadline
     /// moves to now + `idle`. Best effort: a failure leaves the deadline
     /// where it was (and the local copy moved, for Redis outages).
-    pub async fn touch(&self, user: Uuid, session: &str, pin: Pin, idle: Duration) -> Pin {
+    pub(crate) async fn touch(&self, user: Uuid, session: &str, pin: Pin, idle: Duration) -> Pin {
         let key = self.keys.session(user, session);
         let mut redis = self.redis.clone();
         let touched: Result<i64, _> = redis::Script::new(TOUCH_PIN)
@@ -289,7 +289,7 @@ impl Sessions {
     /// (a new egress IP) keeps its expiry; another exit is a new pin, living
     /// the session's `sesstime`, its `sessidle` deadline starting now. A new
     /// session beyond the user's cap is refused.
-    pub async fn set(
+    pub(crate) async fn set(
         &self,
         user: Uuid,
         session: &Session,

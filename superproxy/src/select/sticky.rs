@@ -19,11 +19,11 @@ use super::sessions::{Pin, Sessions};
 use super::{egress_ip_for, Candidate, Candidates};
 use crate::error::{ErrorKind, ProxyError};
 use crate::target::Target;
-use crate::username::{Session, SessionMode};
+use proxynet_wire::username::{Session, SessionMode};
 
 /// One tunnel's view of its session: what the username asked for and the
 /// pin as last read or written.
-pub struct Sticky<'a> {
+pub(crate) struct Sticky<'a> {
     sessions: &'a Sessions,
     user: Uuid,
     session: &'a Session,
@@ -32,7 +32,7 @@ pub struct Sticky<'a> {
 
 impl<'a> Sticky<'a> {
     /// The session's current pin, read once per tunnel.
-    pub async fn load(sessions: &'a Sessions, user: Uuid, session: &'a Session) -> Self {
+    pub(crate) async fn load(sessions: &'a Sessions, user: Uuid, session: &'a Session) -> Self {
         let pin = sessions.get(user, &session.id).await;
         Self {
             sessions,
@@ -43,7 +43,7 @@ impl<'a> Sticky<'a> {
     }
 
     /// The pin now in force.
-    pub fn pin(&self) -> Option<Pin> {
+    pub(crate) fn pin(&self) -> Option<Pin> {
         self.pin
     }
 
@@ -51,7 +51,7 @@ impl<'a> Sticky<'a> {
     /// otherwise (soft) the next candidate, pinned. `Ok(None)`: no
     /// candidate is left. `record_of` finds a lost exit's last known record
     /// (it is usually no longer in the pool snapshot).
-    pub async fn choose(
+    pub(crate) async fn choose(
         &mut self,
         candidates: &mut Candidates<'_>,
         target: Option<&Target>,
@@ -117,7 +117,7 @@ impl<'a> Sticky<'a> {
     }
 
     /// The session's egress IP on `exit`, if it is pinned there.
-    pub fn egress_ip_on(&self, exit: Uuid) -> Option<IpAddr> {
+    pub(crate) fn egress_ip_on(&self, exit: Uuid) -> Option<IpAddr> {
         self.pin
             .filter(|p| p.exit == exit)
             .and_then(|p| p.egress_ip)
@@ -125,7 +125,7 @@ impl<'a> Sticky<'a> {
 
     /// Records the egress IP now in use on the pinned exit, so the session
     /// keeps it.
-    pub async fn keep_ip(&mut self, exit: Uuid, ip: IpAddr) -> Result<(), ProxyError> {
+    pub(crate) async fn keep_ip(&mut self, exit: Uuid, ip: IpAddr) -> Result<(), ProxyError> {
         match self.pin {
             Some(current) if current.exit == exit && current.egress_ip != Some(ip) => {
                 self.repin(exit, Some(ip)).await.map(drop)

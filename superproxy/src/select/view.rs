@@ -2,7 +2,7 @@
 //! exits, the power-of-two choice among them, and the targeting match.
 
 use super::*;
-use crate::username::{Continent, IpVersion};
+use proxynet_wire::username::{Continent, IpVersion};
 
 /// One exit we could send a tunnel through.
 #[derive(Clone)]
@@ -53,7 +53,7 @@ pub fn choose(
 /// exit named by `exit-…` is taken cooled or not: the client asked for it).
 /// `None` when every usable exit is cooled: the caller decides whether to
 /// ignore the cooling then.
-pub fn choose_avoiding(
+pub(crate) fn choose_avoiding(
     view: &PoolView,
     health: &HealthBook,
     tried: &[Uuid],
@@ -107,7 +107,8 @@ pub fn choose_avoiding(
 /// of [`like_tiers`] in turn, the first that has a usable exit wins (power
 /// of two choices within it). Up to four choices, each a scan at worst when
 /// its exits are rare: a re-pin is the rare event, not the tunnel.
-pub fn choose_like(
+#[cfg(test)]
+pub(crate) fn choose_like(
     view: &PoolView,
     health: &HealthBook,
     tried: &[Uuid],
@@ -119,7 +120,7 @@ pub fn choose_like(
 
 /// [`choose_like`], skipping the exits `avoid` cools for the tunnel's site
 /// in every tier.
-pub fn choose_like_avoiding(
+pub(crate) fn choose_like_avoiding(
     view: &PoolView,
     health: &HealthBook,
     tried: &[Uuid],
@@ -137,7 +138,7 @@ pub fn choose_like_avoiding(
 /// `targeting` as it is. A tier only narrows: where the targeting asks for
 /// another value than `lost` has, the tier cannot hold and is left out;
 /// where `lost` has no city or ASN, that part asks nothing.
-pub fn like_tiers(targeting: &Targeting, lost: &ExitRecord) -> Vec<Targeting> {
+pub(crate) fn like_tiers(targeting: &Targeting, lost: &ExitRecord) -> Vec<Targeting> {
     fn narrow<T: PartialEq + Clone>(asked: &Option<T>, like: Option<&T>) -> Option<Option<T>> {
         match (asked, like) {
             (_, None) => Some(asked.clone()),
@@ -186,7 +187,7 @@ fn better(health: &HealthBook, a: &Candidate, b: &Candidate) -> bool {
 }
 
 /// Whether an exit satisfies a client's targeting.
-pub fn matches(record: &ExitRecord, targeting: &Targeting) -> bool {
+pub(crate) fn matches(record: &ExitRecord, targeting: &Targeting) -> bool {
     targeting
         .country
         .as_deref()

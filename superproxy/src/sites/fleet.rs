@@ -22,7 +22,7 @@ impl SiteBook {
     /// Reads every cooldown from Redis and makes them this instance's
     /// (on each subscription to the change channel and every 30 s). A
     /// change applied meanwhile is kept: the read is merged then.
-    pub async fn resync(&self) {
+    pub(crate) async fn resync(&self) {
         let Some(fleet) = &self.fleet else { return };
         let before = self.changes.load(Ordering::Acquire);
         let mut redis = fleet.redis.clone();

@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 /// The most sites whose ratio is exported at once.
-pub const TOP_SITES: usize = 20;
+pub(crate) const TOP_SITES: usize = 20;
 
 /// The most sites counted at once; a new site beyond them waits until
 /// others have faded.

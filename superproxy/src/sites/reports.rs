@@ -33,14 +33,14 @@ use crate::request::SiteReport;
 
 /// Reports by header one user may send a minute, once its burst is spent
 /// (the API's rate for a key's reports).
-pub const REPORTS_PER_MINUTE: u32 = 10;
+pub(crate) const REPORTS_PER_MINUTE: u32 = 10;
 
 /// Reports by header one user may send at once after a quiet spell.
-pub const REPORT_BURST: u32 = 30;
+pub(crate) const REPORT_BURST: u32 = 30;
 
 /// The exit a report names: the one its session is pinned to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ReportedExit {
+pub(crate) enum ReportedExit {
     /// The request asked for no session.
     NoSession,
     /// Its session has no pin yet (its first request).
@@ -83,7 +83,7 @@ impl SiteBook {
     /// once (the selection that follows skips it) and then for the fleet's
     /// superproxies (Redis, announced), in a task of its own. Everything
     /// else is ignored. Either way counted.
-    pub fn report(
+    pub(crate) fn report(
         self: &Arc<Self>,
         report: SiteReport,
         account: Uuid,

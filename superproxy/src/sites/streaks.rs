@@ -26,7 +26,7 @@ impl SiteBook {
     /// (an account cooldown, as a customer's report makes). A customer's own
     /// site that refuses every exit, a closed port, a forged server name or
     /// a rule matching every answer cost that customer alone.
-    pub fn record(
+    pub(crate) fn record(
         self: &Arc<Self>,
         account: Uuid,
         exit: Uuid,
@@ -66,7 +66,7 @@ impl SiteBook {
 
     /// An HTTP answer relayed through `exit` for `site`: banned (a ban
     /// status or marker) or not; `force_cool` cools at once.
-    pub fn record_http(
+    pub(crate) fn record_http(
         self: &Arc<Self>,
         account: Uuid,
         exit: Uuid,

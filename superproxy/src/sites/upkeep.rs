@@ -20,7 +20,7 @@ impl SiteBook {
     /// level), recomputes each site's panic flag, sweeps idle streaks and
     /// publishes the busiest sites' success ratios; every 30 s, a resync
     /// (and the report rates of users gone quiet are forgotten).
-    pub async fn run(self: Arc<Self>, stop: Stop) {
+    pub(crate) async fn run(self: Arc<Self>, stop: Stop) {
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut resynced = Instant::now();
@@ -36,7 +36,7 @@ impl SiteBook {
     }
 
     /// One round of upkeep against the pool's eligible exits now.
-    pub fn upkeep(&self, now: Instant) {
+    pub(crate) fn upkeep(&self, now: Instant) {
         let view = self.pool.as_ref().map(|pool| pool.view());
         let eligible = view.as_ref().map_or(0, |v| v.eligible.len());
         self.upkeep_against(now, eligible, |id| {

@@ -18,7 +18,7 @@ use uuid::Uuid;
 
 /// What one quota is, as the pipeline asks for it on a new tunnel.
 #[derive(Debug, Clone, Copy)]
-pub struct QuotaSpec {
+pub(crate) struct QuotaSpec {
     pub owner: QuotaOwner,
     pub limit: u64,
     pub period: QuotaPeriod,

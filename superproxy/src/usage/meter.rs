@@ -12,7 +12,7 @@
 
 mod metered;
 
-pub use metered::Metered;
+pub(crate) use metered::Metered;
 
 use proxynet_store::{QuotaPeriod, SourceType};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicU8, Ordering};
@@ -22,7 +22,7 @@ use uuid::Uuid;
 /// Bytes one quota owner (a user, or an account) may still move through
 /// this instance.
 #[derive(Debug)]
-pub struct Budget {
+pub(crate) struct Budget {
     left: AtomicI64,
     /// Bytes reserved against it since it was made (net of give-backs), so
     /// a flush can tell which of them the shared counter has not seen yet.
@@ -33,11 +33,12 @@ pub struct Budget {
 }
 
 impl Budget {
-    pub fn new(left: i64) -> Self {
+    #[cfg(test)]
+    pub(crate) fn new(left: i64) -> Self {
         Self::for_window(left, 0, String::new())
     }
 
-    pub fn for_window(left: i64, limit: u64, window: String) -> Self {
+    pub(crate) fn for_window(left: i64, limit: u64, window: String) -> Self {
         Self {
             left: AtomicI64::new(left),
             spent: AtomicU64::new(0),
@@ -46,12 +47,12 @@ impl Budget {
     }
 
     /// Whether it was made for this limit and quota window.
-    pub fn is_for(&self, limit: u64, window: &str) -> bool {
+    pub(crate) fn is_for(&self, limit: u64, window: &str) -> bool {
         self.made_for.0 == limit && self.made_for.1 == window
     }
 
     /// Takes up to `want` bytes; how many it got (0 when nothing is left).
-    pub fn reserve(&self, want: usize) -> usize {
+    pub(crate) fn reserve(&self, want: usize) -> usize {
         let want = i64::try_from(want).unwrap_or(i64::MAX);
         let mut current = self.left.load(Ordering::Relaxed);
         loop {
@@ -75,36 +76,36 @@ impl Budget {
     }
 
     /// Gives back reserved bytes that were not moved.
-    pub fn release(&self, n: usize) {
+    pub(crate) fn release(&self, n: usize) {
         if n > 0 {
             self.left.fetch_add(n as i64, Ordering::AcqRel);
             self.spent.fetch_sub(n as u64, Ordering::Relaxed);
         }
     }
 
-    pub fn left(&self) -> i64 {
+    pub(crate) fn left(&self) -> i64 {
         self.left.load(Ordering::Relaxed)
     }
 
-    pub fn spent(&self) -> u64 {
+    pub(crate) fn spent(&self) -> u64 {
         self.spent.load(Ordering::Acquire)
     }
 
     /// Replaces what is left (from the shared counter after a flush).
-    pub fn reset(&self, left: i64) {
+    pub(crate) fn reset(&self, left: i64) {
         self.left.store(left, Ordering::Release);
     }
 }
 
 /// Whose quota a budget is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum QuotaOwner {
+pub(crate) enum QuotaOwner {
     User(Uuid),
     Account(Uuid),
 }
 
 impl QuotaOwner {
-    pub fn id(self) -> Uuid {
+    pub(crate) fn id(self) -> Uuid {
         match self {
             QuotaOwner::User(id) | QuotaOwner::Account(id) => id,
         }
@@ -113,7 +114,7 @@ impl QuotaOwner {
 
 /// One quota a tunnel's bytes count against.
 #[derive(Debug, Clone)]
-pub struct QuotaBinding {
+pub(crate) struct QuotaBinding {
     pub owner: QuotaOwner,
     pub limit: u64,
     pub period: QuotaPeriod,
@@ -133,7 +134,7 @@ const SETTLED_BILLABLE: u8 = 3;
 /// (its stream ended or failed: the target closed or reset, or the link
 /// broke) or the client (it finished sending, so the stream was shut).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EndSide {
+pub(crate) enum EndSide {
     Exit,
     Client,
 }
@@ -144,7 +145,7 @@ const CLIENT_END: u8 = 2;
 
 /// Counters of one tunnel (or one forwarded request's upstream connection).
 #[derive(Debug)]
-pub struct Meter {
+pub(crate) struct Meter {
     pub account_id: Uuid,
     pub user_id: Uuid,
     pub exit_id: Uuid,
@@ -170,7 +171,7 @@ pub struct Meter {
 }
 
 impl Meter {
-    pub fn new(
+    pub(crate) fn new(
         account_id: Uuid,
         user_id: Uuid,
         exit_id: Uuid,
@@ -198,7 +199,7 @@ impl Meter {
     /// [`Meter::settle_billing`] says whether they are billed: for an
     /// attempt that may be given up and retried through another exit.
     /// Called before any byte moves; a settled meter stays settled.
-    pub fn hold_billing(&self) {
+    pub(crate) fn hold_billing(&self) {
         let _ = self
             .billing
             .compare_exchange(BILLABLE, HELD, Ordering::AcqRel, Ordering::Acquire);
@@ -208,7 +209,7 @@ impl Meter {
     /// after) are billed or recorded as not billable. Without a hold it
     /// changes nothing: only a held meter's bytes can be unbilled, so a
     /// late call cannot take back bytes already in the ledger as billed.
-    pub fn settle_billing(&self, billable: bool) {
+    pub(crate) fn settle_billing(&self, billable: bool) {
         let settled = if billable {
             SETTLED_BILLABLE
         } else {
@@ -222,18 +223,18 @@ impl Meter {
     /// Whether the meter's bytes are billed: `false` only once settled so.
     /// A meter still held counts as billed (what the ledger records when its
     /// tunnel ends before anyone settled it).
-    pub fn billable(&self) -> bool {
+    pub(crate) fn billable(&self) -> bool {
         self.billing.load(Ordering::Acquire) != NOT_BILLABLE
     }
 
     /// Whether the meter is held ([`Meter::hold_billing`]) and not settled.
-    pub fn billing_held(&self) -> bool {
+    pub(crate) fn billing_held(&self) -> bool {
         self.billing.load(Ordering::Acquire) == HELD
     }
 
     /// Which side of the tunnel ended first, if either has: what tells a
     /// target that closed a tunnel from a client that was done with it.
-    pub fn first_end(&self) -> Option<EndSide> {
+    pub(crate) fn first_end(&self) -> Option<EndSide> {
         match self.first_end.load(Ordering::Acquire) {
             EXIT_END => Some(EndSide::Exit),
             CLIENT_END => Some(EndSide::Client),
@@ -248,19 +249,19 @@ impl Meter {
             .compare_exchange(NO_END, side, Ordering::AcqRel, Ordering::Relaxed);
     }
 
-    pub fn up(&self) -> u64 {
+    pub(crate) fn up(&self) -> u64 {
         self.up.load(Ordering::Relaxed)
     }
-    pub fn down(&self) -> u64 {
+    pub(crate) fn down(&self) -> u64 {
         self.down.load(Ordering::Relaxed)
     }
 
     /// Stops the stream at its next read or write.
-    pub fn cut(&self) {
+    pub(crate) fn cut(&self) {
         self.cut.store(true, Ordering::Relaxed);
     }
 
-    pub fn is_cut(&self) -> bool {
+    pub(crate) fn is_cut(&self) -> bool {
         self.cut.load(Ordering::Relaxed)
     }
 
@@ -288,7 +289,7 @@ impl Meter {
     /// association bills payload, not its framing on the link. Reserved
     /// from every quota first; `false` — and the meter cut — when a quota
     /// cannot cover the whole datagram (a datagram is not sent in part).
-    pub fn charge_datagram(&self, up: bool, n: usize) -> bool {
+    pub(crate) fn charge_datagram(&self, up: bool, n: usize) -> bool {
         if self.is_cut() {
             return false;
         }
@@ -315,7 +316,7 @@ impl Meter {
 }
 
 /// Marks its meter finished when dropped, so the next flush is its last.
-pub struct MeterHandle(pub Arc<Meter>);
+pub(crate) struct MeterHandle(pub Arc<Meter>);
 
 impl Drop for MeterHandle {
     fn drop(&mut self) {

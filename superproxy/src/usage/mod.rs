@@ -54,9 +54,9 @@ mod meters;
 mod spill;
 mod target_log;
 
-pub use budgets::QuotaSpec;
+pub(crate) use budgets::QuotaSpec;
 pub use delivery::ADD_ONCE_SCRIPT;
-pub use meter::{Budget, EndSide, Meter, MeterHandle, Metered, QuotaBinding, QuotaOwner};
+pub(crate) use meter::{EndSide, Meter, MeterHandle, Metered, QuotaBinding, QuotaOwner};
 
 use budgets::Budgets;
 use collect::Parts;
@@ -74,7 +74,7 @@ use uuid::Uuid;
 
 /// The byte accounting of this instance: the rooms above, composed; each
 /// method hands its work to the room that owns the state.
-pub struct UsageRecorder {
+pub(crate) struct UsageRecorder {
     /// The meters of the tunnels, until their last flush.
     meters: MeterBook,
     /// The quota owners' byte budgets.
@@ -88,7 +88,7 @@ pub struct UsageRecorder {
 }
 
 impl UsageRecorder {
-    pub fn new(
+    pub(crate) fn new(
         superproxy_id: Uuid,
         redis: RedisConnection,
         keys: Keys,
@@ -116,18 +116,18 @@ impl UsageRecorder {
     }
 
     /// Bytes (up, down) through `exit` on this instance since start.
-    pub fn exit_bytes(&self, exit: Uuid) -> (u64, u64) {
+    pub(crate) fn exit_bytes(&self, exit: Uuid) -> (u64, u64) {
         self.exits.get(exit)
     }
 
     /// Forgets exits no longer linked here (bounded memory).
-    pub fn retain_exits(&self, linked: &[Uuid]) {
+    pub(crate) fn retain_exits(&self, linked: &[Uuid]) {
         self.exits.retain(linked);
     }
 
     /// Notes one opened tunnel for the abuse-lookup record: who reached which
     /// host:port through which egress IP, this minute.
-    pub fn record_target(
+    pub(crate) fn record_target(
         &self,
         account_id: Uuid,
         user_id: Uuid,
@@ -141,13 +141,13 @@ impl UsageRecorder {
     }
 
     /// What the owner may still move here (≤ 0: nothing).
-    pub fn budget_left(&self, spec: &QuotaSpec) -> i64 {
+    pub(crate) fn budget_left(&self, spec: &QuotaSpec) -> i64 {
         self.budgets.budget(spec).left()
     }
 
     /// A new meter for a tunnel through `exit_id` on behalf of the user,
     /// bound to `quotas` (the user's and the account's, where set).
-    pub fn meter(
+    pub(crate) fn meter(
         &self,
         account_id: Uuid,
         user_id: Uuid,
@@ -177,21 +177,13 @@ impl UsageRecorder {
         MeterHandle(meter)
     }
 
-    /// Collects and sends everything not yet in the stream: spilled batches
-    /// first (they are older), then those in memory. A batch Redis does not
-    /// take goes to the spill file at once (with a spill directory), so
-    /// nothing collected lives only in memory beyond one failed send.
-    pub async fn flush(&self) {
-        self.delivery.flush(self.parts()).await;
-    }
-
     /// The last flush of a stopping instance: everything in memory reaches
     /// Redis, or the spill file if Redis does not answer within a few tries.
-    pub async fn flush_for_shutdown(&self) {
+    pub(crate) async fn flush_for_shutdown(&self) {
         self.delivery.flush_for_shutdown(self.parts()).await;
     }
 
-    pub async fn run(self: Arc<Self>, every: Duration, stop: Stop) {
+    pub(crate) async fn run(self: Arc<Self>, every: Duration, stop: Stop) {
         self.delivery.run(every, stop, self.parts()).await;
     }
 }

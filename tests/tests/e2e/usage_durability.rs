@@ -65,7 +65,7 @@ async fn quota_counters_advance_once_per_batch() {
     let mut redis = stores.redis().await;
     let counter = format!("{}quota:{{u1}}:m202611", stores.redis_prefix);
     let applied = format!("{counter}:applied");
-    let script = redis::Script::new(superproxy::usage::ADD_ONCE_SCRIPT);
+    let script = redis::Script::new(superproxy::ADD_ONCE_SCRIPT);
     let mut totals = Vec::new();
     for seq in [1u64, 1, 2] {
         let total: u64 = script

@@ -24,7 +24,7 @@ use crate::pipeline::Pipeline;
 use crate::request::{Ingress, TargetSpec};
 use proxynet_common::splice::TunnelLimits;
 
-pub async fn connect(
+pub(crate) async fn connect(
     pipeline: Arc<Pipeline>,
     limits: TunnelLimits,
     switch: Option<TunnelSwitch>,

@@ -23,7 +23,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 /// How long the gate waits for the origin's first answer.
-pub const CONTINUE_WAIT: Duration = Duration::from_secs(3);
+pub(crate) const CONTINUE_WAIT: Duration = Duration::from_secs(3);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
@@ -46,10 +46,10 @@ struct Shared {
 
 /// The switch the origin's answers throw.
 #[derive(Clone, Debug)]
-pub struct Gate(Arc<Mutex<Shared>>);
+pub(crate) struct Gate(Arc<Mutex<Shared>>);
 
 impl Gate {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self(Arc::new(Mutex::new(Shared {
             state: State::Closed,
             waker: None,
@@ -72,17 +72,17 @@ impl Gate {
     }
 
     /// The origin sent `100 Continue`.
-    pub fn open(&self) {
+    pub(crate) fn open(&self) {
         self.set(State::Open);
     }
 
     /// The origin answered finally before asking for the body.
-    pub fn answered(&self) {
+    pub(crate) fn answered(&self) {
         self.set(State::Answered);
     }
 
     /// The exchange is over: a body not yet sent never will be.
-    pub fn abort(&self) {
+    pub(crate) fn abort(&self) {
         self.set(State::Abort);
     }
 
@@ -99,7 +99,7 @@ impl Default for Gate {
 
 /// Whether the request asks for `100-continue` (RFC 9110 §10.1.1: the
 /// value is case-insensitive; only this expectation is defined).
-pub fn expects_continue(headers: &http::HeaderMap) -> bool {
+pub(crate) fn expects_continue(headers: &http::HeaderMap) -> bool {
     headers
         .get_all(http::header::EXPECT)
         .iter()
@@ -107,7 +107,7 @@ pub fn expects_continue(headers: &http::HeaderMap) -> bool {
 }
 
 /// The client's request body as sent upstream: held back until the gate opens.
-pub struct GatedBody<B> {
+pub(crate) struct GatedBody<B> {
     inner: B,
     gate: Gate,
     /// Started at the first poll, when the head is on its way upstream (not
@@ -116,7 +116,7 @@ pub struct GatedBody<B> {
 }
 
 impl<B> GatedBody<B> {
-    pub fn new(inner: B, gate: Gate) -> Self {
+    pub(crate) fn new(inner: B, gate: Gate) -> Self {
         Self {
             inner,
             gate,
@@ -182,13 +182,13 @@ where
 /// A response body that aborts the gate when it ends (or is dropped): by
 /// then the origin has said all it will, and a body it never asked for must
 /// not keep the upstream connection waiting.
-pub struct AbortOnEnd<B> {
+pub(crate) struct AbortOnEnd<B> {
     inner: B,
     gate: Gate,
 }
 
 impl<B> AbortOnEnd<B> {
-    pub fn new(inner: B, gate: Gate) -> Self {
+    pub(crate) fn new(inner: B, gate: Gate) -> Self {
         Self { inner, gate }
     }
 }

@@ -32,7 +32,7 @@ use crate::pipeline::Pipeline;
 use crate::request::{Credentials, Ingress, SiteReport, TargetSpec, OPTIONS_HEADER, REPORT_HEADER};
 
 /// What is left of the connection for hyper, if anything.
-pub enum Remaining<IO> {
+pub(crate) enum Remaining<IO> {
     /// The connection is finished with (a tunnel is spliced, the client went
     /// away, the head timed out or the guard refused it).
     Done,
@@ -43,7 +43,7 @@ pub enum Remaining<IO> {
 /// Reads the first request head and serves it if it is a `CONNECT`. A cut of
 /// the connection ends it while the head is read or the tunnel opened; once
 /// spliced, the tunnel ends on the cut itself (and accounts for its bytes).
-pub async fn serve<IO>(
+pub(crate) async fn serve<IO>(
     pipeline: &Arc<Pipeline>,
     limits: IngressLimits,
     mut guarded: HeadGuard<IO>,

@@ -61,12 +61,12 @@ use relay::{judge, relay};
 use retry::{forward_retrying, repeatable};
 use upstream::{Replay, Route, UpstreamBody};
 
-pub use identity::ConnectionIdentity;
+pub(crate) use identity::ConnectionIdentity;
 
 /// Methods this proxy answers itself when `Max-Forwards` reaches zero.
 const ALLOW: &str = "GET, HEAD, POST, PUT, DELETE, OPTIONS, PATCH, CONNECT";
 
-pub async fn forward(
+pub(crate) async fn forward(
     pipeline: Arc<Pipeline>,
     limits: TunnelLimits,
     h2: bool,

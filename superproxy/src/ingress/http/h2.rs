@@ -35,13 +35,13 @@ use crate::ingress::IngressLimits;
 use crate::pipeline::Pipeline;
 
 /// Streams one client connection may have open at once.
-pub const MAX_STREAMS: u32 = 100;
+pub(crate) const MAX_STREAMS: u32 = 100;
 /// Largest request header list (HPACK-decoded size, RFC 9113 §6.5.2).
-pub const MAX_HEADER_LIST: u32 = 64 * 1024;
+pub(crate) const MAX_HEADER_LIST: u32 = 64 * 1024;
 /// What each stream may have in flight towards us before we read it, and
 /// what we buffer for it towards the client: a stalled stream holds at most
 /// both (a connection of [`MAX_STREAMS`] stalled streams: 25 MiB).
-pub const STREAM_WINDOW: u32 = 128 * 1024;
+pub(crate) const STREAM_WINDOW: u32 = 128 * 1024;
 const STREAM_SEND_BUFFER: usize = 128 * 1024;
 /// Streams cancelled before their answer that a connection may spend at once…
 const RESET_BURST: u32 = 128;
@@ -52,7 +52,7 @@ const MAX_PENDING_ACCEPT_RESETS: usize = 64;
 
 /// Serves one HTTP/2 client connection until it ends, is cut, or spends
 /// its reset budget.
-pub async fn serve_connection<IO>(
+pub(crate) async fn serve_connection<IO>(
     pipeline: Arc<Pipeline>,
     limits: IngressLimits,
     stream: IO,
@@ -144,7 +144,7 @@ async fn idle(ticket: &ConnectionTicket, timeout: Duration) {
 
 /// A token bucket of streams the client may cancel before they are
 /// answered; cancelled when spent.
-pub struct ResetBudget {
+pub(crate) struct ResetBudget {
     state: Mutex<(u32, Instant)>,
     spent: CancellationToken,
 }

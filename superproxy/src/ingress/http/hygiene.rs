@@ -27,7 +27,7 @@ const HOP_BY_HOP: &[&str] = &[
 ];
 
 /// A copy of `headers` without hop-by-hop fields, in the original order.
-pub fn end_to_end(headers: &HeaderMap) -> HeaderMap {
+pub(crate) fn end_to_end(headers: &HeaderMap) -> HeaderMap {
     let named: Vec<String> = headers
         .get_all(http::header::CONNECTION)
         .iter()

@@ -9,14 +9,14 @@
 //! 400 (this is a forward proxy, not a web server). `Proxy-Authorization`
 //! ends here.
 
-pub mod connect;
-pub mod expect;
-pub mod first_connect;
-pub mod forward;
-pub mod h2;
-pub mod head_guard;
-pub mod hygiene;
-pub mod response;
+pub(crate) mod connect;
+pub(crate) mod expect;
+pub(crate) mod first_connect;
+pub(crate) mod forward;
+pub(crate) mod h2;
+pub(crate) mod head_guard;
+pub(crate) mod hygiene;
+pub(crate) mod response;
 
 use http::{header, Method, Request, Response};
 use hyper::body::Incoming;
@@ -38,13 +38,13 @@ use response::{error_response, ProxyBody};
 
 /// Largest request head accepted (431 beyond), and largest response head
 /// relayed from an origin on absolute-form (502 beyond).
-pub const MAX_HEAD_BYTES: usize = 64 * 1024;
+pub(crate) const MAX_HEAD_BYTES: usize = 64 * 1024;
 /// Most header fields accepted in one request head (431 beyond), and in one
 /// origin response (502 beyond): enough for a response with 200 cookies.
 pub const MAX_HEADERS: usize = 256;
 
 /// Serves one client connection (plain TCP, or TLS on the HTTPS listener).
-pub async fn serve_connection<IO>(
+pub(crate) async fn serve_connection<IO>(
     pipeline: Arc<Pipeline>,
     limits: IngressLimits,
     stream: IO,

@@ -8,30 +8,30 @@ use crate::error::ProxyError;
 use crate::pipeline::Tunnel;
 
 /// Response header naming the exit that served the request or tunnel.
-pub const EXIT_HEADER: &str = "proxynet-exit";
+pub(crate) const EXIT_HEADER: &str = "proxynet-exit";
 /// Response header with a sticky session's pin expiry (Unix seconds).
-pub const SESSION_EXPIRES_HEADER: &str = "proxynet-session-expires";
+pub(crate) const SESSION_EXPIRES_HEADER: &str = "proxynet-session-expires";
 /// Response header with how many exits a forwarded request went through,
 /// when a retry rule sent it through more than one (a site banned the
 /// first): docs/health.md, "Retry on ban".
-pub const ATTEMPTS_HEADER: &str = "proxynet-attempts";
+pub(crate) const ATTEMPTS_HEADER: &str = "proxynet-attempts";
 
 /// Response bodies: our own short texts or a streamed upstream body.
-pub type ProxyBody =
+pub(crate) type ProxyBody =
     http_body_util::combinators::UnsyncBoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
 
-pub fn full_body(bytes: impl Into<Bytes>) -> ProxyBody {
+pub(crate) fn full_body(bytes: impl Into<Bytes>) -> ProxyBody {
     Full::new(bytes.into())
         .map_err(|never| match never {})
         .boxed_unsync()
 }
 
-pub fn empty_body() -> ProxyBody {
+pub(crate) fn empty_body() -> ProxyBody {
     full_body(Bytes::new())
 }
 
 /// The one rendering of an error (see [`ProxyError::to_response`]).
-pub fn error_response(error: &ProxyError) -> Response<ProxyBody> {
+pub(crate) fn error_response(error: &ProxyError) -> Response<ProxyBody> {
     error
         .to_response()
         .map(|body| body.map_err(|never| match never {}).boxed_unsync())
@@ -40,14 +40,14 @@ pub fn error_response(error: &ProxyError) -> Response<ProxyBody> {
 /// The answer to a `CONNECT` whose tunnel is open — `200` with
 /// [`tunnel_headers`] and no body — whichever path serves it (hyper's, or
 /// the first-CONNECT path that writes it itself).
-pub fn connect_established(tunnel: &Tunnel) -> Response<()> {
+pub(crate) fn connect_established(tunnel: &Tunnel) -> Response<()> {
     let mut response = Response::new(());
     tunnel_headers(response.headers_mut(), tunnel);
     response
 }
 
 /// `Proxynet-Exit` and, for sessions, `Proxynet-Session-Expires` (Unix seconds).
-pub fn tunnel_headers(headers: &mut http::HeaderMap, tunnel: &Tunnel) {
+pub(crate) fn tunnel_headers(headers: &mut http::HeaderMap, tunnel: &Tunnel) {
     if let Ok(v) = HeaderValue::from_str(&tunnel.exit_id.to_string()) {
         headers.insert(EXIT_HEADER, v);
     }

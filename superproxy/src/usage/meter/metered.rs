@@ -16,24 +16,24 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 /// An I/O stream to an exit that counts what crosses it and keeps it within
 /// its quotas' budgets.
-pub struct Metered<IO> {
+pub(crate) struct Metered<IO> {
     io: IO,
     meter: MeterHandle,
 }
 
 impl<IO> Metered<IO> {
-    pub fn new(io: IO, meter: MeterHandle) -> Self {
+    pub(crate) fn new(io: IO, meter: MeterHandle) -> Self {
         Self { io, meter }
     }
 
     /// The stream and its meter apart, for a carrier that counts what it
     /// carries itself (a UDP association counts payload per datagram).
-    pub fn into_parts(self) -> (IO, MeterHandle) {
+    pub(crate) fn into_parts(self) -> (IO, MeterHandle) {
         (self.io, self.meter)
     }
 
     /// The counters, for readers that outlive the stream's handover.
-    pub fn meter(&self) -> Arc<Meter> {
+    pub(crate) fn meter(&self) -> Arc<Meter> {
         self.meter.0.clone()
     }
 

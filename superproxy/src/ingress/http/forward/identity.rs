@@ -11,7 +11,7 @@ use uuid::Uuid;
 /// or serves someone else, and the exit its last request used (for
 /// `rotate-tunnel`).
 #[derive(Clone, Default)]
-pub struct ConnectionIdentity(Arc<std::sync::Mutex<ConnectionMemory>>);
+pub(crate) struct ConnectionIdentity(Arc<std::sync::Mutex<ConnectionMemory>>);
 
 #[derive(Default)]
 struct ConnectionMemory {
@@ -43,8 +43,8 @@ impl LoginKey {
         let Some(username) = &self.username else {
             return true;
         };
-        let parsed = crate::username::parse(username).and_then(|p| match &self.options {
-            Some(options) => crate::username::parse_options(&p.user, options.trim()),
+        let parsed = proxynet_wire::username::parse(username).and_then(|p| match &self.options {
+            Some(options) => proxynet_wire::username::parse_options(&p.user, options.trim()),
             None => Ok(p),
         });
         parsed.is_ok_and(|p| keeps_exit(&p))
@@ -75,6 +75,6 @@ impl ConnectionIdentity {
 }
 
 /// Whether a login's requests keep their connection's exit.
-pub(super) fn keeps_exit(request: &crate::username::ParsedUsername) -> bool {
-    request.session.is_none() && request.rotate == crate::username::Rotate::Tunnel
+pub(super) fn keeps_exit(request: &proxynet_wire::username::ParsedUsername) -> bool {
+    request.session.is_none() && request.rotate == proxynet_wire::username::Rotate::Tunnel
 }

@@ -15,7 +15,7 @@ use super::upstream::{Answer, Replay, Route};
 use crate::error::ProxyError;
 use crate::ingress::http::response::ProxyBody;
 use crate::request::Client;
-use crate::username::SessionMode;
+use proxynet_wire::username::SessionMode;
 
 /// Whether a request may be sent again through another exit after a ban:
 /// a safe method (GET, HEAD, OPTIONS: RFC 9110 §9.2.1) with no body at all

@@ -15,8 +15,8 @@
 //! ClientHello in the same write) reach the tunnel, and a refused CONNECT's
 //! successor is parsed as the next head.
 
-pub mod chunked;
-pub mod validate;
+pub(crate) mod chunked;
+pub(crate) mod validate;
 
 use futures_util::task::AtomicWaker;
 use std::io;
@@ -27,11 +27,11 @@ use std::task::{ready, Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use chunked::Chunked;
-pub use validate::{validate_head, Framing, HeadError};
+pub(crate) use validate::{validate_head, Framing, HeadError};
 
 /// Limits the guard enforces on each head.
 #[derive(Debug, Clone, Copy)]
-pub struct HeadLimits {
+pub(crate) struct HeadLimits {
     pub max_head_bytes: usize,
     pub max_fields: usize,
 }
@@ -43,7 +43,7 @@ const REFUSED: u8 = 2;
 /// How the CONNECT in flight was answered: set by the CONNECT handler, read by
 /// the guard, which holds the bytes after the head until it knows.
 #[derive(Debug, Clone, Default)]
-pub struct TunnelSwitch(Arc<SwitchState>);
+pub(crate) struct TunnelSwitch(Arc<SwitchState>);
 
 #[derive(Debug, Default)]
 struct SwitchState {
@@ -53,12 +53,12 @@ struct SwitchState {
 
 impl TunnelSwitch {
     /// A 2xx is about to go out: from now on the connection carries tunnel bytes.
-    pub fn engage(&self) {
+    pub(crate) fn engage(&self) {
         self.decide(TUNNEL);
     }
 
     /// The CONNECT was refused: what follows is the next request head.
-    pub fn refuse(&self) {
+    pub(crate) fn refuse(&self) {
         self.decide(REFUSED);
     }
 
@@ -97,7 +97,7 @@ enum Phase {
     Passthrough,
 }
 
-pub struct HeadGuard<IO> {
+pub(crate) struct HeadGuard<IO> {
     io: IO,
     limits: HeadLimits,
     phase: Phase,
@@ -114,7 +114,7 @@ pub struct HeadGuard<IO> {
 }
 
 impl<IO> HeadGuard<IO> {
-    pub fn new(io: IO, limits: HeadLimits, switch: TunnelSwitch) -> Self {
+    pub(crate) fn new(io: IO, limits: HeadLimits, switch: TunnelSwitch) -> Self {
         Self {
             io,
             limits,
@@ -128,14 +128,10 @@ impl<IO> HeadGuard<IO> {
         }
     }
 
-    pub fn get_ref(&self) -> &IO {
-        &self.io
-    }
-
     /// Gives back bytes a reader took from this guard, to be read again
     /// first. They were validated and accounted for when they went out, so
     /// they are not scanned a second time.
-    pub fn put_back(&mut self, mut bytes: Vec<u8>) {
+    pub(crate) fn put_back(&mut self, mut bytes: Vec<u8>) {
         if bytes.is_empty() {
             return;
         }
