@@ -11,6 +11,7 @@
 pub(crate) mod dial;
 pub(crate) mod listener;
 pub(crate) mod registry;
+mod sender;
 pub(crate) mod stream;
 pub(crate) mod tls;
 pub(crate) mod v1_http2;

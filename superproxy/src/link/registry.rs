@@ -18,26 +18,7 @@ use std::sync::RwLock;
 use tokio::sync::watch;
 use uuid::Uuid;
 
-pub(crate) use super::v1_http2::Http2Sender;
-pub use super::v2_mux::MuxLink;
-
-/// How streams are opened on a link, by link version.
-#[derive(Clone)]
-pub enum LinkSender {
-    /// v1: one HTTP/2 request per stream.
-    Http2(Http2Sender),
-    /// v2: one mux stream per stream.
-    Mux(MuxLink),
-}
-
-impl LinkSender {
-    pub fn version(&self) -> u16 {
-        match self {
-            LinkSender::Http2(_) => proxynet_wire::link::LINK_V1_HTTP2,
-            LinkSender::Mux(_) => proxynet_wire::link::LINK_V2_MUX,
-        }
-    }
-}
+pub use super::sender::{LinkSender, MuxLink};
 
 #[derive(Clone)]
 pub struct Link {

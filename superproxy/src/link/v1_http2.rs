@@ -6,7 +6,6 @@
 use bytes::Bytes;
 use http::{Method, Request, Uri};
 use http_body_util::Empty;
-use hyper::client::conn::http2::SendRequest;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use proxynet_wire::link::{
     Outcome, HEADER_CONNECT_BUDGET_MS, HEADER_EGRESS_IP, HEADER_OUTCOME, HEADER_VERSION,
@@ -15,13 +14,11 @@ use proxynet_wire::link::{
 use std::net::IpAddr;
 use std::time::Duration;
 
-use super::registry::LinkSender;
+use super::sender::{Http2Sender, LinkSender};
 use super::stream::ExitStream;
 use super::version::{outcome_detail, AgentTls, LinkDriver};
 use crate::error::{ErrorKind, ProxyError};
 use crate::target::Target;
-
-pub(crate) type Http2Sender = SendRequest<Empty<Bytes>>;
 
 /// The HTTP/2 handshake on an admitted link. Windows are credit, not
 /// buffers: memory grows only while a peer does not read (see the constants

@@ -9,7 +9,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::registry::LinkSender;
+use super::sender::{LinkSender, MuxLink};
 use super::stream::ExitStream;
 use super::version::{outcome_detail, AgentTls, LinkDriver};
 use crate::error::{ErrorKind, ProxyError};
@@ -18,17 +18,6 @@ use crate::target::Target;
 /// Plaintext rustls may hold for sending before the socket takes it: large
 /// enough that one bulk write becomes one vectored syscall of many records.
 const TLS_SEND_BUFFER: usize = 512 * 1024;
-
-/// A v2 link: the mux and what its agent agreed to.
-#[derive(Clone)]
-pub struct MuxLink {
-    pub handle: MuxHandle,
-    /// The agent starts tunnel streams with the window their OPEN names, so
-    /// this superproxy can grant less under memory pressure.
-    pub open_window: bool,
-    /// The agent serves UDP associations (it said so in its hello).
-    pub udp: bool,
-}
 
 /// Starts the mux on an admitted link: we open every stream (an agent that
 /// opens one breaks the protocol and is not left holding our memory), and

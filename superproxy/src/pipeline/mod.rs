@@ -250,11 +250,14 @@ impl Pipeline {
         // An allocation that landed while this tunnel was being opened: the
         // pool's cut ran before the registration, so the check is here (the
         // pool publishes its records before it cuts).
-        if self
-            .opener
-            .pool
+        // Likewise an exit blocked for provenance (consent revoked or
+        // expired, a withdrawal) meanwhile: the pool cut its tunnels before
+        // this one registered.
+        let pool = &self.opener.pool;
+        if pool
             .dedications_to_check(&opened.exit_id, egress.dedicated)
             .is_some_and(|record| egress.misplaced(&record.dedicated))
+            || pool.barred(&opened.exit_id)
         {
             ticket.cut().cancel();
         }

@@ -227,6 +227,13 @@ impl TunnelOpener {
                 None => candidates.draw(),
             };
             let Some(exit) = exit else { break };
+            // The candidates come from the snapshot taken when the tunnel
+            // started choosing; the pool moves on meanwhile (a retry can come
+            // seconds later). An exit it has dropped since (disabled, drained,
+            // blocked, unlinked) is passed over, as a fresh draw would.
+            if !self.pool.still_eligible(&exit.record.id) {
+                continue;
+            }
             let remaining = deadline.saturating_duration_since(Instant::now());
             if remaining.is_zero() {
                 return Err(ProxyError::new(

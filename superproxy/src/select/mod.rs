@@ -147,6 +147,25 @@ impl Pool {
         self.view.read().map(|v| v.clone()).unwrap_or_default()
     }
 
+    /// Whether exit `id` is eligible in the view published now.
+    pub(crate) fn still_eligible(&self, id: &Uuid) -> bool {
+        self.view
+            .read()
+            .is_ok_and(|view| view.index.contains_key(id))
+    }
+
+    /// Whether exit `id` is blocked for provenance now (consent revoked or
+    /// expired, a withdrawal), as its last record read says: its open
+    /// tunnels are cut ([`Pool::cut_newly_blocked`]), and a tunnel that
+    /// registered after that cut checks itself.
+    pub(crate) fn barred(&self, id: &Uuid) -> bool {
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64);
+        self.record(id)
+            .is_some_and(|r| r.provenance_block(now_ms).is_some())
+    }
+
     /// Picks an exit matching `targeting`, skipping `tried` (see [`choose`]).
     pub(crate) fn pick(&self, tried: &[Uuid], targeting: &Targeting) -> Option<Candidate> {
         choose(&self.view(), &self.health, tried, targeting)
