@@ -45,13 +45,14 @@ pub struct ProtocolReport {
     pub udp_direct_rtt_p50_ms: f64,
     pub udp_direct_rtt_p99_ms: f64,
     pub errors: u64,
+    /// The errors by exchange: `h1`, `h2`, `udp_proxy`, `udp_direct`.
+    pub errors_by_exchange: [u64; 4],
 }
 
 /// Longest any one phase may run.
 const PHASE_LIMIT: Duration = Duration::from_secs(60);
 
 pub async fn measure(t: &ProtocolTargets) -> ProtocolReport {
-    let mut errors = 0u64;
     let h1_only = tls_connector(&t.ca, &[b"http/1.1"]);
     let h2_first = tls_connector(&t.ca, &[b"h2", b"http/1.1"]);
     let auth = format!(
@@ -59,10 +60,14 @@ pub async fn measure(t: &ProtocolTargets) -> ProtocolReport {
         base64::engine::general_purpose::STANDARD.encode(format!("{}:{}", t.user, t.password))
     );
 
-    let h1 = samples(t.count, &mut errors, || h1_tls_tunnel(&h1_only, t, &auth)).await;
+    let mut by_exchange = [0u64; 4];
+    let h1 = samples(t.count, &mut by_exchange[0], || {
+        h1_tls_tunnel(&h1_only, t, &auth)
+    })
+    .await;
 
     let h2_sender = h2_connection(&h2_first, t.tls_proxy).await;
-    let h2 = samples(t.count, &mut errors, || {
+    let h2 = samples(t.count, &mut by_exchange[1], || {
         // A handle on the one connection (SendRequest clones share it).
         h2_tunnel(h2_sender.clone(), t.echo, &auth)
     })
@@ -71,18 +76,18 @@ pub async fn measure(t: &ProtocolTargets) -> ProtocolReport {
     let relay = udp_association(t).await;
     let udp_proxy = match &relay {
         Some((_control, socket, relay)) => {
-            samples(t.count, &mut errors, || {
+            samples(t.count, &mut by_exchange[2], || {
                 udp_round_trip(socket, *relay, Some(t.udp_echo))
             })
             .await
         }
         None => {
-            errors += 1;
+            by_exchange[2] += 1;
             Vec::new()
         }
     };
     let direct = UdpSocket::bind("127.0.0.1:0").await.unwrap();
-    let udp_direct = samples(t.count, &mut errors, || {
+    let udp_direct = samples(t.count, &mut by_exchange[3], || {
         udp_round_trip(&direct, t.udp_echo, None)
     })
     .await;
@@ -96,7 +101,8 @@ pub async fn measure(t: &ProtocolTargets) -> ProtocolReport {
         udp_proxy_rtt_p99_ms: percentile(&udp_proxy, 0.99),
         udp_direct_rtt_p50_ms: percentile(&udp_direct, 0.50),
         udp_direct_rtt_p99_ms: percentile(&udp_direct, 0.99),
-        errors,
+        errors: by_exchange.iter().sum(),
+        errors_by_exchange: by_exchange,
     }
 }
 

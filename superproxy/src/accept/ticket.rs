@@ -102,6 +102,31 @@ impl ConnectionTicket {
     }
 }
 
+#[cfg(test)]
+impl ConnectionTicket {
+    /// A logged-in connection's ticket without a listener (unit tests of
+    /// what a tunnel holds): a permit of `permits` and a drain place on
+    /// `alive`; `None` when no permit is free.
+    pub(crate) fn for_tests(
+        peer: SocketAddr,
+        permits: Arc<Semaphore>,
+        alive: mpsc::Sender<()>,
+    ) -> Option<Self> {
+        let permit = permits.try_acquire_owned().ok()?;
+        Some(ConnectionTicket(Arc::new(TicketInner {
+            peer,
+            cut: CancellationToken::new(),
+            streams: AtomicUsize::new(0),
+            holds: TicketHolds::Connection {
+                _counted: OpenConnection::new(),
+                pre_auth: std::sync::Mutex::new(None),
+                _permit: permit,
+                _alive: alive,
+            },
+        })))
+    }
+}
+
 /// Keeps the open-connections gauge right however a ticket ends.
 struct OpenConnection;
 

@@ -165,3 +165,6 @@ impl Tunnel {
         outcome
     }
 }
+
+#[cfg(test)]
+mod tests;

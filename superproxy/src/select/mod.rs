@@ -53,7 +53,7 @@ pub(crate) mod sessions;
 mod sticky;
 mod sync;
 #[cfg(test)]
-mod test_support;
+pub(crate) mod test_support;
 mod view;
 
 pub(crate) use candidates::Candidates;
