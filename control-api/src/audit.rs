@@ -3,7 +3,7 @@
 
 use sqlx::{Postgres, Transaction};
 
-pub async fn record(
+pub(crate) async fn record(
     tx: &mut Transaction<'_, Postgres>,
     actor: &str,
     action: &str,

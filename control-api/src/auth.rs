@@ -65,7 +65,7 @@ impl FromRequestParts<AppState> for Caller {
 
 /// A caller and the API key it presented (`None`: the bootstrap admin token).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct KeyCaller {
+pub(crate) struct KeyCaller {
     pub caller: Caller,
     pub key_id: Option<uuid::Uuid>,
 }
@@ -132,7 +132,7 @@ pub struct KeyRates {
 }
 
 /// How many keys' worth of requests one account's keys share.
-pub const ACCOUNT_RATE_FACTOR: u32 = 2;
+pub(crate) const ACCOUNT_RATE_FACTOR: u32 = 2;
 
 impl KeyRates {
     pub fn new(account: KeyRate, operator: KeyRate) -> Self {
@@ -202,9 +202,9 @@ impl KeyRates {
 }
 
 /// Customer reports (`POST /v1/feedback`) a key may send a minute, sustained.
-pub const FEEDBACK_PER_MINUTE: u32 = 10;
+pub(crate) const FEEDBACK_PER_MINUTE: u32 = 10;
 /// Reports a key may send at once after a quiet spell.
-pub const FEEDBACK_BURST: u32 = 30;
+pub(crate) const FEEDBACK_BURST: u32 = 30;
 
 /// Reports per API key ([`FEEDBACK_PER_MINUTE`], bursts of
 /// [`FEEDBACK_BURST`]): far below a key's API rate, as a report may write a
@@ -254,7 +254,10 @@ fn retry_after_secs(wait: Duration) -> u64 {
 
 /// Who a presented key (the admin token or an API key) belongs to. A key is
 /// valid while neither it nor its account is revoked or deleted.
-pub async fn caller_for_key(state: &AppState, presented: &str) -> Result<KeyCaller, ApiError> {
+pub(crate) async fn caller_for_key(
+    state: &AppState,
+    presented: &str,
+) -> Result<KeyCaller, ApiError> {
     let digest = sha256_hex(presented);
     // Compare digests so the comparison time does not depend on the token's length.
     let admin = sha256_hex(state.admin_token.expose());
@@ -280,7 +283,7 @@ pub async fn caller_for_key(state: &AppState, presented: &str) -> Result<KeyCall
 }
 
 /// Whether key `id` is still valid (not revoked, its account not deleted).
-pub async fn key_is_valid(state: &AppState, id: uuid::Uuid) -> Result<bool, sqlx::Error> {
+pub(crate) async fn key_is_valid(state: &AppState, id: uuid::Uuid) -> Result<bool, sqlx::Error> {
     let row: Option<(uuid::Uuid,)> = sqlx::query_as(
         "SELECT k.id FROM api_keys k LEFT JOIN accounts a ON a.id = k.account_id
           WHERE k.id = $1 AND k.revoked_at IS NULL AND a.deleted_at IS NULL",
@@ -330,7 +333,7 @@ impl KeyUse {
 }
 
 /// Extractor for operator-only routes: account keys get 403.
-pub struct Operator;
+pub(crate) struct Operator;
 
 impl FromRequestParts<AppState> for Operator {
     type Rejection = ApiError;
@@ -349,7 +352,7 @@ impl FromRequestParts<AppState> for Operator {
 }
 
 /// The bearer token of a request, if it has a well-formed one.
-pub fn bearer(parts: &Parts) -> Option<&str> {
+pub(crate) fn bearer(parts: &Parts) -> Option<&str> {
     let value = parts
         .headers
         .get(axum::http::header::AUTHORIZATION)?
@@ -361,7 +364,7 @@ pub fn bearer(parts: &Parts) -> Option<&str> {
 
 /// A new random secret: 32 bytes from the OS generator, hex-encoded, with a
 /// readable prefix so leaked tokens are recognisable by secret scanners.
-pub fn new_secret(prefix: &str) -> String {
+pub(crate) fn new_secret(prefix: &str) -> String {
     use rand::RngCore;
     let mut bytes = [0u8; 32];
     rand::rngs::OsRng.fill_bytes(&mut bytes);

@@ -147,7 +147,7 @@ impl IntoResponse for ApiError {
 
 /// Maps a unique-constraint violation to a 409 with `message`; anything else
 /// is mapped as any database error (bad input 400, the rest 500).
-pub fn conflict_on_unique(err: sqlx::Error, message: &str) -> ApiError {
+pub(crate) fn conflict_on_unique(err: sqlx::Error, message: &str) -> ApiError {
     match &err {
         sqlx::Error::Database(db) if db.code().as_deref() == Some("23505") => {
             ApiError::Conflict(message.to_owned())

@@ -13,7 +13,7 @@ use serde::Serialize;
 use crate::error::ApiError;
 
 /// A JSON body (in) or answer (out).
-pub struct Json<T>(pub T);
+pub(crate) struct Json<T>(pub T);
 
 impl<T, S> FromRequest<S> for Json<T>
 where
@@ -55,7 +55,7 @@ impl<T: Serialize> IntoResponse for Json<T> {
 }
 
 /// Path parameters.
-pub struct Path<T>(pub T);
+pub(crate) struct Path<T>(pub T);
 
 impl<T, S> FromRequestParts<S> for Path<T>
 where
@@ -73,7 +73,7 @@ where
 }
 
 /// Query parameters.
-pub struct Query<T>(pub T);
+pub(crate) struct Query<T>(pub T);
 
 impl<T, S> FromRequestParts<S> for Query<T>
 where

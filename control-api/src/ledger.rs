@@ -23,7 +23,7 @@ use sqlx::PgPool;
 use std::time::Duration;
 use uuid::Uuid;
 
-pub const GROUP: &str = "ledger";
+pub(crate) const GROUP: &str = "ledger";
 
 /// How long one read waits for new usage batches.
 const BLOCK: Duration = Duration::from_secs(1);
@@ -34,7 +34,7 @@ const CLAIM_IDLE: Duration = Duration::from_secs(30);
 /// How often to look for such batches.
 const CLAIM_EVERY: Duration = Duration::from_secs(5);
 
-pub struct LedgerConsumer {
+pub(crate) struct LedgerConsumer {
     pub db: PgPool,
     pub redis: RedisTarget,
     pub keys: Keys,
@@ -45,7 +45,7 @@ pub struct LedgerConsumer {
 impl LedgerConsumer {
     /// Consumes until `stop` (a batch cut off mid-way is delivered again:
     /// the ledger counts each batch id once).
-    pub async fn run(self, stop: proxynet_common::tasks::Stop) {
+    pub(crate) async fn run(self, stop: proxynet_common::tasks::Stop) {
         stop.run_until_cancelled(self.follow()).await;
     }
 
@@ -162,7 +162,7 @@ impl LedgerConsumer {
     }
 
     /// Records a data-plane audit event once.
-    pub async fn record_audit(&self, event: &AuditEvent) -> Result<(), ConsumeError> {
+    pub(crate) async fn record_audit(&self, event: &AuditEvent) -> Result<(), ConsumeError> {
         sqlx::query(
             "INSERT INTO audit_log (actor, action, subject, detail, source_ref)
              VALUES ($1, $2, $3, $4, $5) ON CONFLICT (source_ref) DO NOTHING",
@@ -178,7 +178,7 @@ impl LedgerConsumer {
     }
 
     /// Records one batch in one transaction; a batch already recorded is skipped.
-    pub async fn record(&self, batch: &UsageBatch) -> Result<(), ConsumeError> {
+    pub(crate) async fn record(&self, batch: &UsageBatch) -> Result<(), ConsumeError> {
         let mut tx = self.db.begin().await?;
         let inserted = sqlx::query("INSERT INTO usage_batches (batch_id, superproxy_id) VALUES ($1, $2) ON CONFLICT DO NOTHING")
             .bind(batch.batch_id)
@@ -319,7 +319,7 @@ impl LedgerConsumer {
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum ConsumeError {
+pub(crate) enum ConsumeError {
     #[error("redis: {0}")]
     Redis(#[from] redis::RedisError),
     #[error("postgres: {0}")]

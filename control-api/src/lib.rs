@@ -8,22 +8,22 @@
 //! listener (port 0 is fine) and reports the bound address; [`ControlApi::serve`]
 //! runs until the shutdown future resolves.
 
-pub mod audit;
-pub mod auth;
-pub mod ceilings;
-pub mod config;
-pub mod error;
-pub mod extract;
-pub mod ledger;
-pub mod liveness;
-pub mod observe;
-pub mod openapi;
-pub mod passwords;
-pub mod postgres;
-pub mod projector;
+mod audit;
+mod auth;
+mod ceilings;
+mod config;
+mod error;
+mod extract;
+mod ledger;
+mod liveness;
+mod observe;
+mod openapi;
+mod passwords;
+mod postgres;
+mod projector;
 mod routes;
-pub mod usage_domains;
-pub mod webhooks;
+mod usage_domains;
+mod webhooks;
 
 use proxynet_common::secret::Secret;
 use proxynet_common::tasks::{Stop, Tasks};

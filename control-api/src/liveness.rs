@@ -37,7 +37,7 @@ const FLIP_GAP: Duration = Duration::from_secs(1);
 /// How often an unchanged admin address is written again (repairs a Redis
 /// that lost it, and keeps its entry younger than the projector's pruning
 /// horizon, `AGENT_ADMIN_KEPT`).
-pub const ADMIN_ADDRS_REFRESH: Duration = Duration::from_secs(3600);
+pub(crate) const ADMIN_ADDRS_REFRESH: Duration = Duration::from_secs(3600);
 
 /// What an exit's admin addresses came to: those protected fleet-wide and
 /// those ignored as unverified.

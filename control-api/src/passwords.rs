@@ -47,7 +47,7 @@ impl PasswordHashing {
 
 /// Checks a new password against the rules every ingress can carry it through:
 /// RFC 1929 (SOCKS5) caps it at 255 bytes.
-pub fn validate_password(password: &str) -> Result<(), ApiError> {
+pub(crate) fn validate_password(password: &str) -> Result<(), ApiError> {
     if password.len() < 8 || password.len() > 255 {
         return Err(ApiError::BadRequest(
             "password: must be 8 to 255 bytes long".into(),
@@ -63,7 +63,7 @@ pub fn validate_password(password: &str) -> Result<(), ApiError> {
 
 /// Base usernames: letters, digits, `_` and `.`, 1–64 bytes. Never `-`, which the
 /// username grammar uses to separate session and targeting keys.
-pub fn validate_username(username: &str) -> Result<(), ApiError> {
+pub(crate) fn validate_username(username: &str) -> Result<(), ApiError> {
     if proxynet_wire::username::is_base_username(username) {
         Ok(())
     } else {

@@ -31,7 +31,7 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 const SURVEY_EVERY: u64 = 5;
 
 /// The pool, and with several hosts the watch that moves it.
-pub struct Postgres {
+pub(crate) struct Postgres {
     pub pool: PgPool,
     pub failover: Option<Failover>,
 }
@@ -47,7 +47,7 @@ struct Host {
 /// password, database and parameters), in the order given. A URL with one
 /// host comes back as it is. `target_session_attrs` is dropped: finding the
 /// host that takes writes is what this module does.
-pub fn split_hosts(url: &str) -> Result<Vec<String>, String> {
+pub(crate) fn split_hosts(url: &str) -> Result<Vec<String>, String> {
     let (scheme, rest) = url
         .split_once("://")
         .ok_or_else(|| format!("{} is not a postgres:// URL", redact_url(url)))?;
@@ -90,7 +90,7 @@ pub fn split_hosts(url: &str) -> Result<Vec<String>, String> {
 }
 
 impl Postgres {
-    pub async fn connect(url: &str) -> Result<Self, StoreUnavailable> {
+    pub(crate) async fn connect(url: &str) -> Result<Self, StoreUnavailable> {
         let unavailable = |detail: String| StoreUnavailable {
             what: "Postgres",
             detail,
@@ -259,7 +259,7 @@ async fn choose(hosts: &[Host], current: Option<usize>) -> Result<(usize, bool),
 }
 
 /// Keeps the pool on the host that takes writes.
-pub struct Failover {
+pub(crate) struct Failover {
     pool: PgPool,
     hosts: Arc<Vec<Host>>,
     current: AtomicUsize,
@@ -269,7 +269,7 @@ pub struct Failover {
 }
 
 impl Failover {
-    pub async fn run(self, stop: Stop) {
+    pub(crate) async fn run(self, stop: Stop) {
         let mut tick = tokio::time::interval(WATCH_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         while stop.run_until_cancelled(tick.tick()).await.is_some() {

@@ -15,20 +15,20 @@ use proxynet_store::UsageRow;
 use std::collections::{HashMap, HashSet};
 use uuid::Uuid;
 
-pub const DOMAINS_PER_ACCOUNT_HOUR: i64 = 200;
+pub(crate) const DOMAINS_PER_ACCOUNT_HOUR: i64 = 200;
 /// What domains beyond the bound are recorded as.
-pub const OTHER: &str = "other";
+pub(crate) const OTHER: &str = "other";
 /// Longest domain stored (a DNS name's limit).
 const MAX_DOMAIN: usize = 253;
 /// Hours an account's listing is kept, counted back from now.
-pub const LISTED_HOURS: i64 = 48;
+pub(crate) const LISTED_HOURS: i64 = 48;
 
 /// Which of a batch's (account, hour, domain) keep their name.
-pub struct Bounded(HashSet<(Uuid, i64, String)>);
+pub(crate) struct Bounded(HashSet<(Uuid, i64, String)>);
 
 impl Bounded {
     /// The domain the row is recorded under (`None`: the row has none).
-    pub fn name(&self, row: &UsageRow) -> Option<String> {
+    pub(crate) fn name(&self, row: &UsageRow) -> Option<String> {
         let domain = row.domain.as_deref()?;
         let key = (row.account_id, hour(row.minute), domain.to_owned());
         Some(if self.0.contains(&key) {
@@ -45,7 +45,7 @@ fn hour(minute: i64) -> i64 {
 
 /// Claims a place for each new (account, hour, domain) of the batch while
 /// the account's hour has room, in the ledger's transaction.
-pub async fn bounded(
+pub(crate) async fn bounded(
     tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
     rows: &[UsageRow],
 ) -> Result<Bounded, sqlx::Error> {
@@ -100,7 +100,7 @@ pub async fn bounded(
 }
 
 /// Deletes listings older than [`LISTED_HOURS`], now and every hour.
-pub async fn run_prune(db: sqlx::PgPool, stop: proxynet_common::tasks::Stop) {
+pub(crate) async fn run_prune(db: sqlx::PgPool, stop: proxynet_common::tasks::Stop) {
     let mut tick = tokio::time::interval(std::time::Duration::from_secs(3600));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     while stop.run_until_cancelled(tick.tick()).await.is_some() {
@@ -121,7 +121,7 @@ pub async fn run_prune(db: sqlx::PgPool, stop: proxynet_common::tasks::Stop) {
 /// this process's clock and in UTC whatever the session's time zone: a
 /// ledger batch that read the cutoff just before an hour turned still finds
 /// its hour listed.
-pub async fn prune(db: &sqlx::PgPool) -> Result<u64, sqlx::Error> {
+pub(crate) async fn prune(db: &sqlx::PgPool) -> Result<u64, sqlx::Error> {
     let cutoff = oldest_listed_hour(chrono::Utc::now().timestamp()) - 3600;
     Ok(
         sqlx::query("DELETE FROM usage_domains_hourly WHERE hour < to_timestamp($1)")

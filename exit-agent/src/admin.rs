@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use crate::tunnel::TunnelContext;
 
-pub fn router(ctx: Arc<TunnelContext>) -> Router {
+pub(crate) fn router(ctx: Arc<TunnelContext>) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))

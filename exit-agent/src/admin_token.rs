@@ -13,12 +13,12 @@ use std::path::{Path, PathBuf};
 
 /// Where the token lives unless `--admin-token-file` says otherwise: beside
 /// the state file (`exit-agent.json` → `exit-agent.admin-token`).
-pub fn default_path(state_file: &Path) -> PathBuf {
+pub(crate) fn default_path(state_file: &Path) -> PathBuf {
     state_file.with_extension("admin-token")
 }
 
 /// Reads the token, creating it (32 random bytes, hex, mode 0600) if absent.
-pub fn load_or_create(path: &Path) -> std::io::Result<Secret> {
+pub(crate) fn load_or_create(path: &Path) -> std::io::Result<Secret> {
     if let Some(token) = read(path)? {
         return Ok(token);
     }
@@ -52,7 +52,7 @@ pub fn load_or_create(path: &Path) -> std::io::Result<Secret> {
 }
 
 /// The token in `path`, if the file exists and holds one.
-pub fn read(path: &Path) -> std::io::Result<Option<Secret>> {
+pub(crate) fn read(path: &Path) -> std::io::Result<Option<Secret>> {
     match std::fs::read_to_string(path) {
         Ok(text) if !text.trim().is_empty() => Ok(Some(Secret::new(text.trim().to_owned()))),
         Ok(_) => Ok(None),
@@ -63,7 +63,7 @@ pub fn read(path: &Path) -> std::io::Result<Option<Secret>> {
 
 /// Why a state-changing admin request is refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refusal {
+pub(crate) enum Refusal {
     /// The request came from a browser page (it carries `Origin` or a
     /// cross-site `Sec-Fetch-Site`): the owner's tools never send those.
     CrossSite,
@@ -75,7 +75,7 @@ pub enum Refusal {
 }
 
 impl Refusal {
-    pub fn message(self) -> &'static str {
+    pub(crate) fn message(self) -> &'static str {
         match self {
             Refusal::CrossSite => "cross-site requests are refused\n",
             Refusal::ForeignHost => "only a loopback Host may change this agent's state\n",
@@ -88,7 +88,7 @@ impl Refusal {
 
 /// Checks a state-changing request's headers: no browser origin, a loopback
 /// `Host`, and `Authorization: Bearer <token>`.
-pub fn check(headers: &http::HeaderMap, token: &Secret) -> Result<(), Refusal> {
+pub(crate) fn check(headers: &http::HeaderMap, token: &Secret) -> Result<(), Refusal> {
     if headers.contains_key(http::header::ORIGIN)
         || headers
             .get("sec-fetch-site")

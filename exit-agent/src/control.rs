@@ -10,7 +10,7 @@ use uuid::Uuid;
 use crate::state::AgentState;
 
 #[derive(Clone)]
-pub struct ControlClient {
+pub(crate) struct ControlClient {
     http: reqwest::Client,
     base: String,
 }
@@ -46,7 +46,7 @@ struct EnrollRequest<'a> {
 /// partner's gateway is, what it serves and which targeting keys the
 /// partner's username template carries.
 #[derive(Debug, Clone, serde::Serialize)]
-pub struct UpstreamDeclaration {
+pub(crate) struct UpstreamDeclaration {
     pub scheme: &'static str,
     pub host: String,
     pub port: u16,
@@ -60,12 +60,12 @@ struct EnrollResponse {
     credential: Secret,
 }
 
-pub use proxynet_wire::heartbeat::HeartbeatReply;
+pub(crate) use proxynet_wire::heartbeat::HeartbeatReply;
 use proxynet_wire::heartbeat::HeartbeatRequest;
 
 /// What this agent tells the control plane about itself in each beat.
 #[derive(Debug, Clone, Default)]
-pub struct BeatInfo {
+pub(crate) struct BeatInfo {
     pub admin_addrs: Vec<std::net::SocketAddr>,
     pub internal_targets: bool,
 }
@@ -76,7 +76,7 @@ struct Problem {
 }
 
 impl ControlClient {
-    pub fn new(base: &str) -> Result<Self, ControlError> {
+    pub(crate) fn new(base: &str) -> Result<Self, ControlError> {
         let http = reqwest::Client::builder()
             .timeout(Duration::from_secs(10))
             .connect_timeout(Duration::from_secs(5))
@@ -91,7 +91,7 @@ impl ControlClient {
         })
     }
 
-    pub async fn enroll(
+    pub(crate) async fn enroll(
         &self,
         token: &Secret,
         egress_ips: &[IpAddr],
@@ -121,7 +121,7 @@ impl ControlClient {
         })
     }
 
-    pub async fn heartbeat(
+    pub(crate) async fn heartbeat(
         &self,
         state: &AgentState,
         draining: bool,
@@ -141,7 +141,7 @@ impl ControlClient {
 
     /// Reports what the reflectors saw from this exit's egress addresses;
     /// the control-api's verdict on its declared egress comes back.
-    pub async fn report_egress(
+    pub(crate) async fn report_egress(
         &self,
         state: &AgentState,
         report: &proxynet_wire::reflector::EgressReport,
@@ -152,7 +152,7 @@ impl ControlClient {
     }
 
     /// Tells the control plane the owner withdrew this exit (idempotent).
-    pub async fn opt_out(&self, state: &AgentState) -> Result<(), ControlError> {
+    pub(crate) async fn opt_out(&self, state: &AgentState) -> Result<(), ControlError> {
         let path = format!("/v1/agent/exits/{}/opt-out", state.exit_id);
         let _: serde_json::Value = self
             .post(

@@ -20,14 +20,14 @@ use tokio::time::Instant;
 
 /// Why a name gave no address.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DnsFailure {
+pub(crate) enum DnsFailure {
     /// No answer in time (or no free resolver slot in time).
     TimedOut,
     /// The name does not exist or has no address.
     NoAddress,
 }
 
-pub struct Dns {
+pub(crate) struct Dns {
     resolver: Option<TokioResolver>,
     permits: Semaphore,
     timeout: Duration,
@@ -35,7 +35,7 @@ pub struct Dns {
 
 impl Dns {
     /// A resolver of the host's configuration, or of `servers` when given.
-    pub fn new(max_in_flight: usize, timeout: Duration, servers: &[SocketAddr]) -> Self {
+    pub(crate) fn new(max_in_flight: usize, timeout: Duration, servers: &[SocketAddr]) -> Self {
         let builder = if servers.is_empty() {
             TokioResolver::builder_tokio()
         } else {
@@ -76,7 +76,7 @@ impl Dns {
     }
 
     /// Every address of `host`, at most until `deadline` (and our own timeout).
-    pub async fn resolve(
+    pub(crate) async fn resolve(
         &self,
         host: &str,
         port: u16,

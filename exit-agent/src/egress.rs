@@ -19,7 +19,7 @@ use crate::config::Config;
 /// must be one of `config`'s egress addresses (an `--egress-ip`, or inside
 /// an `--egress-prefix`, then bound with `IP_FREEBIND`). Needs a tokio
 /// runtime (the socket is registered with its reactor).
-pub fn bind_egress_udp(config: &Config, ip: IpAddr) -> io::Result<tokio::net::UdpSocket> {
+pub(crate) fn bind_egress_udp(config: &Config, ip: IpAddr) -> io::Result<tokio::net::UdpSocket> {
     if !config.owns_egress(ip) {
         return Err(io::Error::new(
             io::ErrorKind::AddrNotAvailable,

@@ -11,18 +11,18 @@
 //! fine); [`ExitAgent::serve`] runs until its shutdown future resolves, then
 //! drains: announce → wait → stop accepting → finish in-flight → close.
 
-pub mod admin;
-pub mod admin_token;
-pub mod config;
-pub mod control;
-pub mod dns;
-pub mod egress;
-pub mod link;
-pub mod optout;
-pub mod policy;
-pub mod public_egress;
-pub mod state;
-pub mod tunnel;
+mod admin;
+mod admin_token;
+mod config;
+mod control;
+mod dns;
+mod egress;
+mod link;
+mod optout;
+mod policy;
+mod public_egress;
+mod state;
+mod tunnel;
 mod udp;
 pub(crate) mod upstream;
 
@@ -40,8 +40,10 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-pub use config::Config;
+pub use config::{Command, Config};
 use control::{ControlClient, ControlError};
+/// The host owner's opt-out and opt-in, run from the command line.
+pub use optout::{run_cli as opt_out, run_opt_in_cli as opt_in};
 use state::{AgentState, StateError};
 use tunnel::TunnelContext;
 

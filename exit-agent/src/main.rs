@@ -23,12 +23,8 @@ async fn run(config: Config) -> std::process::ExitCode {
     telemetry::init(telemetry::DEFAULT_FILTER, config.log_format);
     if let Some(command) = &config.command {
         let (name, result) = match command {
-            exit_agent::config::Command::OptOut => {
-                ("opt-out", exit_agent::optout::run_cli(&config).await)
-            }
-            exit_agent::config::Command::OptIn => {
-                ("opt-in", exit_agent::optout::run_opt_in_cli(&config).await)
-            }
+            exit_agent::Command::OptOut => ("opt-out", exit_agent::opt_out(&config).await),
+            exit_agent::Command::OptIn => ("opt-in", exit_agent::opt_in(&config).await),
         };
         return match result {
             Ok(message) => {

@@ -23,12 +23,12 @@ fn now_unix() -> i64 {
 }
 
 /// The withdrawal as the state file has it.
-pub fn status(ctx: &TunnelContext) -> Option<OptOutState> {
+pub(crate) fn status(ctx: &TunnelContext) -> Option<OptOutState> {
     ctx.opt_out.lock().ok().and_then(|s| s.clone())
 }
 
 /// Withdraws the exit: refuse new tunnels, end open ones, persist. Idempotent.
-pub fn withdraw(ctx: &TunnelContext) -> Result<OptOutState, StateError> {
+pub(crate) fn withdraw(ctx: &TunnelContext) -> Result<OptOutState, StateError> {
     ctx.withdrawn.store(true, Ordering::Relaxed);
     ctx.beat_now.notify_one();
     ctx.cut_token().cancel();
@@ -49,7 +49,7 @@ pub fn withdraw(ctx: &TunnelContext) -> Result<OptOutState, StateError> {
 /// Undoes this host's own withdrawal (the owner agreed again). The control
 /// plane keeps the exit withdrawn until an operator reinstates it with a
 /// fresh consent record, so both sides must agree before tunnels flow.
-pub fn undo(ctx: &TunnelContext) -> Result<(), StateError> {
+pub(crate) fn undo(ctx: &TunnelContext) -> Result<(), StateError> {
     let mut current = ctx.opt_out.lock().map_err(|_| StateError::Poisoned)?;
     if current.is_none() {
         return Ok(());
@@ -74,7 +74,7 @@ fn persist(ctx: &TunnelContext, opted_out: Option<OptOutState>) -> Result<(), St
 }
 
 /// Tells the control plane until it has recorded the withdrawal.
-pub async fn acknowledge_until_done(
+pub(crate) async fn acknowledge_until_done(
     ctx: Arc<TunnelContext>,
     control: ControlClient,
     stop: proxynet_common::tasks::Stop,

@@ -9,14 +9,14 @@ use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::sync::{Arc, RwLock};
 
-pub struct LivePolicy {
+pub(crate) struct LivePolicy {
     base: EgressPolicyConfig,
     learned: RwLock<BTreeSet<SocketAddr>>,
     current: RwLock<Arc<EgressPolicy>>,
 }
 
 impl LivePolicy {
-    pub fn new(base: EgressPolicyConfig) -> Self {
+    pub(crate) fn new(base: EgressPolicyConfig) -> Self {
         let current = Arc::new(EgressPolicy::new(base.clone()));
         Self {
             base,
@@ -25,7 +25,7 @@ impl LivePolicy {
         }
     }
 
-    pub fn current(&self) -> Arc<EgressPolicy> {
+    pub(crate) fn current(&self) -> Arc<EgressPolicy> {
         self.current
             .read()
             .map(|p| p.clone())
@@ -34,7 +34,7 @@ impl LivePolicy {
 
     /// Replaces the addresses learned from the control plane; recompiles the
     /// policy only when they changed.
-    pub fn learn(&self, addrs: impl IntoIterator<Item = SocketAddr>) {
+    pub(crate) fn learn(&self, addrs: impl IntoIterator<Item = SocketAddr>) {
         let addrs: BTreeSet<SocketAddr> = addrs.into_iter().collect();
         {
             let Ok(mut learned) = self.learned.write() else {

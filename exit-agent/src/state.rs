@@ -6,7 +6,7 @@ use std::path::Path;
 use uuid::Uuid;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct AgentState {
+pub(crate) struct AgentState {
     pub exit_id: Uuid,
     pub credential: Secret,
     /// Set when the person behind this exit withdrew it (`exit-agent
@@ -16,7 +16,7 @@ pub struct AgentState {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct OptOutState {
+pub(crate) struct OptOutState {
     /// Unix seconds when the owner withdrew.
     pub requested_at: i64,
     /// Unix seconds when the control plane recorded it (`None`: not yet;
@@ -46,7 +46,7 @@ pub enum StateError {
 }
 
 impl AgentState {
-    pub fn load(path: &Path) -> Result<Option<Self>, StateError> {
+    pub(crate) fn load(path: &Path) -> Result<Option<Self>, StateError> {
         let bytes = match std::fs::read(path) {
             Ok(b) => b,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
@@ -66,7 +66,7 @@ impl AgentState {
     }
 
     /// Writes atomically (temp file + rename) with owner-only permissions.
-    pub fn save(&self, path: &Path) -> Result<(), StateError> {
+    pub(crate) fn save(&self, path: &Path) -> Result<(), StateError> {
         let err = |source| StateError::Write {
             path: path.display().to_string(),
             source,

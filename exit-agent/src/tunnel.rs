@@ -27,7 +27,7 @@ use crate::state::AgentState;
 /// Left for the superproxy to relay our answer before its own budget ends.
 const BUDGET_MARGIN: Duration = Duration::from_millis(200);
 
-pub struct TunnelContext {
+pub(crate) struct TunnelContext {
     pub config: Config,
     pub identity: AgentState,
     pub policy: LivePolicy,
@@ -62,7 +62,7 @@ pub struct TunnelContext {
 
 impl TunnelContext {
     /// The token a tunnel opened now is cut by at a withdrawal.
-    pub fn cut_token(&self) -> tokio_util::sync::CancellationToken {
+    pub(crate) fn cut_token(&self) -> tokio_util::sync::CancellationToken {
         self.cut_all
             .lock()
             .map(|t| t.clone())
@@ -70,7 +70,7 @@ impl TunnelContext {
     }
 
     /// Draining or withdrawn: what the heartbeat announces.
-    pub fn announces_draining(&self) -> bool {
+    pub(crate) fn announces_draining(&self) -> bool {
         self.draining.load(Ordering::Relaxed) || self.withdrawn.load(Ordering::Relaxed)
     }
 }
@@ -85,7 +85,7 @@ impl Drop for ActiveGuard {
 }
 
 /// What a stream asks for, whichever link version carried it.
-pub struct TunnelRequest {
+pub(crate) struct TunnelRequest {
     host: String,
     port: u16,
     egress_ip: IpAddr,

@@ -22,7 +22,7 @@ use crate::error::ApiError;
 // the types `validate` parses them into, so the document lists the values.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct Limits {
+pub(crate) struct Limits {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub max_concurrent_tunnels: Option<i32>,
@@ -57,7 +57,7 @@ pub struct Limits {
 }
 
 impl Limits {
-    pub fn validate(&self) -> Result<(), ApiError> {
+    pub(crate) fn validate(&self) -> Result<(), ApiError> {
         for (field, value) in [
             ("limits.max_concurrent_tunnels", self.max_concurrent_tunnels),
             (
@@ -111,7 +111,7 @@ impl Limits {
     }
 
     /// The quota period, defaulted.
-    pub fn period(&self) -> QuotaPeriod {
+    pub(crate) fn period(&self) -> QuotaPeriod {
         self.period
             .as_deref()
             .and_then(QuotaPeriod::parse)
@@ -119,7 +119,7 @@ impl Limits {
     }
 
     /// Whether any limit of the account-wide kind is set.
-    pub fn has_totals(&self) -> bool {
+    pub(crate) fn has_totals(&self) -> bool {
         self.max_concurrent_tunnels.is_some()
             || self.max_new_tunnels_per_second.is_some()
             || self.bandwidth_bytes.is_some()
@@ -129,7 +129,7 @@ impl Limits {
 /// How wide an account's allow-listed networks may be (operator-set).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct AllowlistRules {
+pub(crate) struct AllowlistRules {
     /// Shortest IPv4 prefix allowed (default [`MIN_PREFIX_V4`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(
@@ -162,7 +162,7 @@ pub struct AllowlistRules {
 
 impl AllowlistRules {
     /// Whether `cidr` is within these rules; the reason when not.
-    pub fn permits(&self, cidr: &proxynet_common::egress::Cidr) -> Result<(), String> {
+    pub(crate) fn permits(&self, cidr: &proxynet_common::egress::Cidr) -> Result<(), String> {
         let (min, family) = match cidr.network() {
             std::net::IpAddr::V4(_) => (self.min_prefix_v4.unwrap_or(MIN_PREFIX_V4), "IPv4"),
             std::net::IpAddr::V6(_) => (self.min_prefix_v6.unwrap_or(MIN_PREFIX_V6), "IPv6"),
@@ -180,24 +180,24 @@ impl AllowlistRules {
         Ok(())
     }
 
-    pub fn max_networks(&self) -> u32 {
+    pub(crate) fn max_networks(&self) -> u32 {
         self.max_networks.unwrap_or(MAX_NETWORKS)
     }
 }
 
 /// Default most allow-listed networks per account.
-pub const MAX_NETWORKS: u32 = 256;
+pub(crate) const MAX_NETWORKS: u32 = 256;
 
 /// Default shortest allow-listed IPv4 prefix: one /24 is a site; anything
 /// wider is a claim on other people's addresses.
-pub const MIN_PREFIX_V4: u8 = 24;
+pub(crate) const MIN_PREFIX_V4: u8 = 24;
 /// Default shortest allow-listed IPv6 prefix: a /48 is one site's assignment.
-pub const MIN_PREFIX_V6: u8 = 48;
+pub(crate) const MIN_PREFIX_V6: u8 = 48;
 
 /// What an operator grants an account (`PUT /v1/accounts/{id}/entitlements`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct Entitlements {
+pub(crate) struct Entitlements {
     /// Account-wide totals (tunnels at once, new tunnels a second, bytes per
     /// period, summed over every user of the account) and restrictions
     /// (source types, countries, channels) every user of the account is held
@@ -209,7 +209,7 @@ pub struct Entitlements {
 }
 
 impl Entitlements {
-    pub fn validate(&self) -> Result<(), ApiError> {
+    pub(crate) fn validate(&self) -> Result<(), ApiError> {
         self.limits.validate().map_err(|e| match e {
             ApiError::BadRequest(m) => ApiError::BadRequest(format!("entitlements.{m}")),
             other => other,
@@ -230,7 +230,7 @@ impl Entitlements {
 
 /// Whose ceiling a refusal names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Ceiling {
+pub(crate) enum Ceiling {
     /// The limits an operator set on this user: absent fields take them.
     User,
     /// The account's entitlements: checked, not copied (they already bound
@@ -257,7 +257,11 @@ fn over(field: &str, ceiling: Ceiling, allowed: impl std::fmt::Display) -> ApiEr
 /// Fits `limits` (what an account key asked for) under `ceiling`: refuses
 /// anything above it (403 naming the field) and, for [`Ceiling::User`],
 /// takes the ceiling's value where the request left a field out.
-pub fn fit_under(limits: &mut Limits, ceiling: &Limits, kind: Ceiling) -> Result<(), ApiError> {
+pub(crate) fn fit_under(
+    limits: &mut Limits,
+    ceiling: &Limits,
+    kind: Ceiling,
+) -> Result<(), ApiError> {
     fn number<T: Copy + PartialOrd + std::fmt::Display>(
         field: &str,
         value: &mut Option<T>,
@@ -357,7 +361,7 @@ pub fn fit_under(limits: &mut Limits, ceiling: &Limits, kind: Ceiling) -> Result
 
 /// The stricter of two sets of limits, field by field (a bandwidth ceiling
 /// of another period stays `a`'s: the two cannot be compared).
-pub fn stricter(a: &Limits, b: &Limits) -> Limits {
+pub(crate) fn stricter(a: &Limits, b: &Limits) -> Limits {
     let same_period =
         a.bandwidth_bytes.is_none() || b.bandwidth_bytes.is_none() || a.period() == b.period();
     Limits {
@@ -390,7 +394,7 @@ pub fn stricter(a: &Limits, b: &Limits) -> Limits {
 }
 
 /// Where both restrict, what both allow; where one does, that one.
-pub fn intersect(a: Option<&[String]>, b: Option<&[String]>) -> Option<Vec<String>> {
+pub(crate) fn intersect(a: Option<&[String]>, b: Option<&[String]>) -> Option<Vec<String>> {
     match (a, b) {
         (Some(a), Some(b)) => Some(a.iter().filter(|x| b.contains(x)).cloned().collect()),
         (Some(one), None) | (None, Some(one)) => Some(one.to_vec()),
@@ -403,7 +407,7 @@ pub fn intersect(a: Option<&[String]>, b: Option<&[String]>) -> Option<Vec<Strin
 /// its own period, bounded by a ceiling of the same period (a ceiling of
 /// another period is the account's total's business). The projection and
 /// the quota notices both use this, so they cannot disagree.
-pub fn user_bandwidth(
+pub(crate) fn user_bandwidth(
     own: Option<i64>,
     period: QuotaPeriod,
     ceiling: Option<i64>,
@@ -415,7 +419,7 @@ pub fn user_bandwidth(
     }
 }
 
-pub fn min_some<T: Ord + Copy>(a: Option<T>, b: Option<T>) -> Option<T> {
+pub(crate) fn min_some<T: Ord + Copy>(a: Option<T>, b: Option<T>) -> Option<T> {
     match (a, b) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (one, None) | (None, one) => one,

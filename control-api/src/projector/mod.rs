@@ -23,11 +23,10 @@ mod fleet;
 mod heartbeats;
 mod resync;
 
-pub use exits::ExitRow;
+pub(crate) use exits::ExitRow;
 use exits::EXIT_SELECT;
 
-pub use fleet::FleetHealth;
-pub use heartbeats::AgentAdmin;
+pub(crate) use fleet::FleetHealth;
 
 use proxynet_store::redis_target::RedisConnection;
 use proxynet_store::{

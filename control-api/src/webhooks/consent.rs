@@ -24,14 +24,14 @@ use uuid::Uuid;
 
 /// How often the consents are looked at: an expiry is announced this long
 /// after its instant at most (plus the delivery).
-pub const SWEEP: Duration = Duration::from_secs(5);
+pub(crate) const SWEEP: Duration = Duration::from_secs(5);
 /// Instants further back than this are not announced.
 const LOOK_BACK: &str = "7 days";
 /// Announcements per sweep (more wait for the next).
 const PER_SWEEP: i64 = 500;
 
 /// Announces expired consents every [`SWEEP`] until `stop`.
-pub async fn run(db: PgPool, stop: Stop) {
+pub(crate) async fn run(db: PgPool, stop: Stop) {
     let mut tick = tokio::time::interval(SWEEP);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     while stop.run_until_cancelled(tick.tick()).await.is_some() {
@@ -44,7 +44,7 @@ pub async fn run(db: PgPool, stop: Stop) {
 }
 
 /// One sweep: the expired consents announced.
-pub async fn announce_expired(db: &PgPool) -> Result<u64, sqlx::Error> {
+pub(crate) async fn announce_expired(db: &PgPool) -> Result<u64, sqlx::Error> {
     // Which consents are due, and what makes one due, in both statements.
     let due = format!(
         "FROM consent_records c
@@ -104,7 +104,7 @@ pub async fn announce_expired(db: &PgPool) -> Result<u64, sqlx::Error> {
 
 /// Deletes the marks a day older than the sweep's look-back, which only take
 /// room (with the outbox's hourly prune).
-pub async fn prune_marks(db: &PgPool) -> Result<u64, sqlx::Error> {
+pub(crate) async fn prune_marks(db: &PgPool) -> Result<u64, sqlx::Error> {
     Ok(sqlx::query(&format!(
         "DELETE FROM consent_expiry_notices
           WHERE expires_at < now() - interval '{LOOK_BACK}' - interval '1 day'"

@@ -44,17 +44,17 @@ use uuid::Uuid;
 use super::{disable, target};
 
 /// Most attempts of one delivery (by default; `--webhook-max-attempts`).
-pub const MAX_ATTEMPTS: i32 = 15;
+pub(crate) const MAX_ATTEMPTS: i32 = 15;
 /// No attempt is made later than this after the event.
-pub const GIVE_UP_AFTER: Duration = Duration::from_secs(24 * 3600);
+pub(crate) const GIVE_UP_AFTER: Duration = Duration::from_secs(24 * 3600);
 /// The wait after the first failed attempt; it doubles after each.
-pub const FIRST_RETRY: Duration = Duration::from_secs(5);
+pub(crate) const FIRST_RETRY: Duration = Duration::from_secs(5);
 /// The longest wait between two attempts.
-pub const MAX_RETRY: Duration = Duration::from_secs(3600);
+pub(crate) const MAX_RETRY: Duration = Duration::from_secs(3600);
 /// Connecting to the receiver.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// One attempt from connect to the end of the (capped) answer.
-pub const TOTAL_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const TOTAL_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a claimed row is left alone by other workers.
 const LEASE: Duration = Duration::from_secs(60);
 /// How often the outbox is looked at when nothing woke the worker (rows
@@ -91,7 +91,7 @@ fn release(counts: &mut HashMap<Uuid, usize>, key: Uuid) {
 
 /// `Proxynet-Signature`'s `v1`: lower-case hex HMAC-SHA256 of
 /// `"{timestamp}.{body}"` keyed with the webhook's secret (its bytes as shown).
-pub fn signature(secret: &str, timestamp: i64, body: &str) -> String {
+pub(crate) fn signature(secret: &str, timestamp: i64, body: &str) -> String {
     let Ok(mut mac) = <Hmac<Sha256> as Mac>::new_from_slice(secret.as_bytes()) else {
         // HMAC takes a key of any length: unreachable.
         return String::new();
@@ -103,12 +103,12 @@ pub fn signature(secret: &str, timestamp: i64, body: &str) -> String {
 }
 
 /// The `Proxynet-Signature` header value for `body` sent at `timestamp`.
-pub fn signature_header(secret: &str, timestamp: i64, body: &str) -> String {
+pub(crate) fn signature_header(secret: &str, timestamp: i64, body: &str) -> String {
     format!("t={timestamp},v1={}", signature(secret, timestamp, body))
 }
 
 /// The wait after `attempts` failed attempts (≥ 1).
-pub fn backoff(attempts: i32) -> Duration {
+pub(crate) fn backoff(attempts: i32) -> Duration {
     let doublings = u32::try_from(attempts.saturating_sub(1))
         .unwrap_or(0)
         .min(20);
@@ -117,7 +117,7 @@ pub fn backoff(attempts: i32) -> Duration {
 
 /// How long a delivery is tried, and when a failing webhook is disabled.
 #[derive(Debug, Clone, Copy)]
-pub struct DeliveryRules {
+pub(crate) struct DeliveryRules {
     /// Attempts of one delivery before it is `failed`.
     pub max_attempts: i32,
     /// Failed deliveries in a row that disable a webhook (0: never)…
@@ -138,7 +138,7 @@ impl Default for DeliveryRules {
 
 /// The delivery worker (one per control-api; any number side by side).
 #[derive(Clone)]
-pub struct Deliverer {
+pub(crate) struct Deliverer {
     db: PgPool,
     policy: Arc<EgressPolicy>,
     rules: DeliveryRules,
@@ -174,7 +174,7 @@ enum Outcome {
 
 impl Deliverer {
     /// A worker sending from `db`'s outbox to targets `policy` allows.
-    pub fn new(db: PgPool, policy: EgressPolicy) -> Self {
+    pub(crate) fn new(db: PgPool, policy: EgressPolicy) -> Self {
         Self {
             db,
             policy: Arc::new(policy),
@@ -183,7 +183,7 @@ impl Deliverer {
     }
 
     /// The same worker under `rules`.
-    pub fn with_rules(self, rules: DeliveryRules) -> Self {
+    pub(crate) fn with_rules(self, rules: DeliveryRules) -> Self {
         Self { rules, ..self }
     }
 
@@ -193,7 +193,7 @@ impl Deliverer {
     /// hangs until the attempt's timeout holds up only its own deliveries
     /// (a webhook with an attempt in flight is not claimed for again). An
     /// attempt cut off by the stop is sent again after its lease.
-    pub async fn run(self, stop: Stop) {
+    pub(crate) async fn run(self, stop: Stop) {
         let mut pruned: Option<Instant> = None;
         let mut running: tokio::task::JoinSet<()> = tokio::task::JoinSet::new();
         // Each attempt in flight, by task, and how many each webhook has.

@@ -24,12 +24,12 @@ use uuid::Uuid;
 use crate::audit;
 
 /// Failed deliveries in a row that disable a webhook, by default.
-pub const DISABLE_AFTER_FAILURES: u32 = 10;
+pub(crate) const DISABLE_AFTER_FAILURES: u32 = 10;
 /// How old their run must be, by default (s): an outage of a day or two
 /// does not disable a receiver.
-pub const DISABLE_AFTER_SECS: u64 = 3 * 24 * 3600;
+pub(crate) const DISABLE_AFTER_SECS: u64 = 3 * 24 * 3600;
 /// Failures further apart than this start a new run.
-pub const RUN_GAP: Duration = Duration::from_secs(3 * 24 * 3600);
+pub(crate) const RUN_GAP: Duration = Duration::from_secs(3 * 24 * 3600);
 /// Longest `disabled_reason` (the column's bound is 512 bytes).
 const REASON_BYTES: usize = 500;
 /// What a given-up delivery's `last_error` says.
@@ -37,7 +37,7 @@ pub(crate) const GIVEN_UP: &str = "the webhook was disabled";
 
 /// Who disabled a webhook (`webhooks.disabled_by`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DisabledBy {
+pub(crate) enum DisabledBy {
     /// An operator paused it: only an operator enables it again.
     Operator,
     /// Its account's key paused it.
@@ -47,7 +47,7 @@ pub enum DisabledBy {
 }
 
 impl DisabledBy {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             DisabledBy::Operator => "operator",
             DisabledBy::Owner => "owner",

@@ -22,12 +22,12 @@
 //! are counted), so an account whose receivers are gone cannot grow the
 //! outbox without bound. Operator webhooks are not capped.
 
-pub mod consent;
-pub mod delivery;
-pub mod disable;
-pub mod quota;
+pub(crate) mod consent;
+pub(crate) mod delivery;
+pub(crate) mod disable;
+pub(crate) mod quota;
 pub(crate) mod routes;
-pub mod target;
+pub(crate) mod target;
 
 use chrono::{DateTime, Utc};
 use serde_json::{json, Value};
@@ -35,11 +35,11 @@ use sqlx::{Postgres, Transaction};
 use std::sync::atomic::{AtomicU64, Ordering};
 use uuid::Uuid;
 
-pub use delivery::{Deliverer, DeliveryRules};
+pub(crate) use delivery::{Deliverer, DeliveryRules};
 
 /// What a webhook can subscribe to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum EventType {
+pub(crate) enum EventType {
     QuotaWarning,
     QuotaExhausted,
     KeyRevoked,
@@ -52,7 +52,7 @@ pub enum EventType {
 }
 
 impl EventType {
-    pub const ALL: [EventType; 9] = [
+    pub(crate) const ALL: [EventType; 9] = [
         EventType::QuotaWarning,
         EventType::QuotaExhausted,
         EventType::KeyRevoked,
@@ -64,7 +64,7 @@ impl EventType {
         EventType::DedicatedIpMoved,
     ];
 
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             EventType::QuotaWarning => "quota.warning",
             EventType::QuotaExhausted => "quota.exhausted",
@@ -78,12 +78,12 @@ impl EventType {
         }
     }
 
-    pub fn parse(name: &str) -> Option<Self> {
+    pub(crate) fn parse(name: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|e| e.as_str() == name)
     }
 
     /// Events about the exit fleet, which only operator webhooks receive.
-    pub fn operator_only(self) -> bool {
+    pub(crate) fn operator_only(self) -> bool {
         matches!(self, EventType::ExitWithdrawn)
     }
 }
@@ -112,7 +112,7 @@ static WAKE: tokio::sync::Notify = tokio::sync::Notify::const_new();
 
 /// Tells this process's delivery worker that rows were committed: it looks
 /// at once instead of at its next poll. Call it after the commit.
-pub fn wake() {
+pub(crate) fn wake() {
     WAKE.notify_waiters();
 }
 
@@ -129,7 +129,7 @@ fn body(event_id: Uuid, event: EventType, created_at: DateTime<Utc>, data: &Valu
 
 /// Pending deliveries an account's webhooks may hold together, by default
 /// (`--webhook-max-pending-per-account`).
-pub const MAX_PENDING_PER_ACCOUNT: u64 = 1000;
+pub(crate) const MAX_PENDING_PER_ACCOUNT: u64 = 1000;
 
 /// The cap in force in this process (0: none). A process-wide setting, not
 /// a parameter: events are emitted from the routes, the ledger writer, the
@@ -139,12 +139,12 @@ static PENDING_CAP: AtomicU64 = AtomicU64::new(MAX_PENDING_PER_ACCOUNT);
 
 /// Sets the cap on an account's pending deliveries (0: none); the
 /// control-api sets it from its configuration at start.
-pub fn set_max_pending_per_account(cap: u64) {
+pub(crate) fn set_max_pending_per_account(cap: u64) {
     PENDING_CAP.store(cap, Ordering::Relaxed);
 }
 
 /// The cap on an account's pending deliveries in force (0: none).
-pub fn max_pending_per_account() -> u64 {
+pub(crate) fn max_pending_per_account() -> u64 {
     PENDING_CAP.load(Ordering::Relaxed)
 }
 
@@ -163,7 +163,7 @@ enum Audience {
 /// that subscribed to it — the account's own (when `account` is given, not
 /// deleted, and its webhooks' backlog is below the cap) and the operator's.
 /// Returns how many; [`wake`] after the commit.
-pub async fn emit(
+pub(crate) async fn emit(
     tx: &mut Transaction<'_, Postgres>,
     event: EventType,
     account: Option<Uuid>,
@@ -268,7 +268,7 @@ async fn dropped(
 
 /// Why keys were revoked together.
 #[derive(Debug, Clone, Copy)]
-pub enum KeysRevoked {
+pub(crate) enum KeysRevoked {
     /// `DELETE /v1/api-keys/{id}`: this key, and the keys minted under it.
     Named(Uuid),
     /// `DELETE /v1/accounts/{id}`: every key of the account.
@@ -295,7 +295,7 @@ struct RevokedKey {
 /// account keys it minted), operator webhooks get one event listing them
 /// all and each account's webhooks one listing that account's keys only:
 /// an account hears nothing of the operator's keys or of other accounts'.
-pub async fn keys_revoked(
+pub(crate) async fn keys_revoked(
     tx: &mut Transaction<'_, Postgres>,
     keys: &[Uuid],
     cause: KeysRevoked,
@@ -391,7 +391,7 @@ fn revoked_data(keys: &[&RevokedKey], cause: KeysRevoked, actor: &str) -> Option
 /// Why an exit left the pool: for good after an opt-out (until an operator
 /// reinstates it), or until a new consent is recorded (revoked, expired).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Withdrawal {
+pub(crate) enum Withdrawal {
     /// The exit's owner ran `exit-agent opt-out`.
     OptOut,
     /// Its consent record was revoked.
@@ -401,7 +401,7 @@ pub enum Withdrawal {
 }
 
 /// `exit.withdrawn` for `exit` (operator webhooks only), inside `tx`.
-pub async fn exit_withdrawn(
+pub(crate) async fn exit_withdrawn(
     tx: &mut Transaction<'_, Postgres>,
     exit: Uuid,
     cause: Withdrawal,

@@ -149,7 +149,7 @@ fn deltas(rows: &[UsageRow], quotas: &HashMap<Owner, Quota>) -> BTreeMap<(Owner,
 /// itself is rolled back to a savepoint and logged, never failing the batch:
 /// the owners' running totals are then dropped so the next batch rebuilds
 /// them from the ledger, and a missed crossing is noticed by that batch.
-pub async fn after_batch(
+pub(crate) async fn after_batch(
     tx: &mut Transaction<'_, Postgres>,
     rows: &[UsageRow],
 ) -> Result<bool, sqlx::Error> {

@@ -23,14 +23,14 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 /// Longest URL accepted, in bytes.
-pub const MAX_URL_BYTES: usize = 2048;
+pub(crate) const MAX_URL_BYTES: usize = 2048;
 
 /// How long resolving a webhook's host may take.
-pub const RESOLVE_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const RESOLVE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A parsed, well-formed webhook URL (its addresses not yet checked).
 #[derive(Debug, Clone)]
-pub struct Target {
+pub(crate) struct Target {
     pub url: Url,
     /// The host as the URL names it (a name, or an address without brackets).
     pub host: String,
@@ -42,7 +42,7 @@ pub struct Target {
 /// The policy webhook targets are held to: the egress policy's built-in
 /// denials (lifted, apart from the protected services and ports, by
 /// `allow_internal`) with `protected` always denied.
-pub fn policy(allow_internal: bool, protected: &[SocketAddr]) -> EgressPolicy {
+pub(crate) fn policy(allow_internal: bool, protected: &[SocketAddr]) -> EgressPolicy {
     let allow = if allow_internal {
         vec![
             Cidr::v4(0, 0, 0, 0, 0),
@@ -60,7 +60,7 @@ pub fn policy(allow_internal: bool, protected: &[SocketAddr]) -> EgressPolicy {
 }
 
 /// Parses `url` as a webhook target; the reason (for a 400) when it is not one.
-pub fn parse(url: &str) -> Result<Target, String> {
+pub(crate) fn parse(url: &str) -> Result<Target, String> {
     if url.len() > MAX_URL_BYTES {
         return Err(format!("url: at most {MAX_URL_BYTES} bytes"));
     }
@@ -97,7 +97,7 @@ pub fn parse(url: &str) -> Result<Target, String> {
 
 /// The addresses `target` reaches: its literal, or what its name resolves
 /// to now (each with the URL's port).
-pub async fn resolve(target: &Target) -> Result<Vec<SocketAddr>, String> {
+pub(crate) async fn resolve(target: &Target) -> Result<Vec<SocketAddr>, String> {
     if let Some(ip) = target.literal {
         return Ok(vec![SocketAddr::new(ip, target.port)]);
     }
@@ -115,7 +115,7 @@ pub async fn resolve(target: &Target) -> Result<Vec<SocketAddr>, String> {
 
 /// Refuses `addrs` unless every one passes `policy`, naming the rule that
 /// refused the first that does not (and the address, if `reveal`).
-pub fn check_all(
+pub(crate) fn check_all(
     policy: &EgressPolicy,
     host: &str,
     addrs: &[SocketAddr],
@@ -131,7 +131,7 @@ pub fn check_all(
 
 /// The addresses of `addrs` that pass `policy` (what a delivery may dial),
 /// or why there are none (naming the address only if `reveal`).
-pub fn allowed(
+pub(crate) fn allowed(
     policy: &EgressPolicy,
     host: &str,
     addrs: &[SocketAddr],
@@ -183,7 +183,11 @@ fn denied(
 /// Everything a request's URL must pass before the webhook is stored: its
 /// form, then its host's addresses now (named in a refusal only if
 /// `reveal`).
-pub async fn validate(policy: &EgressPolicy, url: &str, reveal: bool) -> Result<Target, String> {
+pub(crate) async fn validate(
+    policy: &EgressPolicy,
+    url: &str,
+    reveal: bool,
+) -> Result<Target, String> {
     let target = parse(url)?;
     let addrs = resolve(&target).await.map_err(|e| format!("url: {e}"))?;
     check_all(policy, &target.host, &addrs, reveal).map_err(|e| format!("url: {e}"))?;

@@ -29,14 +29,14 @@ use crate::tunnel::TunnelContext;
 mod v1_http2;
 mod v2_mux;
 
-pub const LINK_ALPN: &[u8] = b"proxynet-link/1";
+pub(crate) const LINK_ALPN: &[u8] = b"proxynet-link/1";
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const MIN_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
 /// Keeps one link to `superproxy` up until `stop`; then lets the open
 /// tunnels on it finish (GOAWAY: no new streams) and returns.
-pub async fn supervise(
+pub(crate) async fn supervise(
     superproxy: SuperproxyRecord,
     ctx: Arc<TunnelContext>,
     stop: CancellationToken,

@@ -40,7 +40,7 @@ use tokio::time::Instant;
 use crate::control::ControlClient;
 use crate::tunnel::TunnelContext;
 
-pub mod watch;
+pub(crate) mod watch;
 
 /// Connect, ask and read the answers (challenge and reflection) within
 /// this, per egress.
@@ -57,7 +57,7 @@ const MIN_RECHECK_GAP: Duration = Duration::from_secs(30);
 
 /// Observes and reports until `stop`: first as soon as a reflector is
 /// known, then every interval or after a reconnect.
-pub async fn run(ctx: Arc<TunnelContext>, control: ControlClient, stop: Stop) {
+pub(crate) async fn run(ctx: Arc<TunnelContext>, control: ControlClient, stop: Stop) {
     let Some(every) = ctx.config.egress_observe_interval() else {
         return;
     };

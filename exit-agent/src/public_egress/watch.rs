@@ -8,7 +8,7 @@ use proxynet_wire::reflector::WHOAMI_PATH;
 
 /// What the rest of the agent tells the observer: the reflectors the
 /// heartbeats name, and that a link came back (a reason to look again).
-pub struct EgressWatch {
+pub(crate) struct EgressWatch {
     pub(super) learned: tokio::sync::watch::Sender<Vec<String>>,
     pub(super) recheck: tokio::sync::Notify,
 }
@@ -24,7 +24,7 @@ impl Default for EgressWatch {
 
 impl EgressWatch {
     /// Takes the reflectors `reply` names (a change only if they differ).
-    pub fn learn(&self, reply: &HeartbeatReply) {
+    pub(crate) fn learn(&self, reply: &HeartbeatReply) {
         let mut urls: Vec<String> = reply
             .superproxies
             .iter()
@@ -44,7 +44,7 @@ impl EgressWatch {
     }
 
     /// A link came back: observe again soon.
-    pub fn link_reconnected(&self) {
+    pub(crate) fn link_reconnected(&self) {
         self.recheck.notify_one();
     }
 }
