@@ -84,29 +84,22 @@ impl Projector {
 
     /// The heartbeat reply `build` makes from the live superproxies and the
     /// agents' admin addresses, as JSON, reused while at most
-    /// [`SUPERPROXY_LIST_REUSE`] old; `internal` picks the variant for agents
+    /// [`SUPERPROXY_LIST_REUSE`](super::reply_cache::SUPERPROXY_LIST_REUSE) old; `internal` picks the variant for agents
     /// whose policy reaches internal ranges.
     pub async fn heartbeat_reply<T: serde::Serialize>(
         &self,
         internal: bool,
         build: impl FnOnce(DenyInputs) -> T,
     ) -> Result<bytes::Bytes, ProjectionError> {
-        let slot = usize::from(internal);
-        if let Ok(cached) = self.replies.lock() {
-            if let Some((at, reply)) = cached[slot].as_ref() {
-                if at.elapsed() < SUPERPROXY_LIST_REUSE {
-                    return Ok(reply.clone());
-                }
-            }
+        if let Some(reply) = self.cache.reply(internal) {
+            return Ok(reply);
         }
         let inputs = DenyInputs {
             superproxies: self.live_superproxies().await?,
             agent_admin: self.agent_admin_addrs().await?,
         };
         let reply = bytes::Bytes::from(serde_json::to_vec(&build(inputs))?);
-        if let Ok(mut cached) = self.replies.lock() {
-            cached[slot] = Some((std::time::Instant::now(), reply.clone()));
-        }
+        self.cache.keep_reply(internal, reply.clone());
         Ok(reply)
     }
 
@@ -136,9 +129,7 @@ impl Projector {
         }
         // This instance's next reply reads them afresh (replies are rebuilt
         // at most twice a second); other instances within their reuse.
-        if let Ok(mut cached) = self.agent_admin.lock() {
-            *cached = None;
-        }
+        self.cache.forget_admin_addrs();
         Ok(())
     }
 
@@ -156,17 +147,13 @@ impl Projector {
 
     /// Every agent's protected admin addresses, deduplicated (most agents
     /// listen on the same loopback port), read at most every
-    /// [`AGENT_ADMIN_REUSE`]. Entries written more than [`AGENT_ADMIN_KEPT`]
+    /// [`AGENT_ADMIN_REUSE`](super::reply_cache::AGENT_ADMIN_REUSE). Entries written more than [`AGENT_ADMIN_KEPT`]
     /// ago (the exit stopped beating: it is gone) and entries this release
     /// cannot read (a release before verification wrote them, accepting any
     /// declared egress) are left out and removed.
     async fn agent_admin_addrs(&self) -> Result<Vec<SocketAddr>, ProjectionError> {
-        if let Ok(cached) = self.agent_admin.lock() {
-            if let Some((at, addrs)) = cached.as_ref() {
-                if at.elapsed() < AGENT_ADMIN_REUSE {
-                    return Ok(addrs.clone());
-                }
-            }
+        if let Some(addrs) = self.cache.admin_addrs() {
+            return Ok(addrs);
         }
         let mut redis = self.redis.clone();
         let all: HashMap<String, String> = redis.hgetall(self.keys.agent_admin_addrs()).await?;
@@ -183,9 +170,7 @@ impl Projector {
         self.prune_agent_admin(stale);
         addrs.sort_unstable();
         addrs.dedup();
-        if let Ok(mut cached) = self.agent_admin.lock() {
-            *cached = Some((std::time::Instant::now(), addrs.clone()));
-        }
+        self.cache.keep_admin_addrs(addrs.clone());
         Ok(addrs)
     }
 
@@ -196,14 +181,16 @@ impl Projector {
     /// upgrade start one prune, not one each), in one pipeline of at most
     /// [`AGENT_ADMIN_PRUNED`]: the next read takes the rest.
     fn prune_agent_admin(&self, stale: Vec<(String, String)>) {
-        use std::sync::atomic::Ordering;
-        if stale.is_empty() || self.pruning_agent_admin.swap(true, Ordering::AcqRel) {
+        if stale.is_empty() {
             return;
         }
+        let Some(under_way) = self.cache.start_prune() else {
+            return;
+        };
         let mut redis = self.redis.clone();
         let key = self.keys.agent_admin_addrs();
-        let pruning = self.pruning_agent_admin.clone();
         tokio::spawn(async move {
+            let _under_way = under_way;
             let script = redis::Script::new(HDEL_IF_UNCHANGED_SCRIPT);
             let mut pipe = redis::pipe();
             for (exit, json) in &stale {
@@ -224,7 +211,6 @@ impl Projector {
                     tracing::debug!(error = %e, "cannot prune agent admin addresses; retried at the next read")
                 }
             }
-            pruning.store(false, Ordering::Release);
         });
     }
 

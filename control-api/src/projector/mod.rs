@@ -21,10 +21,12 @@
 pub(crate) mod exits;
 mod fleet;
 mod heartbeats;
+mod reply_cache;
 mod resync;
 
 pub(crate) use exits::ExitRow;
 use exits::EXIT_SELECT;
+use reply_cache::ReplyCache;
 
 pub(crate) use fleet::FleetHealth;
 
@@ -47,34 +49,13 @@ pub struct Projector {
     db: PgPool,
     redis: RedisConnection,
     keys: Keys,
-    /// The heartbeat reply as last built, one for agents whose policy
-    /// reaches internal ranges and one for the rest: every agent of a kind
-    /// gets the same answer, so 20,000 beats a second share one read.
-    replies: std::sync::Arc<std::sync::Mutex<[Option<CachedReply>; 2]>>,
-    /// The agents' admin addresses as last read.
-    agent_admin: std::sync::Arc<std::sync::Mutex<Option<CachedAddrs>>>,
-    /// A prune of stale admin entries is under way (one at a time, off the
-    /// heartbeat reply's path).
-    pruning_agent_admin: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// What the heartbeat replies reuse: the reply as last built and the
+    /// agents' admin addresses as last read ([`ReplyCache`]).
+    cache: ReplyCache,
     /// `--strict-egress-verification`: a contradicted declared egress blocks
     /// the exit.
     strict_egress: bool,
 }
-
-/// Addresses as read from Redis, and when.
-type CachedAddrs = (std::time::Instant, Vec<std::net::SocketAddr>);
-
-/// A serialised heartbeat reply and when it was built.
-type CachedReply = (std::time::Instant, bytes::Bytes);
-
-/// How long a heartbeat reply may reuse the superproxy list. Well below the
-/// announcement TTL, so a superproxy that joins is dialled within a beat.
-const SUPERPROXY_LIST_REUSE: Duration = Duration::from_millis(500);
-
-/// How long the agents' admin addresses, as read from Redis, are reused
-/// (they change when an agent moves its listener, rarely); a change reported
-/// to this instance is read at its next reply.
-const AGENT_ADMIN_REUSE: Duration = Duration::from_secs(10);
 
 /// What every exit must deny, as the heartbeat reply builder receives it.
 pub struct DenyInputs {
@@ -131,9 +112,7 @@ impl Projector {
             db,
             redis,
             keys,
-            replies: Default::default(),
-            agent_admin: Default::default(),
-            pruning_agent_admin: Default::default(),
+            cache: ReplyCache::default(),
             strict_egress: false,
         }
     }
