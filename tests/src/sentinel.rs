@@ -111,10 +111,13 @@ impl SentinelGroup {
             ]));
             sentinel_ports.push(port);
         }
+        // A sentinel learns the replica from the master's INFO (every 10 s)
+        // and its peers from their hellos (every 2 s): under a full suite's
+        // load that took more than 20 s once. A readiness wait, not a timing.
         for &port in &sentinel_ports {
             eventually(
                 "every sentinel to know the replica and its two peers",
-                Duration::from_secs(20),
+                Duration::from_secs(60),
                 || async {
                     let replicas: Vec<redis::Value> = query(
                         port,

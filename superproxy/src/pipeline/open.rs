@@ -197,14 +197,12 @@ impl TunnelOpener {
                 .report(report, client.account_id, client.user_id, reported, site);
         }
         let cooling = site.and_then(|site| self.sites.cooling_for(client.account_id, site));
-        let mut candidates = Candidates::new(
-            self.pool.view(),
-            self.pool.health(),
-            targeting,
-            MAX_ATTEMPTS,
-        )
-        .needing_udp(matches!(purpose, Purpose::Association))
-        .for_site(cooling);
+        let pool = &self.pool;
+        let still_live = |exit: &Uuid| pool.still_eligible(exit);
+        let mut candidates = Candidates::new(pool.view(), pool.health(), targeting, MAX_ATTEMPTS)
+            .needing_udp(matches!(purpose, Purpose::Association))
+            .for_site(cooling)
+            .checking_live(&still_live);
         let mut last_error = None;
         let mut no_family = false;
         // A ban retry (exits to avoid) already withdrew from the budget: it
@@ -227,13 +225,6 @@ impl TunnelOpener {
                 None => candidates.draw(),
             };
             let Some(exit) = exit else { break };
-            // The candidates come from the snapshot taken when the tunnel
-            // started choosing; the pool moves on meanwhile (a retry can come
-            // seconds later). An exit it has dropped since (disabled, drained,
-            // blocked, unlinked) is passed over, as a fresh draw would.
-            if !self.pool.still_eligible(&exit.record.id) {
-                continue;
-            }
             let remaining = deadline.saturating_duration_since(Instant::now());
             if remaining.is_zero() {
                 return Err(ProxyError::new(

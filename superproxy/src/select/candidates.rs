@@ -37,10 +37,20 @@ pub(crate) struct Candidates<'a> {
     passed_over: usize,
     /// The exits cooled for the tunnel's site, if any is.
     cooling: Option<Arc<SiteCooling>>,
+    /// Whether an exit is still eligible in the pool published now: the
+    /// snapshot is the tunnel's, the pool moves on meanwhile (a retry can
+    /// come seconds later). An exit dropped since (disabled, drained,
+    /// blocked, unlinked) is passed over before a session is pinned to it,
+    /// costing no attempt. `None`: the snapshot is the truth (unit tests).
+    still_live: Option<&'a (dyn Fn(&Uuid) -> bool + Sync)>,
+    /// Exits passed over for having left the pool since the snapshot (in
+    /// `tried`, but no attempt).
+    dropped: usize,
 }
 
-/// How many exits a UDP association passes over before it gives up: a
-/// bound on the draws in a pool of mostly older agents.
+/// How many exits a tunnel passes over (an association's without UDP, or
+/// exits gone from the pool since the snapshot) before it gives up: a
+/// bound on the draws in a pool of mostly older agents, or one emptying.
 const MAX_PASSED_OVER: usize = 64;
 
 impl<'a> Candidates<'a> {
@@ -67,7 +77,22 @@ impl<'a> Candidates<'a> {
             needs_udp: false,
             passed_over: 0,
             cooling: None,
+            still_live: None,
+            dropped: 0,
         }
+    }
+
+    /// Passes over the exits `still_live` says the pool has dropped since
+    /// the snapshot.
+    pub(crate) fn checking_live(mut self, still_live: &'a (dyn Fn(&Uuid) -> bool + Sync)) -> Self {
+        self.still_live = Some(still_live);
+        self
+    }
+
+    /// Whether `exit` is still in the pool published now (always, without
+    /// a check).
+    fn live(&self, exit: &Uuid) -> bool {
+        self.still_live.is_none_or(|still_live| still_live(exit))
     }
 
     /// Skips the exits cooled for the tunnel's site (`None`: no exit is).
@@ -111,6 +136,7 @@ impl<'a> Candidates<'a> {
             .get(&exit)
             .filter(|c| matches(&c.record, self.targeting))
             .filter(|c| !self.needs_udp || carries_udp(&c.link))
+            .filter(|_| self.live(&exit))
     }
 
     /// Whether `exit`, eligible and matching, cannot carry what is asked
@@ -131,7 +157,7 @@ impl<'a> Candidates<'a> {
 
     /// No attempt is left.
     pub(crate) fn exhausted(&self) -> bool {
-        self.tried.len() - self.passed_over >= self.cap
+        self.tried.len() - self.passed_over - self.dropped >= self.cap
     }
 
     /// The next exit drawn from the snapshot (power of two choices among
@@ -179,7 +205,8 @@ impl<'a> Candidates<'a> {
             ..self.targeting.clone()
         };
         let picked = choose_avoiding(&self.view, self.health, &self.tried, &exactly, None)
-            .filter(|c| !self.needs_udp || carries_udp(&c.link))?;
+            .filter(|c| !self.needs_udp || carries_udp(&c.link))
+            .filter(|_| self.live(&kept))?;
         self.tried.push(kept);
         Some(picked)
     }
@@ -194,11 +221,14 @@ impl<'a> Candidates<'a> {
             let (view, tried) = (&*self.view, &self.tried);
             let picked = unless_all_cooled(self.avoiding(), |avoid| pick(view, tried, avoid))?;
             self.tried.push(picked.record.id);
-            if !self.needs_udp || carries_udp(&picked.link) {
+            if !self.live(&picked.record.id) {
+                self.dropped += 1;
+            } else if !self.needs_udp || carries_udp(&picked.link) {
                 return Some(picked);
+            } else {
+                self.passed_over += 1;
             }
-            self.passed_over += 1;
-            if self.passed_over >= MAX_PASSED_OVER {
+            if self.passed_over + self.dropped >= MAX_PASSED_OVER {
                 return None;
             }
         }

@@ -360,3 +360,53 @@ async fn a_soft_repin_draws_an_exit_like_the_lost_one() {
     let mut candidates = Candidates::new(pool.clone(), &health, &targeting, 3);
     assert!(candidates.draw_like(None).is_some());
 }
+
+#[tokio::test]
+async fn exits_the_pool_dropped_since_the_snapshot_are_passed_over_at_no_cost() {
+    let pool = Arc::new(view((0..4).map(|_| de_dc()).collect()));
+    let all = ids(&pool);
+    let (gone, also_gone) = (all[0], all[1]);
+    let health = health();
+    let targeting = Targeting::default();
+    let still_live = |exit: &Uuid| *exit != gone && *exit != also_gone;
+    let drawn: Vec<Uuid> = Candidates::new(pool.clone(), &health, &targeting, 2)
+        .checking_live(&still_live)
+        .map(|c| c.record.id)
+        .collect();
+    assert_eq!(
+        drawn.iter().collect::<HashSet<_>>(),
+        HashSet::from([&all[2], &all[3]]),
+        "both attempts go to exits still in the pool"
+    );
+    let mut candidates =
+        Candidates::new(pool.clone(), &health, &targeting, 3).checking_live(&still_live);
+    assert!(
+        candidates.exactly(gone).is_none(),
+        "a pin on a dropped exit is lost"
+    );
+    assert!(!candidates.exhausted(), "and costs no attempt");
+    let drawn = candidates.draw().expect("a live exit");
+    assert_eq!(
+        candidates.follow(also_gone, drawn.clone()).record.id,
+        drawn.record.id,
+        "a pin another superproxy wrote to a dropped exit is not followed"
+    );
+    let preferring_gone = Targeting {
+        prefer: Some(gone),
+        ..Targeting::default()
+    };
+    let first = Candidates::new(pool.clone(), &health, &preferring_gone, 3)
+        .checking_live(&still_live)
+        .next()
+        .map(|c| c.record.id);
+    assert!(
+        first.is_some_and(|id| id != gone),
+        "nor is a preferred one taken"
+    );
+    // A pool that emptied: nothing, after a bounded number of draws.
+    let nothing_live = |_: &Uuid| false;
+    assert!(Candidates::new(pool.clone(), &health, &targeting, 3)
+        .checking_live(&nothing_live)
+        .next()
+        .is_none());
+}
