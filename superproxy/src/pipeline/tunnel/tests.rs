@@ -12,11 +12,34 @@ use crate::usage::Meter;
 use std::net::IpAddr;
 use tokio::sync::{mpsc, Semaphore};
 
+/// A connection's ticket holding a permit of `permits` and a drain place
+/// on the returned channel, registered as a tunnel through `exit`.
+fn registered_connection(
+    permits: &Arc<Semaphore>,
+    open_tunnels: &Arc<OpenTunnels>,
+    exit: Uuid,
+) -> (ConnectionTicket, Registration, mpsc::Receiver<()>) {
+    let (alive, drained) = mpsc::channel::<()>(1);
+    let ticket = ConnectionTicket::for_tests(peer(), permits.clone(), alive).unwrap();
+    let registration = open_tunnels.register(
+        "alice",
+        [7; 32],
+        exit,
+        None,
+        PolicyWatch::Nothing,
+        None,
+        ticket.cut().clone(),
+    );
+    (ticket, registration, drained)
+}
+
 #[tokio::test]
 async fn dropping_a_tunnels_holds_gives_back_everything_it_held() {
     let permits = Arc::new(Semaphore::new(1));
-    let (alive, mut drained) = mpsc::channel::<()>(1);
-    let ticket = ConnectionTicket::for_tests(peer(), permits.clone(), alive).unwrap();
+    let open_tunnels = Arc::new(OpenTunnels::default());
+    let (user_id, account_id, exit_id) = (Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4());
+    let (ticket, registration, mut drained) =
+        registered_connection(&permits, &open_tunnels, exit_id);
     assert_eq!(
         permits.available_permits(),
         0,
@@ -24,7 +47,6 @@ async fn dropping_a_tunnels_holds_gives_back_everything_it_held() {
     );
 
     let admission = admission(1);
-    let (user_id, account_id, exit_id) = (Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4());
     let lease = admission
         .admit(user_id, account_id, UserLimits::default())
         .await
@@ -40,17 +62,6 @@ async fn dropping_a_tunnels_holds_gives_back_everything_it_held() {
     let health = health();
     let in_flight = health.start_tunnel(exit_id);
     assert_eq!(health.exit(exit_id).in_flight(), 1);
-
-    let open_tunnels = Arc::new(OpenTunnels::default());
-    let registration = open_tunnels.register(
-        "alice",
-        [7; 32],
-        exit_id,
-        None,
-        PolicyWatch::Nothing,
-        None,
-        ticket.cut().clone(),
-    );
 
     let meter = Arc::new(Meter::new(
         account_id,
@@ -113,20 +124,10 @@ async fn dropping_a_tunnels_holds_gives_back_everything_it_held() {
 
 #[tokio::test]
 async fn a_cut_reaches_the_tunnel_through_its_registration() {
-    let permits = Arc::new(Semaphore::new(1));
-    let (alive, _drained) = mpsc::channel::<()>(1);
-    let ticket = ConnectionTicket::for_tests(peer(), permits, alive).unwrap();
     let open_tunnels = Arc::new(OpenTunnels::default());
     let exit_id = Uuid::new_v4();
-    let _registration = open_tunnels.register(
-        "alice",
-        [7; 32],
-        exit_id,
-        None,
-        PolicyWatch::Nothing,
-        None,
-        ticket.cut().clone(),
-    );
+    let (ticket, _registration, _drained) =
+        registered_connection(&Arc::new(Semaphore::new(1)), &open_tunnels, exit_id);
     assert!(!ticket.cut().is_cancelled());
     assert_eq!(open_tunnels.cut_exit(exit_id), 1);
     assert!(
