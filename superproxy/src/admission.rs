@@ -595,4 +595,6 @@ fn acquire_refusal(
 }
 
 #[cfg(test)]
+pub(crate) mod test_support;
+#[cfg(test)]
 mod tests;

@@ -231,7 +231,7 @@ pub(crate) fn revoked(tunnels: usize, why: &'static str) {
 }
 
 /// One outcome of a tunnel or request as its target site saw it
-/// (`ok`, `refused`, `handshake_closed`, `banned`: [`crate::sites::Verdict`]).
+/// (`ok`, `refused`, `handshake_closed`, `banned`: `sites::Verdict`).
 pub(crate) fn site_outcome(verdict: &'static str) {
     counter!("proxynet_site_outcomes_total", "verdict" => verdict).increment(1);
 }
@@ -289,7 +289,7 @@ pub(crate) fn site_report(verdict: &'static str, result: &'static str) {
 }
 
 /// The share of one site's recent outcomes that were successes, for the
-/// busiest sites only (at most [`crate::sites::TOP_SITES`] series at once;
+/// busiest sites only (at most `sites::TOP_SITES` series at once;
 /// a site that leaves them stops being set, and its series goes with the
 /// exporter's idle timeout).
 pub(crate) fn site_success_ratio(site: &str, ratio: f64) {

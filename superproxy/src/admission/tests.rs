@@ -8,9 +8,9 @@ use proxynet_store::{AccountLimits, QuotaPeriod};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+use super::test_support::{admission, refused, LEASE_TTL};
 use super::{acquire_refusal, limited, rate_verdict, Leases};
 use crate::error::ErrorKind;
-use crate::pipeline::test_support::{admission, refused, LEASE_TTL};
 use crate::request::UserLimits;
 use crate::usage::QuotaOwner;
 

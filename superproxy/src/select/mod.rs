@@ -92,6 +92,10 @@ pub(crate) struct Pool {
     /// Whether any linked exit has a dedicated address: while none has, a
     /// shared tunnel skips the check at registration (one atomic load).
     any_dedicated: std::sync::atomic::AtomicBool,
+    /// Whether any linked exit was blocked for provenance at the last
+    /// rebuild (set before its cut): while none was, a tunnel skips the
+    /// check at registration (one atomic load).
+    any_blocked: std::sync::atomic::AtomicBool,
     redis: RedisConnection,
     keys: Keys,
     registry: Arc<LinkRegistry>,
@@ -133,6 +137,7 @@ impl Pool {
             recently_blocked: std::sync::Mutex::new([HashSet::new(), HashSet::new()]),
             dedications: std::sync::Mutex::default(),
             any_dedicated: std::sync::atomic::AtomicBool::new(false),
+            any_blocked: std::sync::atomic::AtomicBool::new(false),
             redis,
             keys,
             registry,
@@ -158,7 +163,12 @@ impl Pool {
     /// expired, a withdrawal), as its last record read says: its open
     /// tunnels are cut ([`Pool::cut_newly_blocked`]), and a tunnel that
     /// registered after that cut checks itself.
+    /// Until a rebuild has seen a linked exit blocked, nothing was cut and
+    /// the record is not read: an exit blocked since is cut by that rebuild.
     pub(crate) fn barred(&self, id: &Uuid) -> bool {
+        if !self.any_blocked.load(std::sync::atomic::Ordering::Acquire) {
+            return false;
+        }
         let now_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as i64);
@@ -462,6 +472,9 @@ impl Pool {
             }
         }
         crate::metrics::control_plane(silent_since, held_by_links);
+        // Before the cut: a tunnel registering after it finds the flag set.
+        self.any_blocked
+            .store(!blocked.is_empty(), std::sync::atomic::Ordering::Release);
         self.cut_newly_blocked(&blocked);
         self.cut_misplaced(dedications);
         let index = eligible
